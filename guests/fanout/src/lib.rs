@@ -1,0 +1,40 @@
+//! Enqueues `count` `hello` jobs, reporting progress, then fails if the
+//! payload says `fail: true`: a failed parent must leave no children.
+
+use jobhost_guest::{JobConfig, JobContext, JobError, host};
+
+struct Fanout;
+
+impl jobhost_guest::Guest for Fanout {
+    fn describe() -> JobConfig {
+        JobConfig { max_attempts: Some(1), ..JobConfig::named("fanout") }
+    }
+
+    fn run(ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
+        let payload = jobhost_guest::parse_payload(&payload)?;
+        let count = payload.get("count").and_then(|n| n.as_u64()).unwrap_or(1);
+        let options = host::EnqueueOptions { queue: None, priority: None, delay_ms: None };
+        for i in 0..count {
+            let child = serde_json::json!({ "name": format!("child {i} of {}", ctx.job_id) });
+            host::enqueue("hello", &child.to_string(), &options).map_err(JobError::Fail)?;
+            host::progress(i + 1, count);
+            host::heartbeat();
+        }
+        if payload.get("fail").and_then(|f| f.as_bool()) == Some(true) {
+            return Err(JobError::Fail("failing after enqueueing, on purpose".to_string()));
+        }
+        // Rejected enqueues come back as errors the guest can handle.
+        let bad = host::enqueue("Not A Job", "{}", &options);
+        let not_json = host::enqueue("hello", "{oops", &options);
+        Ok(Some(
+            serde_json::json!({
+                "enqueued": count,
+                "bad_name_error": bad.err(),
+                "bad_payload_error": not_json.err(),
+            })
+            .to_string(),
+        ))
+    }
+}
+
+jobhost_guest::export!(Fanout);

@@ -1,0 +1,246 @@
+//! Turns what a component's `describe()` returned into a [`JobConfig`]:
+//! defaults filled in, every field checked, and errors that name the field.
+
+use crate::component::bindings::wit;
+use crate::config::RuntimeConfig;
+use crate::template::KeyTemplate;
+use crate::types::{Backoff, ConcurrencyConfig, JobConfig, OnConflict, UniqueConfig, UniqueStrategy};
+
+/// Attempts a job gets when its component does not say.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
+/// Backoff when its component does not say: 1 s doubling up to 1 h.
+pub const DEFAULT_BACKOFF: Backoff = Backoff { base_ms: 1_000, cap_ms: 3_600_000 };
+/// The queue when its component does not say.
+pub const DEFAULT_QUEUE: &str = "default";
+/// The longest job or queue name.
+const MAX_NAME_LEN: usize = 128;
+
+/// A field of a component's configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {reason}")]
+pub struct InvalidConfig {
+    /// The WIT field, as written in `job-config`.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn invalid<T>(field: &'static str, reason: impl Into<String>) -> Result<T, InvalidConfig> {
+    Err(InvalidConfig { field, reason: reason.into() })
+}
+
+/// Checks a job or queue name: 1 to 128 characters of `a-z 0-9 _ . -`.
+///
+/// # Errors
+/// Says which rule the name breaks.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!("{name:?} must be 1 to {MAX_NAME_LEN} characters long"));
+    }
+    if let Some(bad) = name.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '.' | '-')) {
+        return Err(format!("{name:?} contains {bad:?}; use only a-z, 0-9, '_', '.' and '-'"));
+    }
+    Ok(())
+}
+
+/// Validates a component's declared configuration and fills in defaults.
+///
+/// # Errors
+/// The first field that cannot be used, with the reason.
+pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<JobConfig, InvalidConfig> {
+    check_name(&declared.name).or_else(|reason| invalid("name", reason))?;
+    let queue = declared.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string());
+    check_name(&queue).or_else(|reason| invalid("queue", reason))?;
+
+    let max_attempts = declared.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if max_attempts == 0 {
+        return invalid("max-attempts", "must be at least 1");
+    }
+
+    let backoff = match declared.backoff {
+        None => DEFAULT_BACKOFF,
+        Some(b) if b.cap_ms < b.base_ms => {
+            return invalid("backoff", format!("cap-ms {} is below base-ms {}", b.cap_ms, b.base_ms));
+        }
+        Some(b) => Backoff { base_ms: b.base_ms.into(), cap_ms: b.cap_ms.into() },
+    };
+
+    let timeout_ms = match declared.timeout_ms {
+        None => runtime.default_timeout.as_millis() as u64,
+        Some(0) => return invalid("timeout-ms", "must be at least 1"),
+        Some(ms) => ms.into(),
+    };
+
+    let memory_limit_bytes = declared.memory_limit_bytes.unwrap_or(runtime.default_memory_limit_bytes);
+    if memory_limit_bytes < 1 << 16 {
+        return invalid("memory-limit-bytes", "must be at least one 64 KiB page");
+    }
+    if memory_limit_bytes > runtime.max_memory_limit_bytes {
+        return invalid(
+            "memory-limit-bytes",
+            format!("{memory_limit_bytes} exceeds this host's maximum of {}", runtime.max_memory_limit_bytes),
+        );
+    }
+
+    let concurrency = declared.concurrency.map(|c| concurrency(c, &declared.name, runtime)).transpose()?;
+
+    let unique = match declared.unique {
+        None => None,
+        Some(u) => Some(UniqueConfig {
+            key: KeyTemplate::parse(&u.key).or_else(|e| invalid("unique.key", e.to_string()))?,
+            strategy: match u.strategy {
+                wit::UniqueStrategy::UntilExecuted => UniqueStrategy::UntilExecuted,
+                wit::UniqueStrategy::WhileExecuting => UniqueStrategy::WhileExecuting,
+            },
+        }),
+    };
+
+    if let Some(expression) = &declared.schedule {
+        check_schedule(expression).or_else(|reason| invalid("schedule", reason))?;
+    }
+
+    Ok(JobConfig {
+        name: declared.name,
+        queue,
+        priority: declared.priority.unwrap_or(0),
+        max_attempts,
+        backoff,
+        timeout_ms,
+        memory_limit_bytes,
+        concurrency,
+        unique,
+        schedule: declared.schedule,
+    })
+}
+
+fn concurrency(
+    declared: wit::Concurrency,
+    job_name: &str,
+    runtime: &RuntimeConfig,
+) -> Result<ConcurrencyConfig, InvalidConfig> {
+    if declared.limit == 0 {
+        return invalid("concurrency.limit", "must be at least 1");
+    }
+    if declared.duration_secs == 0 {
+        return invalid("concurrency.duration-secs", "must be at least 1");
+    }
+    let key = match declared.key {
+        None => KeyTemplate::constant(job_name),
+        Some(source) => KeyTemplate::parse(&source).or_else(|e| invalid("concurrency.key", e.to_string()))?,
+    };
+    Ok(ConcurrencyConfig {
+        limit: declared.limit,
+        key,
+        // A lease shorter than two heartbeats would expire under a healthy
+        // holder after one late renewal (guarantee 6).
+        duration_secs: declared.duration_secs.max(runtime.min_lease_secs()),
+        on_conflict: match declared.on_conflict {
+            wit::OnConflict::Block => OnConflict::Block,
+            wit::OnConflict::Discard => OnConflict::Discard,
+            wit::OnConflict::Raise => OnConflict::Raise,
+        },
+    })
+}
+
+/// Checks a cron expression: five fields (minute precision) or six (with seconds), UTC.
+///
+/// # Errors
+/// The parser's reason.
+pub fn check_schedule(expression: &str) -> Result<(), String> {
+    // The parser's default takes seconds as an optional sixth field.
+    croner::parser::CronParser::new()
+        .parse(expression)
+        .map(|_| ())
+        .map_err(|e| format!("{expression:?} is not a cron expression: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn declared(name: &str) -> wit::JobConfig {
+        wit::JobConfig {
+            name: name.into(),
+            queue: None,
+            priority: None,
+            max_attempts: None,
+            backoff: None,
+            timeout_ms: None,
+            memory_limit_bytes: None,
+            concurrency: None,
+            unique: None,
+            schedule: None,
+        }
+    }
+
+    fn limit(limit: u32, key: Option<&str>, duration_secs: u32) -> Option<wit::Concurrency> {
+        Some(wit::Concurrency { limit, key: key.map(String::from), duration_secs, on_conflict: wit::OnConflict::Block })
+    }
+
+    #[test]
+    fn fills_in_defaults() {
+        let runtime = RuntimeConfig::default();
+        let config = validate(declared("send-mail"), &runtime).unwrap();
+        assert_eq!(config.queue, "default");
+        assert_eq!(config.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(config.backoff, DEFAULT_BACKOFF);
+        assert_eq!(config.timeout(), runtime.default_timeout);
+        assert_eq!(config.memory_limit_bytes, runtime.default_memory_limit_bytes);
+    }
+
+    #[test]
+    fn names_the_bad_field() {
+        let runtime = RuntimeConfig::default();
+        let field = |c: wit::JobConfig| validate(c, &runtime).unwrap_err().field;
+        assert_eq!(field(declared("Send Mail")), "name");
+        assert_eq!(field(declared("")), "name");
+        assert_eq!(field(wit::JobConfig { queue: Some("a/b".into()), ..declared("x") }), "queue");
+        assert_eq!(field(wit::JobConfig { max_attempts: Some(0), ..declared("x") }), "max-attempts");
+        assert_eq!(field(wit::JobConfig { timeout_ms: Some(0), ..declared("x") }), "timeout-ms");
+        assert_eq!(
+            field(wit::JobConfig { backoff: Some(wit::Backoff { base_ms: 10, cap_ms: 5 }), ..declared("x") }),
+            "backoff"
+        );
+        assert_eq!(field(wit::JobConfig { memory_limit_bytes: Some(8 << 30), ..declared("x") }), "memory-limit-bytes");
+        assert_eq!(field(wit::JobConfig { concurrency: limit(0, None, 10), ..declared("x") }), "concurrency.limit");
+        assert_eq!(
+            field(wit::JobConfig { concurrency: limit(1, None, 0), ..declared("x") }),
+            "concurrency.duration-secs"
+        );
+        assert_eq!(
+            field(wit::JobConfig { concurrency: limit(1, Some("{unclosed"), 10), ..declared("x") }),
+            "concurrency.key"
+        );
+        assert_eq!(field(wit::JobConfig { schedule: Some("every day".into()), ..declared("x") }), "schedule");
+    }
+
+    #[test]
+    fn floors_duration_at_two_heartbeats() {
+        let runtime = RuntimeConfig { heartbeat_interval: Duration::from_secs(5), ..RuntimeConfig::default() };
+        let config =
+            validate(wit::JobConfig { concurrency: limit(2, Some("{k}"), 3), ..declared("x") }, &runtime).unwrap();
+        assert_eq!(config.concurrency.unwrap().duration_secs, 10);
+        let config =
+            validate(wit::JobConfig { concurrency: limit(2, Some("{k}"), 60), ..declared("x") }, &runtime).unwrap();
+        assert_eq!(config.concurrency.unwrap().duration_secs, 60);
+    }
+
+    #[test]
+    fn a_limit_without_key_applies_to_the_job_type() {
+        let config = validate(
+            wit::JobConfig { concurrency: limit(1, None, 30), ..declared("report") },
+            &RuntimeConfig::default(),
+        )
+        .unwrap();
+        let key = config.concurrency.unwrap().key;
+        assert_eq!(key.render(&serde_json::json!({"any": 1})).unwrap(), "report");
+    }
+
+    #[test]
+    fn accepts_five_and_six_field_cron() {
+        assert!(check_schedule("*/5 * * * *").is_ok());
+        assert!(check_schedule("0 */5 * * * *").is_ok());
+        assert!(check_schedule("61 * * * *").is_err());
+    }
+}

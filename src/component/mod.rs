@@ -1,0 +1,265 @@
+//! Everything WebAssembly: the engine, compiling and caching components,
+//! reading their configuration, running jobs in sandboxes, and the registry
+//! of loaded job types fed by the watched directory. The only module that
+//! names wasmtime.
+
+mod bindings;
+mod cache;
+mod capture;
+mod engine;
+pub mod metadata;
+pub mod registry;
+mod sandbox;
+mod stop;
+pub mod watcher;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, Linker};
+
+use crate::config::{ConfigError, RuntimeConfig};
+use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
+
+pub use registry::{Registry, RegistryEvent};
+pub use stop::StopSignal;
+pub use watcher::{DirectoryWatcher, WatcherConfig};
+
+use bindings::{JobPre, wit};
+use sandbox::{CallEnd, RunLimits, SandboxState};
+
+/// How long `describe()` may take when a component is loaded.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A setting cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The engine could not be built on this machine.
+    #[error("cannot start the WebAssembly engine: {0:#}")]
+    Engine(wasmtime::Error),
+    /// The epoch thread could not be started.
+    #[error("cannot start the epoch thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A component file that could not be loaded, and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {kind}", path.display())]
+pub struct LoadError {
+    /// The file.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub kind: LoadErrorKind,
+}
+
+/// What went wrong loading a component.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadErrorKind {
+    /// The file could not be read.
+    #[error("cannot read the file: {0}")]
+    Read(String),
+    /// The bytes are not a valid WebAssembly component.
+    #[error("not a valid WebAssembly component: {0}")]
+    Compile(String),
+    /// The component does not fit the `jobhost:job` world: a missing
+    /// export, or an import the host does not provide.
+    #[error("does not implement the jobhost:job world: {0}")]
+    World(String),
+    /// `describe()` trapped or did not return.
+    #[error("describe() failed: {0}")]
+    Describe(String),
+    /// `describe()` returned a configuration that cannot be used.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] metadata::InvalidConfig),
+    /// Another file already provides this job type.
+    #[error("job type {name:?} is already provided by {}", other.display())]
+    DuplicateName {
+        /// The job type both files declare.
+        name: String,
+        /// The file that keeps serving it.
+        other: PathBuf,
+    },
+}
+
+/// A compiled, linked and described component, ready to run jobs. Runs hold
+/// it by `Arc`, so a reload never pulls a version out from under a run.
+pub struct LoadedComponent {
+    /// The file it was loaded from.
+    pub source: PathBuf,
+    /// SHA-256 of the file's bytes, hex.
+    pub digest: String,
+    /// Its validated configuration.
+    pub config: JobConfig,
+    pre: JobPre<SandboxState>,
+}
+
+impl std::fmt::Debug for LoadedComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedComponent")
+            .field("source", &self.source)
+            .field("digest", &self.digest)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The host's WebAssembly runtime: one engine, one linker, one artifact
+/// cache. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: wasmtime::Engine,
+    linker: Linker<SandboxState>,
+    cache: Option<cache::ArtifactCache>,
+    config: RuntimeConfig,
+    /// One permit per pool slot for runs: a run past the pool's size waits
+    /// here instead of failing to instantiate.
+    run_slots: Semaphore,
+    /// The same for loads, which instantiate to call `describe`.
+    load_slots: Semaphore,
+}
+
+impl Runtime {
+    /// Starts the engine and its epoch thread.
+    ///
+    /// # Errors
+    /// Invalid settings, or an engine this machine cannot provide.
+    pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
+        config.validate()?;
+        let engine = engine::build(&config).map_err(RuntimeError::Engine)?;
+        engine::start_epoch_ticker(&engine, config.epoch_tick).map_err(RuntimeError::Thread)?;
+        let mut linker = Linker::new(&engine);
+        sandbox::link(&mut linker).map_err(RuntimeError::Engine)?;
+        let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
+        let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
+        let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
+        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots }) })
+    }
+
+    /// The settings the runtime was started with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// Reads, compiles (or loads from the cache), links and describes a component file.
+    ///
+    /// # Errors
+    /// A [`LoadError`] naming the file and the reason.
+    pub async fn load_file(&self, path: &Path) -> Result<LoadedComponent, LoadError> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| LoadError { path: path.to_path_buf(), kind: LoadErrorKind::Read(e.to_string()) })?;
+        self.load_bytes(path, bytes).await
+    }
+
+    /// Compiles (or loads from the cache), links and describes a component.
+    /// `source` names it in errors and in the registry.
+    ///
+    /// # Errors
+    /// A [`LoadError`] naming `source` and the reason.
+    pub async fn load_bytes(&self, source: &Path, bytes: Vec<u8>) -> Result<LoadedComponent, LoadError> {
+        let fail = |kind| LoadError { path: source.to_path_buf(), kind };
+        let digest = digest_of(&bytes);
+        let inner = self.inner.clone();
+        let key = digest.clone();
+        // Compiling takes 100 ms and more: keep it off the async threads.
+        let component = tokio::task::spawn_blocking(move || inner.compile(&key, &bytes))
+            .await
+            .map_err(|e| fail(LoadErrorKind::Compile(format!("compiler task failed: {e}"))))?
+            .map_err(|e| fail(LoadErrorKind::Compile(format!("{e:#}"))))?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .and_then(JobPre::new)
+            .map_err(|e| fail(LoadErrorKind::World(format!("{e:#}"))))?;
+
+        let limits = RunLimits {
+            memory_limit_bytes: self.inner.config.max_memory_limit_bytes,
+            deadline: Instant::now() + DESCRIBE_TIMEOUT,
+            timeout_ms: DESCRIBE_TIMEOUT.as_millis() as u64,
+            output_limit_bytes: self.inner.config.output_limit_bytes,
+            log_line_limit: self.inner.config.log_line_limit,
+        };
+        // The semaphore is never closed, so acquiring cannot fail.
+        let _slot = self.inner.load_slots.acquire().await;
+        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new());
+        let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
+        let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
+        Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
+    }
+
+    /// Runs one attempt of a job in a fresh sandbox. Never fails: a trap,
+    /// a timeout, a memory overrun or a stop is reported as a [`Crash`].
+    pub async fn run(
+        &self,
+        component: &LoadedComponent,
+        context: &JobContext,
+        payload: &str,
+        signal: StopSignal,
+    ) -> RunReport {
+        // The semaphore is never closed, so acquiring cannot fail.
+        let _slot = self.inner.run_slots.acquire().await;
+        let started = Instant::now();
+        let config = &component.config;
+        let limits = RunLimits {
+            memory_limit_bytes: config.memory_limit_bytes,
+            deadline: started + config.timeout(),
+            timeout_ms: config.timeout_ms,
+            output_limit_bytes: self.inner.config.output_limit_bytes,
+            log_line_limit: self.inner.config.log_line_limit,
+        };
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal);
+        let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
+        let outcome = match end {
+            CallEnd::Returned(Ok(output)) => completed(output),
+            CallEnd::Returned(Err(wit::JobError::Retry(reason))) => RunOutcome::Retry { reason },
+            CallEnd::Returned(Err(wit::JobError::Fail(reason))) => RunOutcome::Failed { reason },
+            CallEnd::Returned(Err(wit::JobError::Snooze(seconds))) => RunOutcome::Snooze { seconds },
+            CallEnd::Errored(error) => RunOutcome::Crashed { crash: sandbox::crash_of(store.data(), error) },
+            CallEnd::Abandoned => RunOutcome::Crashed { crash: sandbox::abandoned_crash(store.data()) },
+        };
+        let effects = sandbox::take_effects(store.data_mut());
+        RunReport { outcome, effects, elapsed_us: started.elapsed().as_micros() as u64 }
+    }
+}
+
+impl Inner {
+    fn compile(&self, digest: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
+        let Some(cache) = &self.cache else {
+            return Component::new(&self.engine, bytes);
+        };
+        if let Some(component) = cache.load(&self.engine, digest) {
+            return Ok(component);
+        }
+        let artifact = self.engine.precompile_component(bytes)?;
+        cache.store(digest, &artifact);
+        // SAFETY: the artifact was produced just above by this engine.
+        unsafe { Component::deserialize(&self.engine, &artifact) }
+    }
+}
+
+/// SHA-256 of a component's bytes, hex: its identity in the cache, the
+/// registry and the database.
+pub fn digest_of(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn completed(output: Option<String>) -> RunOutcome {
+    match output.map(|text| serde_json::from_str(&text)) {
+        None => RunOutcome::Completed { output: None },
+        Some(Ok(value)) => RunOutcome::Completed { output: Some(value) },
+        Some(Err(error)) => RunOutcome::Crashed {
+            crash: Crash::InvalidResult { message: format!("output is not valid JSON: {error}") },
+        },
+    }
+}

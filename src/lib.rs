@@ -1,0 +1,20 @@
+//! jobhost: a durable background-job host whose handlers are sandboxed
+//! WebAssembly components.
+//!
+//! A handler is a component implementing the `jobhost:job` WIT world
+//! (`wit/job.wit`): it declares its job type through `describe()` and does
+//! the work in `run()`. The host owns everything else.
+//!
+//! # Layout
+//! - [`config`]: host settings, their defaults and validation.
+//! - [`types`]: the shared vocabulary (job configuration, run outcomes).
+//! - [`template`]: concurrency and uniqueness key templates.
+//! - [`component`]: everything WebAssembly: engine, artifact cache,
+//!   sandbox, component metadata, registry and directory watcher.
+//! - [`cli`]: the `jobhost` command line.
+
+pub mod cli;
+pub mod component;
+pub mod config;
+pub mod template;
+pub mod types;

@@ -1,0 +1,271 @@
+//! The vocabulary shared by every module: a job type's configuration, what a
+//! run is given, and how a run ended. Nothing here names wasmtime or SQL.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::template::KeyTemplate;
+
+/// A job type's configuration, as declared by its component's `describe()`
+/// with the host's defaults filled in and validated. Stored in the database
+/// so every enqueuer applies the same rules without a copy of the component.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobConfig {
+    /// The job type's name, unique among loaded components.
+    pub name: String,
+    /// The queue jobs go to unless the enqueuer names one.
+    pub queue: String,
+    /// Lower runs first.
+    pub priority: i16,
+    /// Runs allowed before the job fails for good; at least 1.
+    pub max_attempts: u32,
+    /// The wait between attempts.
+    pub backoff: Backoff,
+    /// The longest one attempt may run before it is interrupted.
+    pub timeout_ms: u64,
+    /// The most linear memory one run may use.
+    pub memory_limit_bytes: u64,
+    /// A fleet-wide limit on concurrent runs per key.
+    pub concurrency: Option<ConcurrencyConfig>,
+    /// At most one job per rendered key at a time.
+    pub unique: Option<UniqueConfig>,
+    /// A cron expression (UTC) on which the host enqueues this job.
+    pub schedule: Option<String>,
+}
+
+impl JobConfig {
+    /// The longest one attempt may run.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// Exponential backoff between attempts, capped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// The wait after the first failed attempt.
+    pub base_ms: u64,
+    /// The longest wait between two attempts.
+    pub cap_ms: u64,
+}
+
+/// A limit on concurrent runs per key, fleet-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencyConfig {
+    /// Slots per key; at least 1.
+    pub limit: u32,
+    /// Renders a job's key from its payload; the job name when the component gave none.
+    pub key: KeyTemplate,
+    /// How long a running holder may go without a heartbeat before it is
+    /// presumed dead; already floored at twice the heartbeat interval.
+    pub duration_secs: u32,
+    /// What an enqueue does when the key has no free slot.
+    pub on_conflict: OnConflict,
+}
+
+/// What an enqueue does when its concurrency key has no free slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnConflict {
+    /// Park the job until a slot frees.
+    Block,
+    /// Archive the job as discarded.
+    Discard,
+    /// Refuse the enqueue with an error.
+    Raise,
+}
+
+/// At most one job of a type per rendered key at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UniqueConfig {
+    /// Renders the uniqueness key from the payload.
+    pub key: KeyTemplate,
+    /// How long the claim on the key lasts.
+    pub strategy: UniqueStrategy,
+}
+
+/// How long a uniqueness claim lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UniqueStrategy {
+    /// From enqueue until the job has finished.
+    UntilExecuted,
+    /// Only while the job runs.
+    WhileExecuting,
+}
+
+/// What a run is told about its job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobContext {
+    /// The job's id, stable across attempts.
+    pub job_id: u64,
+    /// 1-based; snoozes do not count.
+    pub attempt: u32,
+    /// The queue the job was taken from.
+    pub queue: String,
+    /// Milliseconds since the Unix epoch.
+    pub enqueued_at_ms: u64,
+    /// The batch the job belongs to.
+    pub batch_id: Option<u64>,
+    /// The rendered concurrency key, for a limited job type.
+    pub concurrency_key: Option<String>,
+}
+
+/// A job enqueued by a running job, held back until that job completes so a
+/// failed or lost run leaves no orphan (guarantee 9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildJob {
+    /// The child's job type.
+    pub job: String,
+    /// The child's payload, already parsed: stored as a document, never as text.
+    pub payload: serde_json::Value,
+    /// Overrides the job type's queue.
+    pub queue: Option<String>,
+    /// Overrides the job type's priority.
+    pub priority: Option<i16>,
+    /// Delays the child's first run past the parent's completion.
+    pub delay_ms: Option<u64>,
+}
+
+/// How one run of a job ended, from the sandbox's point of view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// The guest returned success, with an optional JSON output.
+    Completed {
+        /// The guest's output, parsed.
+        output: Option<serde_json::Value>,
+    },
+    /// The guest asked to be retried after its backoff.
+    Retry {
+        /// The guest's reason, kept with the attempt.
+        reason: String,
+    },
+    /// The guest asked to fail without further attempts.
+    Failed {
+        /// The guest's reason.
+        reason: String,
+    },
+    /// The guest asked to run again later without spending an attempt.
+    Snooze {
+        /// How long to wait.
+        seconds: u32,
+    },
+    /// The run did not end on its own terms; a retryable failure.
+    Crashed {
+        /// What happened.
+        crash: Crash,
+    },
+}
+
+impl RunOutcome {
+    /// True only for a successful run.
+    pub fn is_completed(&self) -> bool {
+        matches!(self, RunOutcome::Completed { .. })
+    }
+}
+
+/// A run that the host had to end, or that broke its contract.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Crash {
+    /// The run passed its timeout and was interrupted.
+    #[error("timed out after {limit_ms} ms")]
+    Timeout {
+        /// The timeout it passed.
+        limit_ms: u64,
+    },
+    /// The run tried to grow its memory past its cap.
+    #[error("exceeded its memory limit of {limit_bytes} bytes")]
+    MemoryExceeded {
+        /// The cap it hit.
+        limit_bytes: u64,
+    },
+    /// The guest trapped (a panic, an out-of-bounds access, `unreachable`).
+    #[error("trapped: {message}")]
+    Trap {
+        /// The trap, followed by the tail of the guest's stderr (a panic message).
+        message: String,
+    },
+    /// The host stopped the run: shutdown, or a lease it could not renew.
+    #[error("interrupted: {reason}")]
+    Interrupted {
+        /// Why the host stopped it.
+        reason: String,
+    },
+    /// The guest returned something that breaks the contract (output that is not JSON).
+    #[error("broke the contract: {message}")]
+    InvalidResult {
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// One line a guest wrote through the `log` import.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: LogLevel,
+    /// The text, truncated to the log's bound.
+    pub message: String,
+}
+
+/// The severity of a guest's log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    /// Finest detail.
+    Trace,
+    /// Diagnostic detail.
+    Debug,
+    /// Normal progress.
+    Info,
+    /// Something unexpected that the run survived.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+impl std::fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        })
+    }
+}
+
+/// Everything a run produced besides its outcome.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunEffects {
+    /// Lines from the `log` import, bounded.
+    pub logs: Vec<LogLine>,
+    /// The guest's stdout, bounded.
+    pub stdout: String,
+    /// The guest's stderr, bounded.
+    pub stderr: String,
+    /// True when any of the above was cut short at its bound.
+    pub truncated: bool,
+    /// The latest `progress(done, total)` the guest reported.
+    pub progress: Option<(u64, u64)>,
+    /// Jobs the guest enqueued, to be written with this job's completion.
+    pub children: Vec<ChildJob>,
+    /// How many times the guest called `heartbeat`.
+    pub heartbeats: u32,
+}
+
+/// The result of running one attempt of a job in a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// How the run ended.
+    #[serde(flatten)]
+    pub outcome: RunOutcome,
+    /// What it produced along the way.
+    pub effects: RunEffects,
+    /// Wall time from entering the sandbox to leaving it.
+    pub elapsed_us: u64,
+}

@@ -1,0 +1,113 @@
+//! Loading components: bad input gets an error that names the file and the
+//! reason, and compiled artifacts are cached by digest.
+
+mod common;
+
+use std::path::Path;
+
+use jobhost::component::{LoadErrorKind, Runtime};
+use serde_json::json;
+
+use common::{guest, load, run, runtime};
+
+async fn load_error(runtime: &Runtime, bytes: Vec<u8>) -> jobhost::component::LoadError {
+    runtime.load_bytes(Path::new("/components/bad.wasm"), bytes).await.expect_err("must not load")
+}
+
+#[tokio::test]
+async fn garbage_is_not_a_component() {
+    let (runtime, _cache) = runtime();
+    let error = load_error(&runtime, b"definitely not wasm".to_vec()).await;
+    assert!(matches!(error.kind, LoadErrorKind::Compile(_)), "{error}");
+    assert!(error.to_string().starts_with("/components/bad.wasm: not a valid WebAssembly component"), "{error}");
+}
+
+#[tokio::test]
+async fn a_core_module_is_not_a_component() {
+    let (runtime, _cache) = runtime();
+    let module = wat::parse_str("(module (func (export \"run\")))").unwrap();
+    let error = load_error(&runtime, module).await;
+    assert!(matches!(error.kind, LoadErrorKind::Compile(_)), "{error}");
+}
+
+#[tokio::test]
+async fn a_component_without_the_exports_is_refused() {
+    let (runtime, _cache) = runtime();
+    let empty = wat::parse_str("(component)").unwrap();
+    let error = load_error(&runtime, empty).await;
+    assert!(matches!(error.kind, LoadErrorKind::World(_)), "{error}");
+    assert!(error.to_string().contains("describe"), "{error}");
+}
+
+#[tokio::test]
+async fn a_component_importing_what_the_host_lacks_is_refused() {
+    let (runtime, _cache) = runtime();
+    let needs_more =
+        wat::parse_str(r#"(component (import "acme:secrets/vault" (instance (export "get" (func)))))"#).unwrap();
+    let error = load_error(&runtime, needs_more).await;
+    assert!(matches!(error.kind, LoadErrorKind::World(_)), "{error}");
+    assert!(error.to_string().contains("acme:secrets/vault"), "{error}");
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_names_the_file_and_field() {
+    let (runtime, _cache) = runtime();
+    let path = guest("misconfigured");
+    let error = runtime.load_file(&path).await.expect_err("limit 0 must be refused");
+    match &error.kind {
+        LoadErrorKind::Config(invalid) => assert_eq!(invalid.field, "concurrency.limit"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    let text = error.to_string();
+    assert!(text.contains("misconfigured.wasm") && text.contains("concurrency.limit"), "{text}");
+}
+
+#[tokio::test]
+async fn a_missing_file_is_reported() {
+    let (runtime, _cache) = runtime();
+    let error = runtime.load_file(Path::new("/nonexistent/x.wasm")).await.unwrap_err();
+    assert!(matches!(error.kind, LoadErrorKind::Read(_)), "{error}");
+}
+
+#[tokio::test]
+async fn compiled_components_are_cached_by_digest() {
+    let cache = tempfile::tempdir().unwrap();
+    let cached_files = || std::fs::read_dir(cache.path()).unwrap().count();
+    let first = Runtime::new(common::runtime_config(&cache)).unwrap();
+    let hello = load(&first, "hello").await;
+    assert_eq!(cached_files(), 1);
+    let artifact = std::fs::read_dir(cache.path()).unwrap().next().unwrap().unwrap().path();
+    assert!(artifact.file_name().unwrap().to_str().unwrap().starts_with(&hello.digest));
+
+    // A new runtime (a restarted host) loads from the cache and runs it.
+    let second = Runtime::new(common::runtime_config(&cache)).unwrap();
+    let again = load(&second, "hello").await;
+    assert_eq!(again.digest, hello.digest);
+    assert!(run(&second, &again, json!({"name": "cache"})).await.outcome.is_completed());
+    assert_eq!(cached_files(), 1);
+
+    // A corrupt artifact is discarded and rebuilt, never trusted.
+    std::fs::write(&artifact, b"corrupt").unwrap();
+    let third = Runtime::new(common::runtime_config(&cache)).unwrap();
+    let rebuilt = load(&third, "hello").await;
+    assert!(run(&third, &rebuilt, json!({})).await.outcome.is_completed());
+    assert!(std::fs::metadata(&artifact).unwrap().len() > 1000, "artifact was rewritten");
+}
+
+#[tokio::test]
+async fn more_runs_than_pool_slots_wait_for_a_slot() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = jobhost::config::RuntimeConfig { max_concurrent_runs: 2, ..common::runtime_config(&cache) };
+    let runtime = Runtime::new(config).unwrap();
+    let sleep = std::sync::Arc::new(load(&runtime, "sleep").await);
+    let runs: Vec<_> = (0..8)
+        .map(|_| {
+            let (runtime, sleep) = (runtime.clone(), sleep.clone());
+            tokio::spawn(async move { run(&runtime, &sleep, json!({"ms": 20})).await })
+        })
+        .collect();
+    for run in runs {
+        let report = run.await.unwrap();
+        assert!(report.outcome.is_completed(), "{:?}", report.outcome);
+    }
+}

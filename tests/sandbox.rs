@@ -1,0 +1,232 @@
+//! Each example guest through the real sandbox: results, limits, isolation
+//! and interruption.
+
+mod common;
+
+use std::time::Duration;
+
+use jobhost::component::{Runtime, StopSignal};
+use jobhost::config::RuntimeConfig;
+use jobhost::types::{Crash, LogLevel, OnConflict, RunOutcome};
+use serde_json::json;
+
+use common::{context, load, run, runtime};
+
+fn output(outcome: &RunOutcome) -> &serde_json::Value {
+    match outcome {
+        RunOutcome::Completed { output: Some(output) } => output,
+        other => panic!("expected completion with output, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn hello_transforms_its_payload_and_logs() {
+    let (runtime, _cache) = runtime();
+    let hello = load(&runtime, "hello").await;
+    let report = run(&runtime, &hello, json!({"name": "Ada"})).await;
+    assert_eq!(output(&report.outcome), &json!({"greeting": "hello, Ada", "job_id": 7}));
+    assert_eq!(report.effects.logs.len(), 1);
+    assert_eq!(report.effects.logs[0].level, LogLevel::Info);
+    assert_eq!(report.effects.logs[0].message, "greeting Ada");
+    assert_eq!(report.effects.stdout, "attempt 1 of job 7\n");
+    assert!(!report.effects.truncated);
+}
+
+#[tokio::test]
+async fn a_payload_that_is_not_json_fails_without_retry() {
+    let (runtime, _cache) = runtime();
+    let hello = load(&runtime, "hello").await;
+    let report = runtime.run(&hello, &context(1, 1), "{not json", StopSignal::new()).await;
+    assert!(
+        matches!(&report.outcome, RunOutcome::Failed { reason } if reason.contains("payload is not JSON")),
+        "{:?}",
+        report.outcome
+    );
+}
+
+#[tokio::test]
+async fn sleep_reports_wall_clock_start_and_end() {
+    let (runtime, _cache) = runtime();
+    let sleep = load(&runtime, "sleep").await;
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let report = run(&runtime, &sleep, json!({"ms": 50})).await;
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let out = output(&report.outcome);
+    let (started, ended) = (out["started_ms"].as_u64().unwrap(), out["ended_ms"].as_u64().unwrap());
+    assert!(before <= started && started <= ended && ended <= after, "{before} {started} {ended} {after}");
+    assert!(ended - started >= 50, "slept {} ms", ended - started);
+}
+
+#[tokio::test]
+async fn flaky_fails_its_first_attempts_then_succeeds() {
+    let (runtime, _cache) = runtime();
+    let flaky = load(&runtime, "flaky").await;
+    let payload = json!({"fail_times": 2}).to_string();
+    for attempt in 1..=2 {
+        let report = runtime.run(&flaky, &context(3, attempt), &payload, StopSignal::new()).await;
+        assert!(matches!(report.outcome, RunOutcome::Retry { .. }), "attempt {attempt}: {:?}", report.outcome);
+    }
+    let report = runtime.run(&flaky, &context(3, 3), &payload, StopSignal::new()).await;
+    assert_eq!(output(&report.outcome), &json!({"succeeded_on_attempt": 3}));
+    assert_eq!(flaky.config.max_attempts, 5);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn spin_times_out_while_other_jobs_keep_running() {
+    let (runtime, _cache) = runtime();
+    let spin = std::sync::Arc::new(load(&runtime, "spin").await);
+    let hello = load(&runtime, "hello").await;
+    let spinning = {
+        let (runtime, spin) = (runtime.clone(), spin.clone());
+        tokio::spawn(async move { run(&runtime, &spin, json!({})).await })
+    };
+    // One thread only: these complete only because the spinning guest yields.
+    for i in 0..5 {
+        let report = run(&runtime, &hello, json!({"name": i})).await;
+        assert!(report.outcome.is_completed());
+    }
+    assert!(!spinning.is_finished(), "spin finished before five hello runs");
+    let report = spinning.await.unwrap();
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 500 } });
+    assert!(report.elapsed_us >= 500_000);
+}
+
+#[tokio::test]
+async fn a_guest_waiting_in_a_host_call_still_times_out() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig { default_timeout: Duration::from_millis(200), ..common::runtime_config(&cache) };
+    let runtime = Runtime::new(config).unwrap();
+    let sleep = load(&runtime, "sleep").await;
+    let report = run(&runtime, &sleep, json!({"ms": 60_000})).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 200 } });
+}
+
+#[tokio::test]
+async fn hog_is_stopped_at_its_memory_cap() {
+    let (runtime, _cache) = runtime();
+    let hog = load(&runtime, "hog").await;
+    assert_eq!(hog.config.memory_limit_bytes, 32 << 20);
+    let report = run(&runtime, &hog, json!({})).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::MemoryExceeded { limit_bytes: 32 << 20 } });
+    // The host is fine: the next job runs.
+    let hello = load(&runtime, "hello").await;
+    assert!(run(&runtime, &hello, json!({})).await.outcome.is_completed());
+}
+
+#[tokio::test]
+async fn trap_reports_the_panic_message() {
+    let (runtime, _cache) = runtime();
+    let trap = load(&runtime, "trap").await;
+    let report = run(&runtime, &trap, json!({"message": "the disk is lava"})).await;
+    match &report.outcome {
+        RunOutcome::Crashed { crash: Crash::Trap { message } } => {
+            assert!(message.contains("the disk is lava"), "{message}");
+            assert!(message.contains("unreachable"), "{message}");
+        }
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    assert!(report.effects.stderr.contains("the disk is lava"));
+}
+
+#[tokio::test]
+async fn snoop_gets_nothing_from_the_host() {
+    // The host has all of these; the guest must see none of them.
+    assert!(std::path::Path::new("/etc/passwd").exists());
+    assert!(std::env::vars().count() > 0);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (runtime, _cache) = runtime();
+    let snoop = load(&runtime, "snoop").await;
+    let report = run(&runtime, &snoop, json!({"port": listener.local_addr().unwrap().port()})).await;
+    let out = output(&report.outcome);
+    for probe in ["file", "dir", "tcp", "udp", "dns"] {
+        assert!(out[probe].get("error").is_some(), "{probe} reached the host: {}", out[probe]);
+    }
+    // WASI's working directory is a name with nothing behind it, not the host's.
+    assert_eq!(out["cwd"], json!({"ok": "\"/\""}));
+    assert_eq!(out["env"], json!([]));
+    assert_eq!(out["args"], json!([]));
+}
+
+#[tokio::test]
+async fn a_stop_signal_interrupts_a_busy_guest_with_its_reason() {
+    let (runtime, _cache) = runtime();
+    let spin = load(&runtime, "spin").await;
+    let signal = StopSignal::new();
+    let stopper = signal.clone();
+    let started = std::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stopper.stop("lease lost");
+    });
+    let report = runtime.run(&spin, &context(1, 1), "{}", signal).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Interrupted { reason: "lease lost".into() } });
+    assert!(started.elapsed() < Duration::from_millis(500), "not interrupted before its timeout");
+}
+
+#[tokio::test]
+async fn a_stop_signal_interrupts_a_sleeping_guest() {
+    let (runtime, _cache) = runtime();
+    let sleep = load(&runtime, "sleep").await;
+    let signal = StopSignal::new();
+    signal.stop("shutting down");
+    let report = runtime.run(&sleep, &context(1, 1), r#"{"ms": 60000}"#, signal).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Interrupted { reason: "shutting down".into() } });
+}
+
+#[tokio::test]
+async fn fanout_buffers_children_and_reports_progress() {
+    let (runtime, _cache) = runtime();
+    let fanout = load(&runtime, "fanout").await;
+    let report = run(&runtime, &fanout, json!({"count": 3})).await;
+    let out = output(&report.outcome);
+    assert_eq!(out["enqueued"], 3);
+    assert!(out["bad_name_error"].as_str().unwrap().contains("job name"), "{out}");
+    assert!(out["bad_payload_error"].as_str().unwrap().contains("not valid JSON"), "{out}");
+    let children = &report.effects.children;
+    assert_eq!(children.len(), 3);
+    assert!(children.iter().all(|c| c.job == "hello"));
+    // Stored as documents, not as JSON text inside a string.
+    assert_eq!(children[0].payload, json!({"name": "child 0 of 7"}));
+    assert_eq!(report.effects.progress, Some((3, 3)));
+    assert_eq!(report.effects.heartbeats, 3);
+
+    let failed = run(&runtime, &fanout, json!({"count": 2, "fail": true})).await;
+    assert!(matches!(failed.outcome, RunOutcome::Failed { .. }));
+    // The report still carries them; the queue commits children only with a completion.
+    assert_eq!(failed.effects.children.len(), 2);
+}
+
+#[tokio::test]
+async fn limited_declares_its_concurrency() {
+    let (runtime, _cache) = runtime();
+    let limited = load(&runtime, "limited").await;
+    let concurrency = limited.config.concurrency.clone().unwrap();
+    assert_eq!(concurrency.limit, 2);
+    assert_eq!(concurrency.on_conflict, OnConflict::Block);
+    assert_eq!(concurrency.key.render(&json!({"key": "k7"})).unwrap(), "k7");
+    assert_eq!(concurrency.duration_secs, 10);
+    let report = run(&runtime, &limited, json!({"key": "a", "ms": 5})).await;
+    assert!(output(&report.outcome)["ended_ms"].is_u64());
+}
+
+#[tokio::test]
+async fn runs_in_parallel_do_not_share_state() {
+    let (runtime, _cache) = runtime();
+    let hello = std::sync::Arc::new(load(&runtime, "hello").await);
+    let runs: Vec<_> = (0..32)
+        .map(|i| {
+            let (runtime, hello) = (runtime.clone(), hello.clone());
+            tokio::spawn(async move {
+                runtime
+                    .run(&hello, &context(i, 1), &json!({"name": i.to_string()}).to_string(), StopSignal::new())
+                    .await
+            })
+        })
+        .collect();
+    for (i, run) in runs.into_iter().enumerate() {
+        let report = run.await.unwrap();
+        assert_eq!(output(&report.outcome)["greeting"], format!("hello, {i}"));
+        assert_eq!(report.effects.stdout, format!("attempt 1 of job {i}\n"));
+        assert_eq!(report.effects.logs.len(), 1);
+    }
+}
