@@ -1,1 +1,113 @@
-fn main() {}
+//! Per-job sandbox overhead and component load times.
+//!
+//! `cargo bench --bench sandbox` (after `guests/build.sh`). Prints a
+//! Markdown table; BENCHMARKS.md records the figures with machine and date.
+//!
+//! - per-job: instantiate `hello` from its `InstancePre` in a fresh store,
+//!   call `run`, drop the store; timed around `Runtime::run`, on one thread
+//!   and on two threads running side by side.
+//! - load: compile from scratch versus load from the artifact cache
+//!   (deserialize, link, `describe`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobhost::component::{LoadedComponent, Runtime, StopSignal};
+use jobhost::config::RuntimeConfig;
+use jobhost::types::JobContext;
+
+const WARMUP: usize = 2_000;
+const RUNS: usize = 20_000;
+const LOADS: usize = 20;
+
+fn hello_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("guests/dist/hello.wasm")
+}
+
+fn context() -> JobContext {
+    JobContext {
+        job_id: 1,
+        attempt: 1,
+        queue: "default".into(),
+        enqueued_at_ms: 0,
+        batch_id: None,
+        concurrency_key: None,
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn report(label: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
+    println!("| {label} | {} | {:.1} | {:.1} |", samples.len(), p50.as_secs_f64() * 1e6, p99.as_secs_f64() * 1e6);
+}
+
+async fn per_job(runtime: &Runtime, hello: &LoadedComponent, runs: usize) -> Vec<Duration> {
+    let ctx = context();
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let report = runtime.run(hello, &ctx, r#"{"name":"bench"}"#, StopSignal::new()).await;
+        samples.push(started.elapsed());
+        assert!(report.outcome.is_completed(), "{:?}", report.outcome);
+    }
+    samples
+}
+
+fn main() {
+    assert!(hello_path().exists(), "run guests/build.sh first");
+    let cache = tempfile::tempdir().expect("temp dir");
+    let config = RuntimeConfig { cache_dir: Some(cache.path().to_path_buf()), ..RuntimeConfig::default() };
+    let runtime = Runtime::new(config.clone()).expect("runtime");
+
+    println!("| measurement | samples | median µs | p99 µs |");
+    println!("|---|---|---|---|");
+
+    let one_thread = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    let hello = Arc::new(one_thread.block_on(runtime.load_file(&hello_path())).expect("hello loads"));
+    one_thread.block_on(per_job(&runtime, &hello, WARMUP));
+    report("per-job, 1 thread", one_thread.block_on(per_job(&runtime, &hello, RUNS)));
+
+    let two_threads =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
+    let samples = two_threads.block_on(async {
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let (runtime, hello) = (runtime.clone(), hello.clone());
+                tokio::spawn(async move {
+                    per_job(&runtime, &hello, WARMUP).await;
+                    per_job(&runtime, &hello, RUNS).await
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for task in tasks {
+            all.extend(task.await.expect("bench task"));
+        }
+        all
+    });
+    report("per-job, 2 threads", samples);
+
+    let bytes = std::fs::read(hello_path()).expect("read hello");
+    let uncached = Runtime::new(RuntimeConfig { cache_dir: None, ..config.clone() }).expect("runtime");
+    let compile: Vec<_> = (0..LOADS)
+        .map(|_| {
+            let started = Instant::now();
+            one_thread.block_on(uncached.load_bytes(&hello_path(), bytes.clone())).expect("compiles");
+            started.elapsed()
+        })
+        .collect();
+    report("load, compiling", compile);
+    let cached: Vec<_> = (0..LOADS)
+        .map(|_| {
+            let started = Instant::now();
+            one_thread.block_on(runtime.load_bytes(&hello_path(), bytes.clone())).expect("loads");
+            started.elapsed()
+        })
+        .collect();
+    report("load, from cache", cached);
+}

@@ -11,10 +11,23 @@
 //! - [`template`]: concurrency and uniqueness key templates.
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
+//! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
+//!   trait (PostgreSQL for fleets).
+//! - [`worker`]: fetches, runs, heartbeats and completes jobs.
+//! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
+//! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
 //! - [`cli`]: the `jobhost` command line.
 
 pub mod cli;
+pub mod client;
 pub mod component;
 pub mod config;
+pub mod host;
+pub mod maintenance;
+pub mod store;
 pub mod template;
 pub mod types;
+pub mod worker;
+
+pub use client::Client;
+pub use host::{HostConfig, run};

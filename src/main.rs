@@ -3,6 +3,13 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    // Die quietly when stdout is closed early (`jobhost jobs | head`), as
+    // command-line tools do, instead of panicking on the failed write.
+    // SAFETY: setting a signal's disposition to the default before any
+    // thread exists has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = jobhost::cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

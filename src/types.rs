@@ -7,6 +7,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::KeyTemplate;
 
+/// The longest job or queue name.
+const MAX_NAME_LEN: usize = 128;
+
+/// Checks a job or queue name: 1 to 128 characters of `a-z 0-9 _ . -`.
+///
+/// # Errors
+/// Says which rule the name breaks.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!("{name:?} must be 1 to {MAX_NAME_LEN} characters long"));
+    }
+    if let Some(bad) = name.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '.' | '-')) {
+        return Err(format!("{name:?} contains {bad:?}; use only a-z, 0-9, '_', '.' and '-'"));
+    }
+    Ok(())
+}
+
 /// A job type's configuration, as declared by its component's `describe()`
 /// with the host's defaults filled in and validated. Stored in the database
 /// so every enqueuer applies the same rules without a copy of the component.

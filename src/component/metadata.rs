@@ -12,8 +12,6 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
 pub const DEFAULT_BACKOFF: Backoff = Backoff { base_ms: 1_000, cap_ms: 3_600_000 };
 /// The queue when its component does not say.
 pub const DEFAULT_QUEUE: &str = "default";
-/// The longest job or queue name.
-const MAX_NAME_LEN: usize = 128;
 
 /// A field of a component's configuration that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,19 +27,7 @@ fn invalid<T>(field: &'static str, reason: impl Into<String>) -> Result<T, Inval
     Err(InvalidConfig { field, reason: reason.into() })
 }
 
-/// Checks a job or queue name: 1 to 128 characters of `a-z 0-9 _ . -`.
-///
-/// # Errors
-/// Says which rule the name breaks.
-pub fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("{name:?} must be 1 to {MAX_NAME_LEN} characters long"));
-    }
-    if let Some(bad) = name.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '.' | '-')) {
-        return Err(format!("{name:?} contains {bad:?}; use only a-z, 0-9, '_', '.' and '-'"));
-    }
-    Ok(())
-}
+pub use crate::types::check_name;
 
 /// Validates a component's declared configuration and fills in defaults.
 ///

@@ -9,6 +9,7 @@
 /// wit-bindgen's exported world macro collides with its re-export at a crate
 /// root.
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",

@@ -1,0 +1,229 @@
+//! The `jobhost` command line: flag definitions and the commands behind them.
+//! Exit codes: 0 success, 1 a job ran but did not complete, 2 bad input (a
+//! component that does not load, a payload that is not JSON, an unknown job
+//! type) or a host error.
+
+mod components;
+mod queue;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::component::Runtime;
+use crate::config::RuntimeConfig;
+
+/// A durable background-job host whose handlers are WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "jobhost", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// More log output (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+impl Cli {
+    /// The log filter the flags ask for.
+    pub fn log_filter(&self) -> &'static str {
+        match self.verbose {
+            0 => "warn,jobhost=info",
+            1 => "info,jobhost=debug",
+            _ => "debug,jobhost=trace",
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a host: serve the components in a directory from the database's queues.
+    Run(queue::RunArgs),
+    /// Apply database migrations and exit.
+    Migrate(DbArgs),
+    /// Enqueue a job (or, with --file, one job per line of JSON payloads); prints the ids.
+    Enqueue(queue::EnqueueArgs),
+    /// List jobs, newest first.
+    Jobs(queue::JobsArgs),
+    /// Show one job: payload, attempts and errors, log, output.
+    Job {
+        /// The job's id.
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Counts by state and queue, the oldest wait, and live hosts.
+    Stats {
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Run a failed, discarded or cancelled job again, or a scheduled one now.
+    Retry {
+        /// The job's id.
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Cancel a job that is waiting (scheduled or available).
+    Cancel {
+        /// The job's id.
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Load components and print the job configuration each declares.
+    Inspect {
+        /// Component files (.wasm).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// One JSON object per component, per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+    /// Run one job in a sandbox, without a queue, and print what happened.
+    Exec {
+        /// The component file (.wasm).
+        file: PathBuf,
+        /// The job's payload, a JSON document.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// The attempt number the job is told it is on.
+        #[arg(long, default_value_t = 1)]
+        attempt: u32,
+        /// Print the full report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+    /// Follow a directory of components, printing what loads, reloads, fails
+    /// and unloads, until interrupted.
+    Watch {
+        /// The directory of components.
+        #[arg(long, env = "JOBHOST_COMPONENTS")]
+        components: PathBuf,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+}
+
+/// Where the database is.
+#[derive(Debug, Args, Clone)]
+struct DbArgs {
+    /// The database: postgres://USER@HOST/DB.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+}
+
+/// Settings of the component runtime shared by every command.
+#[derive(Debug, Args)]
+struct RuntimeArgs {
+    /// Memory cap of a run whose component declares none (e.g. 128MiB).
+    #[arg(long, value_parser = parse_bytes)]
+    default_memory: Option<u64>,
+    /// Timeout of a run whose component declares none (e.g. 5m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    default_timeout: Option<Duration>,
+    /// Where compiled components are cached [default: the user's cache directory].
+    #[arg(long, env = "JOBHOST_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile every component afresh instead of using the cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+impl RuntimeArgs {
+    fn config(&self) -> RuntimeConfig {
+        let mut config = RuntimeConfig::default();
+        if let Some(bytes) = self.default_memory {
+            config.default_memory_limit_bytes = bytes;
+        }
+        if let Some(timeout) = self.default_timeout {
+            config.default_timeout = timeout;
+        }
+        if self.cache_dir.is_some() {
+            config.cache_dir = self.cache_dir.clone();
+        }
+        if self.no_cache {
+            config.cache_dir = None;
+        }
+        config
+    }
+}
+
+/// Parses `1048576`, `512KiB`, `64MiB` or `1GiB`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size like 64MiB"))?;
+    let scale = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?}; use B, KiB, MiB or GiB")),
+    };
+    number.checked_mul(scale).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Runs a parsed command line to its exit code.
+pub fn main(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(format!("cannot start the async runtime: {error}")),
+    };
+    runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => queue::run(args).await,
+            Command::Migrate(db) => queue::migrate(&db).await,
+            Command::Enqueue(args) => queue::enqueue(args).await,
+            Command::Jobs(args) => queue::jobs(args).await,
+            Command::Job { id, db } => queue::job(id, &db).await,
+            Command::Stats { json, db } => queue::stats(json, &db).await,
+            Command::Retry { id, db } => queue::retry(id, &db).await,
+            Command::Cancel { id, db } => queue::cancel(id, &db).await,
+            Command::Inspect { files, json, runtime } => components::inspect(files, json, &runtime).await,
+            Command::Exec { file, payload, attempt, json, runtime } => {
+                components::exec(file, &payload, attempt, json, &runtime).await
+            }
+            Command::Watch { components, runtime } => components::watch(components, &runtime).await,
+        }
+    })
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}
+
+fn start_runtime(args: &RuntimeArgs) -> Result<Runtime, ExitCode> {
+    Runtime::new(args.config()).map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

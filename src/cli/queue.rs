@@ -1,0 +1,344 @@
+//! Commands that work on the database: `run`, `migrate`, `enqueue`, `jobs`,
+//! `job`, `stats`, `retry` and `cancel`.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{DbArgs, RuntimeArgs, fail};
+use crate::maintenance::MaintenanceConfig;
+use crate::store::{EnqueueParams, JobFilter, JobState, Store};
+use crate::worker::WorkerConfig;
+
+/// Payload lines inserted per transaction by `enqueue --file`.
+const BULK_CHUNK: usize = 5_000;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The directory of components to serve.
+    #[arg(long, env = "JOBHOST_COMPONENTS")]
+    components: PathBuf,
+    #[command(flatten)]
+    db: DbArgs,
+    /// Jobs run at once on this host.
+    #[arg(long, default_value_t = 10)]
+    concurrency: usize,
+    /// The queues to serve, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    queues: Vec<String>,
+    /// How often leases are renewed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    heartbeat: Duration,
+    /// Lease of a job whose type declares no concurrency duration.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    lease: Duration,
+    /// At shutdown, how long running jobs may take before they are handed back.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    grace: Duration,
+    /// How long an idle host waits for a notification before polling.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    poll: Duration,
+    /// Time between maintenance passes (due jobs, expired leases, retention).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    maintenance_interval: Duration,
+    /// How long finished jobs stay in the archive.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    retention: Duration,
+    /// Do not apply migrations at start.
+    #[arg(long)]
+    no_migrate: bool,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+pub async fn run(args: RunArgs) -> ExitCode {
+    let config = crate::HostConfig {
+        database_url: args.db.database_url,
+        components: args.components,
+        migrate: !args.no_migrate,
+        runtime: args.runtime.config(),
+        worker: WorkerConfig {
+            concurrency: args.concurrency,
+            queues: args.queues,
+            heartbeat_interval: args.heartbeat,
+            default_lease: args.lease,
+            poll_interval: args.poll,
+            shutdown_grace: args.grace,
+            ..WorkerConfig::default()
+        },
+        maintenance: MaintenanceConfig {
+            interval: args.maintenance_interval,
+            retention: args.retention,
+            ..MaintenanceConfig::default()
+        },
+    };
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        trigger.cancel();
+    });
+    match crate::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+    crate::store::open(&db.database_url, 2).await.map_err(fail)
+}
+
+pub async fn migrate(db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.migrate().await {
+        Ok(()) => {
+            println!("migrations applied");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(error),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// The job type.
+    job: String,
+    /// The payload, a JSON object.
+    #[arg(long, conflicts_with = "file")]
+    payload: Option<String>,
+    /// A file of payloads, one JSON object per line, enqueued in bulk ("-" for stdin).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// The queue, instead of the job type's.
+    #[arg(long)]
+    queue: Option<String>,
+    /// The priority, instead of the job type's (lower runs first).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i16>,
+    /// Run no earlier than this long from now (e.g. 30s, 5m).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "at")]
+    delay: Option<Duration>,
+    /// Run no earlier than this time (RFC 3339).
+    #[arg(long)]
+    at: Option<DateTime<Utc>>,
+    /// Print {"id": …} per job instead of bare ids.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+impl EnqueueArgs {
+    fn params(&self, payload: serde_json::Value) -> EnqueueParams {
+        EnqueueParams {
+            queue: self.queue.clone(),
+            priority: self.priority,
+            run_at: self.at,
+            delay_ms: self.delay.map(|d| d.as_millis() as u64),
+            ..EnqueueParams::new(self.job.clone(), payload)
+        }
+    }
+}
+
+fn parse_payload(text: &str, what: &str) -> Result<serde_json::Value, ExitCode> {
+    serde_json::from_str(text).map_err(|e| fail(format!("{what} is not valid JSON: {e}")))
+}
+
+pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
+    let jobs = match &args.file {
+        None => match parse_payload(args.payload.as_deref().unwrap_or("{}"), "--payload") {
+            Ok(payload) => vec![args.params(payload)],
+            Err(code) => return code,
+        },
+        Some(path) => match read_payload_lines(path) {
+            Ok(payloads) => payloads.into_iter().map(|p| args.params(p)).collect(),
+            Err(code) => return code,
+        },
+    };
+    let store = match open(&args.db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    for chunk in jobs.chunks(BULK_CHUNK) {
+        match store.job_enqueue(chunk).await {
+            Ok(ids) => {
+                for id in ids {
+                    if args.json {
+                        println!("{}", serde_json::json!({ "id": id }));
+                    } else {
+                        println!("{id}");
+                    }
+                }
+            }
+            Err(error) => return fail(error),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Every line a JSON payload; a bad line stops everything before anything
+/// is enqueued, naming the line.
+fn read_payload_lines(path: &PathBuf) -> Result<Vec<serde_json::Value>, ExitCode> {
+    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(path) {
+            Ok(file) => Box::new(std::io::BufReader::new(file)),
+            Err(error) => return Err(fail(format!("cannot read {}: {error}", path.display()))),
+        }
+    };
+    let mut payloads = Vec::new();
+    for (number, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        payloads.push(parse_payload(&line, &format!("line {}", number + 1))?);
+    }
+    Ok(payloads)
+}
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Only jobs in this state.
+    #[arg(long, value_parser = parse_state)]
+    state: Option<JobState>,
+    /// Only jobs of this type.
+    #[arg(long)]
+    job: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    /// One JSON object per job, per line.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+fn parse_state(name: &str) -> Result<JobState, String> {
+    JobState::parse(name).ok_or_else(|| {
+        let names: Vec<_> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown state {name:?}; one of {}", names.join(", "))
+    })
+}
+
+pub async fn jobs(args: JobsArgs) -> ExitCode {
+    let store = match open(&args.db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let filter = JobFilter { state: args.state, job: args.job, limit: args.limit };
+    let rows = match store.job_list(&filter).await {
+        Ok(rows) => rows,
+        Err(error) => return fail(error),
+    };
+    for row in rows {
+        if args.json {
+            println!("{}", serde_json::to_string(&row).unwrap_or_default());
+        } else {
+            let error = row.error.as_deref().map(|e| format!("  {e}")).unwrap_or_default();
+            println!(
+                "{:>8}  {:<10} {:<20} {:<12} attempt {}{error}",
+                row.id, row.state, row.job, row.queue, row.attempts
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub async fn job(id: i64, db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.job_get(id).await {
+        Ok(Some(detail)) => {
+            println!("{}", serde_json::to_string_pretty(&detail).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(None) => fail(format!("job {id} does not exist")),
+        Err(error) => fail(error),
+    }
+}
+
+pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let stats = match store.stats().await {
+        Ok(stats) => stats,
+        Err(error) => return fail(error),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&stats).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    for (state, count) in &stats.states {
+        println!("{state:<10} {count}");
+    }
+    for (queue, states) in &stats.queues {
+        let counts: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        println!("queue {queue}: {}", counts.join(", "));
+    }
+    if let Some(secs) = stats.oldest_available_secs {
+        println!("oldest available job has waited {secs:.1} s");
+    }
+    println!("hosts alive: {}", stats.hosts_alive);
+    ExitCode::SUCCESS
+}
+
+pub async fn retry(id: i64, db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.job_retry(id).await {
+        Ok(()) => {
+            println!("job {id} will run again");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(error),
+    }
+}
+
+pub async fn cancel(id: i64, db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.job_cancel(id).await {
+        Ok(()) => {
+            println!("job {id} cancelled");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(error),
+    }
+}

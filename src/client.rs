@@ -1,0 +1,60 @@
+//! The Rust API for programs that enqueue jobs without running a host.
+
+use std::sync::Arc;
+
+use crate::store::{EnqueueParams, Result, Store};
+
+/// Enqueues jobs into a jobhost database through the same checks as the CLI
+/// and the hosts: registered job types, JSON-object payloads, their types'
+/// defaults and concurrency keys.
+#[derive(Clone)]
+pub struct Client {
+    store: Arc<dyn Store>,
+}
+
+impl Client {
+    /// Connects to a database (`postgres://…`).
+    ///
+    /// # Errors
+    /// The URL is not supported or the database cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Ok(Client { store: crate::store::open(url, 4).await? })
+    }
+
+    /// A client over an open store.
+    pub fn from_store(store: Arc<dyn Store>) -> Self {
+        Client { store }
+    }
+
+    /// Enqueues one job with its type's defaults; returns its id.
+    ///
+    /// # Errors
+    /// See [`Client::enqueue_many`].
+    pub async fn enqueue(&self, job: &str, payload: serde_json::Value) -> Result<i64> {
+        self.enqueue_with(EnqueueParams::new(job, payload)).await
+    }
+
+    /// Enqueues one job with options; returns its id.
+    ///
+    /// # Errors
+    /// See [`Client::enqueue_many`].
+    pub async fn enqueue_with(&self, params: EnqueueParams) -> Result<i64> {
+        let ids = self.store.job_enqueue(std::slice::from_ref(&params)).await?;
+        Ok(ids[0])
+    }
+
+    /// Enqueues jobs all or none; returns their ids in order.
+    ///
+    /// # Errors
+    /// An unknown job type, a payload that is not a JSON object, an invalid
+    /// option, a payload without a field its concurrency key needs, or a
+    /// database error. Nothing is enqueued then.
+    pub async fn enqueue_many(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        self.store.job_enqueue(jobs).await
+    }
+
+    /// The store, for operator queries.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}

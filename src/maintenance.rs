@@ -1,0 +1,108 @@
+//! The sweeps every host runs, safe when several run at once (each locks
+//! what it works on with `SKIP LOCKED`): due scheduled jobs become
+//! available, expired leases are rescued, old archive rows are pruned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ConfigError;
+use crate::store::Store;
+
+/// Settings of the maintenance sweeps.
+#[derive(Debug, Clone)]
+pub struct MaintenanceConfig {
+    /// Time between passes; also the latest a delayed job starts after it is due.
+    pub interval: Duration,
+    /// How long finished jobs stay in the archive.
+    pub retention: Duration,
+    /// Archive rows deleted per pass at most, so pruning never holds long locks.
+    pub prune_batch: i64,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            interval: Duration::from_secs(1),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            prune_batch: 10_000,
+        }
+    }
+}
+
+impl MaintenanceConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A zero interval or batch.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.interval.is_zero() {
+            return Err(ConfigError { field: "interval", reason: "must be positive".into() });
+        }
+        if self.prune_batch <= 0 {
+            return Err(ConfigError { field: "prune_batch", reason: "must be positive".into() });
+        }
+        Ok(())
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Scheduled jobs made available.
+    pub promoted: u64,
+    /// Jobs with expired leases made available again.
+    pub requeued: u64,
+    /// Jobs with expired leases failed (their last attempt).
+    pub failed: u64,
+    /// Archive rows deleted.
+    pub pruned: u64,
+}
+
+/// The sweeps of one host.
+pub struct Maintenance {
+    store: Arc<dyn Store>,
+    config: MaintenanceConfig,
+}
+
+impl Maintenance {
+    /// Sweeps over `store`.
+    ///
+    /// # Errors
+    /// Invalid settings.
+    pub fn new(store: Arc<dyn Store>, config: MaintenanceConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Maintenance { store, config })
+    }
+
+    /// One pass of every sweep. `now` overrides the database's clock, for tests.
+    ///
+    /// # Errors
+    /// The first sweep that failed; later ones did not run.
+    pub async fn run_once(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
+        let promoted = self.store.job_promote_due(now).await?;
+        let (requeued, failed) = self.store.lease_expire(now).await?;
+        let retention_secs = self.config.retention.as_secs_f64();
+        let pruned = self.store.archive_prune(now, retention_secs, self.config.prune_batch).await?;
+        Ok(PassReport { promoted, requeued, failed, pruned })
+    }
+
+    /// Runs a pass every interval until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.run_once(None).await {
+                Ok(report) if report != PassReport::default() => tracing::debug!(?report, "maintenance pass"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "maintenance pass failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! Jobs: what an enqueue asks for, what a fetch hands out, how a run ends,
+//! and what operators see. Backend-neutral; the SQL is in the backends.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::types::ChildJob;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for its time (delayed, or in retry backoff).
+    Scheduled,
+    /// Ready to run.
+    Available,
+    /// Held by a host under a lease.
+    Running,
+    /// Parked until its concurrency key has a free slot.
+    Blocked,
+    /// Finished successfully.
+    Completed,
+    /// Finished without success: attempts spent or failed on purpose.
+    Failed,
+    /// Not run: refused by its concurrency limit.
+    Discarded,
+    /// Stopped by an operator.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in life order.
+    pub const ALL: [JobState; 8] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Running,
+        JobState::Blocked,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Discarded,
+        JobState::Cancelled,
+    ];
+
+    /// The name used in the database, the CLI and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Blocked => "blocked",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Discarded => "discarded",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a state name.
+    pub fn parse(name: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// True for states kept in the archive.
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Discarded | JobState::Cancelled)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One job to enqueue. Unset options take the job type's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnqueueParams {
+    /// The job type; must be registered.
+    pub job: String,
+    /// The payload: a JSON object, stored as a document.
+    pub payload: serde_json::Value,
+    /// Overrides the job type's queue.
+    pub queue: Option<String>,
+    /// Overrides the job type's priority.
+    pub priority: Option<i16>,
+    /// Run no earlier than this (the database's clock decides when it is due).
+    pub run_at: Option<DateTime<Utc>>,
+    /// Run no earlier than this long after the enqueue commits.
+    pub delay_ms: Option<u64>,
+    /// The job whose run enqueued this one.
+    pub parent_id: Option<i64>,
+}
+
+impl EnqueueParams {
+    /// A job of type `job` with this payload and every option from its type.
+    pub fn new(job: impl Into<String>, payload: serde_json::Value) -> Self {
+        EnqueueParams {
+            job: job.into(),
+            payload,
+            queue: None,
+            priority: None,
+            run_at: None,
+            delay_ms: None,
+            parent_id: None,
+        }
+    }
+
+    /// The enqueue of a child job, written with its parent's completion.
+    pub fn child(parent_id: i64, child: ChildJob) -> Self {
+        EnqueueParams {
+            job: child.job,
+            payload: child.payload,
+            queue: child.queue,
+            priority: child.priority,
+            run_at: None,
+            delay_ms: child.delay_ms,
+            parent_id: Some(parent_id),
+        }
+    }
+}
+
+/// What a host asks for when it fetches.
+#[derive(Debug, Clone)]
+pub struct FetchParams {
+    /// The fetching host; recorded on each job it leases.
+    pub host_id: String,
+    /// The queues it serves.
+    pub queues: Vec<String>,
+    /// The job types it has loaded, each with its lease length in seconds.
+    pub job_types: Vec<(String, i32)>,
+    /// How many jobs it can start now.
+    pub limit: i64,
+}
+
+/// A job leased to a host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchedJob {
+    /// The job's id.
+    pub id: i64,
+    /// The lease token every later write must present.
+    pub lease_token: i64,
+    /// The job type.
+    pub job: String,
+    /// The queue it was taken from.
+    pub queue: String,
+    /// The payload document.
+    pub payload: serde_json::Value,
+    /// This attempt's number, 1-based.
+    pub attempt: i32,
+    /// Attempts allowed in all.
+    pub max_attempts: i32,
+    /// When it was enqueued.
+    pub enqueued_at: DateTime<Utc>,
+    /// The batch it belongs to.
+    pub batch_id: Option<i64>,
+    /// Its rendered concurrency key.
+    pub concurrency_key: Option<String>,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_secs: i32,
+}
+
+/// How a run ended, as the store records it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FinishOutcome {
+    /// Archive as completed, with the output, and enqueue the children.
+    Completed {
+        /// The guest's output document.
+        output: Option<serde_json::Value>,
+        /// Jobs the run enqueued.
+        children: Vec<ChildJob>,
+    },
+    /// Back to scheduled after a backoff, keeping the error.
+    Retry {
+        /// The attempt's error.
+        error: String,
+        /// The backoff.
+        delay_ms: u64,
+    },
+    /// Archive as failed, keeping the error.
+    Failed {
+        /// The attempt's error.
+        error: String,
+    },
+    /// Back to scheduled without spending the attempt.
+    Snooze {
+        /// How long to wait.
+        delay_ms: u64,
+    },
+    /// Back to available at once without spending the attempt: the host
+    /// stopped the run (shutdown), not the job's fault.
+    Release {
+        /// Why it was stopped.
+        reason: String,
+    },
+}
+
+/// One run's end, matched on its lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// The job.
+    pub id: i64,
+    /// The lease token from the fetch.
+    pub lease_token: i64,
+    /// Which attempt ended.
+    pub attempt: i32,
+    /// How it ended.
+    pub outcome: FinishOutcome,
+    /// The attempt's log lines and captured output, kept with the job.
+    pub log: serde_json::Value,
+    /// The latest progress the guest reported.
+    pub progress: Option<serde_json::Value>,
+}
+
+/// What happened to one [`Finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishResult {
+    /// Recorded.
+    Done,
+    /// The lease is no longer this run's: another host owns the job now, so
+    /// nothing was touched (guarantee 5).
+    Duplicate,
+}
+
+/// Which jobs to list.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Only this state.
+    pub state: Option<JobState>,
+    /// Only this job type.
+    pub job: Option<String>,
+    /// At most this many.
+    pub limit: i64,
+}
+
+/// A job in a listing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobRow {
+    /// The job's id.
+    pub id: i64,
+    /// The job type.
+    pub job: String,
+    /// Its queue.
+    pub queue: String,
+    /// Where it is.
+    pub state: JobState,
+    /// Attempts started.
+    pub attempts: i32,
+    /// Its rendered concurrency key.
+    pub concurrency_key: Option<String>,
+    /// The guest's output document, for a completed job.
+    pub output: Option<serde_json::Value>,
+    /// The last attempt's error.
+    pub error: Option<String>,
+    /// When it was enqueued.
+    pub enqueued_at: DateTime<Utc>,
+    /// When its last attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One job in full.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobDetail {
+    /// The listing fields.
+    #[serde(flatten)]
+    pub row: JobRow,
+    /// Its priority.
+    pub priority: i16,
+    /// The payload document.
+    pub payload: serde_json::Value,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Every failed attempt's error.
+    pub errors: serde_json::Value,
+    /// The last attempt's log.
+    pub log: Option<serde_json::Value>,
+    /// The latest progress.
+    pub progress: Option<serde_json::Value>,
+    /// When it is (or was) due.
+    pub run_at: Option<DateTime<Utc>>,
+    /// The host running it.
+    pub host_id: Option<String>,
+    /// The job that enqueued it.
+    pub parent_id: Option<i64>,
+}
+
+/// The queue at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stats {
+    /// Every state name with its count (zero included).
+    pub states: std::collections::BTreeMap<String, i64>,
+    /// Per queue, live jobs by state.
+    pub queues: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    /// Seconds the oldest available job has waited.
+    pub oldest_available_secs: Option<f64>,
+    /// Hosts that heartbeated recently.
+    pub hosts_alive: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_names_round_trip() {
+        for state in JobState::ALL {
+            assert_eq!(JobState::parse(state.as_str()), Some(state));
+        }
+        assert_eq!(JobState::parse("done"), None);
+        assert!(JobState::Cancelled.is_finished() && !JobState::Running.is_finished());
+    }
+}
+
+/// An enqueue with the job type's defaults applied and every check passed,
+/// ready for any backend to insert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedJob {
+    /// The job type.
+    pub job: String,
+    /// The queue.
+    pub queue: String,
+    /// The priority.
+    pub priority: i16,
+    /// The payload object.
+    pub payload: serde_json::Value,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// An absolute due time, if the enqueuer gave one.
+    pub run_at: Option<DateTime<Utc>>,
+    /// A delay from the enqueue's commit, in milliseconds (0 for none).
+    pub delay_ms: i64,
+    /// The rendered concurrency key, for a limited job type.
+    pub concurrency_key: Option<String>,
+    /// The job that enqueued it.
+    pub parent_id: Option<i64>,
+}
+
+/// Applies the job type's configuration to an enqueue and checks it.
+///
+/// # Errors
+/// The payload is not a JSON object, an override is invalid, or the
+/// concurrency key cannot be rendered from the payload.
+pub fn prepare(params: &EnqueueParams, config: &crate::types::JobConfig) -> Result<PreparedJob, super::Error> {
+    use super::Error;
+    if !params.payload.is_object() {
+        return Err(Error::PayloadNotObject { job: params.job.clone(), kind: json_kind(&params.payload) });
+    }
+    let queue = params.queue.clone().unwrap_or_else(|| config.queue.clone());
+    crate::types::check_name(&queue).map_err(|reason| Error::InvalidEnqueue(format!("queue {reason}")))?;
+    if params.run_at.is_some() && params.delay_ms.is_some() {
+        return Err(Error::InvalidEnqueue("give a delay or a time to run at, not both".into()));
+    }
+    let delay_ms =
+        i64::try_from(params.delay_ms.unwrap_or(0)).map_err(|_| Error::InvalidEnqueue("delay is too long".into()))?;
+    let concurrency_key = match &config.concurrency {
+        None => None,
+        Some(limit) => Some(
+            limit
+                .key
+                .render(&params.payload)
+                .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: {e}", params.job)))?,
+        ),
+    };
+    Ok(PreparedJob {
+        job: params.job.clone(),
+        queue,
+        priority: params.priority.unwrap_or(config.priority),
+        payload: params.payload.clone(),
+        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
+        run_at: params.run_at,
+        delay_ms,
+        concurrency_key,
+        parent_id: params.parent_id,
+    })
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod prepare_tests {
+    use super::*;
+    use crate::types::{Backoff, ConcurrencyConfig, JobConfig, OnConflict};
+    use serde_json::json;
+
+    fn config() -> JobConfig {
+        JobConfig {
+            name: "mail".into(),
+            queue: "default".into(),
+            priority: 3,
+            max_attempts: 7,
+            backoff: Backoff { base_ms: 1, cap_ms: 2 },
+            timeout_ms: 1000,
+            memory_limit_bytes: 1 << 20,
+            concurrency: Some(ConcurrencyConfig {
+                limit: 1,
+                key: crate::template::KeyTemplate::parse("acct:{account}").unwrap(),
+                duration_secs: 10,
+                on_conflict: OnConflict::Block,
+            }),
+            unique: None,
+            schedule: None,
+        }
+    }
+
+    #[test]
+    fn applies_defaults_and_renders_the_key() {
+        let prepared = prepare(&EnqueueParams::new("mail", json!({"account": 9})), &config()).unwrap();
+        assert_eq!((prepared.queue.as_str(), prepared.priority, prepared.max_attempts), ("default", 3, 7));
+        assert_eq!(prepared.concurrency_key.as_deref(), Some("acct:9"));
+    }
+
+    #[test]
+    fn refuses_payloads_that_are_not_objects() {
+        // A double-encoded payload is a string: refused, never stored (guarantee 8).
+        let encoded = json!(json!({"account": 9}).to_string());
+        let error = prepare(&EnqueueParams::new("mail", encoded), &config()).unwrap_err();
+        assert!(error.to_string().contains("must be a JSON object, got a string"), "{error}");
+    }
+
+    #[test]
+    fn refuses_a_payload_without_the_key_field() {
+        let error = prepare(&EnqueueParams::new("mail", json!({})), &config()).unwrap_err();
+        assert!(error.to_string().contains("account"), "{error}");
+    }
+
+    #[test]
+    fn refuses_bad_overrides() {
+        let bad_queue =
+            EnqueueParams { queue: Some("Bad Queue".into()), ..EnqueueParams::new("mail", json!({"account": 1})) };
+        assert!(prepare(&bad_queue, &config()).is_err());
+        let both = EnqueueParams {
+            run_at: Some(Utc::now()),
+            delay_ms: Some(5),
+            ..EnqueueParams::new("mail", json!({"account": 1}))
+        };
+        assert!(prepare(&both, &config()).is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! Everything durable, and all SQL. The rest of the host speaks to storage
+//! only through the [`Store`] trait; each backend lives in a submodule.
+//!
+//! One file per entity: [`job`] (enqueue, fetch, finish, operate),
+//! [`lease`] (heartbeats and expiry), [`host`] (fleet membership and job types).
+
+pub mod host;
+pub mod job;
+pub mod lease;
+pub mod postgres;
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+pub use host::HostInfo;
+pub use job::{
+    EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
+    JobState, Stats,
+};
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database could not be reached or answered with an error.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations could not be applied.
+    #[error("cannot apply migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// An enqueue named a job type no host has registered.
+    #[error("unknown job type {0:?}: no host has loaded a component for it")]
+    UnknownJobType(String),
+    /// An enqueue's payload is not a JSON object.
+    #[error("payload of job {job:?} must be a JSON object, got {kind}")]
+    PayloadNotObject {
+        /// The job type.
+        job: String,
+        /// What it was instead (`string`, `array`, ...).
+        kind: &'static str,
+    },
+    /// The database URL names no supported backend.
+    #[error("unsupported database URL {0:?}: use postgres://USER@HOST/DB")]
+    UnsupportedUrl(String),
+    /// An enqueue's options are invalid.
+    #[error("invalid enqueue: {0}")]
+    InvalidEnqueue(String),
+    /// No job with this id is in a state the operation applies to.
+    #[error("job {id} {reason}")]
+    JobState {
+        /// The job.
+        id: i64,
+        /// What state it is in instead.
+        reason: String,
+    },
+    /// A stored configuration could not be read back.
+    #[error("stored job type {name:?} has an unreadable configuration: {reason}")]
+    CorruptJobType {
+        /// The job type.
+        name: String,
+        /// Why it could not be read.
+        reason: String,
+    },
+}
+
+/// Opens the store a URL names: `postgres://` or `postgresql://`.
+///
+/// # Errors
+/// An unsupported scheme, or a database that cannot be reached.
+pub async fn open(url: &str, max_connections: u32) -> Result<std::sync::Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(std::sync::Arc::new(postgres::PgStore::connect(url, max_connections).await?));
+    }
+    Err(Error::UnsupportedUrl(url.to_string()))
+}
+
+/// Shorthand for store results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The durable queue, as every other module sees it.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Brings the schema up to date.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Records the configurations this host loaded, so enqueuers without the
+    /// component apply them.
+    async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()>;
+
+    /// The registered configuration of each named job type that exists.
+    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, crate::types::JobConfig>>;
+
+    /// Adds or refreshes this host's row (fleet membership, job types served).
+    async fn host_upsert(&self, host: &HostInfo) -> Result<()>;
+
+    /// Removes this host's row at shutdown.
+    async fn host_remove(&self, host_id: &str) -> Result<()>;
+
+    /// Enqueues jobs, all or none, returning their ids in order.
+    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>>;
+
+    /// Leases up to `limit` available jobs to a host, each with a fresh token.
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>>;
+
+    /// Ends or reschedules runs, each matched on its lease token, in one
+    /// transaction with the children of those that completed.
+    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>>;
+
+    /// Renews the leases a host still holds; returns the ids renewed. A job
+    /// missing from the answer is no longer this host's.
+    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>>;
+
+    /// Returns jobs whose lease expired to `available`, or to the archive as
+    /// failed when their attempts are spent. Returns (requeued, failed).
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)>;
+
+    /// Makes scheduled jobs that have come due available. Returns how many.
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64>;
+
+    /// Deletes archived jobs that finished more than `retention_secs` before
+    /// `now` (the database's clock by default), at most `limit`.
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;
+
+    /// Lists jobs, live and archived, newest first.
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>>;
+
+    /// One job with its payload, errors, log and output.
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>>;
+
+    /// Counts by state and queue, the oldest wait, and live hosts.
+    async fn stats(&self) -> Result<Stats>;
+
+    /// Runs a failed, discarded or cancelled job again (a new attempt budget),
+    /// or a scheduled one now.
+    async fn job_retry(&self, id: i64) -> Result<()>;
+
+    /// Cancels a job that is not running.
+    async fn job_cancel(&self, id: i64) -> Result<()>;
+
+    /// Waits until jobs may be available (a notification), or `timeout`.
+    async fn wait_available(&self, timeout: std::time::Duration);
+}

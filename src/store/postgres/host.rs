@@ -1,0 +1,67 @@
+//! Job types and hosts in PostgreSQL.
+
+use std::collections::HashMap;
+
+use sqlx::PgPool;
+use sqlx::types::Json;
+
+use crate::store::{Error, HostInfo, Result};
+use crate::types::JobConfig;
+
+pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
+    let names: Vec<&str> = types.iter().map(|(c, _)| c.name.as_str()).collect();
+    let configs: Vec<Json<&JobConfig>> = types.iter().map(|(c, _)| Json(c)).collect();
+    let digests: Vec<&str> = types.iter().map(|(_, d)| d.as_str()).collect();
+    // The latest loaded version's configuration wins, fleet-wide.
+    sqlx::query(
+        "INSERT INTO jobhost.job_types (name, config, digest)
+         SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[])
+         ON CONFLICT (name) DO UPDATE
+         SET config = excluded.config, digest = excluded.digest, updated_at = now()
+         WHERE jobhost.job_types.digest <> excluded.digest",
+    )
+    .bind(&names)
+    .bind(&configs)
+    .bind(&digests)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn job_types_get(
+    executor: impl sqlx::PgExecutor<'_>,
+    names: &[String],
+) -> Result<HashMap<String, JobConfig>> {
+    let rows: Vec<(String, Json<serde_json::Value>)> =
+        sqlx::query_as("SELECT name, config FROM jobhost.job_types WHERE name = ANY($1)")
+            .bind(names)
+            .fetch_all(executor)
+            .await?;
+    rows.into_iter()
+        .map(|(name, Json(config))| match serde_json::from_value(config) {
+            Ok(config) => Ok((name, config)),
+            Err(e) => Err(Error::CorruptJobType { name, reason: e.to_string() }),
+        })
+        .collect()
+}
+
+pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO jobhost.hosts (id, hostname, pid, version, job_types)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = now(), job_types = excluded.job_types",
+    )
+    .bind(&host.id)
+    .bind(&host.hostname)
+    .bind(host.pid as i32)
+    .bind(&host.version)
+    .bind(&host.job_types)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn host_remove(pool: &PgPool, host_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM jobhost.hosts WHERE id = $1").bind(host_id).execute(pool).await?;
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! The PostgreSQL backend: a fleet of hosts shares one database. Fetches use
+//! `FOR UPDATE SKIP LOCKED`; idle hosts wake on `LISTEN/NOTIFY`.
+
+mod host;
+mod job;
+mod lease;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::ConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use tokio::sync::{Notify, OnceCell};
+
+use super::{
+    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, Result,
+    Stats, Store,
+};
+use crate::types::JobConfig;
+
+/// The channel on which inserts and requeues announce available jobs.
+const CHANNEL: &str = "jobhost_available";
+
+/// A connection pool to the jobhost schema of one PostgreSQL database.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    options: PgConnectOptions,
+    wake: Arc<Notify>,
+    listening: Arc<OnceCell<()>>,
+}
+
+impl PgStore {
+    /// Connects to `url` with at most `max_connections` connections.
+    ///
+    /// # Errors
+    /// The URL is invalid or the server cannot be reached.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let options: PgConnectOptions = url.parse()?;
+        // Statements are logged at trace level only: the hot path runs thousands a second.
+        let options = options.application_name("jobhost").log_statements(tracing::log::LevelFilter::Trace);
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await?;
+        Ok(PgStore { pool, options, wake: Arc::new(Notify::new()), listening: Arc::new(OnceCell::new()) })
+    }
+
+    /// The pool, for tests that check invariants with their own SQL.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Starts the LISTEN task once; notifications wake `wait_available`.
+    async fn listen(&self) {
+        let started = self
+            .listening
+            .get_or_try_init(|| async {
+                let mut listener = PgListener::connect_with(&self.pool).await?;
+                listener.listen(CHANNEL).await?;
+                let wake = self.wake.clone();
+                tokio::spawn(async move {
+                    loop {
+                        // The listener reconnects by itself after an error;
+                        // the fetch loop's polling covers what is missed.
+                        match listener.recv().await {
+                            Ok(_) => wake.notify_one(),
+                            Err(error) => {
+                                tracing::warn!(%error, "notification listener lost its connection");
+                                wake.notify_one();
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
+                        }
+                    }
+                });
+                Ok::<(), sqlx::Error>(())
+            })
+            .await;
+        if let Err(error) = started {
+            tracing::warn!(%error, "cannot LISTEN for new jobs; polling only");
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn migrate(&self) -> Result<()> {
+        // One connection whose search path keeps the migrator's bookkeeping
+        // table in the jobhost schema. The migrator takes an advisory lock,
+        // so hosts starting together apply each migration once.
+        let options = self.options.clone().options([("search_path", "jobhost")]);
+        let pool = PgPoolOptions::new().max_connections(1).connect_with(options).await?;
+        let created = sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&pool).await;
+        if created.is_err() {
+            // Another host created it at the same moment; anything else fails again here.
+            sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&pool).await?;
+        }
+        let migrated = sqlx::migrate!("./migrations/postgres").run(&pool).await;
+        pool.close().await;
+        Ok(migrated?)
+    }
+
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+        host::job_types_register(&self.pool, types).await
+    }
+
+    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, JobConfig>> {
+        host::job_types_get(&self.pool, names).await
+    }
+
+    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
+        host::host_upsert(&self.pool, info).await
+    }
+
+    async fn host_remove(&self, host_id: &str) -> Result<()> {
+        host::host_remove(&self.pool, host_id).await
+    }
+
+    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let ids = job::enqueue(&mut tx, jobs).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+        job::fetch(&self.pool, params).await
+    }
+
+    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
+        job::finish(&self.pool, finishes).await
+    }
+
+    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
+        lease::renew(&self.pool, host_id, leases).await
+    }
+
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
+        lease::expire(&self.pool, now).await
+    }
+
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        job::promote_due(&self.pool, now).await
+    }
+
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        job::archive_prune(&self.pool, now, retention_secs, limit).await
+    }
+
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
+        job::list(&self.pool, filter).await
+    }
+
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
+        job::get(&self.pool, id).await
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        job::stats(&self.pool).await
+    }
+
+    async fn job_retry(&self, id: i64) -> Result<()> {
+        job::retry(&self.pool, id).await
+    }
+
+    async fn job_cancel(&self, id: i64) -> Result<()> {
+        job::cancel(&self.pool, id).await
+    }
+
+    async fn wait_available(&self, timeout: Duration) {
+        self.listen().await;
+        let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
+    }
+}
+
+/// Announces available jobs to idle hosts when the transaction commits.
+async fn notify_available(conn: &mut sqlx::PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, '')").bind(CHANNEL).execute(conn).await?;
+    Ok(())
+}

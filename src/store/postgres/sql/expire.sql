@@ -1,0 +1,43 @@
+-- Rescues jobs whose host stopped renewing their lease: back to available
+-- with a note of what happened, or to the archive as failed when the
+-- attempt that expired was the last. The database clock decides (guarantee 10).
+-- Locks: expired running rows, SKIP LOCKED, so sweeps on several hosts
+-- split the work instead of queueing behind each other.
+WITH expired AS (
+    SELECT id
+    FROM jobhost.jobs
+    WHERE state = 'running' AND lease_expires_at < coalesce($1, now())
+    ORDER BY lease_expires_at
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED
+),
+noted AS (
+    SELECT j.id, j.attempt >= j.max_attempts AS spent,
+           j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(),
+               'error', format('lease expired: host %s stopped heartbeating', j.host_id))) AS errors
+    FROM jobhost.jobs j JOIN expired x ON x.id = j.id
+),
+failed AS (
+    DELETE FROM jobhost.jobs j USING noted n
+    WHERE j.id = n.id AND n.spent
+    RETURNING j.*, n.errors AS new_errors
+),
+archived AS (
+    INSERT INTO jobhost.archive
+        (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
+         enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
+    SELECT id, job, queue, priority, payload, 'failed', attempt, max_attempts, new_errors, progress,
+           enqueued_at, started_at, now(), host_id, concurrency_key, batch_id, parent_id
+    FROM failed
+    RETURNING id
+),
+requeued AS (
+    UPDATE jobhost.jobs j
+    SET state = 'available', run_at = now(), errors = n.errors,
+        lease_token = NULL, lease_secs = NULL, lease_expires_at = NULL, host_id = NULL
+    FROM noted n
+    WHERE j.id = n.id AND NOT n.spent
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM requeued), (SELECT count(*) FROM archived)

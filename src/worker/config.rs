@@ -1,0 +1,94 @@
+//! Worker settings and their defaults.
+
+use std::time::Duration;
+
+use crate::config::ConfigError;
+
+/// Settings of one host's worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Jobs run at once on this host.
+    pub concurrency: usize,
+    /// The queues this host fetches from.
+    pub queues: Vec<String>,
+    /// How often running jobs' leases are renewed (one statement for all).
+    pub heartbeat_interval: Duration,
+    /// The lease of a job whose type has no concurrency `duration`: how long
+    /// it may go without a heartbeat before another host takes it over.
+    pub default_lease: Duration,
+    /// How long an idle host waits for a notification before fetching anyway.
+    pub poll_interval: Duration,
+    /// At shutdown, how long running jobs may take to finish before they are
+    /// interrupted and handed back.
+    pub shutdown_grace: Duration,
+    /// The most runs written back in one completion transaction.
+    pub completion_batch: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: 10,
+            queues: vec!["default".to_string()],
+            heartbeat_interval: Duration::from_secs(5),
+            default_lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+            completion_batch: 500,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks that the settings can work together.
+    ///
+    /// # Errors
+    /// Names the first setting that cannot work and why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field, reason: &str| Err(ConfigError { field, reason: reason.to_string() });
+        if self.concurrency == 0 {
+            return fail("concurrency", "must be at least 1");
+        }
+        if self.queues.is_empty() {
+            return fail("queues", "name at least one queue");
+        }
+        if let Some(bad) = self.queues.iter().find(|q| crate::types::check_name(q).is_err()) {
+            return Err(ConfigError { field: "queues", reason: format!("{bad:?} is not a queue name") });
+        }
+        if self.heartbeat_interval.is_zero() || self.poll_interval.is_zero() {
+            return fail("heartbeat_interval", "intervals must be positive");
+        }
+        // A lease shorter than two heartbeats expires under a healthy host
+        // after one late renewal (guarantee 6).
+        if self.default_lease < self.heartbeat_interval * 2 {
+            return fail("default_lease", "must be at least twice the heartbeat interval");
+        }
+        if self.completion_batch == 0 {
+            return fail("completion_batch", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// How long before a lease's expiry the host stops a guest whose lease it
+    /// could not renew: half a heartbeat, so the guest is gone before the
+    /// database could hand the job to another host.
+    pub fn fence_margin(&self) -> Duration {
+        self.heartbeat_interval / 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        WorkerConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn a_lease_must_cover_two_heartbeats() {
+        let config = WorkerConfig { default_lease: Duration::from_secs(9), ..WorkerConfig::default() };
+        assert_eq!(config.validate().unwrap_err().field, "default_lease");
+    }
+}

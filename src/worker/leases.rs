@@ -1,0 +1,135 @@
+//! The leases this host holds: renewed together each heartbeat, and fenced
+//! locally, so a host that cannot renew a lease stops that guest before the
+//! database could hand the job to another host (guarantee 6).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::StopSignal;
+use crate::store::{HostInfo, Store};
+
+use super::WorkerConfig;
+
+/// One running job's lease as this host sees it.
+struct Held {
+    token: i64,
+    lease: Duration,
+    /// When this host stops the guest unless a renewal succeeds first:
+    /// measured from before the statement that last set the lease was sent,
+    /// so it always falls before the database's expiry.
+    fence_at: Instant,
+    signal: StopSignal,
+}
+
+/// The running jobs of this host.
+#[derive(Clone, Default)]
+pub struct Leases {
+    held: Arc<Mutex<HashMap<i64, Held>>>,
+}
+
+impl Leases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Held>> {
+        // Updates are plain map operations that cannot panic midway.
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records a lease taken by a fetch sent at `sent_at`.
+    pub fn hold(&self, id: i64, token: i64, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
+        let fence_at = sent_at + lease.saturating_sub(margin);
+        self.lock().insert(id, Held { token, lease, fence_at, signal });
+    }
+
+    /// Forgets a lease once its run is written back.
+    pub fn release(&self, id: i64) {
+        self.lock().remove(&id);
+    }
+
+    /// How many jobs are running.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when nothing runs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops every running guest with `reason`.
+    pub fn stop_all(&self, reason: &str) {
+        for held in self.lock().values() {
+            held.signal.stop(reason);
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(i64, i64)> {
+        self.lock().iter().map(|(id, h)| (*id, h.token)).collect()
+    }
+
+    /// Applies a renewal sent at `sent_at`: renewed leases move their fence;
+    /// a lease the database did not renew belongs to another host now, so its
+    /// guest is stopped at once.
+    fn renewed(&self, asked: &[(i64, i64)], renewed: &[i64], margin: Duration, sent_at: Instant) {
+        let renewed: std::collections::HashSet<i64> = renewed.iter().copied().collect();
+        let mut held = self.lock();
+        for (id, token) in asked {
+            let Some(lease) = held.get_mut(id).filter(|h| h.token == *token) else { continue };
+            if renewed.contains(id) {
+                lease.fence_at = sent_at + lease.lease.saturating_sub(margin);
+            } else {
+                tracing::warn!(job_id = id, "lease lost to another host; stopping the run");
+                lease.signal.stop("lease lost: another host owns this job now");
+            }
+        }
+    }
+
+    /// Stops guests whose fence has passed; returns the next fence time.
+    fn enforce_fences(&self, now: Instant) -> Option<Instant> {
+        let held = self.lock();
+        for (id, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && !h.signal.is_stopped()) {
+            tracing::warn!(job_id = id, "lease could not be renewed in time; stopping the run");
+            lease.signal.stop("lease could not be renewed before it expired");
+        }
+        held.values().filter(|h| !h.signal.is_stopped()).map(|h| h.fence_at).min()
+    }
+}
+
+/// Renews leases and the host's row every heartbeat and enforces fences in
+/// between, until `shutdown`.
+pub async fn heartbeat_loop(
+    store: Arc<dyn Store>,
+    leases: Leases,
+    host: impl Fn() -> HostInfo + Send,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) {
+    let margin = config.fence_margin();
+    let mut tick = tokio::time::interval(config.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let next_fence = leases.enforce_fences(Instant::now());
+        let fence = async {
+            match next_fence {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = fence => continue,
+            _ = tick.tick() => {}
+        }
+        let asked = leases.snapshot();
+        let sent_at = Instant::now();
+        match store.lease_renew(&host().id, &asked).await {
+            Ok(renewed) => leases.renewed(&asked, &renewed, margin, sent_at),
+            Err(error) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
+        }
+        if let Err(error) = store.host_upsert(&host()).await {
+            tracing::warn!(%error, "cannot refresh this host's fleet membership");
+        }
+    }
+}

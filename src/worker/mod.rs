@@ -1,0 +1,240 @@
+//! The worker: fetches jobs this host has loaded, runs each in its own
+//! sandbox, writes results back in batches, renews leases, and shuts down
+//! gracefully. It uses `store` and `component`; neither knows about it.
+
+mod backoff;
+mod config;
+mod leases;
+mod outcome;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::component::{Registry, Runtime, StopSignal};
+use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, HostInfo, Store};
+use crate::types::JobContext;
+
+pub use backoff::retry_delay_ms;
+pub use config::WorkerConfig;
+pub use leases::Leases;
+
+/// A finished run on its way to the database, with the capacity it holds
+/// until it is written.
+struct Done {
+    finish: Finish,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// One host's worker.
+pub struct Worker {
+    store: Arc<dyn Store>,
+    runtime: Runtime,
+    registry: Arc<Registry>,
+    config: WorkerConfig,
+    host: HostInfo,
+    leases: Leases,
+}
+
+impl Worker {
+    /// A worker for the components in `registry`.
+    ///
+    /// # Errors
+    /// Invalid settings.
+    pub fn new(
+        store: Arc<dyn Store>,
+        runtime: Runtime,
+        registry: Arc<Registry>,
+        config: WorkerConfig,
+    ) -> Result<Self, crate::config::ConfigError> {
+        config.validate()?;
+        let host = HostInfo::current(Vec::new());
+        Ok(Worker { store, runtime, registry, config, host, leases: Leases::default() })
+    }
+
+    /// This host's id in the fleet.
+    pub fn host_id(&self) -> &str {
+        &self.host.id
+    }
+
+    /// Runs until `shutdown` fires, then stops fetching, lets running jobs
+    /// finish within the grace period, interrupts the rest and hands their
+    /// jobs back so another host starts them at once.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let capacity = Arc::new(Semaphore::new(self.config.concurrency));
+        let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
+        let stop_heartbeat = CancellationToken::new();
+        let registry = self.registry.clone();
+        let host = self.host.clone();
+        let host_now = move || HostInfo { job_types: served(&registry), ..host.clone() };
+        if let Err(error) = self.store.host_upsert(&host_now()).await {
+            tracing::warn!(%error, "cannot register this host in the fleet");
+        }
+        let heartbeat = tokio::spawn(leases::heartbeat_loop(
+            self.store.clone(),
+            self.leases.clone(),
+            host_now,
+            self.config.clone(),
+            stop_heartbeat.clone(),
+        ));
+        let completer =
+            tokio::spawn(complete_loop(self.store.clone(), self.leases.clone(), done_rx, self.config.completion_batch));
+
+        self.fetch_loop(&capacity, &done_tx, &shutdown).await;
+
+        tracing::info!(running = self.leases.len(), "stopping: no new jobs will be fetched");
+        let all = self.config.concurrency as u32;
+        let drained = tokio::time::timeout(self.config.shutdown_grace, capacity.acquire_many(all)).await;
+        if drained.is_err() {
+            tracing::warn!(running = self.leases.len(), "grace period over; interrupting and handing back");
+            self.leases.stop_all("host shutting down");
+        }
+        drop(done_tx);
+        // Every run ends soon after its stop signal and its result is written.
+        let _ = completer.await;
+        stop_heartbeat.cancel();
+        let _ = heartbeat.await;
+        if let Err(error) = self.store.host_remove(&self.host.id).await {
+            tracing::warn!(%error, "cannot remove this host from the fleet");
+        }
+    }
+
+    async fn fetch_loop(
+        &self,
+        capacity: &Arc<Semaphore>,
+        done: &mpsc::UnboundedSender<Done>,
+        shutdown: &CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                () = shutdown.cancelled() => return,
+                permit = capacity.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            let mut slots = vec![first];
+            while let Ok(permit) = capacity.clone().try_acquire_owned() {
+                slots.push(permit);
+            }
+            let components = self.registry.components();
+            let params = FetchParams {
+                host_id: self.host.id.clone(),
+                queues: self.config.queues.clone(),
+                job_types: components
+                    .iter()
+                    .map(|c| {
+                        (c.config.name.clone(), crate::store::lease::lease_secs(&c.config, self.config.default_lease))
+                    })
+                    .collect(),
+                limit: slots.len() as i64,
+            };
+            let sent_at = Instant::now();
+            let jobs = match self.store.job_fetch(&params).await {
+                Ok(jobs) => jobs,
+                Err(error) => {
+                    tracing::warn!(%error, "fetch failed; retrying");
+                    Vec::new()
+                }
+            };
+            let idle = jobs.len() < slots.len();
+            for job in jobs {
+                // One slot per job; the rest go back when `slots` drops.
+                let slot = slots.pop().expect("the fetch returns at most `limit` jobs");
+                self.start(job, slot, sent_at, done.clone());
+            }
+            drop(slots);
+            if idle {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = self.store.wait_available(self.config.poll_interval) => {}
+                }
+            }
+        }
+    }
+
+    fn start(&self, job: FetchedJob, slot: OwnedSemaphorePermit, sent_at: Instant, done: mpsc::UnboundedSender<Done>) {
+        let signal = StopSignal::new();
+        let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
+        self.leases.hold(job.id, job.lease_token, lease, self.config.fence_margin(), sent_at, signal.clone());
+        let runtime = self.runtime.clone();
+        let component = self.registry.get(&job.job);
+        let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
+        tokio::spawn(
+            async move {
+                let finish = match component {
+                    Some(component) => {
+                        let context = JobContext {
+                            job_id: job.id as u64,
+                            attempt: job.attempt as u32,
+                            queue: job.queue.clone(),
+                            enqueued_at_ms: job.enqueued_at.timestamp_millis().max(0) as u64,
+                            batch_id: job.batch_id.map(|b| b as u64),
+                            concurrency_key: job.concurrency_key.clone(),
+                        };
+                        let payload = job.payload.to_string();
+                        let report = runtime.run(&component, &context, &payload, signal).await;
+                        tracing::debug!(outcome = ?report.outcome, elapsed_us = report.elapsed_us, "run ended");
+                        outcome::finish_of(&job, &component.config, report)
+                    }
+                    // Unloaded between the fetch and now: another host may serve it.
+                    None => Finish {
+                        id: job.id,
+                        lease_token: job.lease_token,
+                        attempt: job.attempt,
+                        outcome: FinishOutcome::Release { reason: "job type unloaded from this host".into() },
+                        log: serde_json::Value::Null,
+                        progress: None,
+                    },
+                };
+                let _ = done.send(Done { finish, _slot: slot });
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// The job types this host fetches.
+fn served(registry: &Registry) -> Vec<String> {
+    registry.components().iter().map(|c| c.config.name.clone()).collect()
+}
+
+/// Writes finished runs back in batches: whatever has arrived since the last
+/// write, in one transaction. A failed write is retried, never dropped: if the
+/// leases expire meanwhile, the write later finds them taken and changes nothing.
+async fn complete_loop(store: Arc<dyn Store>, leases: Leases, mut done: mpsc::UnboundedReceiver<Done>, batch: usize) {
+    let mut pending: Vec<Done> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            match done.recv().await {
+                Some(first) => pending.push(first),
+                None => return,
+            }
+        }
+        while pending.len() < batch {
+            match done.try_recv() {
+                Ok(next) => pending.push(next),
+                Err(_) => break,
+            }
+        }
+        let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
+        match store.job_finish(finishes).await {
+            Ok(results) => {
+                for (done, result) in pending.drain(..).zip(results) {
+                    if result == FinishResult::Duplicate {
+                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                    }
+                    leases.release(done.finish.id);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}

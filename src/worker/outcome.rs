@@ -1,0 +1,119 @@
+//! Turns a sandbox's report into what the store records.
+
+use crate::store::{FetchedJob, Finish, FinishOutcome};
+use crate::types::{Crash, JobConfig, RunOutcome, RunReport};
+
+use super::backoff::retry_delay_ms;
+
+/// Bytes of stdout and stderr each kept in the log of one attempt.
+const LOG_TAIL_BYTES: usize = 8 << 10;
+
+/// The store's record of how a run ended. A failure on the last attempt
+/// fails the job; a run the host stopped (shutdown, lost lease) gives its
+/// attempt back.
+pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Finish {
+    let attempts_left = job.attempt < job.max_attempts;
+    let retry_or_fail = |error: String| {
+        if attempts_left {
+            let delay_ms = retry_delay_ms(&config.backoff, job.attempt.max(1) as u32);
+            FinishOutcome::Retry { error, delay_ms }
+        } else {
+            FinishOutcome::Failed { error }
+        }
+    };
+    let RunReport { outcome, mut effects, elapsed_us } = report;
+    let outcome = match outcome {
+        RunOutcome::Completed { output } => {
+            FinishOutcome::Completed { output, children: std::mem::take(&mut effects.children) }
+        }
+        RunOutcome::Retry { reason } => retry_or_fail(reason),
+        RunOutcome::Failed { reason } => FinishOutcome::Failed { error: reason },
+        RunOutcome::Snooze { seconds } => FinishOutcome::Snooze { delay_ms: u64::from(seconds) * 1000 },
+        RunOutcome::Crashed { crash: Crash::Interrupted { reason } } => FinishOutcome::Release { reason },
+        RunOutcome::Crashed { crash } => retry_or_fail(crash.to_string()),
+    };
+    let log = serde_json::json!({
+        "lines": effects.logs,
+        "stdout": tail(&effects.stdout),
+        "stderr": tail(&effects.stderr),
+        "truncated": effects.truncated,
+        "elapsed_us": elapsed_us,
+    });
+    let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
+    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log, progress }
+}
+
+fn tail(text: &str) -> &str {
+    if text.len() <= LOG_TAIL_BYTES {
+        return text;
+    }
+    let mut start = text.len() - LOG_TAIL_BYTES;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Backoff, RunEffects};
+    use chrono::Utc;
+
+    fn job(attempt: i32, max_attempts: i32) -> FetchedJob {
+        FetchedJob {
+            id: 1,
+            lease_token: 9,
+            job: "x".into(),
+            queue: "default".into(),
+            payload: serde_json::json!({}),
+            attempt,
+            max_attempts,
+            enqueued_at: Utc::now(),
+            batch_id: None,
+            concurrency_key: None,
+            lease_secs: 30,
+        }
+    }
+
+    fn config() -> JobConfig {
+        JobConfig {
+            name: "x".into(),
+            queue: "default".into(),
+            priority: 0,
+            max_attempts: 3,
+            backoff: Backoff { base_ms: 1000, cap_ms: 1000 },
+            timeout_ms: 1000,
+            memory_limit_bytes: 1 << 20,
+            concurrency: None,
+            unique: None,
+            schedule: None,
+        }
+    }
+
+    fn report(outcome: RunOutcome) -> RunReport {
+        RunReport { outcome, effects: RunEffects::default(), elapsed_us: 1 }
+    }
+
+    #[test]
+    fn a_crash_is_retried_while_attempts_remain_then_fails() {
+        let crash = RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 5 } };
+        let early = finish_of(&job(1, 3), &config(), report(crash.clone()));
+        assert!(matches!(early.outcome, FinishOutcome::Retry { delay_ms: 500..=1000, .. }), "{early:?}");
+        let last = finish_of(&job(3, 3), &config(), report(crash));
+        assert_eq!(last.outcome, FinishOutcome::Failed { error: "timed out after 5 ms".into() });
+    }
+
+    #[test]
+    fn an_interrupted_run_is_handed_back() {
+        let stopped = RunOutcome::Crashed { crash: Crash::Interrupted { reason: "shutdown".into() } };
+        let finish = finish_of(&job(3, 3), &config(), report(stopped));
+        assert_eq!(finish.outcome, FinishOutcome::Release { reason: "shutdown".into() });
+    }
+
+    #[test]
+    fn snooze_waits_in_milliseconds() {
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 2 }));
+        assert_eq!(finish.outcome, FinishOutcome::Snooze { delay_ms: 2000 });
+    }
+}
