@@ -133,3 +133,38 @@ pub async fn heartbeat_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const MARGIN: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn an_unrenewed_lease_is_fenced_before_it_expires() {
+        let leases = Leases::default();
+        let signal = StopSignal::new();
+        let fetched = Instant::now();
+        leases.hold(1, 7, LEASE, MARGIN, fetched, signal.clone());
+        assert_eq!(leases.enforce_fences(fetched + Duration::from_secs(8)), Some(fetched + Duration::from_secs(9)));
+        assert!(!signal.is_stopped());
+        leases.enforce_fences(fetched + Duration::from_secs(9));
+        assert!(signal.is_stopped(), "stopped a full margin before the database would expire the lease");
+    }
+
+    #[test]
+    fn a_renewal_moves_the_fence_and_a_refused_one_stops_the_run() {
+        let leases = Leases::default();
+        let (kept, lost) = (StopSignal::new(), StopSignal::new());
+        let fetched = Instant::now();
+        leases.hold(1, 7, LEASE, MARGIN, fetched, kept.clone());
+        leases.hold(2, 8, LEASE, MARGIN, fetched, lost.clone());
+        let renewed_at = fetched + Duration::from_secs(5);
+        leases.renewed(&[(1, 7), (2, 8)], &[1], MARGIN, renewed_at);
+        assert!(lost.is_stopped(), "a lease the database did not renew is someone else's");
+        assert!(!kept.is_stopped());
+        assert_eq!(leases.enforce_fences(fetched + Duration::from_secs(12)), Some(renewed_at + LEASE - MARGIN));
+        assert!(!kept.is_stopped());
+    }
+}

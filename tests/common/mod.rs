@@ -72,3 +72,91 @@ pub async fn wait_for<T: Clone + std::fmt::Debug>(
     .await;
     found.unwrap_or_else(|_| panic!("no matching event within {within:?}; saw: {seen:#?}"))
 }
+
+pub mod db;
+
+/// A job type configuration for store-level tests that need no component.
+pub fn job_config(name: &str) -> jobhost::types::JobConfig {
+    jobhost::types::JobConfig {
+        name: name.into(),
+        queue: "default".into(),
+        priority: 0,
+        max_attempts: 3,
+        backoff: jobhost::types::Backoff { base_ms: 10, cap_ms: 100 },
+        timeout_ms: 10_000,
+        memory_limit_bytes: 64 << 20,
+        concurrency: None,
+        unique: None,
+        schedule: None,
+    }
+}
+
+/// A host running in this process on a fresh components directory.
+pub struct TestHost {
+    pub components: tempfile::TempDir,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub task: tokio::task::JoinHandle<Result<(), jobhost::host::HostError>>,
+}
+
+impl TestHost {
+    /// Starts a host serving `guests` with short intervals, and waits until
+    /// their job types are registered.
+    pub async fn start(db: &db::TestDb, guests: &[&str], tune: impl FnOnce(&mut jobhost::HostConfig)) -> TestHost {
+        let components = tempfile::tempdir().unwrap();
+        for name in guests {
+            std::fs::copy(guest(name), components.path().join(format!("{name}.wasm"))).unwrap();
+        }
+        let cache = std::env::temp_dir().join("jobhost-test-cache");
+        let mut config = jobhost::HostConfig {
+            database_url: db.url.clone(),
+            components: components.path().to_path_buf(),
+            migrate: false,
+            runtime: RuntimeConfig { cache_dir: Some(cache), ..RuntimeConfig::default() },
+            worker: jobhost::worker::WorkerConfig {
+                heartbeat_interval: Duration::from_millis(200),
+                default_lease: Duration::from_secs(2),
+                poll_interval: Duration::from_millis(200),
+                shutdown_grace: Duration::from_secs(5),
+                ..Default::default()
+            },
+            maintenance: jobhost::maintenance::MaintenanceConfig {
+                interval: Duration::from_millis(50),
+                ..Default::default()
+            },
+        };
+        tune(&mut config);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(jobhost::run(config, shutdown.clone()));
+        let expected = guests.len() as i64;
+        eventually(Duration::from_secs(60), || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.hosts WHERE cardinality(job_types) = $1")
+                .bind(expected)
+                .fetch_one(db.pool())
+                .await
+                .unwrap()
+                == 1
+        })
+        .await;
+        TestHost { components, shutdown, task }
+    }
+
+    /// Stops the host gracefully and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("host task").expect("host ran");
+    }
+}
+
+/// Polls `condition` until it holds, failing after `within`. For state that
+/// lives in the database, where there is no event to await.
+pub async fn eventually<F, Fut>(within: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

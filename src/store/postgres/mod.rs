@@ -21,6 +21,9 @@ use super::{
 };
 use crate::types::JobConfig;
 
+/// How long the server lets a session sit idle inside a transaction.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
+
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
 
@@ -41,7 +44,15 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let options: PgConnectOptions = url.parse()?;
         // Statements are logged at trace level only: the hot path runs thousands a second.
-        let options = options.application_name("jobhost").log_statements(tracing::log::LevelFilter::Trace);
+        // A host frozen inside a transaction (SIGSTOP, a paused VM) keeps
+        // its socket and its row locks, and every other host's SKIP LOCKED
+        // sweep would pass over those rows for as long as it stays frozen;
+        // the server aborts such a transaction instead. jobhost's own
+        // transactions last milliseconds.
+        let options = options
+            .application_name("jobhost")
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT)])
+            .log_statements(tracing::log::LevelFilter::Trace);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))

@@ -1,0 +1,482 @@
+//! The durable queue against a real PostgreSQL: enqueue, fetch, leases,
+//! completion, retries and the guarantees they carry (DESIGN.md 5, 6, 8, 9, 10).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome, FinishResult, JobFilter, JobState, Store};
+use jobhost::types::ChildJob;
+use serde_json::json;
+
+use common::db::TestDb;
+use common::{TestHost, eventually, job_config};
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+async fn db_with_types(names: &[&str]) -> TestDb {
+    let db = TestDb::new().await;
+    let types: Vec<_> = names.iter().map(|n| (job_config(n), format!("digest-{n}"))).collect();
+    db.store.job_types_register(&types).await.unwrap();
+    db
+}
+
+fn fetch_params(host: &str, types: &[&str], limit: i64) -> FetchParams {
+    FetchParams {
+        host_id: host.into(),
+        queues: vec!["default".into()],
+        job_types: types.iter().map(|t| (t.to_string(), 30)).collect(),
+        limit,
+    }
+}
+
+fn finish(job: &jobhost::store::FetchedJob, outcome: FinishOutcome) -> Finish {
+    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: json!({}), progress: None }
+}
+
+fn completed() -> FinishOutcome {
+    FinishOutcome::Completed { output: Some(json!({"ok": true})), children: Vec::new() }
+}
+
+#[tokio::test]
+async fn payloads_are_stored_as_json_documents() {
+    let db = db_with_types(&["mail"]).await;
+    let payload = json!({"to": "ada@example.com", "n": 3});
+    db.store.job_enqueue(&[EnqueueParams::new("mail", payload.clone())]).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE jsonb_typeof(payload) = 'object'").await, 1);
+    assert_eq!(db.scalar("SELECT (payload->>'n')::bigint FROM jobhost.jobs").await, 3);
+    // A JSON string holding JSON is refused, not stored (guarantee 8).
+    let encoded = EnqueueParams::new("mail", json!(payload.to_string()));
+    let error = db.store.job_enqueue(&[encoded]).await.unwrap_err();
+    assert!(error.to_string().contains("must be a JSON object"), "{error}");
+    let fetched = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
+    assert_eq!(fetched[0].payload, payload);
+}
+
+#[tokio::test]
+async fn unknown_job_types_and_bad_payloads_enqueue_nothing() {
+    let db = db_with_types(&["mail"]).await;
+    let batch = [EnqueueParams::new("mail", json!({})), EnqueueParams::new("nope", json!({}))];
+    let error = db.store.job_enqueue(&batch).await.unwrap_err();
+    assert!(error.to_string().contains("unknown job type \"nope\""), "{error}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0, "all or none");
+}
+
+#[tokio::test]
+async fn concurrent_fetchers_never_share_a_job() {
+    let db = db_with_types(&["mail"]).await;
+    let jobs: Vec<_> = (0..2000).map(|i| EnqueueParams::new("mail", json!({"i": i}))).collect();
+    db.store.job_enqueue(&jobs).await.unwrap();
+    let fetchers: Vec<_> = (0..8)
+        .map(|w| {
+            let store = db.dyn_store();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    let batch = store.job_fetch(&fetch_params(&format!("host-{w}"), &["mail"], 7)).await.unwrap();
+                    if batch.is_empty() {
+                        return seen;
+                    }
+                    seen.extend(batch.iter().map(|j| (j.id, j.lease_token)));
+                }
+            })
+        })
+        .collect();
+    let mut ids = HashSet::new();
+    let mut tokens = HashSet::new();
+    for fetcher in fetchers {
+        for (id, token) in fetcher.await.unwrap() {
+            assert!(ids.insert(id), "job {id} handed out twice");
+            assert!(tokens.insert(token), "lease token {token} reused");
+        }
+    }
+    assert_eq!(ids.len(), 2000);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await, 2000);
+}
+
+#[tokio::test]
+async fn fetch_follows_priority_then_time_and_serves_only_loaded_types() {
+    let db = db_with_types(&["a", "b"]).await;
+    let low = EnqueueParams { priority: Some(5), ..EnqueueParams::new("a", json!({"n": "low"})) };
+    let high = EnqueueParams { priority: Some(-5), ..EnqueueParams::new("a", json!({"n": "high"})) };
+    let other = EnqueueParams::new("b", json!({"n": "other type"}));
+    db.store.job_enqueue(&[low, other, high]).await.unwrap();
+    let fetched = db.store.job_fetch(&fetch_params("h", &["a"], 10)).await.unwrap();
+    let mut names: Vec<_> = fetched.iter().map(|j| (j.id, j.payload["n"].as_str().unwrap().to_string())).collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "type b is not loaded here");
+    let first = db.store.job_fetch(&fetch_params("h2", &["b"], 1)).await.unwrap();
+    assert_eq!(first[0].job, "b");
+    // Order: the single-slot fetch of a fresh pair takes the higher priority.
+    db.store
+        .job_enqueue(&[
+            EnqueueParams { priority: Some(1), ..EnqueueParams::new("a", json!({"n": 1})) },
+            EnqueueParams { priority: Some(0), ..EnqueueParams::new("a", json!({"n": 0})) },
+        ])
+        .await
+        .unwrap();
+    let next = db.store.job_fetch(&fetch_params("h", &["a"], 1)).await.unwrap();
+    assert_eq!(next[0].payload["n"], 0);
+}
+
+#[tokio::test]
+async fn a_stale_lease_token_completes_nothing() {
+    let db = db_with_types(&["mail"]).await;
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let first = db.store.job_fetch(&fetch_params("slow-host", &["mail"], 1)).await.unwrap().remove(0);
+    // The first host goes silent; by the database's clock an hour later its lease has expired.
+    let later = Utc::now() + chrono::Duration::hours(1);
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0));
+    let second = db.store.job_fetch(&fetch_params("new-host", &["mail"], 1)).await.unwrap().remove(0);
+    assert_eq!(second.id, first.id);
+    assert_ne!(second.lease_token, first.lease_token);
+
+    // The first host's late result is a duplicate: nothing changes, no child is written.
+    let child =
+        ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
+    let late = FinishOutcome::Completed { output: None, children: vec![child] };
+    assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
+    let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
+    assert_eq!(db.store.job_finish(vec![finish(&first, retry)]).await.unwrap(), [FinishResult::Duplicate]);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running' AND host_id = 'new-host'").await,
+        1
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 1, "no child from the stale completion");
+
+    assert_eq!(db.store.job_finish(vec![finish(&second, completed())]).await.unwrap(), [FinishResult::Done]);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 1);
+    // A repeated completion with the right token is a duplicate too: exactly once.
+    assert_eq!(db.store.job_finish(vec![finish(&second, completed())]).await.unwrap(), [FinishResult::Duplicate]);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 1);
+}
+
+#[tokio::test]
+async fn children_are_written_only_with_their_parents_completion() {
+    let db = db_with_types(&["parent", "child"]).await;
+    db.store
+        .job_enqueue(&[EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))])
+        .await
+        .unwrap();
+    let fetched = db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap();
+    let child =
+        |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
+    let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)] };
+    let failed = FinishOutcome::Failed { error: "gave up".into() };
+    db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
+    let parent_of_children: Vec<i64> =
+        sqlx::query_scalar("SELECT DISTINCT parent_id FROM jobhost.jobs WHERE job = 'child'")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(parent_of_children, [fetched[0].id]);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE job = 'child' AND jsonb_typeof(payload) = 'object'").await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch() {
+    let db = db_with_types(&["parent"]).await;
+    db.store
+        .job_enqueue(&[EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))])
+        .await
+        .unwrap();
+    let fetched = db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap();
+    let orphan = ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None };
+    let results = db
+        .store
+        .job_finish(vec![
+            finish(&fetched[0], FinishOutcome::Completed { output: None, children: vec![orphan] }),
+            finish(&fetched[1], completed()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results, [FinishResult::Done, FinishResult::Done]);
+    let error: String = sqlx::query_scalar("SELECT errors->-1->>'error' FROM jobhost.archive WHERE id = $1")
+        .bind(fetched[0].id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert!(error.contains("unknown job type \"ghost\""), "{error}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 1);
+}
+
+#[tokio::test]
+async fn retries_wait_in_schedule_then_pass_when_due_by_the_database_clock() {
+    let db = db_with_types(&["mail"]).await;
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let job = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+    let retry = FinishOutcome::Retry { error: "smtp down".into(), delay_ms: 3_600_000 };
+    db.store.job_finish(vec![finish(&job, retry)]).await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled' AND lease_token IS NULL").await,
+        1
+    );
+    assert_eq!(db.store.job_promote_due(None).await.unwrap(), 0, "not due by the database's clock");
+    assert!(db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().is_empty());
+    let later = Utc::now() + chrono::Duration::hours(2);
+    assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 1);
+    let again = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+    assert_eq!(again.attempt, 2);
+    let errors: serde_json::Value =
+        sqlx::query_scalar("SELECT errors FROM jobhost.jobs").fetch_one(db.pool()).await.unwrap();
+    assert_eq!(errors[0]["error"], "smtp down");
+    assert_eq!(errors[0]["attempt"], 1);
+}
+
+#[tokio::test]
+async fn snoozes_and_hand_backs_give_the_attempt_back() {
+    let db = db_with_types(&["mail"]).await;
+    db.store
+        .job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))])
+        .await
+        .unwrap();
+    let jobs = db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap();
+    db.store
+        .job_finish(vec![
+            finish(&jobs[0], FinishOutcome::Snooze { delay_ms: 60_000 }),
+            finish(&jobs[1], FinishOutcome::Release { reason: "shutdown".into() }),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE attempt = 0").await, 2);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1);
+}
+
+#[tokio::test]
+async fn an_expired_lease_on_the_last_attempt_fails_the_job() {
+    let db = db_with_types(&["mail"]).await;
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let later = Utc::now() + chrono::Duration::hours(1);
+    for _ in 0..3 {
+        db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
+        db.store.lease_expire(Some(later)).await.unwrap();
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'failed' AND attempt = 3").await, 1);
+    assert_eq!(db.scalar("SELECT jsonb_array_length(errors)::bigint FROM jobhost.archive").await, 3);
+    // A lease that has not expired by the database's clock is left alone (guarantee 10).
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
+    assert_eq!(db.store.lease_expire(None).await.unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn renewal_extends_only_the_hosts_own_current_leases() {
+    let db = db_with_types(&["mail"]).await;
+    db.store
+        .job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))])
+        .await
+        .unwrap();
+    let jobs = db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap();
+    let leases = [(jobs[0].id, jobs[0].lease_token), (jobs[1].id, jobs[1].lease_token + 999)];
+    assert_eq!(db.store.lease_renew("h", &leases).await.unwrap(), [jobs[0].id]);
+    assert!(db.store.lease_renew("other-host", &leases[..1]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn delayed_jobs_wait_and_sql_enqueue_follows_the_same_rules() {
+    let db = db_with_types(&["mail"]).await;
+    let delayed = EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("mail", json!({})) };
+    db.store.job_enqueue(&[delayed]).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1);
+
+    let id: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('mail', '{\"to\": \"x\"}'::jsonb)")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    let (state, attempts): (String, i32) = sqlx::query_as("SELECT state, max_attempts FROM jobhost.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), attempts), ("available", 3), "the job type's defaults apply");
+    for (sql, expected) in [
+        ("SELECT jobhost.enqueue('nope', '{}'::jsonb)", "unknown job type"),
+        ("SELECT jobhost.enqueue('mail', '\"{}\"'::jsonb)", "must be a JSON object"),
+        ("SELECT jobhost.enqueue('mail', '{}'::jsonb, 'Bad Queue')", "queue"),
+    ] {
+        let error = sqlx::query(sql).execute(db.pool()).await.unwrap_err();
+        assert!(error.to_string().contains(expected), "{sql}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn sql_and_rust_render_concurrency_keys_alike() {
+    let template = "acct:{account}/{region}-{{x}}";
+    let parsed = jobhost::template::KeyTemplate::parse(template).unwrap();
+    let db = TestDb::new().await;
+    for payload in [
+        json!({"account": 42, "region": "eu"}),
+        json!({"account": "a b", "region": true}),
+        json!({"account": -7, "region": 1.5}),
+    ] {
+        let sql: String = sqlx::query_scalar("SELECT jobhost.render_key($1, $2)")
+            .bind(template)
+            .bind(sqlx::types::Json(&payload))
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        assert_eq!(sql, parsed.render(&payload).unwrap(), "{payload}");
+    }
+    let missing = sqlx::query("SELECT jobhost.render_key('{id}', '{}'::jsonb)").execute(db.pool()).await.unwrap_err();
+    assert!(missing.to_string().contains("no field \"id\""), "{missing}");
+}
+
+#[tokio::test]
+async fn operators_retry_cancel_list_and_prune() {
+    let db = db_with_types(&["mail"]).await;
+    let ids = db
+        .store
+        .job_enqueue(&[EnqueueParams::new("mail", json!({"n": 1})), EnqueueParams::new("mail", json!({"n": 2}))])
+        .await
+        .unwrap();
+    db.store.job_cancel(ids[0]).await.unwrap();
+    let error = db.store.job_cancel(ids[0]).await.unwrap_err();
+    assert!(error.to_string().contains("is cancelled"), "{error}");
+    let cancelled =
+        db.store.job_list(&JobFilter { state: Some(JobState::Cancelled), job: None, limit: 10 }).await.unwrap();
+    assert_eq!(cancelled.iter().map(|r| r.id).collect::<Vec<_>>(), [ids[0]]);
+
+    db.store.job_retry(ids[0]).await.unwrap();
+    let detail = db.store.job_get(ids[0]).await.unwrap().unwrap();
+    assert_eq!((detail.row.state, detail.row.attempts), (JobState::Available, 0));
+    assert!(db.store.job_retry(ids[1]).await.is_err(), "an available job has nothing to retry");
+
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(stats.states["available"], 2);
+    assert_eq!(stats.states.len(), JobState::ALL.len());
+
+    for job in db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap() {
+        db.store.job_finish(vec![finish(&job, completed())]).await.unwrap();
+    }
+    assert_eq!(db.store.archive_prune(None, 3600.0, 100).await.unwrap(), 0, "kept for the retention period");
+    let later = Utc::now() + chrono::Duration::days(8);
+    assert_eq!(db.store.archive_prune(Some(later), 7.0 * 86400.0, 100).await.unwrap(), 2);
+}
+
+// --- Through a real host running real components. ---
+
+#[tokio::test]
+async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only() {
+    let db = TestDb::new().await;
+    let host = TestHost::start(&db, &["hello", "flaky", "fanout", "trap"], |_| {}).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let hello = client.enqueue("hello", json!({"name": "Ada"})).await.unwrap();
+    let flaky = client.enqueue("flaky", json!({"fail_times": 2})).await.unwrap();
+    let doomed = client.enqueue("flaky", json!({"fail_times": 99})).await.unwrap();
+    let parent = client.enqueue("fanout", json!({"count": 3})).await.unwrap();
+    let failed_parent = client.enqueue("fanout", json!({"count": 3, "fail": true})).await.unwrap();
+    let trap = client.enqueue("trap", json!({"message": "the disk is lava"})).await.unwrap();
+
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs").await == 0 }).await;
+    let get = |id| {
+        let store = db.dyn_store();
+        async move { store.job_get(id).await.unwrap().unwrap() }
+    };
+    let hello = get(hello).await;
+    assert_eq!(hello.row.output, Some(json!({"greeting": "hello, Ada", "job_id": hello.row.id})));
+    assert_eq!(hello.log.unwrap()["lines"][0]["message"], "greeting Ada");
+
+    let flaky = get(flaky).await;
+    assert_eq!((flaky.row.state, flaky.row.attempts), (JobState::Completed, 3));
+    assert_eq!(flaky.errors.as_array().unwrap().len(), 2, "each failed attempt's error is kept");
+
+    let doomed = get(doomed).await;
+    assert_eq!((doomed.row.state, doomed.row.attempts), (JobState::Failed, 5), "max attempts from describe()");
+
+    let trap = get(trap).await;
+    assert_eq!(trap.row.state, JobState::Failed);
+    assert!(trap.row.error.unwrap().contains("the disk is lava"));
+
+    let children = |parent: i64| {
+        let pool = db.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.archive WHERE parent_id = $1")
+                .bind(parent)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(children(parent).await, 3);
+    assert_eq!(children(failed_parent).await, 0, "a failed parent leaves no children (guarantee 9)");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_hands_running_jobs_back() {
+    let db = TestDb::new().await;
+    let host =
+        TestHost::start(&db, &["sleep"], |config| config.worker.shutdown_grace = Duration::from_millis(100)).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    for _ in 0..3 {
+        client.enqueue("sleep", json!({"ms": 600_000})).await.unwrap();
+    }
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await == 3 })
+        .await;
+    host.stop().await;
+    // Handed back at once, attempt refunded, nothing held, host gone from the fleet.
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM jobhost.jobs WHERE state = 'available' AND attempt = 0 AND lease_token IS NULL"
+        )
+        .await,
+        3
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.hosts").await, 0);
+}
+
+#[tokio::test]
+async fn a_host_that_loses_a_lease_stops_the_guest() {
+    let db = TestDb::new().await;
+    // One slot: a second job can start only once the first guest is stopped.
+    let host = TestHost::start(&db, &["sleep", "hello"], |config| config.worker.concurrency = 1).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let id = client.enqueue("sleep", json!({"ms": 600_000})).await.unwrap();
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await == 1 })
+        .await;
+    let probe = client.enqueue("hello", json!({})).await.unwrap();
+    // Another host takes the job over: its token changes under the first host.
+    sqlx::query(
+        "UPDATE jobhost.jobs SET lease_token = nextval('jobhost.lease_tokens'), host_id = 'usurper' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    // The next heartbeat finds the lease gone and stops the ten-minute guest,
+    // which frees the slot for the probe.
+    eventually(WITHIN, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.archive WHERE id = $1 AND state = 'completed'")
+            .bind(probe)
+            .fetch_one(db.pool())
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    // The stopped run's result was a duplicate: the usurper's job is untouched.
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE host_id = 'usurper' AND state = 'running'").await, 1);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_host_wakes_on_notification() {
+    let db = TestDb::new().await;
+    // Polling so slow that only a notification can start the job in time.
+    let host = TestHost::start(&db, &["hello"], |config| config.worker.poll_interval = Duration::from_secs(3600)).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    // Let the fetcher go idle on its long poll, observed through the database.
+    let first = client.enqueue("hello", json!({})).await.unwrap();
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 1 }).await;
+    let second = client.enqueue("hello", json!({})).await.unwrap();
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 2 }).await;
+    assert!(second > first);
+    host.stop().await;
+}
