@@ -40,10 +40,12 @@ CREATE TABLE jobhost.jobs (
     CHECK (jsonb_typeof(errors) = 'array')
 );
 
--- The fetch: available jobs of the queues a host serves, in priority, then
--- run time, then id order. Partial, so it holds only what is ready to run
--- and stays small however long the archive grows.
-CREATE INDEX jobs_fetch ON jobhost.jobs (queue, priority, run_at, id) WHERE state = 'available';
+-- The fetch: available jobs in fetch order (priority, then run time, then
+-- id), so a fetch reads the first rows in order and filters queue and job
+-- type as it goes instead of sorting every available job (a leading queue
+-- column cannot be read in order for a list of queues). Partial, so it holds
+-- only what is ready to run.
+CREATE INDEX jobs_fetch ON jobhost.jobs (priority, run_at, id) WHERE state = 'available';
 
 -- The sweep that moves due scheduled jobs through the gate.
 CREATE INDEX jobs_due ON jobhost.jobs (run_at) WHERE state = 'scheduled';

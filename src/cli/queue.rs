@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// Jobs run at once on this host.
     #[arg(long, default_value_t = 10)]
     concurrency: usize,
+    /// Jobs leased ahead of free run slots [default: the concurrency].
+    #[arg(long)]
+    prefetch: Option<usize>,
     /// The queues to serve, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "default")]
     queues: Vec<String>,
@@ -65,6 +68,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         runtime: args.runtime.config(),
         worker: WorkerConfig {
             concurrency: args.concurrency,
+            prefetch: args.prefetch.unwrap_or(args.concurrency),
             queues: args.queues,
             heartbeat_interval: args.heartbeat,
             default_lease: args.lease,

@@ -9,6 +9,10 @@ use crate::config::ConfigError;
 pub struct WorkerConfig {
     /// Jobs run at once on this host.
     pub concurrency: usize,
+    /// Jobs leased beyond `concurrency`, waiting on this host for a free run
+    /// slot, so the next fetch overlaps with running jobs instead of
+    /// following them. Their leases are renewed like running jobs'.
+    pub prefetch: usize,
     /// The queues this host fetches from.
     pub queues: Vec<String>,
     /// How often running jobs' leases are renewed (one statement for all).
@@ -29,6 +33,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             concurrency: 10,
+            prefetch: 10,
             queues: vec!["default".to_string()],
             heartbeat_interval: Duration::from_secs(5),
             default_lease: Duration::from_secs(30),

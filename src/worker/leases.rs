@@ -23,6 +23,10 @@ struct Held {
     /// so it always falls before the database's expiry.
     fence_at: Instant,
     signal: StopSignal,
+    /// The run has ended and its result is on its way to the database; the
+    /// lease is still renewed (so a slow write does not cause a redelivery)
+    /// but there is no guest left to stop.
+    ended: bool,
 }
 
 /// The running jobs of this host.
@@ -40,7 +44,14 @@ impl Leases {
     /// Records a lease taken by a fetch sent at `sent_at`.
     pub fn hold(&self, id: i64, token: i64, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
         let fence_at = sent_at + lease.saturating_sub(margin);
-        self.lock().insert(id, Held { token, lease, fence_at, signal });
+        self.lock().insert(id, Held { token, lease, fence_at, signal, ended: false });
+    }
+
+    /// Notes that a run's guest has returned.
+    pub fn ended(&self, id: i64) {
+        if let Some(held) = self.lock().get_mut(&id) {
+            held.ended = true;
+        }
     }
 
     /// Forgets a lease once its run is written back.
@@ -79,7 +90,7 @@ impl Leases {
             let Some(lease) = held.get_mut(id).filter(|h| h.token == *token) else { continue };
             if renewed.contains(id) {
                 lease.fence_at = sent_at + lease.lease.saturating_sub(margin);
-            } else {
+            } else if !lease.ended {
                 tracing::warn!(job_id = id, "lease lost to another host; stopping the run");
                 lease.signal.stop("lease lost: another host owns this job now");
             }
@@ -89,11 +100,12 @@ impl Leases {
     /// Stops guests whose fence has passed; returns the next fence time.
     fn enforce_fences(&self, now: Instant) -> Option<Instant> {
         let held = self.lock();
-        for (id, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && !h.signal.is_stopped()) {
+        let live = |h: &&Held| !h.ended && !h.signal.is_stopped();
+        for (id, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && live(h)) {
             tracing::warn!(job_id = id, "lease could not be renewed in time; stopping the run");
             lease.signal.stop("lease could not be renewed before it expired");
         }
-        held.values().filter(|h| !h.signal.is_stopped()).map(|h| h.fence_at).min()
+        held.values().filter(live).map(|h| h.fence_at).min()
     }
 }
 

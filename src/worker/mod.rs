@@ -23,11 +23,11 @@ pub use backoff::retry_delay_ms;
 pub use config::WorkerConfig;
 pub use leases::Leases;
 
-/// A finished run on its way to the database, with the capacity it holds
-/// until it is written.
+/// A finished run on its way to the database. Its capacity slot is already
+/// free: the next job may start while this result is written (its lease is
+/// still renewed meanwhile).
 struct Done {
     finish: Finish,
-    _slot: OwnedSemaphorePermit,
 }
 
 /// One host's worker.
@@ -65,7 +65,10 @@ impl Worker {
     /// finish within the grace period, interrupts the rest and hands their
     /// jobs back so another host starts them at once.
     pub async fn run(self, shutdown: CancellationToken) {
-        let capacity = Arc::new(Semaphore::new(self.config.concurrency));
+        // Fetch slots cover running and prefetched jobs; a job holds one from
+        // its fetch until its guest returns. Run slots bound what runs at once.
+        let capacity = Arc::new(Semaphore::new(self.config.concurrency + self.config.prefetch));
+        let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
         let stop_heartbeat = CancellationToken::new();
         let registry = self.registry.clone();
@@ -84,10 +87,10 @@ impl Worker {
         let completer =
             tokio::spawn(complete_loop(self.store.clone(), self.leases.clone(), done_rx, self.config.completion_batch));
 
-        self.fetch_loop(&capacity, &done_tx, &shutdown).await;
+        self.fetch_loop(&capacity, &run_slots, &done_tx, &shutdown).await;
 
         tracing::info!(running = self.leases.len(), "stopping: no new jobs will be fetched");
-        let all = self.config.concurrency as u32;
+        let all = (self.config.concurrency + self.config.prefetch) as u32;
         let drained = tokio::time::timeout(self.config.shutdown_grace, capacity.acquire_many(all)).await;
         if drained.is_err() {
             tracing::warn!(running = self.leases.len(), "grace period over; interrupting and handing back");
@@ -106,6 +109,7 @@ impl Worker {
     async fn fetch_loop(
         &self,
         capacity: &Arc<Semaphore>,
+        run_slots: &Arc<Semaphore>,
         done: &mpsc::UnboundedSender<Done>,
         shutdown: &CancellationToken,
     ) {
@@ -145,7 +149,7 @@ impl Worker {
             for job in jobs {
                 // One slot per job; the rest go back when `slots` drops.
                 let slot = slots.pop().expect("the fetch returns at most `limit` jobs");
-                self.start(job, slot, sent_at, done.clone());
+                self.start(job, slot, run_slots.clone(), sent_at, done.clone(), shutdown.clone());
             }
             drop(slots);
             if idle {
@@ -157,17 +161,37 @@ impl Worker {
         }
     }
 
-    fn start(&self, job: FetchedJob, slot: OwnedSemaphorePermit, sent_at: Instant, done: mpsc::UnboundedSender<Done>) {
+    fn start(
+        &self,
+        job: FetchedJob,
+        slot: OwnedSemaphorePermit,
+        run_slots: Arc<Semaphore>,
+        sent_at: Instant,
+        done: mpsc::UnboundedSender<Done>,
+        shutdown: CancellationToken,
+    ) {
         let signal = StopSignal::new();
         let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
         self.leases.hold(job.id, job.lease_token, lease, self.config.fence_margin(), sent_at, signal.clone());
         let runtime = self.runtime.clone();
+        let leases = self.leases.clone();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         tokio::spawn(
             async move {
+                // A prefetched job waits here for a run slot. A stop (lost
+                // lease) or a shutdown while it waits hands it back unrun.
+                let _running = tokio::select! {
+                    biased;
+                    () = signal.stopped() => None,
+                    () = shutdown.cancelled() => {
+                        signal.stop("host shutting down before the job started");
+                        None
+                    }
+                    permit = run_slots.acquire_owned() => permit.ok(),
+                };
                 let finish = match component {
-                    Some(component) => {
+                    Some(component) if !signal.is_stopped() => {
                         let context = JobContext {
                             job_id: job.id as u64,
                             attempt: job.attempt as u32,
@@ -181,17 +205,22 @@ impl Worker {
                         tracing::debug!(outcome = ?report.outcome, elapsed_us = report.elapsed_us, "run ended");
                         outcome::finish_of(&job, &component.config, report)
                     }
-                    // Unloaded between the fetch and now: another host may serve it.
-                    None => Finish {
+                    // Stopped while waiting, or unloaded since the fetch (another
+                    // host may serve it): handed back without spending the attempt.
+                    _ => Finish {
                         id: job.id,
                         lease_token: job.lease_token,
                         attempt: job.attempt,
-                        outcome: FinishOutcome::Release { reason: "job type unloaded from this host".into() },
+                        outcome: FinishOutcome::Release {
+                            reason: signal.reason().unwrap_or("job type unloaded from this host").to_string(),
+                        },
                         log: serde_json::Value::Null,
                         progress: None,
                     },
                 };
-                let _ = done.send(Done { finish, _slot: slot });
+                leases.ended(finish.id);
+                drop(slot);
+                let _ = done.send(Done { finish });
             }
             .instrument(span),
         );

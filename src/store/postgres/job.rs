@@ -148,56 +148,39 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<Fini
         }
     }
 
-    let mut tx = pool.begin().await?;
-    let archived: HashSet<i64> = if archive.ids.is_empty() {
-        HashSet::new()
-    } else {
-        let rows: Vec<(i64,)> = sqlx::query_as(include_str!("sql/archive.sql"))
-            .bind(&archive.ids)
-            .bind(&archive.tokens)
-            .bind(&archive.states)
-            .bind(&archive.outputs)
-            .bind(&archive.errors)
-            .bind(&archive.logs)
-            .bind(&archive.progress)
-            .fetch_all(&mut *tx)
-            .await?;
-        rows.into_iter().map(|(id,)| id).collect()
+    // Children must commit with their parent's completion (guarantee 9),
+    // so a batch with children is one transaction. Otherwise each statement
+    // stands alone: every row's effect is independent of the others', and
+    // one round trip instead of three is what keeps the hot path fast.
+    let children = |archived: &HashSet<i64>| -> Vec<EnqueueParams> {
+        finishes
+            .iter()
+            .filter(|f| archived.contains(&f.id))
+            .flat_map(|f| match &f.outcome {
+                FinishOutcome::Completed { children, .. } => {
+                    children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect()
     };
-    let mut requeued = HashSet::new();
-    let mut any_available = false;
-    if !requeue.ids.is_empty() {
-        let rows: Vec<(i64, String)> = sqlx::query_as(include_str!("sql/requeue.sql"))
-            .bind(&requeue.ids)
-            .bind(&requeue.tokens)
-            .bind(&requeue.delays)
-            .bind(&requeue.refunds)
-            .bind(&requeue.errors)
-            .bind(&requeue.progress)
-            .fetch_all(&mut *tx)
-            .await?;
-        for (id, state) in rows {
-            any_available |= state == "available";
-            requeued.insert(id);
-        }
-    }
-    // Children are written only for parents whose completion was recorded
-    // here, in the same commit (guarantee 9).
-    let children: Vec<EnqueueParams> = finishes
+    let has_children = finishes
         .iter()
-        .filter(|f| archived.contains(&f.id))
-        .flat_map(|f| match &f.outcome {
-            FinishOutcome::Completed { children, .. } => {
-                children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
-            }
-            _ => Vec::new(),
-        })
-        .collect();
-    enqueue(&mut tx, &children).await?;
+        .any(|f| matches!(&f.outcome, FinishOutcome::Completed { children, .. } if !children.is_empty()));
+    let archived = if has_children {
+        let mut tx = pool.begin().await?;
+        let archived = archive.write(&mut *tx).await?;
+        enqueue(&mut tx, &children(&archived)).await?;
+        tx.commit().await?;
+        archived
+    } else {
+        archive.write(pool).await?
+    };
+    let (requeued, any_available) = requeue.write(pool).await?;
     if any_available {
-        super::notify_available(&mut tx).await?;
+        let mut conn = pool.acquire().await?;
+        super::notify_available(&mut conn).await?;
     }
-    tx.commit().await?;
 
     Ok(finishes
         .iter()
@@ -211,7 +194,46 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<Fini
         .collect())
 }
 
+impl ArchiveRows {
+    /// Archives the rows whose lease still matches; returns their ids.
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<HashSet<i64>> {
+        if self.ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let rows: Vec<(i64,)> = sqlx::query_as(include_str!("sql/archive.sql"))
+            .bind(&self.ids)
+            .bind(&self.tokens)
+            .bind(&self.states)
+            .bind(&self.outputs)
+            .bind(&self.errors)
+            .bind(&self.logs)
+            .bind(&self.progress)
+            .fetch_all(executor)
+            .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+}
+
 impl RequeueRows {
+    /// Requeues the rows whose lease still matches; returns their ids and
+    /// whether any became available at once.
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool)> {
+        if self.ids.is_empty() {
+            return Ok((HashSet::new(), false));
+        }
+        let rows: Vec<(i64, String)> = sqlx::query_as(include_str!("sql/requeue.sql"))
+            .bind(&self.ids)
+            .bind(&self.tokens)
+            .bind(&self.delays)
+            .bind(&self.refunds)
+            .bind(&self.errors)
+            .bind(&self.progress)
+            .fetch_all(executor)
+            .await?;
+        let any_available = rows.iter().any(|(_, state)| state == "available");
+        Ok((rows.into_iter().map(|(id, _)| id).collect(), any_available))
+    }
+
     fn push(
         &mut self,
         f: &Finish,

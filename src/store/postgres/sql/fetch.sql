@@ -2,7 +2,8 @@
 -- ($2, with lease lengths $3) to host $5.
 -- Locks: the chosen job rows, FOR UPDATE SKIP LOCKED, so concurrent
 -- fetchers never wait on each other and never take the same job. The
--- filter keeps to the partial index jobs_fetch, already in fetch order.
+-- partial index jobs_fetch is already in fetch order, so this reads the
+-- first matching rows and stops.
 WITH picked AS (
     SELECT j.id
     FROM jobhost.jobs j
