@@ -68,14 +68,20 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
         return Ok(Vec::new());
     }
     let (names, leases): (Vec<&str>, Vec<i32>) = params.job_types.iter().map(|(n, l)| (n.as_str(), *l)).unzip();
-    let rows = sqlx::query(include_str!("sql/fetch.sql"))
-        .bind(&params.queues)
-        .bind(&names)
-        .bind(&leases)
-        .bind(params.limit)
-        .bind(&params.host_id)
-        .fetch_all(pool)
-        .await?;
+    // The statement lives in the migration 0003_fetch_function.sql, which
+    // says why it is a function (a pinned plan).
+    let rows = sqlx::query(
+        "SELECT id, lease_token, job, queue, payload, attempt, max_attempts, enqueued_at, batch_id,
+                concurrency_key, lease_secs
+         FROM jobhost.fetch($1, $2, $3, $4, $5)",
+    )
+    .bind(&params.queues)
+    .bind(&names)
+    .bind(&leases)
+    .bind(params.limit)
+    .bind(&params.host_id)
+    .fetch_all(pool)
+    .await?;
     rows.into_iter()
         .map(|row| {
             Ok(FetchedJob {
