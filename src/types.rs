@@ -275,6 +275,19 @@ pub struct RunEffects {
     pub heartbeats: u32,
 }
 
+/// The last `max_bytes` of `text` (or less, to start on a character).
+/// Logs keep their end: that is where a panic message or the last error is.
+pub fn tail(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut start = text.len() - max_bytes;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
 /// The result of running one attempt of a job in a sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunReport {
@@ -285,4 +298,25 @@ pub struct RunReport {
     pub effects: RunEffects,
     /// Wall time from entering the sandbox to leaving it.
     pub elapsed_us: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_end_on_a_character_boundary() {
+        assert_eq!(tail("hello", 10), "hello");
+        assert_eq!(tail("hello", 3), "llo");
+        assert_eq!(tail("aé", 1), "");
+        assert_eq!(tail("aéb", 2), "b");
+    }
+
+    #[test]
+    fn names_follow_the_rules() {
+        assert!(check_name("send-mail.v2_x").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("Send").is_err());
+        assert!(check_name(&"x".repeat(129)).is_err());
+    }
 }

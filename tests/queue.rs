@@ -36,6 +36,13 @@ fn finish(job: &jobhost::store::FetchedJob, outcome: FinishOutcome) -> Finish {
     Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: json!({}), progress: None }
 }
 
+/// Two `parent` jobs, enqueued and leased to host "h".
+async fn two_running_parents(db: &TestDb) -> Vec<jobhost::store::FetchedJob> {
+    let parents = [EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))];
+    db.store.job_enqueue(&parents).await.unwrap();
+    db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap()
+}
+
 fn completed() -> FinishOutcome {
     FinishOutcome::Completed { output: Some(json!({"ok": true})), children: Vec::new() }
 }
@@ -156,11 +163,7 @@ async fn a_stale_lease_token_completes_nothing() {
 #[tokio::test]
 async fn children_are_written_only_with_their_parents_completion() {
     let db = db_with_types(&["parent", "child"]).await;
-    db.store
-        .job_enqueue(&[EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))])
-        .await
-        .unwrap();
-    let fetched = db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap();
+    let fetched = two_running_parents(&db).await;
     let child =
         |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
     let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)] };
@@ -181,11 +184,7 @@ async fn children_are_written_only_with_their_parents_completion() {
 #[tokio::test]
 async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch() {
     let db = db_with_types(&["parent"]).await;
-    db.store
-        .job_enqueue(&[EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))])
-        .await
-        .unwrap();
-    let fetched = db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap();
+    let fetched = two_running_parents(&db).await;
     let orphan = ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None };
     let results = db
         .store

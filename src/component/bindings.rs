@@ -11,8 +11,8 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub use jobhost::job::host::{EnqueueOptions, Level};
-pub use jobhost::job::types as wit;
+pub use self::jobhost::job::host::{EnqueueOptions, Level};
+pub use self::jobhost::job::types as wit;
 
 use crate::types::{self, LogLevel};
 

@@ -12,7 +12,7 @@ use crate::component::bindings::{self, EnqueueOptions, Job, JobPre, Level, wit};
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::stop::StopSignal;
-use crate::types::{ChildJob, Crash, LogLine, RunEffects};
+use crate::types::{ChildJob, Crash, LogLine, RunEffects, tail};
 
 /// Longest message kept from one `log` call.
 const LOG_MESSAGE_LIMIT: usize = 4 << 10;
@@ -247,17 +247,6 @@ pub fn take_effects(state: &mut SandboxState) -> RunEffects {
     effects.stderr = stderr;
     effects.truncated |= stdout_cut || stderr_cut;
     effects
-}
-
-fn tail(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
 }
 
 fn truncate(mut text: String, max: usize) -> (String, bool) {

@@ -84,8 +84,14 @@ impl Worker {
             self.config.clone(),
             stop_heartbeat.clone(),
         ));
-        let completer =
-            tokio::spawn(complete_loop(self.store.clone(), self.leases.clone(), done_rx, self.config.completion_batch));
+        let give_up = CancellationToken::new();
+        let completer = tokio::spawn(complete_loop(
+            self.store.clone(),
+            self.leases.clone(),
+            done_rx,
+            self.config.completion_batch,
+            give_up.clone(),
+        ));
 
         self.fetch_loop(&capacity, &run_slots, &done_tx, &shutdown).await;
 
@@ -97,8 +103,19 @@ impl Worker {
             self.leases.stop_all("host shutting down");
         }
         drop(done_tx);
-        // Every run ends soon after its stop signal and its result is written.
-        let _ = completer.await;
+        // Every run ends soon after its stop signal and its result is written,
+        // unless the database is unreachable: then, after one more grace
+        // period, results are abandoned. Their leases expire and the jobs are
+        // redelivered, so nothing is lost.
+        let completer_abort = completer.abort_handle();
+        tokio::select! {
+            _ = completer => {}
+            () = tokio::time::sleep(self.config.shutdown_grace) => {
+                give_up.cancel();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                completer_abort.abort();
+            }
+        }
         stop_heartbeat.cancel();
         let _ = heartbeat.await;
         if let Err(error) = self.store.host_remove(&self.host.id).await {
@@ -235,7 +252,13 @@ fn served(registry: &Registry) -> Vec<String> {
 /// Writes finished runs back in batches: whatever has arrived since the last
 /// write, in one transaction. A failed write is retried, never dropped: if the
 /// leases expire meanwhile, the write later finds them taken and changes nothing.
-async fn complete_loop(store: Arc<dyn Store>, leases: Leases, mut done: mpsc::UnboundedReceiver<Done>, batch: usize) {
+async fn complete_loop(
+    store: Arc<dyn Store>,
+    leases: Leases,
+    mut done: mpsc::UnboundedReceiver<Done>,
+    batch: usize,
+    give_up: CancellationToken,
+) {
     let mut pending: Vec<Done> = Vec::new();
     loop {
         if pending.is_empty() {
@@ -259,6 +282,10 @@ async fn complete_loop(store: Arc<dyn Store>, leases: Leases, mut done: mpsc::Un
                     }
                     leases.release(done.finish.id);
                 }
+            }
+            Err(error) if give_up.is_cancelled() => {
+                tracing::error!(%error, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
+                return;
             }
             Err(error) => {
                 tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");

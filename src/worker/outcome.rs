@@ -1,7 +1,7 @@
 //! Turns a sandbox's report into what the store records.
 
 use crate::store::{FetchedJob, Finish, FinishOutcome};
-use crate::types::{Crash, JobConfig, RunOutcome, RunReport};
+use crate::types::{Crash, JobConfig, RunOutcome, RunReport, tail};
 
 use super::backoff::retry_delay_ms;
 
@@ -34,24 +34,13 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     };
     let log = serde_json::json!({
         "lines": effects.logs,
-        "stdout": tail(&effects.stdout),
-        "stderr": tail(&effects.stderr),
+        "stdout": tail(&effects.stdout, LOG_TAIL_BYTES),
+        "stderr": tail(&effects.stderr, LOG_TAIL_BYTES),
         "truncated": effects.truncated,
         "elapsed_us": elapsed_us,
     });
     let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
     Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log, progress }
-}
-
-fn tail(text: &str) -> &str {
-    if text.len() <= LOG_TAIL_BYTES {
-        return text;
-    }
-    let mut start = text.len() - LOG_TAIL_BYTES;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
 }
 
 #[cfg(test)]

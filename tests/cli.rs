@@ -1,0 +1,153 @@
+//! The command line's contract: output shapes, exit codes, and bad input
+//! refused with a clear message and nothing written.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome, Store};
+use serde_json::{Value, json};
+
+use common::db::TestDb;
+use common::job_config;
+
+fn jobhost(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run jobhost")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn db_with_mail() -> TestDb {
+    let db = TestDb::new().await;
+    db.store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
+    db
+}
+
+#[tokio::test]
+async fn enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2() {
+    let db = db_with_mail().await;
+    let ok = jobhost(&db, &["enqueue", "mail", "--payload", r#"{"to": "ada"}"#]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let id: i64 = stdout(&ok).trim().parse().expect("an id");
+
+    let delayed = jobhost(&db, &["enqueue", "mail", "--payload", "{}", "--delay", "1h", "--json"]);
+    let delayed: Value = serde_json::from_str(stdout(&delayed).trim()).unwrap();
+    assert!(delayed["id"].as_i64().unwrap() > id);
+
+    for (args, message) in [
+        (vec!["enqueue", "mail", "--payload", "{oops"], "--payload is not valid JSON"),
+        (vec!["enqueue", "nope", "--payload", "{}"], "unknown job type \"nope\""),
+        (vec!["enqueue", "mail", "--payload", "[1, 2]"], "must be a JSON object"),
+    ] {
+        let refused = jobhost(&db, &args);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&refused).contains(message), "{args:?}: {}", stderr(&refused));
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 2);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1);
+}
+
+#[tokio::test]
+async fn bulk_enqueue_from_a_file_is_all_or_nothing() {
+    let db = db_with_mail().await;
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "{\"n\": 1}\n{\"n\": 2}\n\n{\"n\": 3}\n").unwrap();
+    let output = jobhost(&db, &["enqueue", "mail", "--file", good.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output).lines().count(), 3);
+
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"n\": 4}\n{\"n\": \n").unwrap();
+    let output = jobhost(&db, &["enqueue", "mail", "--file", bad.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("line 2"), "{}", stderr(&output));
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 3, "nothing from the bad file");
+}
+
+#[tokio::test]
+async fn jobs_and_stats_print_the_documented_json() {
+    let db = db_with_mail().await;
+    let ids = db
+        .store
+        .job_enqueue(&[EnqueueParams::new("mail", json!({"n": 1})), EnqueueParams::new("mail", json!({}))])
+        .await
+        .unwrap();
+    let params = FetchParams {
+        host_id: "h".into(),
+        queues: vec!["default".into()],
+        job_types: vec![("mail".into(), 30)],
+        limit: 1,
+    };
+    let job = db.store.job_fetch(&params).await.unwrap().remove(0);
+    let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
+    let finish =
+        Finish { id: job.id, lease_token: job.lease_token, attempt: 1, outcome, log: json!({}), progress: None };
+    db.store.job_finish(vec![finish]).await.unwrap();
+
+    let output = jobhost(&db, &["jobs", "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let rows: Vec<Value> = stdout(&output).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        for key in [
+            "id",
+            "job",
+            "queue",
+            "state",
+            "attempts",
+            "concurrency_key",
+            "output",
+            "error",
+            "enqueued_at",
+            "started_at",
+            "finished_at",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key} in {row}");
+        }
+    }
+    let done = rows.iter().find(|r| r["state"] == "completed").unwrap();
+    assert_eq!(done["output"], json!({"sent": true}), "the output is a JSON document, not a string");
+
+    let output = jobhost(&db, &["jobs", "--state", "available", "--json"]);
+    assert_eq!(stdout(&output).lines().count(), 1);
+    let output = jobhost(&db, &["jobs", "--state", "bogus"]);
+    assert_eq!(output.status.code(), Some(2));
+
+    let stats: Value = serde_json::from_str(stdout(&jobhost(&db, &["stats", "--json"])).trim()).unwrap();
+    for state in ["scheduled", "available", "running", "blocked", "completed", "failed", "discarded", "cancelled"] {
+        assert!(stats["states"][state].is_i64(), "state {state} missing from {stats}");
+    }
+    assert_eq!(stats["states"]["completed"], 1);
+    assert_eq!(stats["queues"]["default"]["available"], 1);
+    assert!(stats["oldest_available_secs"].is_f64());
+    assert_eq!(stats["hosts_alive"], 0);
+
+    let detail: Value = serde_json::from_str(&stdout(&jobhost(&db, &["job", &ids[0].to_string()]))).unwrap();
+    assert_eq!(detail["payload"], json!({"n": 1}));
+}
+
+#[tokio::test]
+async fn cancel_and_retry_report_what_they_did() {
+    let db = db_with_mail().await;
+    let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap()[0].to_string();
+    assert!(jobhost(&db, &["cancel", &id]).status.success());
+    let again = jobhost(&db, &["cancel", &id]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("is cancelled"), "{}", stderr(&again));
+    assert!(jobhost(&db, &["retry", &id]).status.success());
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1);
+    let missing = jobhost(&db, &["retry", "999999"]);
+    assert!(stderr(&missing).contains("does not exist"), "{}", stderr(&missing));
+}
