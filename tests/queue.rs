@@ -435,7 +435,13 @@ async fn graceful_shutdown_hands_running_jobs_back() {
 async fn a_host_that_loses_a_lease_stops_the_guest() {
     let db = TestDb::new().await;
     // One slot: a second job can start only once the first guest is stopped.
-    let host = TestHost::start(&db, &["sleep", "hello"], |config| config.worker.concurrency = 1).await;
+    // A long lease keeps the local fence from firing within this test, so
+    // only the refused renewal can stop the guest.
+    let host = TestHost::start(&db, &["sleep", "hello"], |config| {
+        config.worker.concurrency = 1;
+        config.worker.default_lease = Duration::from_secs(120);
+    })
+    .await;
     let client = jobhost::Client::from_store(db.dyn_store());
     let id = client.enqueue("sleep", json!({"ms": 600_000})).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await == 1 })
