@@ -153,14 +153,13 @@ async fn a_stop_signal_interrupts_a_busy_guest_with_its_reason() {
     let spin = load(&runtime, "spin").await;
     let signal = StopSignal::new();
     let stopper = signal.clone();
-    let started = std::time::Instant::now();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
         stopper.stop("lease lost");
     });
     let report = runtime.run(&spin, &context(1, 1), "{}", signal).await;
+    // Interrupted, not timed out: the stop reached a guest that never yields on its own.
     assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Interrupted { reason: "lease lost".into() } });
-    assert!(started.elapsed() < Duration::from_millis(500), "not interrupted before its timeout");
 }
 
 #[tokio::test]
