@@ -1,6 +1,7 @@
 //! The sweeps every host runs, safe when several run at once (each locks
 //! what it works on with `SKIP LOCKED`): due scheduled jobs become
-//! available, expired leases are rescued, old archive rows are pruned.
+//! available, expired leases are rescued, old archive rows and the rows of
+//! hosts long gone are pruned.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,9 @@ pub struct MaintenanceConfig {
     pub retention: Duration,
     /// Archive rows deleted per pass at most, so pruning never holds long locks.
     pub prune_batch: i64,
+    /// A host not seen for this long is dropped from the fleet's records
+    /// (its jobs were rescued long before, when their leases expired).
+    pub host_silence: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -28,6 +32,7 @@ impl Default for MaintenanceConfig {
             interval: Duration::from_secs(1),
             retention: Duration::from_secs(7 * 24 * 3600),
             prune_batch: 10_000,
+            host_silence: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -59,6 +64,8 @@ pub struct PassReport {
     pub failed: u64,
     /// Archive rows deleted.
     pub pruned: u64,
+    /// Rows of silent hosts deleted.
+    pub hosts_pruned: u64,
 }
 
 /// The sweeps of one host.
@@ -86,7 +93,8 @@ impl Maintenance {
         let (requeued, failed) = self.store.lease_expire(now).await?;
         let retention_secs = self.config.retention.as_secs_f64();
         let pruned = self.store.archive_prune(now, retention_secs, self.config.prune_batch).await?;
-        Ok(PassReport { promoted, requeued, failed, pruned })
+        let hosts_pruned = self.store.host_prune(self.config.host_silence.as_secs_f64()).await?;
+        Ok(PassReport { promoted, requeued, failed, pruned, hosts_pruned })
     }
 
     /// Runs a pass every interval until `shutdown`.

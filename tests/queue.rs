@@ -357,6 +357,15 @@ async fn operators_retry_cancel_list_and_prune() {
     assert_eq!(db.store.archive_prune(None, 3600.0, 100).await.unwrap(), 0, "kept for the retention period");
     let later = Utc::now() + chrono::Duration::days(8);
     assert_eq!(db.store.archive_prune(Some(later), 7.0 * 86400.0, 100).await.unwrap(), 2);
+
+    // A host killed a day ago never left; its row goes, a live host's stays.
+    db.store.host_upsert(&jobhost::store::HostInfo::current(vec!["mail".into()])).await.unwrap();
+    sqlx::query("INSERT INTO jobhost.hosts (id, hostname, pid, version, last_seen_at) VALUES ('gone', 'h', 1, 'v', now() - interval '2 days')")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(db.store.host_prune(86400.0).await.unwrap(), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.hosts").await, 1);
 }
 
 // --- Through a real host running real components. ---
@@ -483,5 +492,40 @@ async fn an_idle_host_wakes_on_notification() {
     let second = client.enqueue("hello", json!({})).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 2 }).await;
     assert!(second > first);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others() {
+    let db = TestDb::new().await;
+    // The archive refuses one job's completed result, as it would a result
+    // that breaks a constraint.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
+                 RAISE EXCEPTION 'poisoned result';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_poison BEFORE INSERT ON jobhost.archive
+             FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    // Slots enough for every job, so their results arrive together in a batch.
+    let host = TestHost::start(&db, &["hello"], |config| config.worker.concurrency = 8).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let mut jobs: Vec<_> = (0..7).map(|i| EnqueueParams::new("hello", json!({"name": i.to_string()}))).collect();
+    jobs.push(EnqueueParams::new("hello", json!({"poison": true})));
+    client.enqueue_many(&jobs).await.unwrap();
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 8 }).await;
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 7);
+    let error: String = sqlx::query_scalar("SELECT errors->-1->>'error' FROM jobhost.archive WHERE payload ? 'poison'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert!(error.contains("could not be stored") && error.contains("poisoned result"), "{error}");
     host.stop().await;
 }

@@ -64,6 +64,15 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// True when the database answered and refused the statement (bad data,
+    /// a violated constraint), as opposed to not answering: retrying the same
+    /// statement will fail the same way.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Error::Database(sqlx::Error::Database(_)))
+    }
+}
+
 /// Opens the store a URL names: `postgres://` or `postgresql://`.
 ///
 /// # Errors
@@ -96,6 +105,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes this host's row at shutdown.
     async fn host_remove(&self, host_id: &str) -> Result<()>;
+
+    /// Removes the rows of hosts not seen for `silent_secs` (killed hosts
+    /// never leave by themselves). Returns how many.
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64>;
 
     /// Enqueues jobs, all or none, returning their ids in order.
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>>;

@@ -250,8 +250,10 @@ fn served(registry: &Registry) -> Vec<String> {
 }
 
 /// Writes finished runs back in batches: whatever has arrived since the last
-/// write, in one transaction. A failed write is retried, never dropped: if the
-/// leases expire meanwhile, the write later finds them taken and changes nothing.
+/// write. A write the database could not take is retried, never dropped: if
+/// the leases expire meanwhile, the write later finds them taken and changes
+/// nothing. A batch the database refuses is written one result at a time, so
+/// one unstorable result cannot hold back the others.
 async fn complete_loop(
     store: Arc<dyn Store>,
     leases: Leases,
@@ -287,10 +289,46 @@ async fn complete_loop(
                 tracing::error!(%error, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
                 return;
             }
+            Err(error) if error.is_refusal() => {
+                tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
+                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
+            }
             Err(error) => {
                 tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
+}
+
+/// Writes results singly; one the database refuses becomes a failure of its
+/// job that says why. Returns the results that could not be written at all.
+async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>) -> Vec<Done> {
+    let mut unwritten = Vec::new();
+    for done in pending {
+        let id = done.finish.id;
+        let written = match store.job_finish(vec![done.finish.clone()]).await {
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
+                let failed = Finish {
+                    outcome: FinishOutcome::Failed { error: format!("the run's result could not be stored: {error}") },
+                    log: serde_json::Value::Null,
+                    progress: None,
+                    ..done.finish.clone()
+                };
+                store.job_finish(vec![failed]).await
+            }
+            other => other,
+        };
+        match written {
+            Ok(_) => leases.release(id),
+            // Refused twice: give up on it; its lease expires and it is redelivered.
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
+                leases.release(id);
+            }
+            Err(_) => unwritten.push(done),
+        }
+    }
+    unwritten
 }

@@ -40,7 +40,37 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
         "elapsed_us": elapsed_us,
     });
     let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
-    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log, progress }
+    let outcome = without_nul_outcome(outcome);
+    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: without_nul(log), progress }
+}
+
+/// PostgreSQL's `jsonb` cannot hold U+0000; a guest that prints one must not
+/// make its result unstorable, so it becomes U+FFFD.
+fn without_nul(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => Value::String(without_nul_text(text)),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nul).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (without_nul_text(k), without_nul(v))).collect())
+        }
+        other => other,
+    }
+}
+
+fn without_nul_text(text: String) -> String {
+    if text.contains('\0') { text.replace('\0', "\u{FFFD}") } else { text }
+}
+
+fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
+    match outcome {
+        FinishOutcome::Completed { output, children } => {
+            FinishOutcome::Completed { output: output.map(without_nul), children }
+        }
+        FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
+        FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +128,16 @@ mod tests {
         let stopped = RunOutcome::Crashed { crash: Crash::Interrupted { reason: "shutdown".into() } };
         let finish = finish_of(&job(3, 3), &config(), report(stopped));
         assert_eq!(finish.outcome, FinishOutcome::Release { reason: "shutdown".into() });
+    }
+
+    #[test]
+    fn nul_characters_never_reach_the_database() {
+        let mut report = report(RunOutcome::Completed { output: Some(serde_json::json!({"a\0": ["x\0y"]})) });
+        report.effects.stdout = "before\0after".into();
+        let finish = finish_of(&job(1, 3), &config(), report);
+        let text = format!("{:?} {}", finish.outcome, finish.log);
+        assert!(!text.contains('\0') && !text.contains("\\u0000"), "{text}");
+        assert!(finish.log["stdout"].as_str().unwrap().contains("before\u{FFFD}after"));
     }
 
     #[test]

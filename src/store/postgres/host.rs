@@ -65,3 +65,12 @@ pub async fn host_remove(pool: &PgPool, host_id: &str) -> Result<()> {
     sqlx::query("DELETE FROM jobhost.hosts WHERE id = $1").bind(host_id).execute(pool).await?;
     Ok(())
 }
+
+pub async fn host_prune(pool: &PgPool, silent_secs: f64) -> Result<u64> {
+    let pruned = sqlx::query("DELETE FROM jobhost.hosts WHERE last_seen_at < now() - $1 * interval '1 second'")
+        .bind(silent_secs)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(pruned)
+}

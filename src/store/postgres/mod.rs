@@ -131,6 +131,10 @@ impl Store for PgStore {
         host::host_remove(&self.pool, host_id).await
     }
 
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
+        host::host_prune(&self.pool, silent_secs).await
+    }
+
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
         let mut tx = self.pool.begin().await?;
         let ids = job::enqueue(&mut tx, jobs).await?;

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: starts PostgreSQL if none runs (tests create and drop
+# their own databases on it), then runs every test. The test harness builds
+# the example guests (and adds the wasm32-wasip2 target) itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/postgres.sh
+cargo test --locked "$@"
