@@ -413,6 +413,9 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only()
         }
     };
     assert_eq!(children(parent).await, 3);
+    // Inside a host, the fleet's job types are known: the guest saw the error.
+    let parent_output = get(parent).await.row.output.unwrap();
+    assert!(parent_output["unknown_type_error"].as_str().unwrap().contains("unknown job type"), "{parent_output}");
     assert_eq!(children(failed_parent).await, 0, "a failed parent leaves no children (guarantee 9)");
     host.stop().await;
 }

@@ -181,13 +181,22 @@ async fn fanout_buffers_children_and_reports_progress() {
     assert_eq!(out["enqueued"], 3);
     assert!(out["bad_name_error"].as_str().unwrap().contains("job name"), "{out}");
     assert!(out["bad_payload_error"].as_str().unwrap().contains("not valid JSON"), "{out}");
+    // A runtime without a queue knows no job types, so it accepts any well-formed name.
+    assert_eq!(out["unknown_type_error"], serde_json::Value::Null);
     let children = &report.effects.children;
-    assert_eq!(children.len(), 3);
-    assert!(children.iter().all(|c| c.job == "hello"));
+    assert_eq!(children.len(), 4);
+    assert_eq!(children.iter().filter(|c| c.job == "hello").count(), 3);
     // Stored as documents, not as JSON text inside a string.
     assert_eq!(children[0].payload, json!({"name": "child 0 of 7"}));
     assert_eq!(report.effects.progress, Some((3, 3)));
     assert_eq!(report.effects.heartbeats, 3);
+
+    // With the fleet's job types known, an unknown one is an error the guest sees.
+    runtime.set_job_type_check(std::sync::Arc::new(|job: &str| job == "hello"));
+    let checked = run(&runtime, &fanout, json!({"count": 1})).await;
+    let out = output(&checked.outcome);
+    assert!(out["unknown_type_error"].as_str().unwrap().contains("unknown job type \"no-such-job\""), "{out}");
+    assert_eq!(checked.effects.children.len(), 1);
 
     let failed = run(&runtime, &fanout, json!({"count": 2, "fail": true})).await;
     assert!(matches!(failed.outcome, RunOutcome::Failed { .. }));

@@ -25,6 +25,7 @@ use crate::config::{ConfigError, RuntimeConfig};
 use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use registry::{Registry, RegistryEvent};
+pub use sandbox::JobTypeCheck;
 pub use stop::StopSignal;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
@@ -126,6 +127,9 @@ struct Inner {
     run_slots: Semaphore,
     /// The same for loads, which instantiate to call `describe`.
     load_slots: Semaphore,
+    /// Which job types a guest may enqueue; any well-formed name when unset
+    /// (a runtime without a queue, as in `jobhost exec`).
+    job_types: std::sync::RwLock<Option<JobTypeCheck>>,
 }
 
 impl Runtime {
@@ -142,7 +146,13 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots }) })
+        let job_types = std::sync::RwLock::new(None);
+        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, job_types }) })
+    }
+
+    /// Makes a guest's `enqueue` refuse job types `check` does not know.
+    pub fn set_job_type_check(&self, check: JobTypeCheck) {
+        *self.inner.job_types.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(check);
     }
 
     /// The settings the runtime was started with.
@@ -192,7 +202,7 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new());
+        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), None);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
         let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
         Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
@@ -218,7 +228,8 @@ impl Runtime {
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
         };
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal);
+        let job_types = self.inner.job_types.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, job_types);
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => completed(output),

@@ -54,7 +54,12 @@ pub struct SandboxState {
     limits: RunLimits,
     signal: StopSignal,
     stopped_by: Option<HostStop>,
+    job_types: Option<JobTypeCheck>,
 }
+
+/// Says whether a job type exists, so a guest's `enqueue` of an unknown type
+/// returns an error to the guest instead of failing at completion.
+pub type JobTypeCheck = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl WasiView for SandboxState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -95,7 +100,12 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
 }
 
 /// A store for one run, with its limits, captured output and stop checks.
-pub fn new_store(engine: &wasmtime::Engine, limits: RunLimits, signal: StopSignal) -> Store<SandboxState> {
+pub fn new_store(
+    engine: &wasmtime::Engine,
+    limits: RunLimits,
+    signal: StopSignal,
+    job_types: Option<JobTypeCheck>,
+) -> Store<SandboxState> {
     let stdout = CapturedOutput::new(limits.output_limit_bytes);
     let stderr = CapturedOutput::new(limits.output_limit_bytes);
     // No preopened directories, environment, arguments or network: a job
@@ -117,6 +127,7 @@ pub fn new_store(engine: &wasmtime::Engine, limits: RunLimits, signal: StopSigna
         limits,
         signal,
         stopped_by: None,
+        job_types,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
@@ -309,6 +320,9 @@ impl SandboxState {
             return Err(format!("a run may enqueue at most {CHILD_LIMIT} jobs"));
         }
         metadata::check_name(&job).map_err(|reason| format!("job name {reason}"))?;
+        if self.job_types.as_ref().is_some_and(|known| !known(&job)) {
+            return Err(format!("unknown job type {job:?}: no host has loaded a component for it"));
+        }
         if let Some(queue) = &options.queue {
             metadata::check_name(queue).map_err(|reason| format!("queue name {reason}"))?;
         }

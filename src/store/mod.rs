@@ -97,6 +97,9 @@ pub trait Store: Send + Sync + 'static {
     /// component apply them.
     async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()>;
 
+    /// The names of every registered job type.
+    async fn job_types_names(&self) -> Result<Vec<String>>;
+
     /// The registered configuration of each named job type that exists.
     async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, crate::types::JobConfig>>;
 

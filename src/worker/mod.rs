@@ -4,6 +4,7 @@
 
 mod backoff;
 mod config;
+mod job_types;
 mod leases;
 mod outcome;
 
@@ -77,6 +78,14 @@ impl Worker {
         if let Err(error) = self.store.host_upsert(&host_now()).await {
             tracing::warn!(%error, "cannot register this host in the fleet");
         }
+        let known = job_types::KnownJobTypes::default();
+        known.refresh(self.store.clone().as_ref()).await;
+        self.runtime.set_job_type_check(known.check(self.registry.clone()));
+        let refreshing = tokio::spawn(known.refresh_loop(
+            self.store.clone(),
+            self.config.heartbeat_interval,
+            stop_heartbeat.clone(),
+        ));
         let heartbeat = tokio::spawn(leases::heartbeat_loop(
             self.store.clone(),
             self.leases.clone(),
@@ -117,7 +126,7 @@ impl Worker {
             }
         }
         stop_heartbeat.cancel();
-        let _ = heartbeat.await;
+        let _ = tokio::join!(heartbeat, refreshing);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }

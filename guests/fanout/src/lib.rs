@@ -26,11 +26,13 @@ impl jobhost_guest::Guest for Fanout {
         // Rejected enqueues come back as errors the guest can handle.
         let bad = host::enqueue("Not A Job", "{}", &options);
         let not_json = host::enqueue("hello", "{oops", &options);
+        let unknown = host::enqueue("no-such-job", "{}", &options);
         Ok(Some(
             serde_json::json!({
                 "enqueued": count,
                 "bad_name_error": bad.err(),
                 "bad_payload_error": not_json.err(),
+            "unknown_type_error": unknown.err(),
             })
             .to_string(),
         ))

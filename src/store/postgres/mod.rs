@@ -119,6 +119,10 @@ impl Store for PgStore {
         host::job_types_register(&self.pool, types).await
     }
 
+    async fn job_types_names(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT name FROM jobhost.job_types").fetch_all(&self.pool).await?)
+    }
+
     async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, JobConfig>> {
         host::job_types_get(&self.pool, names).await
     }
