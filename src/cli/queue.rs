@@ -267,7 +267,12 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
         if args.json {
             println!("{}", serde_json::to_string(&row).unwrap_or_default());
         } else {
-            let error = row.error.as_deref().map(|e| format!("  {e}")).unwrap_or_default();
+            // One line per job: a trap's message carries the guest's stderr.
+            let error = row
+                .error
+                .as_deref()
+                .map(|e| format!("  {}", e.split_whitespace().collect::<Vec<_>>().join(" ")))
+                .unwrap_or_default();
             println!(
                 "{:>8}  {:<10} {:<20} {:<12} attempt {}{error}",
                 row.id, row.state, row.job, row.queue, row.attempts
