@@ -36,11 +36,11 @@ fn finish(job: &jobhost::store::FetchedJob, outcome: FinishOutcome) -> Finish {
     Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: json!({}), progress: None }
 }
 
-/// Two `parent` jobs, enqueued and leased to host "h".
-async fn two_running_parents(db: &TestDb) -> Vec<jobhost::store::FetchedJob> {
-    let parents = [EnqueueParams::new("parent", json!({})), EnqueueParams::new("parent", json!({}))];
-    db.store.job_enqueue(&parents).await.unwrap();
-    db.store.job_fetch(&fetch_params("h", &["parent"], 2)).await.unwrap()
+/// Two jobs of type `job`, enqueued and leased to host "h".
+async fn two_running(db: &TestDb, job: &str) -> Vec<jobhost::store::FetchedJob> {
+    let jobs = [EnqueueParams::new(job, json!({})), EnqueueParams::new(job, json!({}))];
+    db.store.job_enqueue(&jobs).await.unwrap();
+    db.store.job_fetch(&fetch_params("h", &[job], 2)).await.unwrap()
 }
 
 fn completed() -> FinishOutcome {
@@ -163,7 +163,7 @@ async fn a_stale_lease_token_completes_nothing() {
 #[tokio::test]
 async fn children_are_written_only_with_their_parents_completion() {
     let db = db_with_types(&["parent", "child"]).await;
-    let fetched = two_running_parents(&db).await;
+    let fetched = two_running(&db, "parent").await;
     let child =
         |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
     let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)] };
@@ -184,7 +184,7 @@ async fn children_are_written_only_with_their_parents_completion() {
 #[tokio::test]
 async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch() {
     let db = db_with_types(&["parent"]).await;
-    let fetched = two_running_parents(&db).await;
+    let fetched = two_running(&db, "parent").await;
     let orphan = ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None };
     let results = db
         .store
@@ -230,11 +230,7 @@ async fn retries_wait_in_schedule_then_pass_when_due_by_the_database_clock() {
 #[tokio::test]
 async fn snoozes_and_hand_backs_give_the_attempt_back() {
     let db = db_with_types(&["mail"]).await;
-    db.store
-        .job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))])
-        .await
-        .unwrap();
-    let jobs = db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap();
+    let jobs = two_running(&db, "mail").await;
     db.store
         .job_finish(vec![
             finish(&jobs[0], FinishOutcome::Snooze { delay_ms: 60_000 }),
@@ -268,11 +264,7 @@ async fn an_expired_lease_on_the_last_attempt_fails_the_job() {
 #[tokio::test]
 async fn renewal_extends_only_the_hosts_own_current_leases() {
     let db = db_with_types(&["mail"]).await;
-    db.store
-        .job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))])
-        .await
-        .unwrap();
-    let jobs = db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap();
+    let jobs = two_running(&db, "mail").await;
     let leases = [(jobs[0].id, jobs[0].lease_token), (jobs[1].id, jobs[1].lease_token + 999)];
     assert_eq!(db.store.lease_renew("h", &leases).await.unwrap(), [jobs[0].id]);
     assert!(db.store.lease_renew("other-host", &leases[..1]).await.unwrap().is_empty());

@@ -325,27 +325,26 @@ pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
 }
 
 pub async fn retry(id: i64, db: &DbArgs) -> ExitCode {
-    let store = match open(db).await {
-        Ok(store) => store,
-        Err(code) => return code,
-    };
-    match store.job_retry(id).await {
-        Ok(()) => {
-            println!("job {id} will run again");
-            ExitCode::SUCCESS
-        }
-        Err(error) => fail(error),
-    }
+    operate(db, format!("job {id} will run again"), |store| async move { store.job_retry(id).await }).await
 }
 
 pub async fn cancel(id: i64, db: &DbArgs) -> ExitCode {
+    operate(db, format!("job {id} cancelled"), |store| async move { store.job_cancel(id).await }).await
+}
+
+/// Runs one operator action and reports it.
+async fn operate<F, Fut>(db: &DbArgs, done: String, action: F) -> ExitCode
+where
+    F: FnOnce(Arc<dyn Store>) -> Fut,
+    Fut: std::future::Future<Output = crate::store::Result<()>>,
+{
     let store = match open(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
-    match store.job_cancel(id).await {
+    match action(store).await {
         Ok(()) => {
-            println!("job {id} cancelled");
+            println!("{done}");
             ExitCode::SUCCESS
         }
         Err(error) => fail(error),
