@@ -41,6 +41,6 @@ step "$jobhost" stats
 kill -TERM "$host" && wait "$host"
 echo; echo "host log:"; cat "$components/host.log"
 
-step "$jobhost" inspect guests/dist/limited.wasm
+step "$jobhost" inspect --pretty guests/dist/limited.wasm
 step "$jobhost" exec guests/dist/hog.wasm || true
 step "$jobhost" inspect guests/dist/misconfigured.wasm || true

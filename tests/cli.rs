@@ -151,3 +151,58 @@ async fn cancel_and_retry_report_what_they_did() {
     let missing = jobhost(&db, &["retry", "999999"]);
     assert!(stderr(&missing).contains("does not exist"), "{}", stderr(&missing));
 }
+
+/// Runs the binary without a database, with a private component cache.
+fn offline(args: &[&str], cache: &tempfile::TempDir) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        .args(args)
+        .env("JOBHOST_CACHE_DIR", cache.path())
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run jobhost")
+}
+
+#[test]
+fn inspect_prints_the_validated_config_as_one_json_object() {
+    let cache = tempfile::tempdir().unwrap();
+    let limited = common::guest("limited");
+    let output = offline(&["inspect", limited.to_str().unwrap()], &cache);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let config: Value = serde_json::from_str(stdout(&output).trim()).expect("one JSON object");
+    assert_eq!(config["name"], "limited");
+    assert_eq!(config["queue"], "default");
+    assert_eq!(config["max_attempts"], 20);
+    assert!(config["timeout_ms"].is_u64() && config["priority"].is_i64());
+    assert_eq!(config["concurrency"], json!({"limit": 2, "key": "{key}", "duration_secs": 10, "on_conflict": "block"}));
+
+    let bad = common::guest("misconfigured");
+    let output = offline(&["inspect", bad.to_str().unwrap()], &cache);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stdout(&output).is_empty());
+    assert!(stderr(&output).contains("concurrency.limit"), "{}", stderr(&output));
+}
+
+#[test]
+fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
+    let cache = tempfile::tempdir().unwrap();
+    let path = |name: &str| common::guest(name).to_str().unwrap().to_string();
+    let hello = offline(&["exec", &path("hello"), "--payload", r#"{"name": "Ada"}"#], &cache);
+    assert!(hello.status.success(), "{}", stderr(&hello));
+    let out: Value = serde_json::from_str(stdout(&hello).trim()).expect("stdout is the output alone");
+    assert_eq!(out["greeting"], "hello, Ada");
+    assert!(stderr(&hello).contains("log [info] greeting Ada"), "{}", stderr(&hello));
+
+    for (guest, payload, reason) in [
+        ("trap", r#"{"message": "the disk is lava"}"#, "the disk is lava"),
+        ("spin", "{}", "timed out after 500 ms"),
+        ("hog", "{}", "exceeded its memory limit"),
+        ("flaky", r#"{"fail_times": 1}"#, "retry: attempt 1 failed on purpose"),
+    ] {
+        let run = offline(&["exec", &path(guest), "--payload", payload], &cache);
+        assert_eq!(run.status.code(), Some(1), "{guest}");
+        assert!(stdout(&run).is_empty(), "{guest}: {}", stdout(&run));
+        assert!(stderr(&run).contains(reason), "{guest}: {}", stderr(&run));
+    }
+    let not_json = offline(&["exec", &path("hello"), "--payload", "{"], &cache);
+    assert_eq!(not_json.status.code(), Some(2));
+}

@@ -12,7 +12,9 @@ use super::{RuntimeArgs, fail, start_runtime};
 use crate::component::{DirectoryWatcher, Registry, RegistryEvent, StopSignal, WatcherConfig};
 use crate::types::{JobContext, RunOutcome, RunReport};
 
-pub async fn inspect(files: Vec<PathBuf>, json: bool, args: &RuntimeArgs) -> ExitCode {
+/// Prints each file's validated configuration as one JSON object per line
+/// (snake_case keys mirroring the WIT record), or the error on stderr.
+pub async fn inspect(files: Vec<PathBuf>, pretty: bool, args: &RuntimeArgs) -> ExitCode {
     let runtime = match start_runtime(args) {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -20,22 +22,10 @@ pub async fn inspect(files: Vec<PathBuf>, json: bool, args: &RuntimeArgs) -> Exi
     let mut code = ExitCode::SUCCESS;
     for file in files {
         match runtime.load_file(&file).await {
-            Ok(component) if json => {
-                let line = serde_json::json!({
-                    "path": component.source,
-                    "digest": component.digest,
-                    "config": component.config,
-                });
-                println!("{line}");
-            }
             Ok(component) => {
-                let config = serde_json::to_string_pretty(&component.config).unwrap_or_default();
-                println!(
-                    "{} ({}, sha256 {})\n{config}",
-                    component.config.name,
-                    file.display(),
-                    &component.digest[..12]
-                );
+                let config = &component.config;
+                let text = if pretty { serde_json::to_string_pretty(config) } else { serde_json::to_string(config) };
+                println!("{}", text.unwrap_or_default());
             }
             Err(error) => code = fail(error),
         }
@@ -82,37 +72,39 @@ pub async fn exec(file: PathBuf, payload: &str, attempt: u32, json: bool, args: 
     if report.outcome.is_completed() { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
 
+/// The job's output goes to stdout (nothing else does, so it can be piped);
+/// how the run went, its log lines and the guest's own output go to stderr.
 fn print_report(report: &RunReport) {
     let took = Duration::from_micros(report.elapsed_us);
-    match &report.outcome {
-        RunOutcome::Completed { output } => {
-            println!("completed in {took:?}");
-            if let Some(output) = output {
-                println!("output: {output}");
-            }
-        }
-        RunOutcome::Retry { reason } => println!("asked to retry after {took:?}: {reason}"),
-        RunOutcome::Failed { reason } => println!("failed after {took:?}: {reason}"),
-        RunOutcome::Snooze { seconds } => println!("snoozed for {seconds} s after {took:?}"),
-        RunOutcome::Crashed { crash } => println!("crashed after {took:?}: {crash}"),
-    }
     let effects = &report.effects;
     for line in &effects.logs {
-        println!("log [{}] {}", line.level, line.message);
-    }
-    if let Some((done, total)) = effects.progress {
-        println!("progress: {done}/{total}");
-    }
-    for child in &effects.children {
-        println!("enqueued: {} {}", child.job, child.payload);
+        eprintln!("log [{}] {}", line.level, line.message);
     }
     for (name, text) in [("stdout", &effects.stdout), ("stderr", &effects.stderr)] {
         if !text.is_empty() {
-            println!("{name}:\n{}", text.trim_end());
+            eprintln!("guest {name}:\n{}", text.trim_end());
         }
     }
+    if let Some((done, total)) = effects.progress {
+        eprintln!("progress: {done}/{total}");
+    }
+    for child in &effects.children {
+        eprintln!("enqueued (written when the job completes): {} {}", child.job, child.payload);
+    }
     if effects.truncated {
-        println!("(output was truncated at its bound)");
+        eprintln!("(output was truncated at its bound)");
+    }
+    match &report.outcome {
+        RunOutcome::Completed { output } => {
+            eprintln!("completed in {took:?}");
+            if let Some(output) = output {
+                println!("{output}");
+            }
+        }
+        RunOutcome::Retry { reason } => eprintln!("job error after {took:?}: retry: {reason}"),
+        RunOutcome::Failed { reason } => eprintln!("job error after {took:?}: fail: {reason}"),
+        RunOutcome::Snooze { seconds } => eprintln!("job asked to snooze {seconds} s after {took:?}"),
+        RunOutcome::Crashed { crash } => eprintln!("job {crash} after {took:?}"),
     }
 }
 

@@ -76,18 +76,20 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Load components and print the job configuration each declares.
+    /// Load components and print the validated configuration each declares,
+    /// one JSON object per line.
     Inspect {
         /// Component files (.wasm).
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// One JSON object per component, per line.
+        /// Indent the JSON.
         #[arg(long)]
-        json: bool,
+        pretty: bool,
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
-    /// Run one job in a sandbox, without a queue, and print what happened.
+    /// Run one job in a sandbox, without a queue: its output on stdout, its
+    /// logs and how it went on stderr; non-zero exit unless it completed.
     Exec {
         /// The component file (.wasm).
         file: PathBuf,
@@ -97,7 +99,7 @@ enum Command {
         /// The attempt number the job is told it is on.
         #[arg(long, default_value_t = 1)]
         attempt: u32,
-        /// Print the full report as one JSON object.
+        /// Print the full report (outcome, output, logs, children) as one JSON object on stdout.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -190,7 +192,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Stats { json, db } => queue::stats(json, &db).await,
             Command::Retry { id, db } => queue::retry(id, &db).await,
             Command::Cancel { id, db } => queue::cancel(id, &db).await,
-            Command::Inspect { files, json, runtime } => components::inspect(files, json, &runtime).await,
+            Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec { file, payload, attempt, json, runtime } => {
                 components::exec(file, &payload, attempt, json, &runtime).await
             }
