@@ -73,11 +73,6 @@ impl Registry {
         all
     }
 
-    /// The job name a file provides, if it is loaded.
-    pub fn name_of(&self, path: &Path) -> Option<String> {
-        self.read().values().find(|c| c.source == path).map(|c| c.config.name.clone())
-    }
-
     /// Makes a component serve its job type, replacing the version from the
     /// same file (even under another name).
     ///

@@ -59,11 +59,6 @@ impl JobState {
     pub fn parse(name: &str) -> Option<JobState> {
         JobState::ALL.into_iter().find(|s| s.as_str() == name)
     }
-
-    /// True for states kept in the archive.
-    pub fn is_finished(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Failed | JobState::Discarded | JobState::Cancelled)
-    }
 }
 
 impl std::fmt::Display for JobState {
@@ -308,7 +303,6 @@ mod tests {
             assert_eq!(JobState::parse(state.as_str()), Some(state));
         }
         assert_eq!(JobState::parse("done"), None);
-        assert!(JobState::Cancelled.is_finished() && !JobState::Running.is_finished());
     }
 }
 

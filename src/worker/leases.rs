@@ -59,14 +59,9 @@ impl Leases {
         self.lock().remove(&id);
     }
 
-    /// How many jobs are running.
-    pub fn len(&self) -> usize {
+    /// How many leases this host holds (running or prefetched jobs).
+    pub fn count(&self) -> usize {
         self.lock().len()
-    }
-
-    /// True when nothing runs.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Stops every running guest with `reason`.

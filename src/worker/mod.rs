@@ -20,7 +20,6 @@ use crate::component::{Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, HostInfo, Store};
 use crate::types::JobContext;
 
-pub use backoff::retry_delay_ms;
 pub use config::WorkerConfig;
 pub use leases::Leases;
 
@@ -104,11 +103,11 @@ impl Worker {
 
         self.fetch_loop(&capacity, &run_slots, &done_tx, &shutdown).await;
 
-        tracing::info!(running = self.leases.len(), "stopping: no new jobs will be fetched");
+        tracing::info!(running = self.leases.count(), "stopping: no new jobs will be fetched");
         let all = (self.config.concurrency + self.config.prefetch) as u32;
         let drained = tokio::time::timeout(self.config.shutdown_grace, capacity.acquire_many(all)).await;
         if drained.is_err() {
-            tracing::warn!(running = self.leases.len(), "grace period over; interrupting and handing back");
+            tracing::warn!(running = self.leases.count(), "grace period over; interrupting and handing back");
             self.leases.stop_all("host shutting down");
         }
         drop(done_tx);
