@@ -71,24 +71,39 @@ async fn flaky_fails_its_first_attempts_then_succeeds() {
     assert_eq!(flaky.config.max_attempts, 5);
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn spin_times_out_while_other_jobs_keep_running() {
+#[tokio::test]
+async fn spin_is_interrupted_at_its_timeout() {
     let (runtime, _cache) = runtime();
-    let spin = std::sync::Arc::new(load(&runtime, "spin").await);
+    let spin = load(&runtime, "spin").await;
+    let report = run(&runtime, &spin, json!({})).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 500 } });
+    assert!(report.elapsed_us >= 500_000);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn other_jobs_keep_running_while_a_guest_spins() {
+    let (runtime, _cache) = runtime();
+    let mut spin = load(&runtime, "spin").await;
+    // Nothing but the stop signal below can end this run within the test.
+    spin.config.timeout_ms = 30_000;
+    let spin = std::sync::Arc::new(spin);
     let hello = load(&runtime, "hello").await;
+    let signal = StopSignal::new();
     let spinning = {
-        let (runtime, spin) = (runtime.clone(), spin.clone());
-        tokio::spawn(async move { run(&runtime, &spin, json!({})).await })
+        let (runtime, spin, signal) = (runtime.clone(), spin.clone(), signal.clone());
+        tokio::spawn(async move { runtime.run(&spin, &context(1, 1), "{}", signal).await })
     };
+    // Hand the thread to the spinning guest; it gives it back only by yielding.
+    tokio::task::yield_now().await;
     // One thread only: these complete only because the spinning guest yields.
     for i in 0..5 {
         let report = run(&runtime, &hello, json!({"name": i})).await;
         assert!(report.outcome.is_completed());
     }
-    assert!(!spinning.is_finished(), "spin finished before five hello runs");
+    assert!(!spinning.is_finished(), "the spinning guest ended before it was stopped");
+    signal.stop("test over");
     let report = spinning.await.unwrap();
-    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 500 } });
-    assert!(report.elapsed_us >= 500_000);
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::Interrupted { reason: "test over".into() } });
 }
 
 #[tokio::test]
