@@ -92,8 +92,15 @@ async fn jobs_and_stats_print_the_documented_json() {
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
     let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
-    let finish =
-        Finish { id: job.id, lease_token: job.lease_token, attempt: 1, outcome, log: json!({}), progress: None };
+    let finish = Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        limited: false,
+        attempt: 1,
+        outcome,
+        log: json!({}),
+        progress: None,
+    };
     db.store.job_finish(vec![finish]).await.unwrap();
 
     let output = jobhost(&db, &["jobs", "--json"]);

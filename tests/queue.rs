@@ -33,7 +33,15 @@ fn fetch_params(host: &str, types: &[&str], limit: i64) -> FetchParams {
 }
 
 fn finish(job: &jobhost::store::FetchedJob, outcome: FinishOutcome) -> Finish {
-    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: json!({}), progress: None }
+    Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        limited: job.concurrency_key.is_some(),
+        attempt: job.attempt,
+        outcome,
+        log: json!({}),
+        progress: None,
+    }
 }
 
 /// Two jobs of type `job`, enqueued and leased to host "h".

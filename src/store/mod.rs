@@ -2,8 +2,10 @@
 //! only through the [`Store`] trait; each backend lives in a submodule.
 //!
 //! One file per entity: [`job`] (enqueue, fetch, finish, operate),
-//! [`lease`] (heartbeats and expiry), [`host`] (fleet membership and job types).
+//! [`lease`] (heartbeats and expiry), [`host`] (fleet membership and job types),
+//! [`concurrency`] (per-key slots and parked jobs).
 
+pub mod concurrency;
 pub mod host;
 pub mod job;
 pub mod lease;
@@ -14,6 +16,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use concurrency::{Holder, KeyStatus, SemaphoreFix};
 pub use host::HostInfo;
 pub use job::{
     EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
@@ -54,6 +57,10 @@ pub enum Error {
         /// What state it is in instead.
         reason: String,
     },
+    /// The job's concurrency key has no free slot and its type's
+    /// `on_conflict` is `raise`: nothing was enqueued.
+    #[error("{0}")]
+    LimitReached(String),
     /// A stored configuration could not be read back.
     #[error("stored job type {name:?} has an unreadable configuration: {reason}")]
     CorruptJobType {
@@ -69,7 +76,7 @@ impl Error {
     /// a violated constraint), as opposed to not answering: retrying the same
     /// statement will fail the same way.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Error::Database(sqlx::Error::Database(_)))
+        matches!(self, Error::Database(sqlx::Error::Database(_)) | Error::LimitReached(_))
     }
 }
 
@@ -131,8 +138,19 @@ pub trait Store: Send + Sync + 'static {
     /// failed when their attempts are spent. Returns (requeued, failed).
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)>;
 
-    /// Makes scheduled jobs that have come due available. Returns how many.
+    /// Passes scheduled jobs that have come due through the gate. Returns how many.
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64>;
+
+    /// Promotes parked jobs of up to `max_keys` keys that can take a slot
+    /// now, the keys with the oldest parked job first. Returns how many jobs.
+    async fn parked_promote(&self, max_keys: i64) -> Result<u64>;
+
+    /// Corrects semaphores whose holder count disagrees with the live jobs
+    /// holding their slots; returns what it changed.
+    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>>;
+
+    /// Every key with holders or parked jobs.
+    async fn concurrency(&self) -> Result<Vec<KeyStatus>>;
 
     /// Deletes archived jobs that finished more than `retention_secs` before
     /// `now` (the database's clock by default), at most `limit`.
@@ -151,7 +169,7 @@ pub trait Store: Send + Sync + 'static {
     /// or a scheduled one now.
     async fn job_retry(&self, id: i64) -> Result<()>;
 
-    /// Cancels a job that is not running.
+    /// Cancels a job that is not running (waiting, available or parked).
     async fn job_cancel(&self, id: i64) -> Result<()>;
 
     /// Waits until jobs may be available (a notification), or `timeout`.

@@ -60,3 +60,11 @@ pub fn timed_sleep(ms: u64) -> serde_json::Value {
     let ended_ms = now_ms();
     serde_json::json!({ "started_ms": started_ms, "ended_ms": ended_ms })
 }
+
+/// The whole `run` of a job that sleeps its payload's `ms` (0 when absent)
+/// and reports its start and end times: the sample limited handlers share it.
+pub fn sleep_for_payload(payload: &str) -> Result<Option<String>, JobError> {
+    let payload = parse_payload(payload)?;
+    let ms = payload.get("ms").and_then(|m| m.as_u64()).unwrap_or(0);
+    Ok(Some(timed_sleep(ms).to_string()))
+}

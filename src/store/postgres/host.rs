@@ -12,19 +12,29 @@ pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) ->
     let names: Vec<&str> = types.iter().map(|(c, _)| c.name.as_str()).collect();
     let configs: Vec<Json<&JobConfig>> = types.iter().map(|(c, _)| Json(c)).collect();
     let digests: Vec<&str> = types.iter().map(|(_, d)| d.as_str()).collect();
+    let mut tx = pool.begin().await?;
     // The latest loaded version's configuration wins, fleet-wide.
-    sqlx::query(
+    let changed: Vec<String> = sqlx::query_scalar(
         "INSERT INTO jobhost.job_types (name, config, digest)
          SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[])
          ON CONFLICT (name) DO UPDATE
          SET config = excluded.config, digest = excluded.digest, updated_at = now()
-         WHERE jobhost.job_types.digest <> excluded.digest",
+         WHERE jobhost.job_types.digest <> excluded.digest
+         RETURNING name",
     )
     .bind(&names)
     .bind(&configs)
     .bind(&digests)
-    .execute(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    // A raised limit (or one removed) frees slots at once: parked jobs of a
+    // changed type take them now. A lowered limit only admits nothing more
+    // until the key is under it; running holders are never interrupted.
+    let promoted = super::concurrency::promote_parked_of_types(&mut tx, &changed).await?;
+    tx.commit().await?;
+    if promoted > 0 {
+        tracing::info!(promoted, job_types = ?changed, "a new limit promoted parked jobs");
+    }
     Ok(())
 }
 

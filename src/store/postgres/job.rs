@@ -32,22 +32,29 @@ pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams]) -> Result<
     insert(conn, &prepared).await
 }
 
-/// One set-based insert for the whole batch; ids come back in input order.
+/// One set-based insert for the whole batch, then the gate for the limited
+/// jobs due now; ids come back in input order (a parked or discarded job
+/// keeps its id). Keys are rendered by `jobhost.render_key`, the one renderer
+/// of stored keys, so the SQL enqueue and this one store the same key.
 async fn insert(conn: &mut PgConnection, jobs: &[PreparedJob]) -> Result<Vec<i64>> {
-    let ids: Vec<(i64,)> = sqlx::query_as(
+    let rows: Vec<(i64, bool)> = sqlx::query_as(
         "INSERT INTO jobhost.jobs (job, queue, priority, payload, state, max_attempts, run_at, concurrency_key, parent_id)
          SELECT job, queue, priority, payload,
                 CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END,
-                max_attempts, greatest(due, now()), concurrency_key, parent_id
+                max_attempts, greatest(due, now()),
+                CASE WHEN limited THEN jobhost.render_key(
+                    (SELECT t.config -> 'concurrency' ->> 'key' FROM jobhost.job_types t WHERE t.name = job), payload)
+                END,
+                parent_id
          FROM (
              SELECT u.*, coalesce(u.at, now() + u.delay_ms * interval '1 millisecond') AS due
              FROM unnest($1::text[], $2::text[], $3::smallint[], $4::jsonb[], $5::int[], $6::timestamptz[],
-                         $7::bigint[], $8::text[], $9::bigint[])
-                 WITH ORDINALITY AS u(job, queue, priority, payload, max_attempts, at, delay_ms, concurrency_key,
+                         $7::bigint[], $8::bool[], $9::bigint[])
+                 WITH ORDINALITY AS u(job, queue, priority, payload, max_attempts, at, delay_ms, limited,
                                       parent_id, ord)
              ORDER BY u.ord
          ) input
-         RETURNING id",
+         RETURNING id, concurrency_key IS NOT NULL AND state = 'available'",
     )
     .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
@@ -56,11 +63,15 @@ async fn insert(conn: &mut PgConnection, jobs: &[PreparedJob]) -> Result<Vec<i64
     .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.concurrency_key.is_some()).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(ids.into_iter().map(|(id,)| id).collect())
+    let gated: Vec<i64> = rows.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
+    if !gated.is_empty() {
+        super::concurrency::admit(conn, &gated).await?;
+    }
+    Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
 
 pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob>> {
@@ -124,6 +135,28 @@ struct RequeueRows {
     progress: Vec<Option<Json<serde_json::Value>>>,
 }
 
+/// The (job type, key) of every slot a statement freed, one entry per slot.
+#[derive(Debug, Default)]
+pub(super) struct Slots {
+    pub(super) jobs: Vec<String>,
+    pub(super) keys: Vec<String>,
+}
+
+impl Slots {
+    /// Records a freed slot; a job without a key held none.
+    pub(super) fn push(&mut self, job: &str, key: Option<&str>) {
+        if let Some(key) = key {
+            self.jobs.push(job.to_string());
+            self.keys.push(key.to_string());
+        }
+    }
+
+    fn extend(&mut self, other: Slots) {
+        self.jobs.extend(other.jobs);
+        self.keys.extend(other.keys);
+    }
+}
+
 fn error_entry(attempt: i32, error: &str, log: &serde_json::Value) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "attempt": attempt, "error": error, "log": log }))
 }
@@ -155,9 +188,11 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<Fini
     }
 
     // Children must commit with their parent's completion (guarantee 9),
-    // so a batch with children is one transaction. Otherwise each statement
-    // stands alone: every row's effect is independent of the others', and
-    // one round trip instead of three is what keeps the hot path fast.
+    // and a slot is given back (and the next parked job promoted) only in
+    // the transaction that ends its holder's hold (guarantees 1 and 4), so
+    // such a batch is one transaction. Otherwise each statement stands
+    // alone: every row's effect is independent of the others', and one
+    // round trip instead of three is what keeps the hot path fast.
     let children = |archived: &HashSet<i64>| -> Vec<EnqueueParams> {
         finishes
             .iter()
@@ -173,16 +208,24 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<Fini
     let has_children = finishes
         .iter()
         .any(|f| matches!(&f.outcome, FinishOutcome::Completed { children, .. } if !children.is_empty()));
-    let archived = if has_children {
+    let limited = finishes.iter().any(|f| f.limited);
+    let (archived, requeued, any_available) = if has_children || limited {
         let mut tx = pool.begin().await?;
-        let archived = archive.write(&mut *tx).await?;
+        let (archived, mut slots) = archive.write(&mut *tx).await?;
+        let (requeued, any_available, requeued_slots) = requeue.write(&mut *tx).await?;
+        slots.extend(requeued_slots);
+        super::concurrency::release(&mut tx, &slots).await?;
         enqueue(&mut tx, &children(&archived)).await?;
+        if any_available {
+            super::notify_available(&mut tx).await?;
+        }
         tx.commit().await?;
-        archived
+        (archived, requeued, false)
     } else {
-        archive.write(pool).await?
+        let (archived, _) = archive.write(pool).await?;
+        let (requeued, any_available, _) = requeue.write(pool).await?;
+        (archived, requeued, any_available)
     };
-    let (requeued, any_available) = requeue.write(pool).await?;
     if any_available {
         let mut conn = pool.acquire().await?;
         super::notify_available(&mut conn).await?;
@@ -201,12 +244,13 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<Fini
 }
 
 impl ArchiveRows {
-    /// Archives the rows whose lease still matches; returns their ids.
-    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<HashSet<i64>> {
+    /// Archives the rows whose lease still matches; returns their ids and
+    /// the slots they held.
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, Slots)> {
         if self.ids.is_empty() {
-            return Ok(HashSet::new());
+            return Ok((HashSet::new(), Slots::default()));
         }
-        let rows: Vec<(i64,)> = sqlx::query_as(include_str!("sql/archive.sql"))
+        let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(include_str!("sql/archive.sql"))
             .bind(&self.ids)
             .bind(&self.tokens)
             .bind(&self.states)
@@ -216,18 +260,24 @@ impl ArchiveRows {
             .bind(&self.progress)
             .fetch_all(executor)
             .await?;
-        Ok(rows.into_iter().map(|(id,)| id).collect())
+        let mut slots = Slots::default();
+        for (_, job, key) in &rows {
+            slots.push(job, key.as_deref());
+        }
+        Ok((rows.into_iter().map(|(id, _, _)| id).collect(), slots))
     }
 }
 
 impl RequeueRows {
-    /// Requeues the rows whose lease still matches; returns their ids and
-    /// whether any became available at once.
-    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool)> {
+    /// Requeues the rows whose lease still matches; returns their ids,
+    /// whether any became available at once, and the slots of those that
+    /// went back to wait (a waiting job holds none; one available at once
+    /// keeps its slot).
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool, Slots)> {
         if self.ids.is_empty() {
-            return Ok((HashSet::new(), false));
+            return Ok((HashSet::new(), false, Slots::default()));
         }
-        let rows: Vec<(i64, String)> = sqlx::query_as(include_str!("sql/requeue.sql"))
+        let rows: Vec<(i64, String, String, Option<String>)> = sqlx::query_as(include_str!("sql/requeue.sql"))
             .bind(&self.ids)
             .bind(&self.tokens)
             .bind(&self.delays)
@@ -236,8 +286,14 @@ impl RequeueRows {
             .bind(&self.progress)
             .fetch_all(executor)
             .await?;
-        let any_available = rows.iter().any(|(_, state)| state == "available");
-        Ok((rows.into_iter().map(|(id, _)| id).collect(), any_available))
+        let any_available = rows.iter().any(|(_, state, _, _)| state == "available");
+        let mut slots = Slots::default();
+        for (_, state, job, key) in &rows {
+            if state == "scheduled" {
+                slots.push(job, key.as_deref());
+            }
+        }
+        Ok((rows.into_iter().map(|(id, _, _, _)| id).collect(), any_available, slots))
     }
 
     fn push(
@@ -290,28 +346,11 @@ async fn fail_parents_of_unknown_children(pool: &PgPool, finishes: &mut [Finish]
 }
 
 pub async fn promote_due(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<u64> {
-    let mut tx = pool.begin().await?;
-    // Locks: due scheduled rows, SKIP LOCKED, so concurrent sweeps split them.
-    let promoted = sqlx::query(
-        "WITH due AS (
-             SELECT id FROM jobhost.jobs
-             WHERE state = 'scheduled' AND run_at <= coalesce($1, now())
-             ORDER BY run_at
-             LIMIT 5000
-             FOR UPDATE SKIP LOCKED
-         )
-         UPDATE jobhost.jobs j SET state = 'available'
-         FROM due WHERE j.id = due.id",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if promoted > 0 {
-        super::notify_available(&mut tx).await?;
-    }
-    tx.commit().await?;
-    Ok(promoted)
+    // The gate, for jobs that have waited out a delay or a backoff; see
+    // jobhost.promote_due in 0004_concurrency.sql.
+    let promoted: i32 =
+        sqlx::query_scalar("SELECT jobhost.promote_due(coalesce($1, now()), 5000)").bind(now).fetch_one(pool).await?;
+    Ok(promoted as u64)
 }
 
 pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
@@ -334,6 +373,10 @@ pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
     priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id";
+const PARKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL::jsonb AS output,
+    errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
+    priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, NULL::timestamptz AS run_at,
+    NULL::text AS host_id, parent_id";
 const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, finished_at,
     priority, payload, max_attempts, errors, log, progress, NULL::timestamptz AS run_at, host_id, parent_id";
@@ -362,6 +405,8 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
         "SELECT * FROM (
              SELECT {LIVE_COLUMNS} FROM jobhost.jobs
              UNION ALL
+             SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs
+             UNION ALL
              SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
          ) all_jobs
          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job = $2)
@@ -376,6 +421,8 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
     // Built from constants only; every value is a bound parameter.
     let sql = format!(
         "SELECT {LIVE_COLUMNS} FROM jobhost.jobs WHERE id = $1
+         UNION ALL
+         SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs WHERE id = $1
          UNION ALL
          SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive WHERE id = $1"
     );
@@ -403,6 +450,8 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT state, queue, count(*) FROM jobhost.jobs GROUP BY 1, 2
          UNION ALL
+         SELECT 'blocked', queue, count(*) FROM jobhost.blocked_jobs GROUP BY 1, 2
+         UNION ALL
          SELECT state, queue, count(*) FROM jobhost.archive GROUP BY 1, 2",
     )
     .fetch_all(pool)
@@ -425,16 +474,15 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
 
 pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     let mut tx = pool.begin().await?;
-    // A scheduled job runs now. Locks: that row.
-    let promoted = sqlx::query(
-        "UPDATE jobhost.jobs SET state = 'available', run_at = now() WHERE id = $1 AND state = 'scheduled'",
-    )
-    .bind(id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    // A finished job that did not complete comes back with a fresh budget.
-    let revived = if promoted > 0 {
+    // A scheduled job runs now, or a finished job that did not complete
+    // comes back with a fresh budget; either way it passes the gate, as a
+    // new enqueue would. Locks: that row.
+    let due = sqlx::query("UPDATE jobhost.jobs SET run_at = now() WHERE id = $1 AND state = 'scheduled'")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let revived = if due > 0 {
         0
     } else {
         sqlx::query(
@@ -443,7 +491,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
                  RETURNING *)
              INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at,
                                        enqueued_at, concurrency_key, batch_id, parent_id, errors, progress)
-             SELECT id, job, queue, priority, payload, 'available', 0, max_attempts, now(),
+             SELECT id, job, queue, priority, payload, 'scheduled', 0, max_attempts, now(),
                     enqueued_at, concurrency_key, batch_id, parent_id, errors, progress
              FROM revived",
         )
@@ -452,9 +500,10 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
         .await?
         .rows_affected()
     };
-    if promoted + revived == 0 {
+    if due + revived == 0 {
         return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "retried").await? });
     }
+    super::concurrency::admit(&mut tx, &[id]).await?;
     super::notify_available(&mut tx).await?;
     tx.commit().await?;
     Ok(())
@@ -462,24 +511,45 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
 
 pub async fn cancel(pool: &PgPool, id: i64) -> Result<()> {
     let mut tx = pool.begin().await?;
-    // Locks: the job's row, if it is waiting.
-    let cancelled = sqlx::query(
+    // A waiting or available job, or a parked one, goes to the archive; an
+    // available limited job gives its slot back in the same transaction.
+    // Locks: the job's row, then its semaphore.
+    let cancelled: Option<(String, Option<String>)> = sqlx::query_as(
         "WITH cancelled AS (
-             DELETE FROM jobhost.jobs WHERE id = $1 AND state IN ('scheduled', 'available') RETURNING *)
-         INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
-                                      progress, enqueued_at, started_at, finished_at, concurrency_key, batch_id,
-                                      parent_id)
-         SELECT id, job, queue, priority, payload, 'cancelled', attempt, max_attempts, errors, progress,
-                enqueued_at, started_at, now(), concurrency_key, batch_id, parent_id
-         FROM cancelled",
+             DELETE FROM jobhost.jobs WHERE id = $1 AND state IN ('scheduled', 'available')
+             RETURNING *, state = 'available' AS held_slot
+         ),
+         unparked AS (
+             DELETE FROM jobhost.blocked_jobs WHERE id = $1
+             RETURNING id, job, queue, priority, payload, attempt, max_attempts, errors, progress, enqueued_at,
+                       started_at, concurrency_key, batch_id, parent_id, false AS held_slot
+         ),
+         gone AS (
+             SELECT id, job, queue, priority, payload, attempt, max_attempts, errors, progress, enqueued_at,
+                    started_at, concurrency_key, batch_id, parent_id, held_slot
+             FROM cancelled
+             UNION ALL
+             SELECT * FROM unparked
+         ),
+         archived AS (
+             INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                                          progress, enqueued_at, started_at, finished_at, concurrency_key, batch_id,
+                                          parent_id)
+             SELECT id, job, queue, priority, payload, 'cancelled', attempt, max_attempts, errors, progress,
+                    enqueued_at, started_at, now(), concurrency_key, batch_id, parent_id
+             FROM gone
+         )
+         SELECT job, CASE WHEN held_slot THEN concurrency_key END FROM gone",
     )
     .bind(id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if cancelled == 0 {
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((job, key)) = cancelled else {
         return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "cancelled").await? });
-    }
+    };
+    let mut slots = Slots::default();
+    slots.push(&job, key.as_deref());
+    super::concurrency::release(&mut tx, &slots).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -487,7 +557,9 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<()> {
 /// Explains why an operator action did not apply to a job.
 async fn state_reason(conn: &mut PgConnection, id: i64, action: &str) -> Result<String> {
     let state: Option<(String,)> = sqlx::query_as(
-        "SELECT state FROM jobhost.jobs WHERE id = $1 UNION ALL SELECT state FROM jobhost.archive WHERE id = $1",
+        "SELECT state FROM jobhost.jobs WHERE id = $1
+         UNION ALL SELECT state FROM jobhost.archive WHERE id = $1
+         UNION ALL SELECT 'blocked' FROM jobhost.blocked_jobs WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(conn)

@@ -29,8 +29,9 @@ pub async fn renew(pool: &PgPool, host_id: &str, leases: &[(i64, i64)]) -> Resul
 
 pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
     let mut tx = pool.begin().await?;
-    let (requeued, failed): (i64, i64) =
+    let (requeued, failed, jobs, keys): (i64, i64, Vec<String>, Vec<String>) =
         sqlx::query_as(include_str!("sql/expire.sql")).bind(now).fetch_one(&mut *tx).await?;
+    super::concurrency::release(&mut tx, &super::job::Slots { jobs, keys }).await?;
     if requeued > 0 {
         super::notify_available(&mut tx).await?;
         tracing::warn!(requeued, failed, "rescued jobs whose lease expired");

@@ -1,6 +1,7 @@
 //! The PostgreSQL backend: a fleet of hosts shares one database. Fetches use
 //! `FOR UPDATE SKIP LOCKED`; idle hosts wake on `LISTEN/NOTIFY`.
 
+mod concurrency;
 mod host;
 mod job;
 mod lease;
@@ -16,8 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
 use super::{
-    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, Result,
-    Stats, Store,
+    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
+    Result, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -164,6 +165,18 @@ impl Store for PgStore {
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
         job::promote_due(&self.pool, now).await
+    }
+
+    async fn parked_promote(&self, max_keys: i64) -> Result<u64> {
+        concurrency::promote_parked(&self.pool, max_keys).await
+    }
+
+    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>> {
+        concurrency::repair(&self.pool).await
+    }
+
+    async fn concurrency(&self) -> Result<Vec<KeyStatus>> {
+        concurrency::status(&self.pool).await
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {

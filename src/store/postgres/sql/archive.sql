@@ -2,6 +2,7 @@
 -- the live table to the archive, appending the attempt's error if any.
 -- Locks: the matched job rows (DELETE); a row whose token changed (another
 -- host owns it now) is not matched and stays untouched (guarantee 5).
+-- Returns each archived job's type and key: the slot it gave up.
 WITH input AS (
     SELECT *
     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::jsonb[])
@@ -23,4 +24,4 @@ SELECT e.id, e.job, e.queue, e.priority, e.payload, i.state, e.attempt, e.max_at
        e.enqueued_at, e.started_at, now(), e.host_id, e.concurrency_key, e.batch_id, e.parent_id
 FROM ended e
 JOIN input i ON i.id = e.id
-RETURNING id
+RETURNING id, job, concurrency_key

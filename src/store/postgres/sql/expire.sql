@@ -1,6 +1,8 @@
 -- Rescues jobs whose host stopped renewing their lease: back to available
 -- with a note of what happened, or to the archive as failed when the
 -- attempt that expired was the last. The database clock decides (guarantee 10).
+-- A requeued job keeps its concurrency slot (it is redelivered, and nothing
+-- else may run beside it); a failed one's slot is returned for release.
 -- Locks: expired running rows, SKIP LOCKED, so sweeps on several hosts
 -- split the work instead of queueing behind each other.
 WITH expired AS (
@@ -30,7 +32,7 @@ archived AS (
     SELECT id, job, queue, priority, payload, 'failed', attempt, max_attempts, new_errors, progress,
            enqueued_at, started_at, now(), host_id, concurrency_key, batch_id, parent_id
     FROM failed
-    RETURNING id
+    RETURNING id, job, concurrency_key
 ),
 requeued AS (
     UPDATE jobhost.jobs j
@@ -40,4 +42,7 @@ requeued AS (
     WHERE j.id = n.id AND NOT n.spent
     RETURNING j.id
 )
-SELECT (SELECT count(*) FROM requeued), (SELECT count(*) FROM archived)
+SELECT (SELECT count(*) FROM requeued),
+       (SELECT count(*) FROM archived),
+       (SELECT coalesce(array_agg(job), '{}') FROM archived WHERE concurrency_key IS NOT NULL),
+       (SELECT coalesce(array_agg(concurrency_key), '{}') FROM archived WHERE concurrency_key IS NOT NULL)

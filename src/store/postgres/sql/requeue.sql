@@ -2,6 +2,8 @@
 -- host stopped (which gives its attempt back). A job due now becomes
 -- available at once; otherwise it is scheduled and the due-job sweep picks it up.
 -- Locks: the matched job rows; a stale lease token matches nothing.
+-- Returns each job's new state with its type and key: a limited job that
+-- goes back to wait gives up its slot.
 WITH input AS (
     SELECT *
     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::jsonb[], $6::jsonb[])
@@ -20,4 +22,4 @@ SET state = CASE WHEN i.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
     host_id = NULL
 FROM input i
 WHERE j.id = i.id AND j.lease_token = i.lease_token
-RETURNING j.id, j.state
+RETURNING j.id, j.state, j.job, j.concurrency_key

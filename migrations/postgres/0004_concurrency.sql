@@ -1,0 +1,350 @@
+-- Per-key concurrency limits: semaphores, parked jobs, and the gate that
+-- every path to "runnable" goes through (a new enqueue, a delayed or
+-- retrying job that has come due, the promotion of a parked job).
+--
+-- The invariant everything here keeps: a job with a concurrency key holds
+-- one slot of its (job, key) semaphore exactly while it is in jobhost.jobs
+-- as 'available' or 'running'. So a slot is taken only together with that
+-- state change and given back only by the transaction that moves the job
+-- out of it (to the archive, or back to 'scheduled' to wait).
+--
+-- Lock order, kept by every transaction here so none deadlock: job rows
+-- first, then semaphore rows in (job, key) order. Parked rows are only
+-- ever locked with SKIP LOCKED, so they never make anyone wait.
+
+-- One row per (job type, key) with slots taken; deleted when the last is given back.
+CREATE TABLE jobhost.semaphores (
+    job        text        NOT NULL,
+    key        text        NOT NULL,
+    holders    integer     NOT NULL CHECK (holders >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job, key)
+);
+
+-- Jobs waiting for a slot of their key. Nothing expires them: the only ways
+-- out are promotion and an operator's cancel.
+CREATE TABLE jobhost.blocked_jobs (
+    id              bigint PRIMARY KEY,
+    job             text        NOT NULL,
+    queue           text        NOT NULL,
+    priority        smallint    NOT NULL,
+    payload         jsonb       NOT NULL,
+    attempt         integer     NOT NULL,
+    max_attempts    integer     NOT NULL,
+    enqueued_at     timestamptz NOT NULL,
+    started_at      timestamptz,
+    concurrency_key text        NOT NULL,
+    batch_id        bigint,
+    parent_id       bigint,
+    errors          jsonb       NOT NULL,
+    progress        jsonb,
+    parked_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- Promotion order within a key: highest priority (lowest number) first, then oldest.
+CREATE INDEX blocked_jobs_next ON jobhost.blocked_jobs (job, concurrency_key, priority, parked_at, id);
+
+-- The repair sweep counts the live holders of every key.
+CREATE INDEX jobs_holders ON jobhost.jobs (job, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND state IN ('available', 'running');
+
+-- A job type's current limit; unlimited (the largest integer) when the
+-- type no longer declares one, so jobs keyed under an old version still
+-- count their slots but are never held back.
+CREATE FUNCTION jobhost.slot_limit(job_type text) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT (t.config -> 'concurrency' ->> 'limit')::integer FROM jobhost.job_types t WHERE t.name = job_type),
+        2147483647)
+$$;
+
+-- THE GATE's guarded upsert: takes one of slot_limit slots of (job, key) and
+-- returns true, or returns false when all are taken. Either way the row stays
+-- locked until the caller commits (ON CONFLICT DO UPDATE locks the row even
+-- when its WHERE is false), so a holder giving its slot back at this moment
+-- waits, and then sees whatever the caller parked.
+CREATE FUNCTION jobhost.take_slot(job_type text, slot_key text, slot_limit integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken boolean;
+BEGIN
+    INSERT INTO jobhost.semaphores AS s (job, key, holders) VALUES (job_type, slot_key, 1)
+    ON CONFLICT (job, key) DO UPDATE SET holders = s.holders + 1, updated_at = now()
+    WHERE s.holders < slot_limit
+    RETURNING true INTO taken;
+    RETURN coalesce(taken, false);
+END;
+$$;
+
+-- Moves one job from jobhost.jobs to the parked table, keeping its payload
+-- document as it is.
+CREATE FUNCTION jobhost.park(job_id bigint) RETURNS void
+LANGUAGE sql AS $$
+    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = job_id RETURNING *)
+    INSERT INTO jobhost.blocked_jobs (id, job, queue, priority, payload, attempt, max_attempts, enqueued_at,
+                                      started_at, concurrency_key, batch_id, parent_id, errors, progress)
+    SELECT id, job, queue, priority, payload, attempt, max_attempts, enqueued_at,
+           started_at, concurrency_key, batch_id, parent_id, errors, progress
+    FROM moved
+$$;
+
+-- Moves one job from jobhost.jobs to the archive as discarded, noting why.
+CREATE FUNCTION jobhost.discard(job_id bigint, reason text) RETURNS void
+LANGUAGE sql AS $$
+    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = job_id RETURNING *)
+    INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
+                                 enqueued_at, started_at, finished_at, concurrency_key, batch_id, parent_id)
+    SELECT id, job, queue, priority, payload, 'discarded', attempt, max_attempts,
+           errors || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', now(), 'error', reason)),
+           progress, enqueued_at, started_at, now(), concurrency_key, batch_id, parent_id
+    FROM moved
+$$;
+
+-- THE GATE. Decides the jobs (rows of jobhost.jobs, new or come due) that
+-- are to become runnable now. A job without a key becomes available. A
+-- limited job takes a slot and becomes available, or meets its type's
+-- on_conflict: 'block' parks it, 'discard' archives it as discarded, 'raise'
+-- aborts the caller's transaction with SQLSTATE JHL01 when an enqueuer is
+-- waiting for the answer (enqueuer_waiting), and discards it otherwise (a
+-- delayed job coming due has nobody to tell). Keys are taken in (job, key)
+-- order, so concurrent gates never deadlock. Returns how many became available.
+CREATE FUNCTION jobhost.admit(job_ids bigint[], enqueuer_waiting boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    slot_limit integer;
+    on_conflict text;
+    reason text;
+    admitted integer;
+BEGIN
+    UPDATE jobhost.jobs SET state = 'available'
+    WHERE id = ANY(job_ids) AND concurrency_key IS NULL AND state <> 'available';
+    SELECT count(*) INTO admitted FROM jobhost.jobs WHERE id = ANY(job_ids) AND concurrency_key IS NULL;
+    FOR j IN
+        SELECT id, job, concurrency_key FROM jobhost.jobs
+        WHERE id = ANY(job_ids) AND concurrency_key IS NOT NULL
+        ORDER BY job, concurrency_key, id
+    LOOP
+        slot_limit := jobhost.slot_limit(j.job);
+        IF jobhost.take_slot(j.job, j.concurrency_key, slot_limit) THEN
+            UPDATE jobhost.jobs SET state = 'available' WHERE id = j.id AND state <> 'available';
+            admitted := admitted + 1;
+            CONTINUE;
+        END IF;
+        SELECT coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') INTO on_conflict
+        FROM jobhost.job_types t WHERE t.name = j.job;
+        reason := format('concurrency limit reached: all %s slots of key "%s" are taken', slot_limit,
+                         j.concurrency_key);
+        IF on_conflict = 'raise' AND enqueuer_waiting THEN
+            RAISE EXCEPTION 'job "%" refused: %', j.job, reason USING ERRCODE = 'JHL01';
+        ELSIF on_conflict IN ('discard', 'raise') THEN
+            PERFORM jobhost.discard(j.id, reason);
+        ELSE
+            PERFORM jobhost.park(j.id);
+        END IF;
+    END LOOP;
+    RETURN admitted;
+END;
+$$;
+
+-- Promotes parked jobs of one key while it has free slots, highest priority
+-- then oldest first, each taking its slot through take_slot (so a promotion
+-- can never over-admit). A parked row locked by someone else (an operator's
+-- cancel, another promotion) is skipped, never waited for. Returns how many moved.
+CREATE FUNCTION jobhost.promote_parked(job_type text, slot_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    slot_limit integer := jobhost.slot_limit(job_type);
+    next_id bigint;
+    moved integer := 0;
+BEGIN
+    LOOP
+        SELECT b.id INTO next_id FROM jobhost.blocked_jobs b
+        WHERE b.job = job_type AND b.concurrency_key = slot_key
+        ORDER BY b.priority, b.parked_at, b.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN next_id IS NULL OR NOT jobhost.take_slot(job_type, slot_key, slot_limit);
+        WITH p AS (DELETE FROM jobhost.blocked_jobs WHERE id = next_id RETURNING *)
+        INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at,
+                                  enqueued_at, started_at, concurrency_key, batch_id, parent_id, errors, progress)
+        SELECT id, job, queue, priority, payload, 'available', attempt, max_attempts, now(),
+               enqueued_at, started_at, concurrency_key, batch_id, parent_id, errors, progress
+        FROM p;
+        moved := moved + 1;
+    END LOOP;
+    RETURN moved;
+END;
+$$;
+
+-- Gives back one slot per (job, key) pair listed (a pair listed twice gives
+-- two), and in the same transaction hands the freed slots to parked jobs.
+-- Each semaphore row is locked (by the UPDATE) before the parked table is
+-- read, in a statement of its own: a job parked by a gate that held the row
+-- until it committed is seen. Keys are taken in order, so concurrent
+-- releases never deadlock. Returns how many parked jobs were promoted.
+CREATE FUNCTION jobhost.release_slots(job_types text[], slot_keys text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    promoted integer := 0;
+BEGIN
+    FOR r IN
+        SELECT t.job, t.key, count(*)::integer AS n
+        FROM unnest(job_types, slot_keys) AS t(job, key)
+        WHERE t.key IS NOT NULL
+        GROUP BY 1, 2
+        ORDER BY 1, 2
+    LOOP
+        UPDATE jobhost.semaphores s SET holders = greatest(s.holders - r.n, 0), updated_at = now()
+        WHERE s.job = r.job AND s.key = r.key;
+        promoted := promoted + jobhost.promote_parked(r.job, r.key);
+        DELETE FROM jobhost.semaphores s WHERE s.job = r.job AND s.key = r.key AND s.holders = 0;
+    END LOOP;
+    RETURN promoted;
+END;
+$$;
+
+-- Keys that have parked jobs and could take a slot now (no semaphore row,
+-- or fewer holders than the limit), oldest parked job first. The sweep
+-- promotes these, so a crowd of keys whose slots are all busy is never read
+-- past the parked table's grouping and cannot starve a key with a free slot.
+CREATE FUNCTION jobhost.promotable_keys(max_keys integer)
+RETURNS TABLE (job text, key text)
+LANGUAGE sql STABLE AS $$
+    SELECT b.job, b.concurrency_key
+    FROM jobhost.blocked_jobs b
+    LEFT JOIN jobhost.semaphores s ON s.job = b.job AND s.key = b.concurrency_key
+    WHERE s.job IS NULL OR s.holders < jobhost.slot_limit(b.job)
+    GROUP BY b.job, b.concurrency_key
+    ORDER BY min(b.parked_at)
+    LIMIT max_keys
+$$;
+
+-- Sets each semaphore's holder count to the number of live jobs that hold
+-- its slots, where the two disagree (after rows were changed or deleted by
+-- hand), and recreates missing rows. Rows in use right now are skipped and
+-- checked on the next pass: whoever holds one is changing it consistently.
+-- Returns what it changed.
+CREATE FUNCTION jobhost.repair_semaphores()
+RETURNS TABLE (job text, key text, recorded integer, actual integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    locked_jobs text[];
+    locked_keys text[];
+BEGIN
+    -- Locking first, then counting in later statements (which see every
+    -- commit made before the locks were granted) keeps the count exact.
+    SELECT array_agg(l.job), array_agg(l.key) INTO locked_jobs, locked_keys
+    FROM (SELECT s.job, s.key FROM jobhost.semaphores s ORDER BY s.job, s.key FOR UPDATE SKIP LOCKED) l;
+    RETURN QUERY
+    WITH fixes AS (
+        SELECT s.job, s.key, s.holders AS recorded, coalesce(live.n, 0)::integer AS actual
+        FROM jobhost.semaphores s
+        JOIN unnest(locked_jobs, locked_keys) AS k(job, key) ON k.job = s.job AND k.key = s.key
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM jobhost.jobs j
+            WHERE j.job = s.job AND j.concurrency_key = s.key AND j.state IN ('available', 'running')
+        ) live
+        WHERE s.holders <> live.n
+    ),
+    fixed AS (
+        UPDATE jobhost.semaphores s SET holders = f.actual, updated_at = now()
+        FROM fixes f WHERE s.job = f.job AND s.key = f.key
+        RETURNING s.job
+    )
+    SELECT f.job, f.key, f.recorded, f.actual FROM fixes f;
+    -- Holders whose row is gone get a row with their count. A gate creating
+    -- the same row at this moment wins (DO NOTHING); the next pass checks it.
+    RETURN QUERY
+    WITH live AS (
+        SELECT j.job, j.concurrency_key AS key, count(*)::integer AS n
+        FROM jobhost.jobs j
+        WHERE j.concurrency_key IS NOT NULL AND j.state IN ('available', 'running')
+          AND NOT EXISTS (SELECT 1 FROM jobhost.semaphores s WHERE s.job = j.job AND s.key = j.concurrency_key)
+        GROUP BY 1, 2
+    ),
+    created AS (
+        INSERT INTO jobhost.semaphores AS s (job, key, holders)
+        SELECT live.job, live.key, live.n FROM live
+        ON CONFLICT DO NOTHING
+        RETURNING s.job, s.key, s.holders
+    )
+    SELECT c.job, c.key, 0, c.holders FROM created c;
+END;
+$$;
+
+-- Scheduled jobs that have come due pass the gate. Locks: the due rows,
+-- SKIP LOCKED, so concurrent sweeps split them; then their semaphores in order.
+CREATE FUNCTION jobhost.promote_due(due_by timestamptz, max_jobs integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    due_ids bigint[];
+    admitted integer;
+BEGIN
+    SELECT array_agg(d.id) INTO due_ids FROM (
+        SELECT id FROM jobhost.jobs
+        WHERE state = 'scheduled' AND run_at <= due_by
+        ORDER BY run_at
+        LIMIT max_jobs
+        FOR UPDATE SKIP LOCKED
+    ) d;
+    IF due_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    admitted := jobhost.admit(due_ids, false);
+    IF admitted > 0 THEN
+        PERFORM pg_notify('jobhost_available', '');
+    END IF;
+    RETURN cardinality(due_ids);
+END;
+$$;
+
+-- The SQL enqueue goes through the same gate as every other.
+CREATE OR REPLACE FUNCTION jobhost.enqueue(
+    job text,
+    payload jsonb,
+    queue text DEFAULT NULL,
+    priority smallint DEFAULT NULL,
+    run_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    config jsonb;
+    new_id bigint;
+    due timestamptz := greatest(coalesce(run_at, now()), now());
+    chosen_queue text;
+BEGIN
+    SELECT t.config INTO config FROM jobhost.job_types t WHERE t.name = job;
+    IF config IS NULL THEN
+        RAISE EXCEPTION 'unknown job type "%": no host has loaded a component for it', job USING ERRCODE = '22023';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'payload of job "%" must be a JSON object', job USING ERRCODE = '22023';
+    END IF;
+    chosen_queue := coalesce(queue, config ->> 'queue');
+    IF chosen_queue !~ '^[a-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'queue "%" must be 1 to 128 characters of a-z, 0-9, _, . and -', chosen_queue
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobhost.jobs (job, queue, priority, payload, state, max_attempts, run_at, concurrency_key)
+    VALUES (
+        job,
+        chosen_queue,
+        coalesce(priority, (config ->> 'priority')::smallint),
+        payload,
+        CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END,
+        (config ->> 'max_attempts')::integer,
+        due,
+        CASE WHEN jsonb_typeof(config -> 'concurrency') = 'object'
+             THEN jobhost.render_key(config -> 'concurrency' ->> 'key', payload) END
+    )
+    RETURNING id INTO new_id;
+    IF due <= now() THEN
+        PERFORM jobhost.admit(ARRAY[new_id], true);
+    END IF;
+    RETURN new_id;
+END;
+$$;

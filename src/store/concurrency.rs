@@ -1,0 +1,47 @@
+//! Per-key concurrency: what operators see of slots and parked jobs, and
+//! what the repair sweep reports. The gate itself is SQL, in the backends.
+
+use serde::Serialize;
+
+/// One key of a limited job type.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyStatus {
+    /// The job type.
+    pub job: String,
+    /// The rendered key.
+    pub key: String,
+    /// The type's current limit (none when its latest version declares no limit).
+    pub limit: Option<i32>,
+    /// Slots taken, as the semaphore records them.
+    pub holders: i32,
+    /// The live jobs holding those slots.
+    pub holding: Vec<Holder>,
+    /// Jobs parked until a slot frees.
+    pub parked: i64,
+    /// Seconds the oldest parked job has waited.
+    pub oldest_parked_secs: Option<f64>,
+}
+
+/// A job holding a slot.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Holder {
+    /// The job's id.
+    pub id: i64,
+    /// `available` (admitted, not yet fetched) or `running`.
+    pub state: String,
+    /// The host running it, if running.
+    pub host_id: Option<String>,
+}
+
+/// A semaphore the repair sweep corrected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SemaphoreFix {
+    /// The job type.
+    pub job: String,
+    /// The key.
+    pub key: String,
+    /// The holder count it had.
+    pub recorded: i32,
+    /// The live jobs that hold its slots, which it now has.
+    pub actual: i32,
+}

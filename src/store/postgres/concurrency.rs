@@ -1,0 +1,134 @@
+//! Per-key concurrency in PostgreSQL: the calls into the gate, release,
+//! sweep and repair functions of 0004_concurrency.sql (where the locking is
+//! explained), and the operator's view of keys.
+
+use sqlx::{PgConnection, PgPool};
+
+use super::job::Slots;
+use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix};
+
+/// The SQLSTATE with which the gate refuses a job whose type says `raise`.
+const LIMIT_REACHED: &str = "JHL01";
+
+/// Passes jobs just written to `jobhost.jobs` through the gate, in the
+/// caller's transaction; an enqueuer is waiting, so `raise` is an error.
+pub async fn admit(conn: &mut PgConnection, ids: &[i64]) -> Result<()> {
+    sqlx::query("SELECT jobhost.admit($1, true)").bind(ids).execute(conn).await.map_err(limit_reached)?;
+    Ok(())
+}
+
+/// Turns the gate's refusal into [`Error::LimitReached`].
+pub fn limit_reached(error: sqlx::Error) -> Error {
+    match &error {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(LIMIT_REACHED) => {
+            Error::LimitReached(db.message().to_string())
+        }
+        _ => Error::Database(error),
+    }
+}
+
+/// Gives back freed slots and promotes parked jobs into them, in the
+/// caller's transaction (the one that ended the holders' hold).
+pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
+    if slots.jobs.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT jobhost.release_slots($1, $2)").bind(&slots.jobs).bind(&slots.keys).execute(conn).await?;
+    Ok(())
+}
+
+pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
+    let keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.promotable_keys($1)")
+        .bind(max_keys as i32)
+        .fetch_all(pool)
+        .await?;
+    // One transaction per key: a key's promotion locks only that key, so the
+    // sweep never holds one semaphore while waiting for another.
+    let mut promoted = 0;
+    for (job, key) in keys {
+        let moved: i32 =
+            sqlx::query_scalar("SELECT jobhost.promote_parked($1, $2)").bind(&job).bind(&key).fetch_one(pool).await?;
+        promoted += moved as u64;
+    }
+    if promoted > 0 {
+        tracing::info!(promoted, "promoted parked jobs into free slots");
+    }
+    Ok(promoted)
+}
+
+pub async fn promote_parked_of_types(conn: &mut PgConnection, job_types: &[String]) -> Result<u64> {
+    if job_types.is_empty() {
+        return Ok(0);
+    }
+    // Keys in order, as every multi-key transaction takes them.
+    let promoted: Option<i64> = sqlx::query_scalar(
+        "SELECT sum(jobhost.promote_parked(k.job, k.key))::bigint
+         FROM (SELECT DISTINCT job, concurrency_key AS key FROM jobhost.blocked_jobs
+               WHERE job = ANY($1) ORDER BY 1, 2) k",
+    )
+    .bind(job_types)
+    .fetch_one(conn)
+    .await?;
+    Ok(promoted.unwrap_or(0) as u64)
+}
+
+pub async fn repair(pool: &PgPool) -> Result<Vec<SemaphoreFix>> {
+    let fixes: Vec<(String, String, i32, i32)> =
+        sqlx::query_as("SELECT job, key, recorded, actual FROM jobhost.repair_semaphores()").fetch_all(pool).await?;
+    for (job, key, recorded, actual) in &fixes {
+        tracing::warn!(job, key, recorded, actual, "repaired a semaphore whose holder count disagreed with its jobs");
+    }
+    Ok(fixes.into_iter().map(|(job, key, recorded, actual)| SemaphoreFix { job, key, recorded, actual }).collect())
+}
+
+pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {
+    let rows: Vec<KeyRow> = sqlx::query_as(
+        "WITH keys AS (
+                 SELECT job, key FROM jobhost.semaphores
+                 UNION
+                 SELECT DISTINCT job, concurrency_key FROM jobhost.blocked_jobs
+             )
+             SELECT k.job, k.key,
+                    (SELECT (t.config -> 'concurrency' ->> 'limit')::integer
+                     FROM jobhost.job_types t WHERE t.name = k.job) AS \"limit\",
+                    coalesce(s.holders, 0) AS holders,
+                    coalesce((SELECT jsonb_agg(jsonb_build_object('id', j.id, 'state', j.state, 'host_id', j.host_id)
+                                               ORDER BY j.id)
+                              FROM jobhost.jobs j
+                              WHERE j.job = k.job AND j.concurrency_key = k.key
+                                AND j.state IN ('available', 'running')), '[]') AS holding,
+                    (SELECT count(*) FROM jobhost.blocked_jobs b
+                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS parked,
+                    (SELECT extract(epoch FROM now() - min(b.parked_at))::float8
+                     FROM jobhost.blocked_jobs b
+                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest_parked_secs
+             FROM keys k
+             LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
+             ORDER BY k.job, k.key",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| KeyStatus {
+            job: r.job,
+            key: r.key,
+            limit: r.limit,
+            holders: r.holders,
+            holding: r.holding.0,
+            parked: r.parked,
+            oldest_parked_secs: r.oldest_parked_secs,
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    job: String,
+    key: String,
+    limit: Option<i32>,
+    holders: i32,
+    holding: sqlx::types::Json<Vec<Holder>>,
+    parked: i64,
+    oldest_parked_secs: Option<f64>,
+}
