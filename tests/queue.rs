@@ -7,12 +7,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome, FinishResult, JobFilter, JobState, Store};
+use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState, Store};
 use jobhost::types::ChildJob;
 use serde_json::json;
 
 use common::db::TestDb;
-use common::{TestHost, eventually, job_config};
+use common::{TestHost, completed, eventually, fetch_params, finish, job_config};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -23,36 +23,11 @@ async fn db_with_types(names: &[&str]) -> TestDb {
     db
 }
 
-fn fetch_params(host: &str, types: &[&str], limit: i64) -> FetchParams {
-    FetchParams {
-        host_id: host.into(),
-        queues: vec!["default".into()],
-        job_types: types.iter().map(|t| (t.to_string(), 30)).collect(),
-        limit,
-    }
-}
-
-fn finish(job: &jobhost::store::FetchedJob, outcome: FinishOutcome) -> Finish {
-    Finish {
-        id: job.id,
-        lease_token: job.lease_token,
-        limited: job.concurrency_key.is_some(),
-        attempt: job.attempt,
-        outcome,
-        log: json!({}),
-        progress: None,
-    }
-}
-
 /// Two jobs of type `job`, enqueued and leased to host "h".
 async fn two_running(db: &TestDb, job: &str) -> Vec<jobhost::store::FetchedJob> {
     let jobs = [EnqueueParams::new(job, json!({})), EnqueueParams::new(job, json!({}))];
     db.store.job_enqueue(&jobs).await.unwrap();
     db.store.job_fetch(&fetch_params("h", &[job], 2)).await.unwrap()
-}
-
-fn completed() -> FinishOutcome {
-    FinishOutcome::Completed { output: Some(json!({"ok": true})), children: Vec::new() }
 }
 
 #[tokio::test]

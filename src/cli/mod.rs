@@ -69,10 +69,19 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Cancel a job that is waiting (scheduled or available).
+    /// Cancel a job that is not running: scheduled, available or parked.
     Cancel {
         /// The job's id.
         id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Per concurrency key: its limit, the jobs holding its slots (and their
+    /// hosts), how many jobs are parked and how long the oldest has waited.
+    Concurrency {
+        /// One JSON object per key, one per line.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         db: DbArgs,
     },
@@ -192,6 +201,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Stats { json, db } => queue::stats(json, &db).await,
             Command::Retry { id, db } => queue::retry(id, &db).await,
             Command::Cancel { id, db } => queue::cancel(id, &db).await,
+            Command::Concurrency { json, db } => queue::concurrency(json, &db).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec { file, payload, attempt, json, runtime } => {
                 components::exec(file, &payload, attempt, json, &runtime).await
@@ -204,6 +214,16 @@ pub fn main(cli: Cli) -> ExitCode {
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(2)
+}
+
+/// A store error, with exit code 3 when a concurrency limit refused the job
+/// (`on_conflict = raise`), so scripts can tell "full" from "broken".
+fn fail_store(error: crate::store::Error) -> ExitCode {
+    if matches!(error, crate::store::Error::LimitReached(_)) {
+        eprintln!("error: {error}");
+        return ExitCode::from(3);
+    }
+    fail(error)
 }
 
 fn start_runtime(args: &RuntimeArgs) -> Result<Runtime, ExitCode> {

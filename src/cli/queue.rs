@@ -1,5 +1,5 @@
 //! Commands that work on the database: `run`, `migrate`, `enqueue`, `jobs`,
-//! `job`, `stats`, `retry` and `cancel`.
+//! `job`, `stats`, `retry`, `cancel` and `concurrency`.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use super::{DbArgs, RuntimeArgs, fail};
+use super::{DbArgs, RuntimeArgs, fail, fail_store};
 use crate::maintenance::MaintenanceConfig;
 use crate::store::{EnqueueParams, JobFilter, JobState, Store};
 use crate::worker::WorkerConfig;
@@ -200,7 +200,7 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
                     }
                 }
             }
-            Err(error) => return fail(error),
+            Err(error) => return fail_store(error),
         }
     }
     ExitCode::SUCCESS
@@ -347,6 +347,42 @@ where
             println!("{done}");
             ExitCode::SUCCESS
         }
-        Err(error) => fail(error),
+        Err(error) => fail_store(error),
     }
+}
+
+pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let keys = match store.concurrency().await {
+        Ok(keys) => keys,
+        Err(error) => return fail(error),
+    };
+    for key in &keys {
+        if json {
+            println!("{}", serde_json::to_string(key).unwrap_or_default());
+            continue;
+        }
+        let limit = key.limit.map_or("none".to_string(), |l| l.to_string());
+        let holding: Vec<String> = key
+            .holding
+            .iter()
+            .map(|h| match &h.host_id {
+                Some(host) => format!("{} on {host}", h.id),
+                None => format!("{} ({})", h.id, h.state),
+            })
+            .collect();
+        let oldest = key.oldest_parked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
+        println!(
+            "{} {:?}: {}/{limit} slots [{}], {} parked{oldest}",
+            key.job,
+            key.key,
+            key.holders,
+            holding.join(", "),
+            key.parked
+        );
+    }
+    ExitCode::SUCCESS
 }

@@ -160,3 +160,31 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A fetch by host `host` of up to `limit` jobs of `types` from the default queue.
+pub fn fetch_params(host: &str, types: &[&str], limit: i64) -> jobhost::store::FetchParams {
+    jobhost::store::FetchParams {
+        host_id: host.into(),
+        queues: vec!["default".into()],
+        job_types: types.iter().map(|t| (t.to_string(), 30)).collect(),
+        limit,
+    }
+}
+
+/// The end of a fetched job's run, as a worker would write it.
+pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishOutcome) -> jobhost::store::Finish {
+    jobhost::store::Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        limited: job.concurrency_key.is_some(),
+        attempt: job.attempt,
+        outcome,
+        log: serde_json::json!({}),
+        progress: None,
+    }
+}
+
+/// A successful run with no children.
+pub fn completed() -> jobhost::store::FinishOutcome {
+    jobhost::store::FinishOutcome::Completed { output: Some(serde_json::json!({"ok": true})), children: Vec::new() }
+}

@@ -1,0 +1,432 @@
+//! Per-key concurrency limits against a real PostgreSQL: the gate, parking,
+//! promotion, the sweep and the repair (DESIGN.md guarantees 1-4 and 7), one
+//! test per bug class the job systems we descend from shipped.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use jobhost::store::{EnqueueParams, Error, FetchedJob, FinishOutcome, FinishResult, JobState, Store};
+use jobhost::template::KeyTemplate;
+use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict};
+use serde_json::json;
+
+use common::db::TestDb;
+use common::{TestHost, completed, eventually, fetch_params, finish, job_config};
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// Registers `name` limited to `limit` runs per payload `key`; `version`
+/// stands for the component's digest, so a new version can change the limit.
+async fn limited_type(db: &TestDb, name: &str, limit: u32, on_conflict: OnConflict, version: &str) {
+    let mut config = job_config(name);
+    config.concurrency =
+        Some(ConcurrencyConfig { limit, key: KeyTemplate::parse("{key}").unwrap(), duration_secs: 30, on_conflict });
+    db.store.job_types_register(&[(config, version.to_string())]).await.unwrap();
+}
+
+fn keyed(job: &str, key: &str) -> EnqueueParams {
+    EnqueueParams::new(job, json!({ "key": key }))
+}
+
+async fn enqueue(db: &TestDb, job: &str, key: &str) -> i64 {
+    db.store.job_enqueue(&[keyed(job, key)]).await.unwrap()[0]
+}
+
+async fn fetch(db: &TestDb, job: &str, limit: i64) -> Vec<FetchedJob> {
+    db.store.job_fetch(&fetch_params("h", &[job], limit)).await.unwrap()
+}
+
+async fn state_of(db: &TestDb, id: i64) -> JobState {
+    db.store.job_get(id).await.unwrap().expect("job exists").row.state
+}
+
+async fn holders(db: &TestDb, job: &str, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT coalesce(sum(holders), 0)::bigint FROM jobhost.semaphores WHERE job = $1 AND key = $2")
+        .bind(job)
+        .bind(key)
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+fn maintenance(db: &TestDb) -> jobhost::maintenance::Maintenance {
+    jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap()
+}
+
+#[tokio::test]
+async fn a_parked_job_is_promoted_however_long_it_waited() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    enqueue(&db, "lim", "k").await;
+    let parked = enqueue(&db, "lim", "k").await;
+    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    let holder = fetch(&db, "lim", 10).await.remove(0);
+
+    // Parked for a day, a thousand times its key's duration: sweeps pass over it.
+    sqlx::query(
+        "UPDATE jobhost.blocked_jobs SET parked_at = now() - interval '1 day', enqueued_at = now() - interval '1 day'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        maintenance(&db).run_once(None).await.unwrap();
+    }
+    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "still parked while the holder runs");
+
+    db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
+    assert_eq!(state_of(&db, parked).await, JobState::Available, "promoted by the holder's completion");
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself() {
+    let db = TestDb::new().await;
+    // `serial`: limit 1 per key, duration 1 s (the floor at twice the 200 ms heartbeat).
+    let host = TestHost::start(&db, &["serial"], |_| {}).await;
+    let long = db.store.job_enqueue(&[EnqueueParams::new("serial", json!({"key": "k", "ms": 3500}))]).await.unwrap()[0];
+    eventually(WITHIN, || async { state_of(&db, long).await == JobState::Running }).await;
+    let next = db.store.job_enqueue(&[EnqueueParams::new("serial", json!({"key": "k", "ms": 0}))]).await.unwrap()[0];
+    eventually(WITHIN, || async { state_of(&db, next).await == JobState::Completed }).await;
+    host.stop().await;
+
+    let long = db.store.job_get(long).await.unwrap().unwrap();
+    let next = db.store.job_get(next).await.unwrap().unwrap();
+    assert_eq!(long.row.state, JobState::Completed);
+    assert_eq!(long.row.attempts, 1, "never presumed dead: {:?}", long.errors);
+    let (long_out, next_out) = (long.row.output.unwrap(), next.row.output.unwrap());
+    assert!(
+        long_out["ended_ms"].as_u64().unwrap() - long_out["started_ms"].as_u64().unwrap() >= 3000,
+        "ran past three durations"
+    );
+    assert!(
+        next_out["started_ms"].as_u64().unwrap() >= long_out["ended_ms"].as_u64().unwrap(),
+        "the second run started only after the first ended: {long_out} {next_out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parks_racing_finishing_holders_strand_nothing() {
+    const ENQUEUERS: usize = 4;
+    const PER_ENQUEUER: usize = 150;
+    const WORKERS: usize = 8;
+    const LIMIT: i64 = 2;
+    let db = Arc::new(TestDb::new().await);
+    limited_type(&db, "lim", LIMIT as u32, OnConflict::Block, "v1").await;
+
+    let enqueuing = Arc::new(AtomicI64::new(ENQUEUERS as i64));
+    let running = Arc::new(AtomicI64::new(0));
+    let most_running = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..ENQUEUERS {
+        let (db, enqueuing) = (db.clone(), enqueuing.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..PER_ENQUEUER {
+                enqueue(&db, "lim", "k").await;
+            }
+            enqueuing.fetch_sub(1, Ordering::SeqCst);
+        }));
+    }
+    for w in 0..WORKERS {
+        let (db, enqueuing, running, most_running) =
+            (db.clone(), enqueuing.clone(), running.clone(), most_running.clone());
+        tasks.push(tokio::spawn(async move {
+            let host = format!("w{w}");
+            loop {
+                let done_enqueuing = enqueuing.load(Ordering::SeqCst) == 0;
+                let jobs = db.store.job_fetch(&fetch_params(&host, &["lim"], 1)).await.unwrap();
+                let Some(job) = jobs.into_iter().next() else {
+                    // Nothing available: once every enqueue is in and nothing
+                    // is available or running, whatever is parked is stranded.
+                    let live = db.scalar("SELECT count(*) FROM jobhost.jobs").await;
+                    if done_enqueuing && live == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                };
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most_running.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                let result = db.store.job_finish(vec![finish(&job, completed())]).await.unwrap();
+                assert_eq!(result, vec![FinishResult::Done]);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let total = (ENQUEUERS * PER_ENQUEUER) as i64;
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0, "no parked job stranded");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, total);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "every slot given back");
+    assert!(most_running.load(Ordering::SeqCst) <= LIMIT, "never more than {LIMIT} at once");
+}
+
+#[tokio::test]
+async fn a_stale_lease_tokens_completion_releases_nothing() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    enqueue(&db, "lim", "k").await;
+    let parked = enqueue(&db, "lim", "k").await;
+    let first = fetch(&db, "lim", 1).await.remove(0);
+
+    // The first host goes silent: its lease expires and the job is
+    // redelivered with its slot still held; the parked job stays parked.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0));
+    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    let second = fetch(&db, "lim", 1).await.remove(0);
+    assert_eq!(second.id, first.id);
+
+    // The first host comes back and reports: a duplicate, which touches nothing.
+    let stale = db.store.job_finish(vec![finish(&first, completed())]).await.unwrap();
+    assert_eq!(stale, vec![FinishResult::Duplicate]);
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "the stale completion promoted nothing");
+
+    db.store.job_finish(vec![finish(&second, completed())]).await.unwrap();
+    assert_eq!(state_of(&db, parked).await, JobState::Available);
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+}
+
+#[tokio::test]
+async fn every_parked_payload_is_a_json_object() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    db.store.job_types_register(&[(job_config("parent"), "v1".into())]).await.unwrap();
+    enqueue(&db, "lim", "k").await;
+    let holder = fetch(&db, "lim", 1).await.remove(0);
+
+    // Parked through every path: a single enqueue, a bulk one, the SQL
+    // function, a child written with its parent's completion, and a retry
+    // that came due.
+    enqueue(&db, "lim", "k").await;
+    db.store.job_enqueue(&[keyed("lim", "k"), keyed("lim", "k")]).await.unwrap();
+    sqlx::query("SELECT jobhost.enqueue('lim', '{\"key\": \"k\", \"via\": \"sql\"}')")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.store.job_enqueue(&[EnqueueParams::new("parent", json!({}))]).await.unwrap();
+    let parent = fetch(&db, "parent", 1).await.remove(0);
+    let child = ChildJob {
+        job: "lim".into(),
+        payload: json!({"key": "k", "nested": {"a": [1, 2]}}),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+    };
+    let outcome = FinishOutcome::Completed { output: None, children: vec![child] };
+    db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
+    db.store
+        .job_finish(vec![finish(&holder, FinishOutcome::Retry { error: "again".into(), delay_ms: 1 })])
+        .await
+        .unwrap();
+    // The retry gave its slot back, so the first parked job took it; take
+    // that one too, so the retry finds the key busy when it comes due.
+    let promoted = fetch(&db, "lim", 1).await;
+    assert_eq!(promoted.len(), 1);
+    let later = chrono::Utc::now() + chrono::Duration::minutes(1);
+    db.store.job_promote_due(Some(later)).await.unwrap();
+
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 5);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE jsonb_typeof(payload) <> 'object'").await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload->>'key' = 'k'").await, 5);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload #>> '{nested,a,1}' = '2'").await,
+        1,
+        "nested documents survive parking"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_job_holds_no_slot() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let delayed = EnqueueParams { delay_ms: Some(3_600_000), ..keyed("lim", "k") };
+    let delayed = db.store.job_enqueue(&[delayed]).await.unwrap()[0];
+    assert_eq!(state_of(&db, delayed).await, JobState::Scheduled);
+    assert_eq!(holders(&db, "lim", "k").await, 0, "a delayed job takes no slot while it waits");
+
+    let now = enqueue(&db, "lim", "k").await;
+    assert_eq!(state_of(&db, now).await, JobState::Available, "the key's slot was free for it");
+    let running = fetch(&db, "lim", 1).await.remove(0);
+    db.store
+        .job_finish(vec![finish(&running, FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 })])
+        .await
+        .unwrap();
+    assert_eq!(holders(&db, "lim", "k").await, 0, "a job in retry backoff takes no slot");
+    let third = enqueue(&db, "lim", "k").await;
+    assert_eq!(state_of(&db, third).await, JobState::Available);
+
+    // Both come due while the third holds the key: they pass the gate and park.
+    let later = chrono::Utc::now() + chrono::Duration::hours(2);
+    assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 2);
+    assert_eq!(state_of(&db, delayed).await, JobState::Blocked);
+    assert_eq!(state_of(&db, now).await, JobState::Blocked);
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+}
+
+#[tokio::test]
+async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys() {
+    const BUSY: usize = 2_000;
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    // Every busy key: one holder and one parked job, parked before the free key's.
+    let busy: Vec<EnqueueParams> =
+        (0..BUSY).flat_map(|i| [keyed("lim", &format!("busy-{i}")), keyed("lim", &format!("busy-{i}"))]).collect();
+    db.store.job_enqueue(&busy).await.unwrap();
+    enqueue(&db, "lim", "free").await;
+    let parked = enqueue(&db, "lim", "free").await;
+    // Its holder vanishes by hand (an operator's DELETE), leaving the parked
+    // job behind a free slot that no completion will hand over.
+    sqlx::query("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").execute(db.pool()).await.unwrap();
+    sqlx::query("DELETE FROM jobhost.semaphores WHERE key = 'free'").execute(db.pool()).await.unwrap();
+
+    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 100, ..Default::default() };
+    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let report = sweep.run_once(None).await.unwrap();
+    assert_eq!(report.unparked, 1);
+    assert_eq!(state_of(&db, parked).await, JobState::Available, "promoted in the first pass");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
+}
+
+#[tokio::test]
+async fn raise_and_discard_leave_no_semaphore_residue() {
+    let db = TestDb::new().await;
+    limited_type(&db, "rai", 1, OnConflict::Raise, "v1").await;
+    limited_type(&db, "dis", 1, OnConflict::Discard, "v1").await;
+    enqueue(&db, "rai", "k").await;
+    enqueue(&db, "dis", "k").await;
+
+    let refused = db.store.job_enqueue(&[keyed("rai", "k")]).await.unwrap_err();
+    assert!(matches!(refused, Error::LimitReached(_)), "{refused}");
+    assert!(refused.to_string().contains("all 1 slots of key \"k\" are taken"), "{refused}");
+    // All or nothing: a batch with one refused job enqueues none, and the
+    // slot its other job took is rolled back.
+    let batch = db.store.job_enqueue(&[keyed("rai", "other"), keyed("rai", "k")]).await;
+    assert!(matches!(batch, Err(Error::LimitReached(_))));
+    let sql = sqlx::query("SELECT jobhost.enqueue('rai', '{\"key\": \"k\"}')").execute(db.pool()).await.unwrap_err();
+    assert_eq!(sql.as_database_error().and_then(|e| e.code()).as_deref(), Some("JHL01"));
+
+    let discarded = enqueue(&db, "dis", "k").await;
+    let detail = db.store.job_get(discarded).await.unwrap().unwrap();
+    assert_eq!(detail.row.state, JobState::Discarded);
+    assert!(detail.row.error.unwrap().contains("concurrency limit reached"));
+
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 2, "only the two holders");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 2);
+    assert_eq!(db.scalar("SELECT sum(holders)::bigint FROM jobhost.semaphores").await, 2);
+
+    for job in ["rai", "dis"] {
+        let holder = fetch(&db, job, 1).await.remove(0);
+        db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no residue once the holders end");
+}
+
+#[tokio::test]
+async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let ids: Vec<i64> = db.store.job_enqueue(&[keyed("lim", "k"), keyed("lim", "k"), keyed("lim", "k")]).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 2);
+
+    limited_type(&db, "lim", 3, OnConflict::Block, "v2").await;
+    for id in &ids {
+        assert_eq!(state_of(&db, *id).await, JobState::Available, "a new version's higher limit applies at once");
+    }
+    let running = fetch(&db, "lim", 3).await;
+    assert_eq!(running.len(), 3);
+
+    limited_type(&db, "lim", 1, OnConflict::Block, "v3").await;
+    for id in &ids {
+        assert_eq!(state_of(&db, *id).await, JobState::Running, "a lower limit stops no running holder");
+    }
+    let fourth = enqueue(&db, "lim", "k").await;
+    assert_eq!(state_of(&db, fourth).await, JobState::Blocked);
+    db.store.job_finish(vec![finish(&running[0], completed())]).await.unwrap();
+    db.store.job_finish(vec![finish(&running[1], completed())]).await.unwrap();
+    assert_eq!(state_of(&db, fourth).await, JobState::Blocked, "still at the new limit of 1");
+    db.store.job_finish(vec![finish(&running[2], completed())]).await.unwrap();
+    assert_eq!(state_of(&db, fourth).await, JobState::Available);
+}
+
+#[tokio::test]
+async fn cancel_works_on_parked_and_admitted_jobs() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let holder = enqueue(&db, "lim", "k").await;
+    let first_parked = enqueue(&db, "lim", "k").await;
+    let second_parked = enqueue(&db, "lim", "k").await;
+
+    db.store.job_cancel(first_parked).await.unwrap();
+    assert_eq!(state_of(&db, first_parked).await, JobState::Cancelled);
+    db.store.job_cancel(holder).await.unwrap();
+    assert_eq!(state_of(&db, holder).await, JobState::Cancelled);
+    assert_eq!(state_of(&db, second_parked).await, JobState::Available, "the cancelled holder's slot passed on");
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+    let error = db.store.job_cancel(holder).await.unwrap_err();
+    assert!(error.to_string().contains("is cancelled and cannot be cancelled"), "{error}");
+}
+
+#[tokio::test]
+async fn the_repair_sweep_restores_hand_edited_semaphores() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 2, OnConflict::Block, "v1").await;
+    db.store.job_enqueue(&[keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "b")]).await.unwrap();
+    sqlx::query("UPDATE jobhost.semaphores SET holders = 2 WHERE key = 'b'").execute(db.pool()).await.unwrap();
+    sqlx::query("DELETE FROM jobhost.semaphores WHERE key = 'a'").execute(db.pool()).await.unwrap();
+
+    let mut fixes = db.store.semaphores_repair().await.unwrap();
+    fixes.sort_by(|x, y| x.key.cmp(&y.key));
+    let summary: Vec<(&str, i32, i32)> = fixes.iter().map(|f| (f.key.as_str(), f.recorded, f.actual)).collect();
+    assert_eq!(summary, vec![("a", 0, 2), ("b", 2, 1)]);
+    assert_eq!(holders(&db, "lim", "a").await, 2);
+    assert_eq!(holders(&db, "lim", "b").await, 1);
+    assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing left to fix");
+    // The repaired row keeps the key at its limit: the parked job stays parked.
+    assert_eq!(maintenance(&db).run_once(None).await.unwrap().unparked, 0);
+}
+
+#[tokio::test]
+async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job() {
+    let db = TestDb::new().await;
+    let mut config = job_config("lim");
+    config.max_attempts = 1;
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{key}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
+    enqueue(&db, "lim", "k").await;
+    let parked = enqueue(&db, "lim", "k").await;
+    fetch(&db, "lim", 1).await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
+    assert_eq!(state_of(&db, parked).await, JobState::Available);
+}
+
+#[tokio::test]
+async fn the_concurrency_view_lists_holders_and_parked_jobs() {
+    let db = TestDb::new().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let holder = enqueue(&db, "lim", "k").await;
+    enqueue(&db, "lim", "k").await;
+    fetch(&db, "lim", 1).await;
+    let keys = db.store.concurrency().await.unwrap();
+    assert_eq!(keys.len(), 1);
+    let key = &keys[0];
+    assert_eq!((key.job.as_str(), key.key.as_str(), key.limit, key.holders, key.parked), ("lim", "k", Some(1), 1, 1));
+    assert_eq!(key.holding.len(), 1);
+    assert_eq!((key.holding[0].id, key.holding[0].host_id.as_deref()), (holder, Some("h")));
+    assert!(key.oldest_parked_secs.is_some());
+}
