@@ -2,15 +2,23 @@
 //! killed (SIGKILL) and one frozen (SIGSTOP) past its lease and then thawed.
 //! Afterwards every job is in the archive exactly once as completed, nothing
 //! is left behind, and the work of both failed hosts was redone after their
-//! leases expired.
+//! leases expired. With limited job types, no key ever ran more than its
+//! limit at once, by the start and end times the guests report.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use jobhost::store::{EnqueueParams, Error, Store};
+use serde_json::json;
+
 use common::db::TestDb;
 use common::{eventually, guest};
+
+/// The fleets of different tests would share two cores; one at a time.
+static ONE_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const JOBS: usize = 5_000;
 const WITHIN: Duration = Duration::from_secs(120);
@@ -48,6 +56,7 @@ async fn redone_after(db: &TestDb, host: &Child) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_survives_a_killed_and_a_frozen_host() {
+    let _one = ONE_FLEET.lock().await;
     let db = TestDb::new().await;
     let components = tempfile::tempdir().unwrap();
     std::fs::copy(guest("sleep"), components.path().join("sleep.wasm")).unwrap();
@@ -96,6 +105,167 @@ async fn a_fleet_survives_a_killed_and_a_frozen_host() {
         JOBS as i64,
         "every payload completed, none twice"
     );
+    assert!(redone_after(&db, killed).await > 0, "the killed host's jobs were redone after their leases expired");
+    assert!(redone_after(&db, frozen).await > 0, "the frozen host's jobs were redone after their leases expired");
+
+    let _ = hosts[0].wait();
+    for host in &mut hosts[1..] {
+        signal(host, libc::SIGTERM);
+        let status = host.wait().unwrap();
+        assert!(status.success(), "graceful exit: {status}");
+    }
+}
+
+/// How a key's runs may overlap: by the guests' own clocks, the most runs
+/// of one key that were ever in progress at once.
+fn most_at_once(mut runs: Vec<(u64, u64)>) -> usize {
+    // Half-open [start, end): an end at the same millisecond as a start comes first.
+    let mut events: Vec<(u64, i32)> = runs.drain(..).flat_map(|(start, end)| [(start, 1), (end, -1)]).collect();
+    events.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, change) in events {
+        now += change;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// Every key's completed runs, from the outputs the guests reported.
+async fn runs_by_key(db: &TestDb, job: &str) -> BTreeMap<String, Vec<(u64, u64)>> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT concurrency_key, (output->>'started_ms')::bigint, (output->>'ended_ms')::bigint
+         FROM jobhost.archive WHERE job = $1 AND state = 'completed'",
+    )
+    .bind(job)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    let mut by_key: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for (key, start, end) in rows {
+        by_key.entry(key).or_default().push((start as u64, end as u64));
+    }
+    by_key
+}
+
+/// Checked in one snapshot while the fleet runs: every semaphore counts
+/// exactly the live jobs holding its slots, and no key has more than 2.
+async fn slots_match_jobs(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as(
+        "WITH live AS (
+             SELECT job, concurrency_key AS key, count(*) AS n FROM jobhost.jobs
+             WHERE concurrency_key IS NOT NULL AND state IN ('available', 'running') GROUP BY 1, 2
+         )
+         SELECT count(*) FILTER (WHERE coalesce(s.holders, 0) <> coalesce(l.n, 0)),
+                count(*) FILTER (WHERE coalesce(l.n, 0) > 2)
+         FROM jobhost.semaphores s FULL JOIN live l ON l.job = s.job AND l.key = s.key",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host() {
+    const LIMITED: usize = 2_000;
+    const KEYS: usize = 20;
+    const EXTRA: usize = 150;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::new().await;
+    let components = tempfile::tempdir().unwrap();
+    for name in ["limited", "limited_discard", "limited_raise"] {
+        std::fs::copy(guest(name), components.path().join(format!("{name}.wasm"))).unwrap();
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Child> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    eventually(WITHIN, || async {
+        db.scalar("SELECT count(*) FROM jobhost.hosts WHERE cardinality(job_types) = 3").await == 3
+    })
+    .await;
+
+    // Limit 2 per key, 20 keys: 40 admitted, the rest parked.
+    let limited: Vec<_> = (0..LIMITED)
+        .map(|i| EnqueueParams::new("limited", json!({"key": format!("k{}", i % KEYS), "ms": 40, "i": i})))
+        .collect();
+    db.store.job_enqueue(&limited).await.unwrap();
+
+    // Discarding and raising types arrive one by one while the fleet works.
+    let store = db.dyn_store();
+    let mixed = tokio::spawn(async move {
+        let (mut raised, mut accepted) = (0, 0);
+        for i in 0..EXTRA {
+            let key = format!("k{}", i % 3);
+            store.job_enqueue(&[EnqueueParams::new("limited_discard", json!({"key": key, "ms": 30}))]).await.unwrap();
+            match store.job_enqueue(&[EnqueueParams::new("limited_raise", json!({"key": key, "ms": 30}))]).await {
+                Ok(_) => accepted += 1,
+                Err(Error::LimitReached(_)) => raised += 1,
+                Err(other) => panic!("unexpected enqueue error: {other}"),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (accepted, raised)
+    });
+
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await >= 300 }).await;
+    eventually(WITHIN, || async {
+        db.scalar("SELECT count(DISTINCT host_id) FROM jobhost.jobs WHERE state = 'running'").await == 3
+    })
+    .await;
+    let (killed, frozen) = (&hosts[0], &hosts[1]);
+    signal(killed, libc::SIGKILL);
+    signal(frozen, libc::SIGSTOP);
+    // Frozen past its lease (the limited types' 10 s duration): its jobs are
+    // redelivered, their slots still held, and the sweep keeps checking.
+    let frozen_pattern = format!("%-{}-%", frozen.id());
+    let mut samples = 0;
+    loop {
+        let (mismatched, over) = slots_match_jobs(&db).await;
+        assert_eq!((mismatched, over), (0, 0), "slots and live jobs agree, within the limit");
+        samples += 1;
+        let frozen_jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobhost.jobs WHERE host_id LIKE $1")
+            .bind(&frozen_pattern)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        if frozen_jobs == 0 {
+            break;
+        }
+        assert!(samples < 12_000, "the frozen host's jobs were never rescued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(frozen, libc::SIGCONT);
+    let (accepted, raised) = mixed.await.unwrap();
+    eventually(WITHIN, || async {
+        let (mismatched, over) = slots_match_jobs(&db).await;
+        assert_eq!((mismatched, over), (0, 0), "slots and live jobs agree, within the limit");
+        db.scalar("SELECT count(*) FROM jobhost.jobs").await == 0
+            && db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await == 0
+    })
+    .await;
+
+    for job in ["limited", "limited_discard", "limited_raise"] {
+        for (key, runs) in runs_by_key(&db, job).await {
+            assert!(most_at_once(runs) <= 2, "{job} key {key} ran more than its limit of 2 at once");
+        }
+    }
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT (payload->>'i')::int) FROM jobhost.archive WHERE job = 'limited' AND state = 'completed'").await,
+        LIMITED as i64,
+        "every limited job completed, none twice"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'limited'").await, LIMITED as i64);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'limited_discard'").await,
+        EXTRA as i64,
+        "each discarding job either completed or was discarded"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'limited_raise' AND state = 'completed'").await,
+        accepted,
+        "every accepted raising job completed"
+    );
+    assert_eq!(accepted + raised, EXTRA as i64);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot held without a live job");
+    assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing for the repair to fix");
     assert!(redone_after(&db, killed).await > 0, "the killed host's jobs were redone after their leases expired");
     assert!(redone_after(&db, frozen).await > 0, "the frozen host's jobs were redone after their leases expired");
 
