@@ -11,63 +11,19 @@
 //! timestamps (enqueued_at, started_at, finished_at), so the client's
 //! scheduling does not count.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use jobhost::store::postgres::PgStore;
+use common::{fresh_db, percentile, scalar, start_host, stop, wait_until};
 use jobhost::store::{EnqueueParams, Store};
-use sqlx::PgPool;
 
 const A_JOBS: usize = 20_000;
 const A_CHUNK: usize = 1_000;
 const B_JOBS: usize = 500;
 const B_SPACING: Duration = Duration::from_millis(10);
-
-fn server() -> String {
-    std::env::var("JOBHOST_BENCH_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
-
-async fn fresh_db() -> (Arc<PgStore>, String) {
-    let admin = PgPool::connect(&format!("{}/postgres", server())).await.expect("PostgreSQL");
-    sqlx::query("DROP DATABASE IF EXISTS jobhost_bench WITH (FORCE)").execute(&admin).await.unwrap();
-    sqlx::query("CREATE DATABASE jobhost_bench").execute(&admin).await.unwrap();
-    let url = format!("{}/jobhost_bench", server());
-    let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-    store.migrate().await.unwrap();
-    (store, url)
-}
-
-fn start_host(url: &str, components: &Path, cache: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_jobhost"))
-        .args(["run", "--no-migrate", "--concurrency", "10"])
-        .arg("--components")
-        .arg(components)
-        .arg("--cache-dir")
-        .arg(cache)
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start jobhost run")
-}
-
-fn stop(mut host: Child) {
-    // SAFETY: kill(2) on a child this process started and has not reaped.
-    unsafe { libc::kill(host.id() as libc::pid_t, libc::SIGTERM) };
-    let _ = host.wait();
-}
-
-async fn scalar(pool: &PgPool, sql: &'static str) -> f64 {
-    sqlx::query_scalar::<_, f64>(sql).fetch_one(pool).await.unwrap()
-}
-
-async fn wait_until(pool: &PgPool, sql: &'static str) {
-    while scalar(pool, sql).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn hello_jobs(n: usize) -> Vec<EnqueueParams> {
     (0..n).map(|i| EnqueueParams::new("hello", serde_json::json!({ "name": i.to_string() }))).collect()
@@ -92,10 +48,6 @@ async fn process(hosts: usize, components: &Path, cache: &Path) -> f64 {
             .await;
     children.into_iter().for_each(stop);
     A_JOBS as f64 / secs
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
