@@ -92,15 +92,8 @@ async fn jobs_and_stats_print_the_documented_json() {
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
     let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
-    let finish = Finish {
-        id: job.id,
-        lease_token: job.lease_token,
-        limited: false,
-        attempt: 1,
-        outcome,
-        log: json!({}),
-        progress: None,
-    };
+    let finish =
+        Finish { id: job.id, lease_token: job.lease_token, attempt: 1, outcome, log: json!({}), progress: None };
     db.store.job_finish(vec![finish]).await.unwrap();
 
     let output = jobhost(&db, &["jobs", "--json"]);
@@ -212,4 +205,48 @@ fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
     }
     let not_json = offline(&["exec", &path("hello"), "--payload", "{"], &cache);
     assert_eq!(not_json.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3() {
+    let db = TestDb::new().await;
+    let mut config = job_config("sync");
+    config.concurrency = Some(jobhost::types::ConcurrencyConfig {
+        limit: 1,
+        key: jobhost::template::KeyTemplate::parse("acct:{id}").unwrap(),
+        duration_secs: 30,
+        on_conflict: jobhost::types::OnConflict::Raise,
+    });
+    let mut parking = config.clone();
+    parking.name = "sync_later".into();
+    parking.concurrency.as_mut().unwrap().on_conflict = jobhost::types::OnConflict::Block;
+    db.store.job_types_register(&[(config, "a".into()), (parking, "b".into())]).await.unwrap();
+
+    let first = jobhost(&db, &["enqueue", "sync", "--payload", r#"{"id": 7}"#]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let refused = jobhost(&db, &["enqueue", "sync", "--payload", r#"{"id": 7}"#]);
+    assert_eq!(refused.status.code(), Some(3), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("slots of key \"acct:7\" are taken"), "{}", stderr(&refused));
+
+    jobhost(&db, &["enqueue", "sync_later", "--payload", r#"{"id": 7}"#]);
+    let parked = jobhost(&db, &["enqueue", "sync_later", "--payload", r#"{"id": 7}"#]);
+    let parked_id = stdout(&parked).trim().to_string();
+
+    let listed = jobhost(&db, &["concurrency", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let keys: Vec<Value> = stdout(&listed).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(keys.len(), 2);
+    let later = keys.iter().find(|k| k["job"] == "sync_later").unwrap();
+    assert_eq!(
+        (later["key"].as_str(), later["limit"].as_i64(), later["holders"].as_i64()),
+        (Some("acct:7"), Some(1), Some(1))
+    );
+    assert_eq!(later["parked"], 1);
+    assert_eq!(later["holding"][0]["state"], "available");
+    let human = jobhost(&db, &["concurrency"]);
+    assert!(stdout(&human).contains("sync_later \"acct:7\": 1/1 slots"), "{}", stdout(&human));
+
+    let cancelled = jobhost(&db, &["cancel", &parked_id]);
+    assert!(cancelled.status.success(), "{}", stderr(&cancelled));
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0);
 }

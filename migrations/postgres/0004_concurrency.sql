@@ -348,3 +348,101 @@ BEGIN
     RETURN new_id;
 END;
 $$;
+
+-- Writes a batch of finished runs in one statement: the ones that end for
+-- good go to the archive, the others back to wait (scheduled after a
+-- backoff or snooze, available at once for a hand-back). Every row matches
+-- on (id, lease token); a token that changed (another host owns the job
+-- now) matches nothing and touches nothing (guarantee 5). Slots of jobs that
+-- ended or went back to wait are given back, and parked jobs promoted into
+-- them, in the same transaction (guarantees 1, 4 and 7); a job available
+-- again at once keeps its slot. Locks: the matched job rows, then their
+-- semaphores in order. Returns the ids written and whether any job became
+-- available (a requeue or a promotion), for waking idle hosts.
+CREATE FUNCTION jobhost.finish_runs(
+    archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
+    logs jsonb[], archive_progress jsonb[],
+    requeue_ids bigint[], requeue_tokens bigint[], delays_ms bigint[], refunds integer[], requeue_errors jsonb[],
+    requeue_progress jsonb[],
+    OUT written bigint[], OUT any_available boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    archived bigint[];
+    freed_jobs text[];
+    freed_keys text[];
+    requeued bigint[];
+    waiting_jobs text[];
+    waiting_keys text[];
+    available_now boolean;
+    promoted integer := 0;
+BEGIN
+    WITH input AS (
+        SELECT *
+        FROM unnest(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress)
+            AS i(id, lease_token, state, output, error, log, progress)
+    ),
+    ended AS (
+        DELETE FROM jobhost.jobs j
+        USING input i
+        WHERE j.id = i.id AND j.lease_token = i.lease_token
+        RETURNING j.*
+    ),
+    moved AS (
+        INSERT INTO jobhost.archive
+            (id, job, queue, priority, payload, state, attempt, max_attempts, output, errors, log, progress,
+             enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
+        SELECT e.id, e.job, e.queue, e.priority, e.payload, i.state, e.attempt, e.max_attempts, i.output,
+               CASE WHEN i.error IS NULL THEN e.errors
+                    ELSE e.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
+               i.log, coalesce(i.progress, e.progress),
+               e.enqueued_at, e.started_at, now(), e.host_id, e.concurrency_key, e.batch_id, e.parent_id
+        FROM ended e
+        JOIN input i ON i.id = e.id
+        RETURNING id, job, concurrency_key
+    )
+    SELECT coalesce(array_agg(m.id), '{}'),
+           coalesce(array_agg(m.job) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(m.concurrency_key) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}')
+    INTO archived, freed_jobs, freed_keys
+    FROM moved m;
+
+    WITH input AS (
+        SELECT *
+        FROM unnest(requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress)
+            AS i(id, lease_token, delay_ms, refund, error, progress)
+    ),
+    back AS (
+        UPDATE jobhost.jobs j
+        SET state = CASE WHEN i.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+            run_at = now() + i.delay_ms * interval '1 millisecond',
+            attempt = j.attempt - i.refund,
+            errors = CASE WHEN i.error IS NULL THEN j.errors
+                          ELSE j.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
+            progress = coalesce(i.progress, j.progress),
+            lease_token = NULL,
+            lease_secs = NULL,
+            lease_expires_at = NULL,
+            host_id = NULL
+        FROM input i
+        WHERE j.id = i.id AND j.lease_token = i.lease_token
+        RETURNING j.id, j.state, j.job, j.concurrency_key
+    )
+    SELECT coalesce(array_agg(b.id), '{}'),
+           coalesce(array_agg(b.job) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL), '{}'),
+           coalesce(array_agg(b.concurrency_key) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL),
+                    '{}'),
+           coalesce(bool_or(b.state = 'available'), false)
+    INTO requeued, waiting_jobs, waiting_keys, available_now
+    FROM back b;
+
+    IF cardinality(freed_jobs) + cardinality(waiting_jobs) > 0 THEN
+        promoted := jobhost.release_slots(freed_jobs || waiting_jobs, freed_keys || waiting_keys);
+    END IF;
+    IF available_now THEN
+        PERFORM pg_notify('jobhost_available', '');
+    END IF;
+    written := archived || requeued;
+    any_available := available_now OR promoted > 0;
+END;
+$$;

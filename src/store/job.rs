@@ -196,9 +196,6 @@ pub struct Finish {
     pub id: i64,
     /// The lease token from the fetch.
     pub lease_token: i64,
-    /// The job has a concurrency key, so it holds a slot: writing its end
-    /// gives the slot back and promotes a parked job in the same transaction.
-    pub limited: bool,
     /// Which attempt ended.
     pub attempt: i32,
     /// How it ended.

@@ -235,7 +235,6 @@ impl Worker {
                     _ => Finish {
                         id: job.id,
                         lease_token: job.lease_token,
-                        limited: job.concurrency_key.is_some(),
                         attempt: job.attempt,
                         outcome: FinishOutcome::Release {
                             reason: signal.reason().unwrap_or("job type unloaded from this host").to_string(),

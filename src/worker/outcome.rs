@@ -41,15 +41,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     });
     let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
     let outcome = without_nul_outcome(outcome);
-    Finish {
-        id: job.id,
-        lease_token: job.lease_token,
-        limited: job.concurrency_key.is_some(),
-        attempt: job.attempt,
-        outcome,
-        log: without_nul(log),
-        progress,
-    }
+    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: without_nul(log), progress }
 }
 
 /// PostgreSQL's `jsonb` cannot hold U+0000; a guest that prints one must not

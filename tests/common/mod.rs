@@ -176,7 +176,6 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
     jobhost::store::Finish {
         id: job.id,
         lease_token: job.lease_token,
-        limited: job.concurrency_key.is_some(),
         attempt: job.attempt,
         outcome,
         log: serde_json::json!({}),

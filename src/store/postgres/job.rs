@@ -112,27 +112,23 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
         .collect()
 }
 
-/// The columns of the archive statement.
+/// The columns of `jobhost.finish_runs`: runs that end for good, and runs
+/// that go back to wait.
 #[derive(Default)]
-struct ArchiveRows {
-    ids: Vec<i64>,
-    tokens: Vec<i64>,
-    states: Vec<&'static str>,
+struct FinishRows {
+    archive_ids: Vec<i64>,
+    archive_tokens: Vec<i64>,
+    archive_states: Vec<&'static str>,
     outputs: Vec<Option<Json<serde_json::Value>>>,
-    errors: Vec<Option<Json<serde_json::Value>>>,
+    archive_errors: Vec<Option<Json<serde_json::Value>>>,
     logs: Vec<Json<serde_json::Value>>,
-    progress: Vec<Option<Json<serde_json::Value>>>,
-}
-
-/// The columns of the requeue statement.
-#[derive(Default)]
-struct RequeueRows {
-    ids: Vec<i64>,
-    tokens: Vec<i64>,
+    archive_progress: Vec<Option<Json<serde_json::Value>>>,
+    requeue_ids: Vec<i64>,
+    requeue_tokens: Vec<i64>,
     delays: Vec<i64>,
     refunds: Vec<i32>,
-    errors: Vec<Option<Json<serde_json::Value>>>,
-    progress: Vec<Option<Json<serde_json::Value>>>,
+    requeue_errors: Vec<Option<Json<serde_json::Value>>>,
+    requeue_progress: Vec<Option<Json<serde_json::Value>>>,
 }
 
 /// The (job type, key) of every slot a statement freed, one entry per slot.
@@ -150,153 +146,84 @@ impl Slots {
             self.keys.push(key.to_string());
         }
     }
-
-    fn extend(&mut self, other: Slots) {
-        self.jobs.extend(other.jobs);
-        self.keys.extend(other.keys);
-    }
 }
 
 fn error_entry(attempt: i32, error: &str, log: &serde_json::Value) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "attempt": attempt, "error": error, "log": log }))
 }
 
-pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
+/// Writes a batch of results; also says whether any job became available
+/// (requeued at once, or promoted into a freed slot).
+pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<(Vec<FinishResult>, bool)> {
     fail_parents_of_unknown_children(pool, &mut finishes).await?;
-    let mut archive = ArchiveRows::default();
-    let mut requeue = RequeueRows::default();
+    let mut rows = FinishRows::default();
     for f in &finishes {
-        let progress = f.progress.clone().map(Json);
-        let mut to_archive = |state, output: Option<serde_json::Value>, error: Option<&str>| {
-            archive.ids.push(f.id);
-            archive.tokens.push(f.lease_token);
-            archive.states.push(state);
-            archive.outputs.push(output.map(Json));
-            archive.errors.push(error.map(|e| error_entry(f.attempt, e, &f.log)));
-            archive.logs.push(Json(f.log.clone()));
-            archive.progress.push(progress.clone());
-        };
-        match &f.outcome {
-            FinishOutcome::Completed { output, .. } => to_archive("completed", output.clone(), None),
-            FinishOutcome::Failed { error } => to_archive("failed", None, Some(error)),
-            FinishOutcome::Retry { error, delay_ms } => {
-                requeue.push(f, *delay_ms, 0, Some(error_entry(f.attempt, error, &f.log)), progress)
-            }
-            FinishOutcome::Snooze { delay_ms } => requeue.push(f, *delay_ms, 1, None, progress),
-            FinishOutcome::Release { .. } => requeue.push(f, 0, 1, None, progress),
-        }
+        rows.push(f);
     }
-
-    // Children must commit with their parent's completion (guarantee 9),
-    // and a slot is given back (and the next parked job promoted) only in
-    // the transaction that ends its holder's hold (guarantees 1 and 4), so
-    // such a batch is one transaction. Otherwise each statement stands
-    // alone: every row's effect is independent of the others', and one
-    // round trip instead of three is what keeps the hot path fast.
-    let children = |archived: &HashSet<i64>| -> Vec<EnqueueParams> {
-        finishes
-            .iter()
-            .filter(|f| archived.contains(&f.id))
-            .flat_map(|f| match &f.outcome {
-                FinishOutcome::Completed { children, .. } => {
-                    children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
-                }
-                _ => Vec::new(),
-            })
-            .collect()
-    };
-    let has_children = finishes
+    // Children must commit with their parent's completion (guarantee 9), so
+    // a batch with children is one transaction. Otherwise the batch is one
+    // statement: jobhost.finish_runs ends the runs, gives back their slots
+    // and promotes parked jobs into them, in one round trip.
+    let children: Vec<EnqueueParams> = finishes
         .iter()
-        .any(|f| matches!(&f.outcome, FinishOutcome::Completed { children, .. } if !children.is_empty()));
-    let limited = finishes.iter().any(|f| f.limited);
-    let (archived, requeued, any_available) = if has_children || limited {
-        let mut tx = pool.begin().await?;
-        let (archived, mut slots) = archive.write(&mut *tx).await?;
-        let (requeued, any_available, requeued_slots) = requeue.write(&mut *tx).await?;
-        slots.extend(requeued_slots);
-        super::concurrency::release(&mut tx, &slots).await?;
-        enqueue(&mut tx, &children(&archived)).await?;
-        if any_available {
-            super::notify_available(&mut tx).await?;
-        }
-        tx.commit().await?;
-        (archived, requeued, false)
-    } else {
-        let (archived, _) = archive.write(pool).await?;
-        let (requeued, any_available, _) = requeue.write(pool).await?;
-        (archived, requeued, any_available)
-    };
-    if any_available {
-        let mut conn = pool.acquire().await?;
-        super::notify_available(&mut conn).await?;
-    }
-
-    Ok(finishes
-        .iter()
-        .map(|f| {
-            if archived.contains(&f.id) || requeued.contains(&f.id) {
-                FinishResult::Done
-            } else {
-                FinishResult::Duplicate
+        .flat_map(|f| match &f.outcome {
+            FinishOutcome::Completed { children, .. } => {
+                children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
             }
+            _ => Vec::new(),
         })
-        .collect())
+        .collect();
+    let (written, any_available) = if children.is_empty() {
+        rows.write(pool).await?
+    } else {
+        let mut tx = pool.begin().await?;
+        let (written, any_available) = rows.write(&mut *tx).await?;
+        // Only the children of parents whose completion was written.
+        let children: Vec<EnqueueParams> =
+            children.into_iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).collect();
+        enqueue(&mut tx, &children).await?;
+        tx.commit().await?;
+        (written, any_available)
+    };
+    let results = finishes
+        .iter()
+        .map(|f| if written.contains(&f.id) { FinishResult::Done } else { FinishResult::Duplicate })
+        .collect();
+    Ok((results, any_available))
 }
 
-impl ArchiveRows {
-    /// Archives the rows whose lease still matches; returns their ids and
-    /// the slots they held.
-    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, Slots)> {
-        if self.ids.is_empty() {
-            return Ok((HashSet::new(), Slots::default()));
-        }
-        let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(include_str!("sql/archive.sql"))
-            .bind(&self.ids)
-            .bind(&self.tokens)
-            .bind(&self.states)
-            .bind(&self.outputs)
-            .bind(&self.errors)
-            .bind(&self.logs)
-            .bind(&self.progress)
-            .fetch_all(executor)
-            .await?;
-        let mut slots = Slots::default();
-        for (_, job, key) in &rows {
-            slots.push(job, key.as_deref());
-        }
-        Ok((rows.into_iter().map(|(id, _, _)| id).collect(), slots))
-    }
-}
-
-impl RequeueRows {
-    /// Requeues the rows whose lease still matches; returns their ids,
-    /// whether any became available at once, and the slots of those that
-    /// went back to wait (a waiting job holds none; one available at once
-    /// keeps its slot).
-    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool, Slots)> {
-        if self.ids.is_empty() {
-            return Ok((HashSet::new(), false, Slots::default()));
-        }
-        let rows: Vec<(i64, String, String, Option<String>)> = sqlx::query_as(include_str!("sql/requeue.sql"))
-            .bind(&self.ids)
-            .bind(&self.tokens)
-            .bind(&self.delays)
-            .bind(&self.refunds)
-            .bind(&self.errors)
-            .bind(&self.progress)
-            .fetch_all(executor)
-            .await?;
-        let any_available = rows.iter().any(|(_, state, _, _)| state == "available");
-        let mut slots = Slots::default();
-        for (_, state, job, key) in &rows {
-            if state == "scheduled" {
-                slots.push(job, key.as_deref());
+impl FinishRows {
+    fn push(&mut self, f: &Finish) {
+        let progress = f.progress.clone().map(Json);
+        match &f.outcome {
+            FinishOutcome::Completed { output, .. } => self.archive(f, "completed", output.clone(), None, progress),
+            FinishOutcome::Failed { error } => self.archive(f, "failed", None, Some(error), progress),
+            FinishOutcome::Retry { error, delay_ms } => {
+                self.requeue(f, *delay_ms, 0, Some(error_entry(f.attempt, error, &f.log)), progress)
             }
+            FinishOutcome::Snooze { delay_ms } => self.requeue(f, *delay_ms, 1, None, progress),
+            FinishOutcome::Release { .. } => self.requeue(f, 0, 1, None, progress),
         }
-        Ok((rows.into_iter().map(|(id, _, _, _)| id).collect(), any_available, slots))
     }
 
-    fn push(
+    fn archive(
+        &mut self,
+        f: &Finish,
+        state: &'static str,
+        output: Option<serde_json::Value>,
+        error: Option<&str>,
+        progress: Option<Json<serde_json::Value>>,
+    ) {
+        self.archive_ids.push(f.id);
+        self.archive_tokens.push(f.lease_token);
+        self.archive_states.push(state);
+        self.outputs.push(output.map(Json));
+        self.archive_errors.push(error.map(|e| error_entry(f.attempt, e, &f.log)));
+        self.logs.push(Json(f.log.clone()));
+        self.archive_progress.push(progress);
+    }
+
+    fn requeue(
         &mut self,
         f: &Finish,
         delay_ms: u64,
@@ -304,12 +231,38 @@ impl RequeueRows {
         error: Option<Json<serde_json::Value>>,
         progress: Option<Json<serde_json::Value>>,
     ) {
-        self.ids.push(f.id);
-        self.tokens.push(f.lease_token);
+        self.requeue_ids.push(f.id);
+        self.requeue_tokens.push(f.lease_token);
         self.delays.push(i64::try_from(delay_ms).unwrap_or(i64::MAX));
         self.refunds.push(refund);
-        self.errors.push(error);
-        self.progress.push(progress);
+        self.requeue_errors.push(error);
+        self.requeue_progress.push(progress);
+    }
+
+    /// Writes the rows whose lease still matches (see jobhost.finish_runs
+    /// in 0004_concurrency.sql); returns their ids and whether any job
+    /// became available.
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool)> {
+        let (written, any_available): (Vec<i64>, bool) = sqlx::query_as(
+            "SELECT written, any_available
+             FROM jobhost.finish_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        )
+        .bind(&self.archive_ids)
+        .bind(&self.archive_tokens)
+        .bind(&self.archive_states)
+        .bind(&self.outputs)
+        .bind(&self.archive_errors)
+        .bind(&self.logs)
+        .bind(&self.archive_progress)
+        .bind(&self.requeue_ids)
+        .bind(&self.requeue_tokens)
+        .bind(&self.delays)
+        .bind(&self.refunds)
+        .bind(&self.requeue_errors)
+        .bind(&self.requeue_progress)
+        .fetch_one(executor)
+        .await?;
+        Ok((written.into_iter().collect(), any_available))
     }
 }
 

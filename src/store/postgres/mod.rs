@@ -152,7 +152,13 @@ impl Store for PgStore {
     }
 
     async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
-        job::finish(&self.pool, finishes).await
+        let (results, any_available) = job::finish(&self.pool, finishes).await?;
+        if any_available {
+            // This host's own idle fetch loop need not wait for the
+            // notification's round trip through the server.
+            self.wake.notify_one();
+        }
+        Ok(results)
     }
 
     async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
