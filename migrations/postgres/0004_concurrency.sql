@@ -150,8 +150,10 @@ $$;
 -- Promotes parked jobs of one key while it has free slots, highest priority
 -- then oldest first, each taking its slot through take_slot (so a promotion
 -- can never over-admit). A parked row locked by someone else (an operator's
--- cancel, another promotion) is skipped, never waited for. Returns how many moved.
-CREATE FUNCTION jobhost.promote_parked(job_type text, slot_key text) RETURNS integer
+-- cancel, another promotion) is skipped, never waited for. `free` bounds the
+-- attempts when the caller already holds the semaphore row and knows how
+-- many slots it has free (NULL: try until one is refused). Returns how many moved.
+CREATE FUNCTION jobhost.promote_parked(job_type text, slot_key text, free integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     slot_limit integer := jobhost.slot_limit(job_type);
@@ -159,6 +161,7 @@ DECLARE
     moved integer := 0;
 BEGIN
     LOOP
+        EXIT WHEN moved >= free;
         SELECT b.id INTO next_id FROM jobhost.blocked_jobs b
         WHERE b.job = job_type AND b.concurrency_key = slot_key
         ORDER BY b.priority, b.parked_at, b.id
@@ -187,6 +190,8 @@ CREATE FUNCTION jobhost.release_slots(job_types text[], slot_keys text[]) RETURN
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
+    remaining integer;
+    free integer;
     promoted integer := 0;
 BEGIN
     FOR r IN
@@ -197,8 +202,13 @@ BEGIN
         ORDER BY 1, 2
     LOOP
         UPDATE jobhost.semaphores s SET holders = greatest(s.holders - r.n, 0), updated_at = now()
-        WHERE s.job = r.job AND s.key = r.key;
-        promoted := promoted + jobhost.promote_parked(r.job, r.key);
+        WHERE s.job = r.job AND s.key = r.key
+        RETURNING s.holders INTO remaining;
+        -- The row stays locked until commit, so its free slots are known.
+        free := CASE WHEN remaining IS NULL THEN NULL ELSE greatest(jobhost.slot_limit(r.job) - remaining, 0) END;
+        IF free IS NULL OR free > 0 THEN
+            promoted := promoted + jobhost.promote_parked(r.job, r.key, free);
+        END IF;
         DELETE FROM jobhost.semaphores s WHERE s.job = r.job AND s.key = r.key AND s.holders = 0;
     END LOOP;
     RETURN promoted;
@@ -377,64 +387,75 @@ DECLARE
     available_now boolean;
     promoted integer := 0;
 BEGIN
-    WITH input AS (
-        SELECT *
-        FROM unnest(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress)
-            AS i(id, lease_token, state, output, error, log, progress)
-    ),
-    ended AS (
-        DELETE FROM jobhost.jobs j
-        USING input i
-        WHERE j.id = i.id AND j.lease_token = i.lease_token
-        RETURNING j.*
-    ),
-    moved AS (
-        INSERT INTO jobhost.archive
-            (id, job, queue, priority, payload, state, attempt, max_attempts, output, errors, log, progress,
-             enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
-        SELECT e.id, e.job, e.queue, e.priority, e.payload, i.state, e.attempt, e.max_attempts, i.output,
-               CASE WHEN i.error IS NULL THEN e.errors
-                    ELSE e.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
-               i.log, coalesce(i.progress, e.progress),
-               e.enqueued_at, e.started_at, now(), e.host_id, e.concurrency_key, e.batch_id, e.parent_id
-        FROM ended e
-        JOIN input i ON i.id = e.id
-        RETURNING id, job, concurrency_key
-    )
-    SELECT coalesce(array_agg(m.id), '{}'),
-           coalesce(array_agg(m.job) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}'),
-           coalesce(array_agg(m.concurrency_key) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}')
-    INTO archived, freed_jobs, freed_keys
-    FROM moved m;
+    archived := '{}';
+    freed_jobs := '{}';
+    freed_keys := '{}';
+    requeued := '{}';
+    waiting_jobs := '{}';
+    waiting_keys := '{}';
+    available_now := false;
+    IF cardinality(archive_ids) > 0 THEN
+        WITH input AS (
+            SELECT *
+            FROM unnest(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress)
+                AS i(id, lease_token, state, output, error, log, progress)
+        ),
+        ended AS (
+            DELETE FROM jobhost.jobs j
+            USING input i
+            WHERE j.id = i.id AND j.lease_token = i.lease_token
+            RETURNING j.*
+        ),
+        moved AS (
+            INSERT INTO jobhost.archive
+                (id, job, queue, priority, payload, state, attempt, max_attempts, output, errors, log, progress,
+                 enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
+            SELECT e.id, e.job, e.queue, e.priority, e.payload, i.state, e.attempt, e.max_attempts, i.output,
+                   CASE WHEN i.error IS NULL THEN e.errors
+                        ELSE e.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
+                   i.log, coalesce(i.progress, e.progress),
+                   e.enqueued_at, e.started_at, now(), e.host_id, e.concurrency_key, e.batch_id, e.parent_id
+            FROM ended e
+            JOIN input i ON i.id = e.id
+            RETURNING id, job, concurrency_key
+        )
+        SELECT coalesce(array_agg(m.id), '{}'),
+               coalesce(array_agg(m.job) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}'),
+               coalesce(array_agg(m.concurrency_key) FILTER (WHERE m.concurrency_key IS NOT NULL), '{}')
+        INTO archived, freed_jobs, freed_keys
+        FROM moved m;
+    END IF;
 
-    WITH input AS (
-        SELECT *
-        FROM unnest(requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress)
-            AS i(id, lease_token, delay_ms, refund, error, progress)
-    ),
-    back AS (
-        UPDATE jobhost.jobs j
-        SET state = CASE WHEN i.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
-            run_at = now() + i.delay_ms * interval '1 millisecond',
-            attempt = j.attempt - i.refund,
-            errors = CASE WHEN i.error IS NULL THEN j.errors
-                          ELSE j.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
-            progress = coalesce(i.progress, j.progress),
-            lease_token = NULL,
-            lease_secs = NULL,
-            lease_expires_at = NULL,
-            host_id = NULL
-        FROM input i
-        WHERE j.id = i.id AND j.lease_token = i.lease_token
-        RETURNING j.id, j.state, j.job, j.concurrency_key
-    )
-    SELECT coalesce(array_agg(b.id), '{}'),
-           coalesce(array_agg(b.job) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL), '{}'),
-           coalesce(array_agg(b.concurrency_key) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL),
-                    '{}'),
-           coalesce(bool_or(b.state = 'available'), false)
-    INTO requeued, waiting_jobs, waiting_keys, available_now
-    FROM back b;
+    IF cardinality(requeue_ids) > 0 THEN
+        WITH input AS (
+            SELECT *
+            FROM unnest(requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress)
+                AS i(id, lease_token, delay_ms, refund, error, progress)
+        ),
+        back AS (
+            UPDATE jobhost.jobs j
+            SET state = CASE WHEN i.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+                run_at = now() + i.delay_ms * interval '1 millisecond',
+                attempt = j.attempt - i.refund,
+                errors = CASE WHEN i.error IS NULL THEN j.errors
+                              ELSE j.errors || jsonb_build_array(i.error || jsonb_build_object('at', now())) END,
+                progress = coalesce(i.progress, j.progress),
+                lease_token = NULL,
+                lease_secs = NULL,
+                lease_expires_at = NULL,
+                host_id = NULL
+            FROM input i
+            WHERE j.id = i.id AND j.lease_token = i.lease_token
+            RETURNING j.id, j.state, j.job, j.concurrency_key
+        )
+        SELECT coalesce(array_agg(b.id), '{}'),
+               coalesce(array_agg(b.job) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL), '{}'),
+               coalesce(array_agg(b.concurrency_key) FILTER (WHERE b.state = 'scheduled' AND b.concurrency_key IS NOT NULL),
+                        '{}'),
+               coalesce(bool_or(b.state = 'available'), false)
+        INTO requeued, waiting_jobs, waiting_keys, available_now
+        FROM back b;
+    END IF;
 
     IF cardinality(freed_jobs) + cardinality(waiting_jobs) > 0 THEN
         promoted := jobhost.release_slots(freed_jobs || waiting_jobs, freed_keys || waiting_keys);

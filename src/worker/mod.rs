@@ -3,6 +3,7 @@
 //! gracefully. It uses `store` and `component`; neither knows about it.
 
 mod backoff;
+mod complete;
 mod config;
 mod job_types;
 mod leases;
@@ -17,18 +18,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::component::{Registry, Runtime, StopSignal};
-use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, HostInfo, Store};
+use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, Store};
+
+use complete::Done;
 use crate::types::JobContext;
 
 pub use config::WorkerConfig;
 pub use leases::Leases;
 
-/// A finished run on its way to the database. Its capacity slot is already
-/// free: the next job may start while this result is written (its lease is
-/// still renewed meanwhile).
-struct Done {
-    finish: Finish,
-}
 
 /// One host's worker.
 pub struct Worker {
@@ -66,7 +63,7 @@ impl Worker {
     /// jobs back so another host starts them at once.
     pub async fn run(self, shutdown: CancellationToken) {
         // Fetch slots cover running and prefetched jobs; a job holds one from
-        // its fetch until its guest returns. Run slots bound what runs at once.
+        // its fetch until its result is written. Run slots bound what runs at once.
         let capacity = Arc::new(Semaphore::new(self.config.concurrency + self.config.prefetch));
         let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
@@ -93,7 +90,7 @@ impl Worker {
             stop_heartbeat.clone(),
         ));
         let give_up = CancellationToken::new();
-        let completer = tokio::spawn(complete_loop(
+        let completer = tokio::spawn(complete::complete_loop(
             self.store.clone(),
             self.leases.clone(),
             done_rx,
@@ -206,7 +203,7 @@ impl Worker {
             async move {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease) or a shutdown while it waits hands it back unrun.
-                let _running = tokio::select! {
+                let running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
                     () = shutdown.cancelled() => {
@@ -244,8 +241,8 @@ impl Worker {
                     },
                 };
                 leases.ended(finish.id);
-                drop(slot);
-                let _ = done.send(Done { finish });
+                drop(running);
+                let _ = done.send(Done { finish, _fetch_slot: slot });
             }
             .instrument(span),
         );
@@ -255,88 +252,4 @@ impl Worker {
 /// The job types this host fetches.
 fn served(registry: &Registry) -> Vec<String> {
     registry.components().iter().map(|c| c.config.name.clone()).collect()
-}
-
-/// Writes finished runs back in batches: whatever has arrived since the last
-/// write. A write the database could not take is retried, never dropped: if
-/// the leases expire meanwhile, the write later finds them taken and changes
-/// nothing. A batch the database refuses is written one result at a time, so
-/// one unstorable result cannot hold back the others.
-async fn complete_loop(
-    store: Arc<dyn Store>,
-    leases: Leases,
-    mut done: mpsc::UnboundedReceiver<Done>,
-    batch: usize,
-    give_up: CancellationToken,
-) {
-    let mut pending: Vec<Done> = Vec::new();
-    loop {
-        if pending.is_empty() {
-            match done.recv().await {
-                Some(first) => pending.push(first),
-                None => return,
-            }
-        }
-        while pending.len() < batch {
-            match done.try_recv() {
-                Ok(next) => pending.push(next),
-                Err(_) => break,
-            }
-        }
-        let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
-        match store.job_finish(finishes).await {
-            Ok(results) => {
-                for (done, result) in pending.drain(..).zip(results) {
-                    if result == FinishResult::Duplicate {
-                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
-                    }
-                    leases.release(done.finish.id);
-                }
-            }
-            Err(error) if give_up.is_cancelled() => {
-                tracing::error!(%error, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
-                return;
-            }
-            Err(error) if error.is_refusal() => {
-                tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
-                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
-/// Writes results singly; one the database refuses becomes a failure of its
-/// job that says why. Returns the results that could not be written at all.
-async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>) -> Vec<Done> {
-    let mut unwritten = Vec::new();
-    for done in pending {
-        let id = done.finish.id;
-        let written = match store.job_finish(vec![done.finish.clone()]).await {
-            Err(error) if error.is_refusal() => {
-                tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
-                let failed = Finish {
-                    outcome: FinishOutcome::Failed { error: format!("the run's result could not be stored: {error}") },
-                    log: serde_json::Value::Null,
-                    progress: None,
-                    ..done.finish.clone()
-                };
-                store.job_finish(vec![failed]).await
-            }
-            other => other,
-        };
-        match written {
-            Ok(_) => leases.release(id),
-            // Refused twice: give up on it; its lease expires and it is redelivered.
-            Err(error) if error.is_refusal() => {
-                tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
-                leases.release(id);
-            }
-            Err(_) => unwritten.push(done),
-        }
-    }
-    unwritten
 }

@@ -1,0 +1,121 @@
+//! Writing results back: batches of finished runs, several in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Leases;
+use crate::store::{Finish, FinishOutcome, FinishResult, Store};
+
+/// Batches of results written at once, at most.
+const WRITERS: usize = 4;
+
+/// A finished run on its way to the database. Its run slot is already free,
+/// so a prefetched job starts at once; its fetch slot comes back once the
+/// result is written, so the next fetch sees what the result changed (a
+/// parked job promoted into the slot it freed). Its lease is still renewed
+/// meanwhile.
+pub(super) struct Done {
+    pub(super) finish: Finish,
+    /// Given back when this is dropped, after the write.
+    pub(super) _fetch_slot: OwnedSemaphorePermit,
+}
+
+/// Writes finished runs back in batches: whatever has arrived since the last
+/// write was handed out, with up to [`WRITERS`] batches in flight, so a
+/// result does not wait behind the previous batch's round trip (a limited
+/// job's next run on its key waits for this write).
+pub(super) async fn complete_loop(
+    store: Arc<dyn Store>,
+    leases: Leases,
+    mut done: mpsc::UnboundedReceiver<Done>,
+    batch: usize,
+    give_up: CancellationToken,
+) {
+    let writers = Arc::new(Semaphore::new(WRITERS));
+    let mut writing = JoinSet::new();
+    while let Some(first) = done.recv().await {
+        let writer = writers.clone().acquire_owned().await.expect("the writers semaphore is never closed");
+        let mut pending = vec![first];
+        while pending.len() < batch {
+            match done.try_recv() {
+                Ok(next) => pending.push(next),
+                Err(_) => break,
+            }
+        }
+        let (store, leases, give_up) = (store.clone(), leases.clone(), give_up.clone());
+        writing.spawn(async move {
+            write_batch(store.as_ref(), &leases, pending, &give_up).await;
+            drop(writer);
+        });
+        while writing.try_join_next().is_some() {}
+    }
+    while writing.join_next().await.is_some() {}
+}
+
+/// Writes one batch. A write the database could not take is retried, never
+/// dropped: if the leases expire meanwhile, the write later finds them taken
+/// and changes nothing. A batch the database refuses is written one result
+/// at a time, so one unstorable result cannot hold back the others.
+async fn write_batch(store: &dyn Store, leases: &Leases, mut pending: Vec<Done>, give_up: &CancellationToken) {
+    while !pending.is_empty() {
+        let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
+        match store.job_finish(finishes).await {
+            Ok(results) => {
+                for (done, result) in pending.drain(..).zip(results) {
+                    if result == FinishResult::Duplicate {
+                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                    }
+                    leases.release(done.finish.id);
+                }
+            }
+            Err(error) if give_up.is_cancelled() => {
+                tracing::error!(%error, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
+                return;
+            }
+            Err(error) if error.is_refusal() => {
+                tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
+                pending = write_one_by_one(store, leases, pending).await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Writes results singly; one the database refuses becomes a failure of its
+/// job that says why. Returns the results that could not be written at all.
+async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>) -> Vec<Done> {
+    let mut unwritten = Vec::new();
+    for done in pending {
+        let id = done.finish.id;
+        let written = match store.job_finish(vec![done.finish.clone()]).await {
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
+                let failed = Finish {
+                    outcome: FinishOutcome::Failed { error: format!("the run's result could not be stored: {error}") },
+                    log: serde_json::Value::Null,
+                    progress: None,
+                    ..done.finish.clone()
+                };
+                store.job_finish(vec![failed]).await
+            }
+            other => other,
+        };
+        match written {
+            Ok(_) => leases.release(id),
+            // Refused twice: give up on it; its lease expires and it is redelivered.
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
+                leases.release(id);
+            }
+            Err(_) => unwritten.push(done),
+        }
+    }
+    unwritten
+}
