@@ -150,10 +150,8 @@ $$;
 -- Promotes parked jobs of one key while it has free slots, highest priority
 -- then oldest first, each taking its slot through take_slot (so a promotion
 -- can never over-admit). A parked row locked by someone else (an operator's
--- cancel, another promotion) is skipped, never waited for. `free` bounds the
--- attempts when the caller already holds the semaphore row and knows how
--- many slots it has free (NULL: try until one is refused). Returns how many moved.
-CREATE FUNCTION jobhost.promote_parked(job_type text, slot_key text, free integer DEFAULT NULL) RETURNS integer
+-- cancel, another promotion) is skipped, never waited for. Returns how many moved.
+CREATE FUNCTION jobhost.promote_parked(job_type text, slot_key text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     slot_limit integer := jobhost.slot_limit(job_type);
@@ -161,7 +159,6 @@ DECLARE
     moved integer := 0;
 BEGIN
     LOOP
-        EXIT WHEN moved >= free;
         SELECT b.id INTO next_id FROM jobhost.blocked_jobs b
         WHERE b.job = job_type AND b.concurrency_key = slot_key
         ORDER BY b.priority, b.parked_at, b.id
@@ -181,35 +178,90 @@ END;
 $$;
 
 -- Gives back one slot per (job, key) pair listed (a pair listed twice gives
--- two), and in the same transaction hands the freed slots to parked jobs.
--- Each semaphore row is locked (by the UPDATE) before the parked table is
--- read, in a statement of its own: a job parked by a gate that held the row
--- until it committed is seen. Keys are taken in order, so concurrent
--- releases never deadlock. Returns how many parked jobs were promoted.
+-- two), and in the same transaction hands the freed slots to parked jobs,
+-- set-based for the whole batch:
+--   1. lock the keys' semaphore rows, in (job, key) order, so concurrent
+--      releases never deadlock; a gate holding a row (it may be parking a
+--      job) is waited for;
+--   2. in a later statement, whose snapshot therefore sees every job such a
+--      gate parked, count each key's free slots under that lock (limit minus
+--      the holders that remain) and move at most that many parked jobs per
+--      key, highest priority then oldest, to available; parked rows locked
+--      by someone else are skipped, never waited for. The holder count is
+--      set in the same statement, so a promotion never over-admits;
+--   3. delete the rows left with no holders.
+-- A key whose row is missing (deleted by hand) is promoted through
+-- take_slot, one job at a time. Returns how many parked jobs were promoted.
 CREATE FUNCTION jobhost.release_slots(job_types text[], slot_keys text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
-    remaining integer;
-    free integer;
-    promoted integer := 0;
+    promoted integer;
+    orphan record;
 BEGIN
-    FOR r IN
+    PERFORM 1 FROM jobhost.semaphores s
+    WHERE (s.job, s.key) IN (SELECT t.job, t.key FROM unnest(job_types, slot_keys) AS t(job, key))
+    ORDER BY s.job, s.key
+    FOR UPDATE;
+
+    WITH freed AS (
         SELECT t.job, t.key, count(*)::integer AS n
         FROM unnest(job_types, slot_keys) AS t(job, key)
         WHERE t.key IS NOT NULL
         GROUP BY 1, 2
+    ),
+    room AS (
+        SELECT s.job, s.key, f.n,
+               greatest(jobhost.slot_limit(s.job) - greatest(s.holders - f.n, 0), 0) AS free
+        FROM jobhost.semaphores s
+        JOIN freed f ON f.job = s.job AND f.key = s.key
+    ),
+    chosen AS (
+        SELECT p.id
+        FROM room r
+        CROSS JOIN LATERAL (
+            SELECT b.id FROM jobhost.blocked_jobs b
+            WHERE b.job = r.job AND b.concurrency_key = r.key
+            ORDER BY b.priority, b.parked_at, b.id
+            LIMIT r.free
+            FOR UPDATE SKIP LOCKED
+        ) p
+        WHERE r.free > 0
+    ),
+    moved AS (
+        DELETE FROM jobhost.blocked_jobs b USING chosen c WHERE b.id = c.id RETURNING b.*
+    ),
+    inserted AS (
+        INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at,
+                                  enqueued_at, started_at, concurrency_key, batch_id, parent_id, errors, progress)
+        SELECT id, job, queue, priority, payload, 'available', attempt, max_attempts, now(),
+               enqueued_at, started_at, concurrency_key, batch_id, parent_id, errors, progress
+        FROM moved
+        RETURNING job, concurrency_key
+    ),
+    taken AS (
+        SELECT i.job, i.concurrency_key AS key, count(*)::integer AS n FROM inserted i GROUP BY 1, 2
+    ),
+    counted AS (
+        -- Runs whether or not it is read, like every data-modifying WITH.
+        UPDATE jobhost.semaphores s
+        SET holders = greatest(s.holders - r.n, 0) + coalesce(t.n, 0), updated_at = now()
+        FROM room r
+        LEFT JOIN taken t ON t.job = r.job AND t.key = r.key
+        WHERE s.job = r.job AND s.key = r.key
+    )
+    SELECT count(*)::integer INTO promoted FROM inserted;
+
+    DELETE FROM jobhost.semaphores s
+    USING unnest(job_types, slot_keys) AS t(job, key)
+    WHERE s.job = t.job AND s.key = t.key AND s.holders = 0;
+
+    FOR orphan IN
+        SELECT DISTINCT t.job, t.key FROM unnest(job_types, slot_keys) AS t(job, key)
+        WHERE t.key IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM jobhost.semaphores s WHERE s.job = t.job AND s.key = t.key)
         ORDER BY 1, 2
     LOOP
-        UPDATE jobhost.semaphores s SET holders = greatest(s.holders - r.n, 0), updated_at = now()
-        WHERE s.job = r.job AND s.key = r.key
-        RETURNING s.holders INTO remaining;
-        -- The row stays locked until commit, so its free slots are known.
-        free := CASE WHEN remaining IS NULL THEN NULL ELSE greatest(jobhost.slot_limit(r.job) - remaining, 0) END;
-        IF free IS NULL OR free > 0 THEN
-            promoted := promoted + jobhost.promote_parked(r.job, r.key, free);
-        END IF;
-        DELETE FROM jobhost.semaphores s WHERE s.job = r.job AND s.key = r.key AND s.holders = 0;
+        promoted := promoted + jobhost.promote_parked(orphan.job, orphan.key);
     END LOOP;
     RETURN promoted;
 END;

@@ -1,33 +1,26 @@
-//! Writing results back: batches of finished runs, several in flight.
+//! Writing results back: batches of finished runs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Leases;
 use crate::store::{Finish, FinishOutcome, FinishResult, Store};
 
-/// Batches of results written at once, at most.
-const WRITERS: usize = 4;
-
-/// A finished run on its way to the database. Its run slot is already free,
-/// so a prefetched job starts at once; its fetch slot comes back once the
-/// result is written, so the next fetch sees what the result changed (a
-/// parked job promoted into the slot it freed). Its lease is still renewed
-/// meanwhile.
+/// A finished run on its way to the database. Its fetch and run slots are
+/// already free: the next job may start while this result is written (its
+/// lease is still renewed meanwhile).
 pub(super) struct Done {
     pub(super) finish: Finish,
-    /// Given back when this is dropped, after the write.
-    pub(super) _fetch_slot: OwnedSemaphorePermit,
 }
 
 /// Writes finished runs back in batches: whatever has arrived since the last
-/// write was handed out, with up to [`WRITERS`] batches in flight, so a
-/// result does not wait behind the previous batch's round trip (a limited
-/// job's next run on its key waits for this write).
+/// write. A write the database could not take is retried, never dropped: if
+/// the leases expire meanwhile, the write later finds them taken and changes
+/// nothing. A batch the database refuses is written one result at a time, so
+/// one unstorable result cannot hold back the others.
 pub(super) async fn complete_loop(
     store: Arc<dyn Store>,
     leases: Leases,
@@ -35,33 +28,20 @@ pub(super) async fn complete_loop(
     batch: usize,
     give_up: CancellationToken,
 ) {
-    let writers = Arc::new(Semaphore::new(WRITERS));
-    let mut writing = JoinSet::new();
-    while let Some(first) = done.recv().await {
-        let writer = writers.clone().acquire_owned().await.expect("the writers semaphore is never closed");
-        let mut pending = vec![first];
+    let mut pending: Vec<Done> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            match done.recv().await {
+                Some(first) => pending.push(first),
+                None => return,
+            }
+        }
         while pending.len() < batch {
             match done.try_recv() {
                 Ok(next) => pending.push(next),
                 Err(_) => break,
             }
         }
-        let (store, leases, give_up) = (store.clone(), leases.clone(), give_up.clone());
-        writing.spawn(async move {
-            write_batch(store.as_ref(), &leases, pending, &give_up).await;
-            drop(writer);
-        });
-        while writing.try_join_next().is_some() {}
-    }
-    while writing.join_next().await.is_some() {}
-}
-
-/// Writes one batch. A write the database could not take is retried, never
-/// dropped: if the leases expire meanwhile, the write later finds them taken
-/// and changes nothing. A batch the database refuses is written one result
-/// at a time, so one unstorable result cannot hold back the others.
-async fn write_batch(store: &dyn Store, leases: &Leases, mut pending: Vec<Done>, give_up: &CancellationToken) {
-    while !pending.is_empty() {
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         match store.job_finish(finishes).await {
             Ok(results) => {
@@ -78,7 +58,7 @@ async fn write_batch(store: &dyn Store, leases: &Leases, mut pending: Vec<Done>,
             }
             Err(error) if error.is_refusal() => {
                 tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
-                pending = write_one_by_one(store, leases, pending).await;
+                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
             }
             Err(error) => {
                 tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");

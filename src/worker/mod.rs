@@ -19,13 +19,11 @@ use tracing::Instrument;
 
 use crate::component::{Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, Store};
-
-use complete::Done;
 use crate::types::JobContext;
+use complete::Done;
 
 pub use config::WorkerConfig;
 pub use leases::Leases;
-
 
 /// One host's worker.
 pub struct Worker {
@@ -63,7 +61,7 @@ impl Worker {
     /// jobs back so another host starts them at once.
     pub async fn run(self, shutdown: CancellationToken) {
         // Fetch slots cover running and prefetched jobs; a job holds one from
-        // its fetch until its result is written. Run slots bound what runs at once.
+        // its fetch until its guest returns. Run slots bound what runs at once.
         let capacity = Arc::new(Semaphore::new(self.config.concurrency + self.config.prefetch));
         let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
@@ -203,7 +201,7 @@ impl Worker {
             async move {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease) or a shutdown while it waits hands it back unrun.
-                let running = tokio::select! {
+                let _running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
                     () = shutdown.cancelled() => {
@@ -241,8 +239,8 @@ impl Worker {
                     },
                 };
                 leases.ended(finish.id);
-                drop(running);
-                let _ = done.send(Done { finish, _fetch_slot: slot });
+                drop(slot);
+                let _ = done.send(Done { finish });
             }
             .instrument(span),
         );
