@@ -58,11 +58,10 @@ LANGUAGE sql STABLE AS $$
         2147483647)
 $$;
 
--- THE GATE's guarded upsert: takes one of slot_limit slots of (job, key) and
+-- Takes one of slot_limit slots of (job, key) by a guarded upsert and
 -- returns true, or returns false when all are taken. Either way the row stays
 -- locked until the caller commits (ON CONFLICT DO UPDATE locks the row even
--- when its WHERE is false), so a holder giving its slot back at this moment
--- waits, and then sees whatever the caller parked.
+-- when its WHERE is false). The sweep's promotions, one job at a time, use it.
 CREATE FUNCTION jobhost.take_slot(job_type text, slot_key text, slot_limit integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,11 +75,11 @@ BEGIN
 END;
 $$;
 
--- Moves one job from jobhost.jobs to the parked table, keeping its payload
+-- Moves jobs from jobhost.jobs to the parked table, keeping each payload
 -- document as it is.
-CREATE FUNCTION jobhost.park(job_id bigint) RETURNS void
+CREATE FUNCTION jobhost.park(job_ids bigint[]) RETURNS void
 LANGUAGE sql AS $$
-    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = job_id RETURNING *)
+    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = ANY(job_ids) RETURNING *)
     INSERT INTO jobhost.blocked_jobs (id, job, queue, priority, payload, attempt, max_attempts, enqueued_at,
                                       started_at, concurrency_key, batch_id, parent_id, errors, progress)
     SELECT id, job, queue, priority, payload, attempt, max_attempts, enqueued_at,
@@ -88,10 +87,10 @@ LANGUAGE sql AS $$
     FROM moved
 $$;
 
--- Moves one job from jobhost.jobs to the archive as discarded, noting why.
-CREATE FUNCTION jobhost.discard(job_id bigint, reason text) RETURNS void
+-- Moves jobs from jobhost.jobs to the archive as discarded, noting why.
+CREATE FUNCTION jobhost.discard(job_ids bigint[], reason text) RETURNS void
 LANGUAGE sql AS $$
-    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = job_id RETURNING *)
+    WITH moved AS (DELETE FROM jobhost.jobs WHERE id = ANY(job_ids) RETURNING *)
     INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
                                  enqueued_at, started_at, finished_at, concurrency_key, batch_id, parent_id)
     SELECT id, job, queue, priority, payload, 'discarded', attempt, max_attempts,
@@ -101,46 +100,71 @@ LANGUAGE sql AS $$
 $$;
 
 -- THE GATE. Decides the jobs (rows of jobhost.jobs, new or come due) that
--- are to become runnable now. A job without a key becomes available. A
--- limited job takes a slot and becomes available, or meets its type's
--- on_conflict: 'block' parks it, 'discard' archives it as discarded, 'raise'
--- aborts the caller's transaction with SQLSTATE JHL01 when an enqueuer is
--- waiting for the answer (enqueuer_waiting), and discards it otherwise (a
--- delayed job coming due has nobody to tell). Keys are taken in (job, key)
--- order, so concurrent gates never deadlock. Returns how many became available.
+-- are to become runnable now. A job without a key becomes available. For
+-- each key, in (job, key) order so concurrent gates never deadlock: an
+-- upsert locks the key's semaphore row (creating it if need be) and holds
+-- it until the caller commits, so a holder giving its slot back at this
+-- moment waits, and then sees whatever this gate parked; the key's free
+-- slots (limit minus holders) go to its jobs in priority then arrival
+-- order, by a guarded update (holders + taken <= limit); the rest meet the
+-- type's on_conflict: 'block' parks them, 'discard' archives them as
+-- discarded, 'raise' aborts the caller's transaction with SQLSTATE JHL01
+-- when an enqueuer is waiting for the answer (enqueuer_waiting), and
+-- discards them otherwise (a delayed job coming due has nobody to tell).
+-- Returns how many jobs became available.
 CREATE FUNCTION jobhost.admit(job_ids bigint[], enqueuer_waiting boolean) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    j record;
+    k record;
     slot_limit integer;
+    held integer;
+    taken integer;
+    guarded integer;
     on_conflict text;
     reason text;
     admitted integer;
+    refused bigint[];
 BEGIN
     UPDATE jobhost.jobs SET state = 'available'
     WHERE id = ANY(job_ids) AND concurrency_key IS NULL AND state <> 'available';
     SELECT count(*) INTO admitted FROM jobhost.jobs WHERE id = ANY(job_ids) AND concurrency_key IS NULL;
-    FOR j IN
-        SELECT id, job, concurrency_key FROM jobhost.jobs
-        WHERE id = ANY(job_ids) AND concurrency_key IS NOT NULL
-        ORDER BY job, concurrency_key, id
+    FOR k IN
+        SELECT j.job, j.concurrency_key AS key,
+               array_agg(j.id ORDER BY j.priority, j.run_at, j.id) AS ids
+        FROM jobhost.jobs j
+        WHERE j.id = ANY(job_ids) AND j.concurrency_key IS NOT NULL
+        GROUP BY 1, 2
+        ORDER BY 1, 2
     LOOP
-        slot_limit := jobhost.slot_limit(j.job);
-        IF jobhost.take_slot(j.job, j.concurrency_key, slot_limit) THEN
-            UPDATE jobhost.jobs SET state = 'available' WHERE id = j.id AND state <> 'available';
-            admitted := admitted + 1;
-            CONTINUE;
+        slot_limit := jobhost.slot_limit(k.job);
+        INSERT INTO jobhost.semaphores AS s (job, key, holders) VALUES (k.job, k.key, 0)
+        ON CONFLICT (job, key) DO UPDATE SET updated_at = now()
+        RETURNING s.holders INTO held;
+        taken := least(greatest(slot_limit - held, 0), cardinality(k.ids));
+        IF taken > 0 THEN
+            UPDATE jobhost.semaphores s SET holders = s.holders + taken
+            WHERE s.job = k.job AND s.key = k.key AND s.holders + taken <= slot_limit;
+            GET DIAGNOSTICS guarded = ROW_COUNT;
+            IF guarded <> 1 THEN
+                RAISE EXCEPTION 'semaphore of key "%" changed under its lock', k.key;
+            END IF;
+            UPDATE jobhost.jobs SET state = 'available' WHERE id = ANY(k.ids[1:taken]) AND state <> 'available';
+            admitted := admitted + taken;
+        ELSIF held = 0 THEN
+            -- Only with a corrupt limit below 1; the row this gate created goes.
+            DELETE FROM jobhost.semaphores s WHERE s.job = k.job AND s.key = k.key AND s.holders = 0;
         END IF;
+        CONTINUE WHEN taken = cardinality(k.ids);
+        refused := k.ids[taken + 1:];
         SELECT coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') INTO on_conflict
-        FROM jobhost.job_types t WHERE t.name = j.job;
-        reason := format('concurrency limit reached: all %s slots of key "%s" are taken', slot_limit,
-                         j.concurrency_key);
+        FROM jobhost.job_types t WHERE t.name = k.job;
+        reason := format('concurrency limit reached: all %s slots of key "%s" are taken', slot_limit, k.key);
         IF on_conflict = 'raise' AND enqueuer_waiting THEN
-            RAISE EXCEPTION 'job "%" refused: %', j.job, reason USING ERRCODE = 'JHL01';
+            RAISE EXCEPTION 'job "%" refused: %', k.job, reason USING ERRCODE = 'JHL01';
         ELSIF on_conflict IN ('discard', 'raise') THEN
-            PERFORM jobhost.discard(j.id, reason);
+            PERFORM jobhost.discard(refused, reason);
         ELSE
-            PERFORM jobhost.park(j.id);
+            PERFORM jobhost.park(refused);
         END IF;
     END LOOP;
     RETURN admitted;
