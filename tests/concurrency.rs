@@ -107,66 +107,81 @@ async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself() {
     );
 }
 
+/// Up to 1.5 ms of random delay, spun rather than slept (the timer's
+/// granularity is 1 ms), so both orders of a race and every overlap between
+/// them get exercised.
+async fn stagger() {
+    let until = std::time::Instant::now() + Duration::from_micros(fastrand::u64(0..1_500));
+    while std::time::Instant::now() < until {
+        tokio::task::yield_now().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parks_racing_finishing_holders_strand_nothing() {
     const ROUNDS: usize = 300;
-    const LIMIT: usize = 1;
-    const PARKERS: usize = 1;
-    const PER_PARKER: usize = 1;
+    const KEYS: usize = 4;
+    const LIMIT: usize = 2;
     let db = Arc::new(TestDb::new().await);
     limited_type(&db, "lim", LIMIT as u32, OnConflict::Block, "v1").await;
 
-    // Each round fills the key, then ends its holder at the same moment as a
-    // new job arrives, so a park races a release; then it drains the key. A
-    // parked job that missed the release that should have promoted it stays
-    // behind with no holder left to free it. One racer a side, because any
-    // later enqueue to the key would take the free slot and, finishing,
-    // promote the stranded job, hiding the bug.
+    // Each round fills every key, then ends one of each key's holders at the
+    // same moment as a new job for that key arrives, so a park races a
+    // release on every key. Once both sides have returned, a key with a
+    // parked job and a free slot has stranded it: nothing is running that
+    // would promote it (the other holder still runs, on purpose: when it
+    // ends, its release would promote the stranded job and hide the bug).
     for round in 0..ROUNDS {
-        for _ in 0..LIMIT {
-            enqueue(&db, "lim", "k").await;
+        for key in 0..KEYS {
+            for _ in 0..LIMIT {
+                enqueue(&db, "lim", &format!("k{key}")).await;
+            }
         }
-        let holders = fetch(&db, "lim", LIMIT as i64).await;
-        assert_eq!(holders.len(), LIMIT);
+        let holders = fetch(&db, "lim", (KEYS * LIMIT) as i64).await;
+        assert_eq!(holders.len(), KEYS * LIMIT);
+        let start = Arc::new(tokio::sync::Barrier::new(2 * KEYS));
         let mut racing = Vec::new();
-        let start = Arc::new(tokio::sync::Barrier::new(LIMIT + PARKERS));
-        for holder in holders {
-            let (db, start) = (db.clone(), start.clone());
+        for holder in holders.iter().step_by(LIMIT).cloned() {
+            let key = holder.concurrency_key.clone().unwrap();
+            let (finisher_db, finisher_start) = (db.clone(), start.clone());
             racing.push(tokio::spawn(async move {
-                start.wait().await;
-                let done = db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
+                finisher_start.wait().await;
+                stagger().await;
+                let done = finisher_db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
                 assert_eq!(done, vec![FinishResult::Done]);
             }));
-        }
-        for _ in 0..PARKERS {
-            let (db, start) = (db.clone(), start.clone());
+            let (parker_db, parker_start) = (db.clone(), start.clone());
             racing.push(tokio::spawn(async move {
-                start.wait().await;
-                for _ in 0..PER_PARKER {
-                    enqueue(&db, "lim", "k").await;
-                }
+                parker_start.wait().await;
+                stagger().await;
+                enqueue(&parker_db, "lim", &key).await;
             }));
         }
         for task in racing {
             task.await.unwrap();
         }
+        let stranded = db
+            .scalar(
+                "SELECT count(*) FROM (SELECT DISTINCT job, concurrency_key FROM jobhost.blocked_jobs) b
+                 LEFT JOIN jobhost.semaphores s ON s.job = b.job AND s.key = b.concurrency_key
+                 WHERE coalesce(s.holders, 0) < 2",
+            )
+            .await;
+        assert_eq!(stranded, 0, "round {round}: a parked job waits beside a free slot");
         loop {
-            let running = fetch(&db, "lim", 10).await;
-            if running.is_empty() {
+            let running = fetch(&db, "lim", 100).await;
+            let still_held = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await;
+            if running.is_empty() && still_held == 0 {
                 break;
             }
-            assert!(running.len() <= LIMIT, "round {round}: {} admitted at once", running.len());
-            let finishes = running.iter().map(|job| finish(job, completed())).collect();
+            let mut finishes: Vec<_> = running.iter().map(|job| finish(job, completed())).collect();
+            finishes.extend(holders.iter().skip(1).step_by(LIMIT).map(|job| finish(job, completed())));
             db.store.job_finish(finishes).await.unwrap();
         }
-        assert_eq!(
-            db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await,
-            0,
-            "round {round}: a parked job stranded"
-        );
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0, "round {round}: drained");
     }
 
-    let total = (ROUNDS * (LIMIT + PARKERS * PER_PARKER)) as i64;
+    let total = (ROUNDS * KEYS * (LIMIT + 1)) as i64;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, total);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "every slot given back");
