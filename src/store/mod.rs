@@ -130,6 +130,19 @@ pub trait Store: Send + Sync + 'static {
     /// transaction with the children of those that completed.
     async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>>;
 
+    /// [`Store::job_finish`], then leases up to `next.limit` jobs to the
+    /// writing host as [`Store::job_fetch`] would, in one transaction where
+    /// the backend can: the jobs the finished runs made room for start
+    /// without another round trip.
+    async fn job_finish_and_fetch(
+        &self,
+        finishes: Vec<Finish>,
+        next: &FetchParams,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        let results = self.job_finish(finishes).await?;
+        Ok((results, self.job_fetch(next).await?))
+    }
+
     /// Renews the leases a host still holds; returns the ids renewed. A job
     /// missing from the answer is no longer this host's.
     async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>>;

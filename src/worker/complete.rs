@@ -3,11 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Leases;
-use crate::store::{Finish, FinishOutcome, FinishResult, Store};
+use super::{FetchSpec, Leases};
+use crate::store::{FetchedJob, Finish, FinishOutcome, FinishResult, Store};
 
 /// A finished run on its way to the database. Its fetch and run slots are
 /// already free: the next job may start while this result is written (its
@@ -16,8 +17,44 @@ pub(super) struct Done {
     pub(super) finish: Finish,
 }
 
+/// A job leased along with a batch of results, on its way to be started.
+pub(super) struct Handoff {
+    pub(super) job: FetchedJob,
+    /// The fetch slot it holds.
+    pub(super) slot: OwnedSemaphorePermit,
+    /// When the write that leased it was sent (its lease runs from then).
+    pub(super) sent_at: Instant,
+}
+
+/// Where the completer leases the next jobs: free fetch slots, what to
+/// fetch, and where to send what it leased. Nothing is leased once
+/// `shutdown` has fired.
+pub(super) struct NextJobs {
+    pub(super) capacity: Arc<Semaphore>,
+    pub(super) spec: FetchSpec,
+    pub(super) handoff: mpsc::UnboundedSender<Handoff>,
+    pub(super) shutdown: CancellationToken,
+}
+
+impl NextJobs {
+    /// Free fetch slots, up to one per finished run in the batch.
+    fn slots(&self, at_most: usize) -> Vec<OwnedSemaphorePermit> {
+        let mut slots = Vec::new();
+        while slots.len() < at_most && !self.shutdown.is_cancelled() {
+            match self.capacity.clone().try_acquire_owned() {
+                Ok(slot) => slots.push(slot),
+                Err(_) => break,
+            }
+        }
+        slots
+    }
+}
+
 /// Writes finished runs back in batches: whatever has arrived since the last
-/// write. A write the database could not take is retried, never dropped: if
+/// write. With each batch it leases as many jobs as there are free fetch
+/// slots (up to the batch's size), so the jobs the batch made room for, a
+/// parked job promoted into a freed slot among them, start without another
+/// round trip. A write the database could not take is retried, never dropped: if
 /// the leases expire meanwhile, the write later finds them taken and changes
 /// nothing. A batch the database refuses is written one result at a time, so
 /// one unstorable result cannot hold back the others.
@@ -25,6 +62,7 @@ pub(super) async fn complete_loop(
     store: Arc<dyn Store>,
     leases: Leases,
     mut done: mpsc::UnboundedReceiver<Done>,
+    next: NextJobs,
     batch: usize,
     give_up: CancellationToken,
 ) {
@@ -43,8 +81,19 @@ pub(super) async fn complete_loop(
             }
         }
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
-        match store.job_finish(finishes).await {
-            Ok(results) => {
+        let mut slots = next.slots(pending.len());
+        let sent_at = Instant::now();
+        let written = if slots.is_empty() {
+            store.job_finish(finishes).await.map(|results| (results, Vec::new()))
+        } else {
+            store.job_finish_and_fetch(finishes, &next.spec.params(slots.len() as i64)).await
+        };
+        match written {
+            Ok((results, leased)) => {
+                for job in leased {
+                    let slot = slots.pop().expect("a fetch leases at most `limit` jobs");
+                    let _ = next.handoff.send(Handoff { job, slot, sent_at });
+                }
                 for (done, result) in pending.drain(..).zip(results) {
                     if result == FinishResult::Duplicate {
                         tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::component::{Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, Store};
 use crate::types::JobContext;
-use complete::Done;
+use complete::{Done, Handoff};
 
 pub use config::WorkerConfig;
 pub use leases::Leases;
@@ -88,19 +88,36 @@ impl Worker {
             stop_heartbeat.clone(),
         ));
         let give_up = CancellationToken::new();
+        let (handoff_tx, mut handoffs) = mpsc::unbounded_channel::<Handoff>();
         let completer = tokio::spawn(complete::complete_loop(
             self.store.clone(),
             self.leases.clone(),
             done_rx,
+            complete::NextJobs {
+                capacity: capacity.clone(),
+                spec: self.fetch_spec(),
+                handoff: handoff_tx,
+                shutdown: shutdown.clone(),
+            },
             self.config.completion_batch,
             give_up.clone(),
         ));
 
-        self.fetch_loop(&capacity, &run_slots, &done_tx, &shutdown).await;
+        self.fetch_loop(&capacity, &run_slots, &done_tx, &mut handoffs, &shutdown).await;
 
         tracing::info!(running = self.leases.count(), "stopping: no new jobs will be fetched");
         let all = (self.config.concurrency + self.config.prefetch) as u32;
-        let drained = tokio::time::timeout(self.config.shutdown_grace, capacity.acquire_many(all)).await;
+        // Jobs leased with a result written just before the stop arrive
+        // here; starting them now hands them back at once.
+        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
+            loop {
+                tokio::select! {
+                    _ = capacity.acquire_many(all) => return,
+                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, &run_slots, &done_tx, &shutdown),
+                }
+            }
+        })
+        .await;
         if drained.is_err() {
             tracing::warn!(running = self.leases.count(), "grace period over; interrupting and handing back");
             self.leases.stop_all("host shutting down");
@@ -111,12 +128,24 @@ impl Worker {
         // period, results are abandoned. Their leases expire and the jobs are
         // redelivered, so nothing is lost.
         let completer_abort = completer.abort_handle();
-        tokio::select! {
-            _ = completer => {}
-            () = tokio::time::sleep(self.config.shutdown_grace) => {
-                give_up.cancel();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                completer_abort.abort();
+        let mut completer = completer;
+        let give_up_at = tokio::time::sleep(self.config.shutdown_grace);
+        tokio::pin!(give_up_at);
+        loop {
+            tokio::select! {
+                _ = &mut completer => break,
+                Some(handoff) = handoffs.recv() => {
+                    // Leased by a write that was in flight when the grace
+                    // period ended: never started here, so its lease expires
+                    // and another host runs it.
+                    tracing::warn!(job_id = handoff.job.id, "leased too late to start; it will be redelivered");
+                }
+                () = &mut give_up_at => {
+                    give_up.cancel();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    completer_abort.abort();
+                    break;
+                }
             }
         }
         stop_heartbeat.cancel();
@@ -131,11 +160,17 @@ impl Worker {
         capacity: &Arc<Semaphore>,
         run_slots: &Arc<Semaphore>,
         done: &mpsc::UnboundedSender<Done>,
+        handoffs: &mut mpsc::UnboundedReceiver<Handoff>,
         shutdown: &CancellationToken,
     ) {
+        let spec = self.fetch_spec();
         loop {
             let first = tokio::select! {
                 () = shutdown.cancelled() => return,
+                Some(handoff) = handoffs.recv() => {
+                    self.start_handoff(handoff, run_slots, done, shutdown);
+                    continue;
+                }
                 permit = capacity.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return,
@@ -145,18 +180,7 @@ impl Worker {
             while let Ok(permit) = capacity.clone().try_acquire_owned() {
                 slots.push(permit);
             }
-            let components = self.registry.components();
-            let params = FetchParams {
-                host_id: self.host.id.clone(),
-                queues: self.config.queues.clone(),
-                job_types: components
-                    .iter()
-                    .map(|c| {
-                        (c.config.name.clone(), crate::store::lease::lease_secs(&c.config, self.config.default_lease))
-                    })
-                    .collect(),
-                limit: slots.len() as i64,
-            };
+            let params = spec.params(slots.len() as i64);
             let sent_at = Instant::now();
             let jobs = match self.store.job_fetch(&params).await {
                 Ok(jobs) => jobs,
@@ -175,10 +199,34 @@ impl Worker {
             if idle {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
+                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, run_slots, done, shutdown),
                     () = self.store.wait_available(self.config.poll_interval) => {}
                 }
             }
         }
+    }
+
+    /// What this host fetches: its queues, and the job types it has loaded
+    /// now with their lease lengths.
+    fn fetch_spec(&self) -> FetchSpec {
+        FetchSpec {
+            host_id: self.host.id.clone(),
+            queues: self.config.queues.clone(),
+            registry: self.registry.clone(),
+            default_lease: self.config.default_lease,
+        }
+    }
+
+    /// Starts a job the completer leased along with a batch of results.
+    fn start_handoff(
+        &self,
+        handoff: Handoff,
+        run_slots: &Arc<Semaphore>,
+        done: &mpsc::UnboundedSender<Done>,
+        shutdown: &CancellationToken,
+    ) {
+        let Handoff { job, slot, sent_at } = handoff;
+        self.start(job, slot, run_slots.clone(), sent_at, done.clone(), shutdown.clone());
     }
 
     fn start(
@@ -244,6 +292,33 @@ impl Worker {
             }
             .instrument(span),
         );
+    }
+}
+
+/// How to ask for this host's jobs, shared by the fetch loop and the
+/// completer (which leases jobs along with the results it writes).
+#[derive(Clone)]
+pub(crate) struct FetchSpec {
+    host_id: String,
+    queues: Vec<String>,
+    registry: Arc<Registry>,
+    default_lease: Duration,
+}
+
+impl FetchSpec {
+    /// A fetch of up to `limit` jobs of the types loaded now.
+    pub(crate) fn params(&self, limit: i64) -> FetchParams {
+        FetchParams {
+            host_id: self.host_id.clone(),
+            queues: self.queues.clone(),
+            job_types: self
+                .registry
+                .components()
+                .iter()
+                .map(|c| (c.config.name.clone(), crate::store::lease::lease_secs(&c.config, self.default_lease)))
+                .collect(),
+            limit,
+        }
     }
 }
 

@@ -93,23 +93,24 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
     .bind(&params.host_id)
     .fetch_all(pool)
     .await?;
-    rows.into_iter()
-        .map(|row| {
-            Ok(FetchedJob {
-                id: row.try_get("id")?,
-                lease_token: row.try_get("lease_token")?,
-                job: row.try_get("job")?,
-                queue: row.try_get("queue")?,
-                payload: row.try_get::<Json<serde_json::Value>, _>("payload")?.0,
-                attempt: row.try_get("attempt")?,
-                max_attempts: row.try_get("max_attempts")?,
-                enqueued_at: row.try_get("enqueued_at")?,
-                batch_id: row.try_get("batch_id")?,
-                concurrency_key: row.try_get("concurrency_key")?,
-                lease_secs: row.try_get("lease_secs")?,
-            })
-        })
-        .collect()
+    rows.iter().map(leased_job).collect()
+}
+
+/// A leased job from the columns of `jobhost.fetch` (or of `finish_and_fetch`).
+fn leased_job(row: &sqlx::postgres::PgRow) -> Result<FetchedJob> {
+    Ok(FetchedJob {
+        id: row.try_get("id")?,
+        lease_token: row.try_get("lease_token")?,
+        job: row.try_get("job")?,
+        queue: row.try_get("queue")?,
+        payload: row.try_get::<Json<serde_json::Value>, _>("payload")?.0,
+        attempt: row.try_get("attempt")?,
+        max_attempts: row.try_get("max_attempts")?,
+        enqueued_at: row.try_get("enqueued_at")?,
+        batch_id: row.try_get("batch_id")?,
+        concurrency_key: row.try_get("concurrency_key")?,
+        lease_secs: row.try_get("lease_secs")?,
+    })
 }
 
 /// The columns of `jobhost.finish_runs`: runs that end for good, and runs
@@ -152,9 +153,18 @@ fn error_entry(attempt: i32, error: &str, log: &serde_json::Value) -> Json<serde
     Json(serde_json::json!({ "attempt": attempt, "error": error, "log": log }))
 }
 
-/// Writes a batch of results; also says whether any job became available
-/// (requeued at once, or promoted into a freed slot).
-pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<(Vec<FinishResult>, bool)> {
+/// What a batch of results did: each result's fate, whether any job became
+/// available (requeued at once, or promoted into a freed slot), and the jobs
+/// leased to the writing host in the same transaction.
+pub struct Finished {
+    pub results: Vec<FinishResult>,
+    pub any_available: bool,
+    pub leased: Vec<FetchedJob>,
+}
+
+/// Writes a batch of results and, when `next` asks for any, leases jobs to
+/// the writing host in the same transaction.
+pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>, next: Option<&FetchParams>) -> Result<Finished> {
     fail_parents_of_unknown_children(pool, &mut finishes).await?;
     let mut rows = FinishRows::default();
     for f in &finishes {
@@ -173,23 +183,23 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>) -> Result<(Vec<Fin
             _ => Vec::new(),
         })
         .collect();
-    let (written, any_available) = if children.is_empty() {
-        rows.write(pool).await?
+    let (written, any_available, leased) = if children.is_empty() {
+        rows.write(pool, next).await?
     } else {
         let mut tx = pool.begin().await?;
-        let (written, any_available) = rows.write(&mut *tx).await?;
+        let (written, any_available, leased) = rows.write(&mut *tx, next).await?;
         // Only the children of parents whose completion was written.
         let children: Vec<EnqueueParams> =
             children.into_iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).collect();
         enqueue(&mut tx, &children).await?;
         tx.commit().await?;
-        (written, any_available)
+        (written, any_available, leased)
     };
     let results = finishes
         .iter()
         .map(|f| if written.contains(&f.id) { FinishResult::Done } else { FinishResult::Duplicate })
         .collect();
-    Ok((results, any_available))
+    Ok(Finished { results, any_available, leased })
 }
 
 impl FinishRows {
@@ -240,12 +250,20 @@ impl FinishRows {
     }
 
     /// Writes the rows whose lease still matches (see jobhost.finish_runs
-    /// in 0004_concurrency.sql); returns their ids and whether any job
-    /// became available.
-    async fn write(&self, executor: impl sqlx::PgExecutor<'_>) -> Result<(HashSet<i64>, bool)> {
-        let (written, any_available): (Vec<i64>, bool) = sqlx::query_as(
-            "SELECT written, any_available
-             FROM jobhost.finish_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    /// and jobhost.finish_and_fetch in 0004_concurrency.sql); returns their
+    /// ids, whether any job became available, and the jobs leased to the
+    /// host `next` names, if it asks for any.
+    async fn write(
+        &self,
+        executor: impl sqlx::PgExecutor<'_>,
+        next: Option<&FetchParams>,
+    ) -> Result<(HashSet<i64>, bool, Vec<FetchedJob>)> {
+        let next = next.filter(|n| n.limit > 0 && !n.job_types.is_empty() && !n.queues.is_empty());
+        let (names, leases): (Vec<&str>, Vec<i32>) =
+            next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
+        let rows = sqlx::query(
+            "SELECT * FROM jobhost.finish_and_fetch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                                    $14, $15, $16, $17, $18)",
         )
         .bind(&self.archive_ids)
         .bind(&self.archive_tokens)
@@ -260,9 +278,23 @@ impl FinishRows {
         .bind(&self.refunds)
         .bind(&self.requeue_errors)
         .bind(&self.requeue_progress)
-        .fetch_one(executor)
+        .bind(next.map(|n| n.queues.clone()).unwrap_or_default())
+        .bind(names)
+        .bind(leases)
+        .bind(next.map_or(0, |n| n.limit))
+        .bind(next.map_or("", |n| n.host_id.as_str()))
+        .fetch_all(executor)
         .await?;
-        Ok((written.into_iter().collect(), any_available))
+        let first = rows.first().ok_or_else(|| Error::JobState { id: 0, reason: "finish wrote no row".into() })?;
+        let written: Vec<i64> = first.try_get("written")?;
+        let any_available: bool = first.try_get("any_available")?;
+        let mut leased = Vec::new();
+        for row in &rows {
+            if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                leased.push(leased_job(row)?);
+            }
+        }
+        Ok((written.into_iter().collect(), any_available, leased))
     }
 }
 

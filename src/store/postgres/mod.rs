@@ -67,6 +67,20 @@ impl PgStore {
         &self.pool
     }
 
+    async fn finish(
+        &self,
+        finishes: Vec<Finish>,
+        next: Option<&FetchParams>,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        let finished = job::finish(&self.pool, finishes, next).await?;
+        if finished.any_available {
+            // This host's own idle fetch loop need not wait for the
+            // notification's round trip through the server.
+            self.wake.notify_one();
+        }
+        Ok((finished.results, finished.leased))
+    }
+
     /// Starts the LISTEN task once; notifications wake `wait_available`.
     async fn listen(&self) {
         let started = self
@@ -152,13 +166,15 @@ impl Store for PgStore {
     }
 
     async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
-        let (results, any_available) = job::finish(&self.pool, finishes).await?;
-        if any_available {
-            // This host's own idle fetch loop need not wait for the
-            // notification's round trip through the server.
-            self.wake.notify_one();
-        }
-        Ok(results)
+        Ok(self.finish(finishes, None).await?.0)
+    }
+
+    async fn job_finish_and_fetch(
+        &self,
+        finishes: Vec<Finish>,
+        next: &FetchParams,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        self.finish(finishes, Some(next)).await
     }
 
     async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
