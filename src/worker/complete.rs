@@ -3,18 +3,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{FetchSpec, Leases};
 use crate::store::{FetchedJob, Finish, FinishOutcome, FinishResult, Store};
 
-/// A finished run on its way to the database. Its fetch and run slots are
-/// already free: the next job may start while this result is written (its
-/// lease is still renewed meanwhile).
+/// A finished run on its way to the database. Its run slot is already free,
+/// so a prefetched job starts at once; it keeps its fetch slot until its
+/// result is written, and the completer leases the next job into that slot
+/// with the write. Its lease is still renewed meanwhile.
 pub(super) struct Done {
     pub(super) finish: Finish,
+    pub(super) fetch_slot: OwnedSemaphorePermit,
 }
 
 /// A job leased along with a batch of results, on its way to be started.
@@ -26,35 +28,19 @@ pub(super) struct Handoff {
     pub(super) sent_at: Instant,
 }
 
-/// Where the completer leases the next jobs: free fetch slots, what to
-/// fetch, and where to send what it leased. Nothing is leased once
-/// `shutdown` has fired.
+/// Where the completer leases the next jobs: what to fetch, and where to
+/// send what it leased. Nothing is leased once `shutdown` has fired.
 pub(super) struct NextJobs {
-    pub(super) capacity: Arc<Semaphore>,
     pub(super) spec: FetchSpec,
     pub(super) handoff: mpsc::UnboundedSender<Handoff>,
     pub(super) shutdown: CancellationToken,
 }
 
-impl NextJobs {
-    /// Free fetch slots, up to one per finished run in the batch.
-    fn slots(&self, at_most: usize) -> Vec<OwnedSemaphorePermit> {
-        let mut slots = Vec::new();
-        while slots.len() < at_most && !self.shutdown.is_cancelled() {
-            match self.capacity.clone().try_acquire_owned() {
-                Ok(slot) => slots.push(slot),
-                Err(_) => break,
-            }
-        }
-        slots
-    }
-}
-
 /// Writes finished runs back in batches: whatever has arrived since the last
-/// write. With each batch it leases as many jobs as there are free fetch
-/// slots (up to the batch's size), so the jobs the batch made room for, a
-/// parked job promoted into a freed slot among them, start without another
-/// round trip. A write the database could not take is retried, never dropped: if
+/// write. With each batch it leases up to one job per fetch slot the batch's
+/// runs held, so the jobs the batch made room for, a parked job promoted
+/// into a freed slot among them, start without another round trip; slots it
+/// cannot fill go back to the fetch loop once the batch is written. A write the database could not take is retried, never dropped: if
 /// the leases expire meanwhile, the write later finds them taken and changes
 /// nothing. A batch the database refuses is written one result at a time, so
 /// one unstorable result cannot hold back the others.
@@ -81,24 +67,25 @@ pub(super) async fn complete_loop(
             }
         }
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
-        let mut slots = next.slots(pending.len());
         let sent_at = Instant::now();
-        let written = if slots.is_empty() {
+        let written = if next.shutdown.is_cancelled() {
             store.job_finish(finishes).await.map(|results| (results, Vec::new()))
         } else {
-            store.job_finish_and_fetch(finishes, &next.spec.params(slots.len() as i64)).await
+            store.job_finish_and_fetch(finishes, &next.spec.params(pending.len() as i64)).await
         };
         match written {
             Ok((results, leased)) => {
-                for job in leased {
-                    let slot = slots.pop().expect("a fetch leases at most `limit` jobs");
-                    let _ = next.handoff.send(Handoff { job, slot, sent_at });
-                }
+                let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
                 for (done, result) in pending.drain(..).zip(results) {
                     if result == FinishResult::Duplicate {
                         tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
                     }
                     leases.release(done.finish.id);
+                    slots.push(done.fetch_slot);
+                }
+                for job in leased {
+                    let slot = slots.pop().expect("a fetch leases at most `limit` jobs");
+                    let _ = next.handoff.send(Handoff { job, slot, sent_at });
                 }
             }
             Err(error) if give_up.is_cancelled() => {

@@ -61,7 +61,8 @@ impl Worker {
     /// jobs back so another host starts them at once.
     pub async fn run(self, shutdown: CancellationToken) {
         // Fetch slots cover running and prefetched jobs; a job holds one from
-        // its fetch until its guest returns. Run slots bound what runs at once.
+        // its fetch until its result is written (and the completer may lease
+        // the next job into it). Run slots bound what runs at once.
         let capacity = Arc::new(Semaphore::new(self.config.concurrency + self.config.prefetch));
         let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
@@ -93,12 +94,7 @@ impl Worker {
             self.store.clone(),
             self.leases.clone(),
             done_rx,
-            complete::NextJobs {
-                capacity: capacity.clone(),
-                spec: self.fetch_spec(),
-                handoff: handoff_tx,
-                shutdown: shutdown.clone(),
-            },
+            complete::NextJobs { spec: self.fetch_spec(), handoff: handoff_tx, shutdown: shutdown.clone() },
             self.config.completion_batch,
             give_up.clone(),
         ));
@@ -249,7 +245,7 @@ impl Worker {
             async move {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease) or a shutdown while it waits hands it back unrun.
-                let _running = tokio::select! {
+                let running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
                     () = shutdown.cancelled() => {
@@ -287,8 +283,8 @@ impl Worker {
                     },
                 };
                 leases.ended(finish.id);
-                drop(slot);
-                let _ = done.send(Done { finish });
+                drop(running);
+                let _ = done.send(Done { finish, fetch_slot: slot });
             }
             .instrument(span),
         );

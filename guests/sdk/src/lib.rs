@@ -47,18 +47,30 @@ pub fn parse_payload(payload: &str) -> Result<serde_json::Value, JobError> {
     serde_json::from_str(payload).map_err(|e| JobError::Fail(format!("payload is not JSON: {e}")))
 }
 
-/// Milliseconds since the Unix epoch by the WASI wall clock.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+/// Microseconds since the Unix epoch by the WASI wall clock.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
-/// Sleeps `ms` milliseconds and returns `{"started_ms", "ended_ms"}` by the
-/// wall clock, so an observer outside the sandbox can tell which runs overlapped.
+/// Milliseconds since the Unix epoch by the WASI wall clock.
+pub fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// Sleeps `ms` milliseconds and returns when it started and ended by the
+/// wall clock (`started_ms`, `ended_ms`, and the same in microseconds as
+/// `started_us`, `ended_us`), so an observer outside the sandbox can tell
+/// which runs overlapped.
 pub fn timed_sleep(ms: u64) -> serde_json::Value {
-    let started_ms = now_ms();
+    let started_us = now_us();
     std::thread::sleep(std::time::Duration::from_millis(ms));
-    let ended_ms = now_ms();
-    serde_json::json!({ "started_ms": started_ms, "ended_ms": ended_ms })
+    let ended_us = now_us();
+    serde_json::json!({
+        "started_ms": started_us / 1000,
+        "ended_ms": ended_us / 1000,
+        "started_us": started_us,
+        "ended_us": ended_us,
+    })
 }
 
 /// The whole `run` of a job that sleeps its payload's `ms` (0 when absent)

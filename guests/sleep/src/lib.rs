@@ -11,9 +11,7 @@ impl jobhost_guest::Guest for Sleep {
     }
 
     fn run(_ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
-        let payload = jobhost_guest::parse_payload(&payload)?;
-        let ms = payload.get("ms").and_then(|m| m.as_u64()).unwrap_or(0);
-        Ok(Some(jobhost_guest::timed_sleep(ms).to_string()))
+        jobhost_guest::sleep_for_payload(&payload)
     }
 }
 
