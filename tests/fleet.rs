@@ -54,6 +54,20 @@ async fn redone_after(db: &TestDb, host: &Child) -> i64 {
         .unwrap()
 }
 
+/// Checks that the work of the killed host (`hosts[0]`) and of the frozen one
+/// (`hosts[1]`) was redone after their leases expired, then stops the two
+/// still alive and checks that they exit gracefully.
+async fn both_failures_redone_and_survivors_exit(db: &TestDb, mut hosts: Vec<Child>) {
+    assert!(redone_after(db, &hosts[0]).await > 0, "the killed host's jobs were redone after their leases expired");
+    assert!(redone_after(db, &hosts[1]).await > 0, "the frozen host's jobs were redone after their leases expired");
+    let _ = hosts[0].wait();
+    for host in &mut hosts[1..] {
+        signal(host, libc::SIGTERM);
+        let status = host.wait().unwrap();
+        assert!(status.success(), "graceful exit: {status}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_survives_a_killed_and_a_frozen_host() {
     let _one = ONE_FLEET.lock().await;
@@ -105,15 +119,7 @@ async fn a_fleet_survives_a_killed_and_a_frozen_host() {
         JOBS as i64,
         "every payload completed, none twice"
     );
-    assert!(redone_after(&db, killed).await > 0, "the killed host's jobs were redone after their leases expired");
-    assert!(redone_after(&db, frozen).await > 0, "the frozen host's jobs were redone after their leases expired");
-
-    let _ = hosts[0].wait();
-    for host in &mut hosts[1..] {
-        signal(host, libc::SIGTERM);
-        let status = host.wait().unwrap();
-        assert!(status.success(), "graceful exit: {status}");
-    }
+    both_failures_redone_and_survivors_exit(&db, hosts).await;
 }
 
 /// How a key's runs may overlap: by the guests' own clocks, the most runs
@@ -266,13 +272,5 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host() {
     assert_eq!(accepted + raised, EXTRA as i64);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot held without a live job");
     assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing for the repair to fix");
-    assert!(redone_after(&db, killed).await > 0, "the killed host's jobs were redone after their leases expired");
-    assert!(redone_after(&db, frozen).await > 0, "the frozen host's jobs were redone after their leases expired");
-
-    let _ = hosts[0].wait();
-    for host in &mut hosts[1..] {
-        signal(host, libc::SIGTERM);
-        let status = host.wait().unwrap();
-        assert!(status.success(), "graceful exit: {status}");
-    }
+    both_failures_redone_and_survivors_exit(&db, hosts).await;
 }

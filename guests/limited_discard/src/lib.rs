@@ -2,26 +2,4 @@
 //! is discarded.
 //! Sleeps the payload's `ms` and reports when it ran.
 
-use jobhost_guest::{Concurrency, JobConfig, JobContext, JobError, OnConflict};
-
-struct LimitedDiscard;
-
-impl jobhost_guest::Guest for LimitedDiscard {
-    fn describe() -> JobConfig {
-        JobConfig {
-            concurrency: Some(Concurrency {
-                limit: 2,
-                key: Some("{key}".to_string()),
-                duration_secs: 10,
-                on_conflict: OnConflict::Discard,
-            }),
-            ..JobConfig::named("limited_discard")
-        }
-    }
-
-    fn run(_ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
-        jobhost_guest::sleep_for_payload(&payload)
-    }
-}
-
-jobhost_guest::export!(LimitedDiscard);
+jobhost_guest::keyed_sleeper!(LimitedDiscard, "limited_discard", limit: 2, duration_secs: 10, on_conflict: Discard);

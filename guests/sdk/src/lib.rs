@@ -80,3 +80,33 @@ pub fn sleep_for_payload(payload: &str) -> Result<Option<String>, JobError> {
     let ms = payload.get("ms").and_then(|m| m.as_u64()).unwrap_or(0);
     Ok(Some(timed_sleep(ms).to_string()))
 }
+
+/// Declares a handler named `$name` that sleeps its payload's `ms` and
+/// reports when it ran, limited to `limit` runs at once per payload `key`:
+/// the sample limited handlers differ only in their limits.
+#[macro_export]
+macro_rules! keyed_sleeper {
+    ($handler:ident, $name:literal, limit: $limit:expr, duration_secs: $duration:expr, on_conflict: $on_conflict:ident) => {
+        struct $handler;
+
+        impl $crate::Guest for $handler {
+            fn describe() -> $crate::JobConfig {
+                $crate::JobConfig {
+                    concurrency: Some($crate::Concurrency {
+                        limit: $limit,
+                        key: Some("{key}".to_string()),
+                        duration_secs: $duration,
+                        on_conflict: $crate::OnConflict::$on_conflict,
+                    }),
+                    ..$crate::JobConfig::named($name)
+                }
+            }
+
+            fn run(_ctx: $crate::JobContext, payload: String) -> Result<Option<String>, $crate::JobError> {
+                $crate::sleep_for_payload(&payload)
+            }
+        }
+
+        $crate::export!($handler);
+    };
+}
