@@ -77,7 +77,7 @@ async fn a_fleet_survives_a_killed_and_a_frozen_host() {
     let cache = tempfile::tempdir().unwrap();
 
     eprintln!("stage: starting hosts");
-    let mut hosts: Vec<Child> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    let hosts: Vec<Child> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.hosts").await == 3 }).await;
 
     let payloads: Vec<_> =
@@ -182,7 +182,7 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host() {
         std::fs::copy(guest(name), components.path().join(format!("{name}.wasm"))).unwrap();
     }
     let cache = tempfile::tempdir().unwrap();
-    let mut hosts: Vec<Child> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    let hosts: Vec<Child> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
     eventually(WITHIN, || async {
         db.scalar("SELECT count(*) FROM jobhost.hosts WHERE cardinality(job_types) = 3").await == 3
     })
