@@ -2,7 +2,8 @@
 # Installs what is needed (PostgreSQL if none runs, the wasm32-wasip2
 # target), builds the example handlers and the host, then runs a host on
 # sample components and jobs and shows what happened: results, a retry, child
-# jobs, a trap, a delayed job, and the sandbox refusing a nosy guest.
+# jobs, a trap, a delayed job, the sandbox refusing a nosy guest, and
+# concurrency limits parking jobs and refusing one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ psql "${DATABASE_URL%/*}/postgres" -qc 'DROP DATABASE IF EXISTS jobhost_demo WIT
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
 components=$(mktemp -d)
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise}.wasm "$components"
 step "$jobhost" migrate
 "$jobhost" run --components "$components" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
 host=$!
@@ -32,8 +33,15 @@ step "$jobhost" enqueue sleep --payload '{"ms": 100}' --delay 2s
 step "$jobhost" enqueue snoop --payload '{}'
 step "$jobhost" enqueue nosuchjob --payload '{}' || true
 
+# One run at a time per key: the first runs, the other two park.
+for _ in 1 2 3; do "$jobhost" enqueue serial --payload '{"key": "acct-7", "ms": 500}' > /dev/null; done
+step "$jobhost" concurrency
+# Two slots per key, and a third enqueue is refused (exit code 3).
+for _ in 1 2; do "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' > /dev/null; done
+step "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' || echo "(exit code $?)"
+
 waiting() { "$jobhost" jobs --state "$1" --limit 1 | grep -c . || true; }
-until [ "$(waiting scheduled)$(waiting available)$(waiting running)" = 000 ]; do sleep 0.2; done
+until [ "$(waiting scheduled)$(waiting available)$(waiting running)$(waiting blocked)" = 0000 ]; do sleep 0.2; done
 
 step "$jobhost" jobs
 step "$jobhost" job 2
