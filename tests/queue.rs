@@ -507,3 +507,17 @@ async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others
     assert!(error.contains("could not be stored") && error.contains("poisoned result"), "{error}");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_deadlock_is_retried_while_bad_data_is_refused() {
+    let db = TestDb::new().await;
+    let raise = |code: &'static str| {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{code}'; END $$"
+        )))
+    };
+    for (code, refusal) in [("40P01", false), ("40001", false), ("22023", true), ("23505", true)] {
+        let error = jobhost::store::Error::from(raise(code).execute(db.pool()).await.unwrap_err());
+        assert_eq!(error.is_refusal(), refusal, "SQLSTATE {code}");
+    }
+}

@@ -8,9 +8,13 @@
 -- state change and given back only by the transaction that moves the job
 -- out of it (to the archive, or back to 'scheduled' to wait).
 --
--- Lock order, kept by every transaction here so none deadlock: job rows
--- first, then semaphore rows in (job, key) order. Parked rows are only
--- ever locked with SKIP LOCKED, so they never make anyone wait.
+-- Lock order, so transactions do not deadlock: job rows first, then
+-- semaphore rows in (job, key) order. Parked rows are only ever locked with
+-- SKIP LOCKED, so they never make anyone wait. Two paths take semaphores in
+-- two ordered passes and may, rarely, deadlock with another transaction; the
+-- server then aborts one, and a worker retries an aborted write (SQLSTATE
+-- class 40 is not a refusal): a completion that also enqueues limited
+-- children, and a release that meets a semaphore row deleted by hand.
 
 -- One row per (job type, key) with slots taken; deleted when the last is given back.
 CREATE TABLE jobhost.semaphores (

@@ -73,10 +73,16 @@ pub enum Error {
 
 impl Error {
     /// True when the database answered and refused the statement (bad data,
-    /// a violated constraint), as opposed to not answering: retrying the same
-    /// statement will fail the same way.
+    /// a violated constraint, a full concurrency key), as opposed to not
+    /// answering: retrying the same statement will fail the same way. A
+    /// transaction rolled back for a deadlock or a serialization failure
+    /// (SQLSTATE class 40) is not a refusal: the same statement may pass.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Error::Database(sqlx::Error::Database(_)) | Error::LimitReached(_))
+        match self {
+            Error::Database(sqlx::Error::Database(db)) => !db.code().is_some_and(|code| code.starts_with("40")),
+            Error::LimitReached(_) => true,
+            _ => false,
+        }
     }
 }
 
