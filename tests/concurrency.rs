@@ -449,3 +449,33 @@ async fn the_concurrency_view_lists_holders_and_parked_jobs() {
     assert_eq!((key.holding[0].id, key.holding[0].host_id.as_deref()), (holder, Some("h")));
     assert!(key.oldest_parked_secs.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call() {
+    let db = TestDb::new().await;
+    let host = TestHost::start(&db, &["fanout", "limited_raise", "hello"], |_| {}).await;
+    let fanout = |count: u64| {
+        EnqueueParams::new("fanout", json!({"count": count, "job": "limited_raise", "child": {"key": "k", "ms": 0}}))
+    };
+    // Two slots: three children of one key are refused at the third call,
+    // the two before it counted though none is written yet.
+    let refused = db.store.job_enqueue(&[fanout(3)]).await.unwrap()[0];
+    let fits = db.store.job_enqueue(&[fanout(2)]).await.unwrap()[0];
+    eventually(WITHIN, || async {
+        state_of(&db, refused).await == JobState::Failed && state_of(&db, fits).await == JobState::Completed
+    })
+    .await;
+    let error = db.store.job_get(refused).await.unwrap().unwrap().row.error.unwrap();
+    // The guest's own failure with the call's error, not a completion the gate refused later.
+    assert!(error.starts_with("job \"limited_raise\" refused: concurrency limit reached: all 2 slots"), "{error}");
+    eventually(WITHIN, || async {
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'limited_raise' AND state = 'completed'").await == 2
+    })
+    .await;
+    host.stop().await;
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'limited_raise'").await,
+        2,
+        "the refused parent left no children"
+    );
+}

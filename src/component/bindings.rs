@@ -5,7 +5,9 @@ wasmtime::component::bindgen!({
     path: "wit",
     world: "job",
     // Host imports may trap (a guest flooding the log is a host-side limit).
-    imports: { default: trappable },
+    // `enqueue` is async: it may ask the database whether a `raise` limit
+    // has room for the child.
+    imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
     // Exports are called on the async executor so a guest blocked on a WASI
     // clock or spinning (epoch yields) never holds a thread.
     exports: { default: async },

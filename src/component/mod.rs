@@ -25,7 +25,7 @@ use crate::config::{ConfigError, RuntimeConfig};
 use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use registry::{Registry, RegistryEvent};
-pub use sandbox::JobTypeCheck;
+pub use sandbox::{ChildCheck, ChildProbe};
 pub use stop::StopSignal;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
@@ -127,9 +127,9 @@ struct Inner {
     run_slots: Semaphore,
     /// The same for loads, which instantiate to call `describe`.
     load_slots: Semaphore,
-    /// Which job types a guest may enqueue; any well-formed name when unset
-    /// (a runtime without a queue, as in `jobhost exec`).
-    job_types: std::sync::RwLock<Option<JobTypeCheck>>,
+    /// What a guest may enqueue beyond well-formed names and JSON; anything
+    /// when unset (a runtime without a queue, as in `jobhost exec`).
+    child_check: std::sync::RwLock<Option<ChildCheck>>,
 }
 
 impl Runtime {
@@ -146,13 +146,13 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        let job_types = std::sync::RwLock::new(None);
-        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, job_types }) })
+        let child_check = std::sync::RwLock::new(None);
+        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, child_check }) })
     }
 
-    /// Makes a guest's `enqueue` refuse job types `check` does not know.
-    pub fn set_job_type_check(&self, check: JobTypeCheck) {
-        *self.inner.job_types.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(check);
+    /// Makes a guest's `enqueue` refuse the children `check` refuses.
+    pub fn set_child_check(&self, check: ChildCheck) {
+        *self.inner.child_check.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(check);
     }
 
     /// The settings the runtime was started with.
@@ -228,8 +228,8 @@ impl Runtime {
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
         };
-        let job_types = self.inner.job_types.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, job_types);
+        let child_check = self.inner.child_check.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, child_check);
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => completed(output),

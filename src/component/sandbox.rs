@@ -54,12 +54,27 @@ pub struct SandboxState {
     limits: RunLimits,
     signal: StopSignal,
     stopped_by: Option<HostStop>,
-    job_types: Option<JobTypeCheck>,
+    child_check: Option<ChildCheck>,
 }
 
-/// Says whether a job type exists, so a guest's `enqueue` of an unknown type
-/// returns an error to the guest instead of failing at completion.
-pub type JobTypeCheck = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// A child job a guest asks to enqueue, as the [`ChildCheck`] sees it.
+#[derive(Debug, Clone)]
+pub struct ChildProbe {
+    /// Its job type.
+    pub job: String,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// The payloads of the children of the same type this run enqueued before.
+    pub earlier: Vec<serde_json::Value>,
+}
+
+/// Checks a child against the fleet when the guest enqueues it (its type
+/// exists; a `raise` limit has room for it), so the guest gets the error
+/// at the call instead of its run failing at completion. An `Err` is the
+/// message the guest receives.
+pub type ChildCheck = std::sync::Arc<
+    dyn Fn(ChildProbe) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> + Send + Sync,
+>;
 
 impl WasiView for SandboxState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -104,7 +119,7 @@ pub fn new_store(
     engine: &wasmtime::Engine,
     limits: RunLimits,
     signal: StopSignal,
-    job_types: Option<JobTypeCheck>,
+    child_check: Option<ChildCheck>,
 ) -> Store<SandboxState> {
     let stdout = CapturedOutput::new(limits.output_limit_bytes);
     let stderr = CapturedOutput::new(limits.output_limit_bytes);
@@ -127,7 +142,7 @@ pub fn new_store(
         limits,
         signal,
         stopped_by: None,
-        job_types,
+        child_check,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
@@ -303,38 +318,43 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         Ok(())
     }
 
-    fn enqueue(
+    async fn enqueue(
         &mut self,
         job: String,
         payload: String,
         options: EnqueueOptions,
     ) -> wasmtime::Result<Result<(), String>> {
-        Ok(self.buffer_child(job, payload, options))
+        let child = match self.child_of(job, payload, options) {
+            Ok(child) => child,
+            Err(error) => return Ok(Err(error)),
+        };
+        if let Some(check) = self.child_check.clone() {
+            let earlier =
+                self.effects.children.iter().filter(|c| c.job == child.job).map(|c| c.payload.clone()).collect();
+            let probe = ChildProbe { job: child.job.clone(), payload: child.payload.clone(), earlier };
+            if let Err(error) = check(probe).await {
+                return Ok(Err(error));
+            }
+        }
+        // Held for the completion transaction.
+        self.effects.children.push(child);
+        Ok(Ok(()))
     }
 }
 
 impl SandboxState {
-    /// Checks a child job and holds it for the completion transaction.
-    fn buffer_child(&mut self, job: String, payload: String, options: EnqueueOptions) -> Result<(), String> {
+    /// Checks what a guest enqueues on its own terms: the run's child limit,
+    /// the names, and the payload's JSON.
+    fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
         if self.effects.children.len() >= CHILD_LIMIT {
             return Err(format!("a run may enqueue at most {CHILD_LIMIT} jobs"));
         }
         metadata::check_name(&job).map_err(|reason| format!("job name {reason}"))?;
-        if self.job_types.as_ref().is_some_and(|known| !known(&job)) {
-            return Err(format!("unknown job type {job:?}: no host has loaded a component for it"));
-        }
         if let Some(queue) = &options.queue {
             metadata::check_name(queue).map_err(|reason| format!("queue name {reason}"))?;
         }
         let payload: serde_json::Value =
             serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;
-        self.effects.children.push(ChildJob {
-            job,
-            payload,
-            queue: options.queue,
-            priority: options.priority,
-            delay_ms: options.delay_ms,
-        });
-        Ok(())
+        Ok(ChildJob { job, payload, queue: options.queue, priority: options.priority, delay_ms: options.delay_ms })
     }
 }

@@ -171,6 +171,10 @@ pub trait Store: Send + Sync + 'static {
     /// Every key with holders or parked jobs.
     async fn concurrency(&self) -> Result<Vec<KeyStatus>>;
 
+    /// Slots of a key free right now (the limit minus its holders; at most
+    /// zero when a lowered limit left it over). A snapshot, not a claim.
+    async fn slots_free(&self, job: &str, key: &str) -> Result<i64>;
+
     /// Deletes archived jobs that finished more than `retention_secs` before
     /// `now` (the database's clock by default), at most `limit`.
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;

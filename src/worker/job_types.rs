@@ -1,36 +1,54 @@
-//! The job types registered anywhere in the fleet, so a guest's `enqueue` of
-//! an unknown type returns an error to the guest at once. Refreshed from the
-//! database every heartbeat; a type this host has loaded is always known.
+//! The job types registered anywhere in the fleet, with their
+//! configurations, so a guest's `enqueue` is checked at the call: an unknown
+//! type, a key its payload cannot render, or a `raise` limit with no room
+//! returns an error to the guest at once. Refreshed from the database every
+//! heartbeat; a type this host has loaded is always known.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{JobTypeCheck, Registry};
+use crate::component::{ChildCheck, ChildProbe, Registry};
 use crate::store::Store;
+use crate::types::{JobConfig, OnConflict};
 
-/// The fleet's job type names, as last read.
+/// The fleet's job types, as last read.
 #[derive(Clone, Default)]
 pub struct KnownJobTypes {
-    names: Arc<RwLock<HashSet<String>>>,
+    configs: Arc<RwLock<HashMap<String, JobConfig>>>,
 }
 
 impl KnownJobTypes {
-    /// Rereads the names; on failure the previous set stays.
+    /// Rereads the job types; on failure the previous set stays.
     pub async fn refresh(&self, store: &dyn Store) {
-        match store.job_types_names().await {
-            Ok(names) => *self.names.write().unwrap_or_else(|p| p.into_inner()) = names.into_iter().collect(),
+        let read = async {
+            let names = store.job_types_names().await?;
+            store.job_types_get(&names).await
+        };
+        match read.await {
+            Ok(configs) => *self.configs.write().unwrap_or_else(|p| p.into_inner()) = configs,
             Err(error) => tracing::warn!(%error, "cannot read the fleet's job types"),
         }
     }
 
-    /// A check for the sandbox: registered in the fleet, or loaded here.
-    pub fn check(&self, registry: Arc<Registry>) -> JobTypeCheck {
-        let names = self.names.clone();
-        Arc::new(move |job: &str| {
-            registry.get(job).is_some() || names.read().unwrap_or_else(|p| p.into_inner()).contains(job)
+    /// The check for the sandbox: the type is registered in the fleet or
+    /// loaded here, and a `raise` limit has a free slot for the child's key
+    /// after the children of that key this run enqueued before. The gate
+    /// still decides when the run completes; this only answers early.
+    pub fn check(&self, registry: Arc<Registry>, store: Arc<dyn Store>) -> ChildCheck {
+        let configs = self.configs.clone();
+        Arc::new(move |probe: ChildProbe| {
+            let fleet = configs.read().unwrap_or_else(|p| p.into_inner()).get(&probe.job).cloned();
+            let config = fleet.or_else(|| registry.get(&probe.job).map(|c| c.config.clone()));
+            let store = store.clone();
+            Box::pin(async move {
+                let Some(config) = config else {
+                    return Err(format!("unknown job type {:?}: no host has loaded a component for it", probe.job));
+                };
+                room_under_limit(store.as_ref(), &config, &probe).await
+            })
         })
     }
 
@@ -42,6 +60,30 @@ impl KnownJobTypes {
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => self.refresh(store.as_ref()).await,
             }
+        }
+    }
+}
+
+/// Refuses a child of a limited type whose key cannot be rendered from its
+/// payload, or of a `raise` type whose key has no slot left for it.
+async fn room_under_limit(store: &dyn Store, config: &JobConfig, probe: &ChildProbe) -> Result<(), String> {
+    let Some(limit) = &config.concurrency else {
+        return Ok(());
+    };
+    let key = limit.key.render(&probe.payload).map_err(|e| format!("job {:?}: {e}", probe.job))?;
+    if limit.on_conflict != OnConflict::Raise {
+        return Ok(());
+    }
+    let earlier = probe.earlier.iter().filter(|p| limit.key.render(p).is_ok_and(|k| k == key)).count() as i64;
+    match store.slots_free(&probe.job, &key).await {
+        Ok(free) if free <= earlier => Err(format!(
+            "job {:?} refused: concurrency limit reached: all {} slots of key {key:?} are taken",
+            probe.job, limit.limit
+        )),
+        Ok(_) => Ok(()),
+        Err(error) => {
+            tracing::warn!(%error, job = probe.job, "cannot check a limit at enqueue; the completion's gate decides");
+            Ok(())
         }
     }
 }

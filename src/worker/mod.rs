@@ -75,7 +75,7 @@ impl Worker {
         }
         let known = job_types::KnownJobTypes::default();
         known.refresh(self.store.clone().as_ref()).await;
-        self.runtime.set_job_type_check(known.check(self.registry.clone()));
+        self.runtime.set_child_check(known.check(self.registry.clone(), self.store.clone()));
         let refreshing = tokio::spawn(known.refresh_loop(
             self.store.clone(),
             self.config.heartbeat_interval,

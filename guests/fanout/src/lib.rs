@@ -1,5 +1,7 @@
-//! Enqueues `count` `hello` jobs, reporting progress, then fails if the
-//! payload says `fail: true`: a failed parent must leave no children.
+//! Enqueues `count` jobs of type `job` (default `hello`) with payload
+//! `child` (default a greeting), reporting progress, then fails if the
+//! payload says `fail: true`: a failed parent must leave no children. A
+//! refused enqueue fails the run with the host's reason.
 
 use jobhost_guest::{JobConfig, JobContext, JobError, host};
 
@@ -13,10 +15,14 @@ impl jobhost_guest::Guest for Fanout {
     fn run(ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
         let payload = jobhost_guest::parse_payload(&payload)?;
         let count = payload.get("count").and_then(|n| n.as_u64()).unwrap_or(1);
+        let job = payload.get("job").and_then(|j| j.as_str()).unwrap_or("hello");
         let options = host::EnqueueOptions { queue: None, priority: None, delay_ms: None };
         for i in 0..count {
-            let child = serde_json::json!({ "name": format!("child {i} of {}", ctx.job_id) });
-            host::enqueue("hello", &child.to_string(), &options).map_err(JobError::Fail)?;
+            let child = match payload.get("child") {
+                Some(child) => child.clone(),
+                None => serde_json::json!({ "name": format!("child {i} of {}", ctx.job_id) }),
+            };
+            host::enqueue(job, &child.to_string(), &options).map_err(JobError::Fail)?;
             host::progress(i + 1, count);
             host::heartbeat();
         }
@@ -32,7 +38,7 @@ impl jobhost_guest::Guest for Fanout {
                 "enqueued": count,
                 "bad_name_error": bad.err(),
                 "bad_payload_error": not_json.err(),
-            "unknown_type_error": unknown.err(),
+                "unknown_type_error": unknown.err(),
             })
             .to_string(),
         ))

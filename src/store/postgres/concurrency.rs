@@ -72,6 +72,17 @@ pub async fn promote_parked_of_types(conn: &mut PgConnection, job_types: &[Strin
     Ok(promoted.unwrap_or(0) as u64)
 }
 
+pub async fn slots_free(pool: &PgPool, job: &str, key: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT jobhost.slot_limit($1)::bigint
+                - coalesce((SELECT holders FROM jobhost.semaphores WHERE job = $1 AND key = $2), 0)",
+    )
+    .bind(job)
+    .bind(key)
+    .fetch_one(pool)
+    .await?)
+}
+
 pub async fn repair(pool: &PgPool) -> Result<Vec<SemaphoreFix>> {
     let fixes: Vec<(String, String, i32, i32)> =
         sqlx::query_as("SELECT job, key, recorded, actual FROM jobhost.repair_semaphores()").fetch_all(pool).await?;

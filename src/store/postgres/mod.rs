@@ -201,6 +201,10 @@ impl Store for PgStore {
         concurrency::status(&self.pool).await
     }
 
+    async fn slots_free(&self, job: &str, key: &str) -> Result<i64> {
+        concurrency::slots_free(&self.pool, job, key).await
+    }
+
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
         job::archive_prune(&self.pool, now, retention_secs, limit).await
     }
