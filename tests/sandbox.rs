@@ -207,7 +207,11 @@ async fn fanout_buffers_children_and_reports_progress() {
     assert_eq!(report.effects.heartbeats, 3);
 
     // With the fleet's job types known, an unknown one is an error the guest sees.
-    runtime.set_job_type_check(std::sync::Arc::new(|job: &str| job == "hello"));
+    runtime.set_child_check(std::sync::Arc::new(|probe: jobhost::component::ChildProbe| {
+        Box::pin(
+            async move { if probe.job == "hello" { Ok(()) } else { Err(format!("unknown job type {:?}", probe.job)) } },
+        )
+    }));
     let checked = run(&runtime, &fanout, json!({"count": 1})).await;
     let out = output(&checked.outcome);
     assert!(out["unknown_type_error"].as_str().unwrap().contains("unknown job type \"no-such-job\""), "{out}");
