@@ -447,16 +447,30 @@ $$;
 -- ended or went back to wait are given back, and parked jobs promoted into
 -- them, in the same transaction (guarantees 1, 4 and 7); a job available
 -- again at once keeps its slot. Locks: the matched job rows, then their
--- semaphores in order. Returns the ids written and whether any job became
--- available (a requeue or a promotion), for waking idle hosts.
+-- semaphores in order.
+--
+-- Then, when max_jobs > 0, it leases up to max_jobs available jobs to the
+-- writing host as jobhost.fetch does: the jobs its finished runs made room
+-- for (a parked job promoted into a freed slot among them) start without
+-- another round trip. Returns one row per leased job, or a single row of
+-- NULL job columns when none was; every row carries the ids written and
+-- whether any job became available (a requeue or a promotion), for waking
+-- idle hosts.
 CREATE FUNCTION jobhost.finish_runs(
     archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
     logs jsonb[], archive_progress jsonb[],
     requeue_ids bigint[], requeue_tokens bigint[], delays_ms bigint[], refunds integer[], requeue_errors jsonb[],
     requeue_progress jsonb[],
-    OUT written bigint[], OUT any_available boolean
+    queues text[] DEFAULT '{}', fetch_types text[] DEFAULT '{}', fetch_leases integer[] DEFAULT '{}',
+    max_jobs bigint DEFAULT 0, host text DEFAULT ''
+)
+RETURNS TABLE (
+    written bigint[], any_available boolean, id bigint, lease_token bigint, job text, queue text, payload jsonb,
+    attempt integer, max_attempts integer, enqueued_at timestamptz, batch_id bigint, concurrency_key text,
+    lease_secs integer
 )
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     archived bigint[];
     freed_jobs text[];
@@ -545,44 +559,16 @@ BEGIN
     END IF;
     written := archived || requeued;
     any_available := available_now OR promoted > 0;
-END;
-$$;
-
--- Writes a batch of finished runs and, in the same transaction, leases up
--- to max_jobs available jobs to the host that wrote it: the jobs its
--- finished runs made room for (a parked job promoted into a freed slot
--- among them) start without another round trip. The lease is as
--- jobhost.fetch gives it. Returns one row per leased job, or a single row
--- of NULL job columns when none was, each with what finish_runs returned.
-CREATE FUNCTION jobhost.finish_and_fetch(
-    archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
-    logs jsonb[], archive_progress jsonb[],
-    requeue_ids bigint[], requeue_tokens bigint[], delays_ms bigint[], refunds integer[], requeue_errors jsonb[],
-    requeue_progress jsonb[],
-    queues text[], fetch_types text[], fetch_leases integer[], max_jobs bigint, host text
-)
-RETURNS TABLE (
-    written bigint[], any_available boolean, id bigint, lease_token bigint, job text, queue text, payload jsonb,
-    attempt integer, max_attempts integer, enqueued_at timestamptz, batch_id bigint, concurrency_key text,
-    lease_secs integer
-)
-LANGUAGE plpgsql AS $$
-DECLARE
-    done_ids bigint[];
-    became_available boolean;
-BEGIN
-    SELECT f.written, f.any_available INTO done_ids, became_available
-    FROM jobhost.finish_runs(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs,
-                             archive_progress, requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors,
-                             requeue_progress) f;
-    RETURN QUERY
-    SELECT done_ids, became_available, j.id, j.lease_token, j.job, j.queue, j.payload, j.attempt, j.max_attempts,
-           j.enqueued_at, j.batch_id, j.concurrency_key, j.lease_secs
-    FROM jobhost.fetch(queues, fetch_types, fetch_leases, max_jobs, host) j;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT done_ids, became_available, NULL::bigint, NULL::bigint, NULL::text, NULL::text,
-                            NULL::jsonb, NULL::integer, NULL::integer, NULL::timestamptz, NULL::bigint, NULL::text,
-                            NULL::integer;
+    IF max_jobs > 0 THEN
+        RETURN QUERY
+        SELECT written, any_available, j.id, j.lease_token, j.job, j.queue, j.payload, j.attempt, j.max_attempts,
+               j.enqueued_at, j.batch_id, j.concurrency_key, j.lease_secs
+        FROM jobhost.fetch(queues, fetch_types, fetch_leases, max_jobs, host) j;
+        IF FOUND THEN
+            RETURN;
+        END IF;
     END IF;
+    RETURN QUERY SELECT written, any_available, NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::jsonb,
+                        NULL::integer, NULL::integer, NULL::timestamptz, NULL::bigint, NULL::text, NULL::integer;
 END;
 $$;

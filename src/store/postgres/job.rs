@@ -96,7 +96,7 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
     rows.iter().map(leased_job).collect()
 }
 
-/// A leased job from the columns of `jobhost.fetch` (or of `finish_and_fetch`).
+/// A leased job from the columns of `jobhost.fetch` (or of `finish_runs`).
 fn leased_job(row: &sqlx::postgres::PgRow) -> Result<FetchedJob> {
     Ok(FetchedJob {
         id: row.try_get("id")?,
@@ -172,8 +172,9 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>, next: Option<&Fetc
     }
     // Children must commit with their parent's completion (guarantee 9), so
     // a batch with children is one transaction. Otherwise the batch is one
-    // statement: jobhost.finish_runs ends the runs, gives back their slots
-    // and promotes parked jobs into them, in one round trip.
+    // statement: jobhost.finish_runs ends the runs, gives back their slots,
+    // promotes parked jobs into them and leases the next jobs, in one round
+    // trip.
     let children: Vec<EnqueueParams> = finishes
         .iter()
         .flat_map(|f| match &f.outcome {
@@ -249,8 +250,8 @@ impl FinishRows {
         self.requeue_progress.push(progress);
     }
 
-    /// Writes the rows whose lease still matches (see jobhost.finish_runs
-    /// and jobhost.finish_and_fetch in 0004_concurrency.sql); returns their
+    /// Writes the rows whose lease still matches (see jobhost.finish_runs in
+    /// 0004_concurrency.sql); returns their
     /// ids, whether any job became available, and the jobs leased to the
     /// host `next` names, if it asks for any.
     async fn write(
@@ -262,8 +263,8 @@ impl FinishRows {
         let (names, leases): (Vec<&str>, Vec<i32>) =
             next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
         let rows = sqlx::query(
-            "SELECT * FROM jobhost.finish_and_fetch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                                    $14, $15, $16, $17, $18)",
+            "SELECT * FROM jobhost.finish_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                               $14, $15, $16, $17, $18)",
         )
         .bind(&self.archive_ids)
         .bind(&self.archive_tokens)
