@@ -369,6 +369,57 @@ pub fn prepare(params: &EnqueueParams, config: &crate::types::JobConfig) -> Resu
     })
 }
 
+/// The job types of every child that the completed runs among `finishes`
+/// enqueue, each once.
+pub fn child_types(finishes: &[Finish]) -> Vec<String> {
+    let mut names: Vec<String> = finishes
+        .iter()
+        .flat_map(|f| match &f.outcome {
+            FinishOutcome::Completed { children, .. } => children.iter().map(|c| c.job.clone()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A child that cannot be enqueued (unknown type, bad payload) would fail
+/// the whole completion transaction; instead its parent fails with the
+/// reason, and nothing is lost: the parent can be retried once the type
+/// exists. `configs` holds the registered types of [`child_types`].
+pub fn fail_parents_of_unfit_children(
+    finishes: &mut [Finish],
+    configs: &std::collections::HashMap<String, crate::types::JobConfig>,
+) {
+    for f in finishes.iter_mut() {
+        let FinishOutcome::Completed { children, .. } = &f.outcome else { continue };
+        let problem = children.iter().find_map(|c| {
+            let Some(config) = configs.get(&c.job) else {
+                return Some(super::Error::UnknownJobType(c.job.clone()).to_string());
+            };
+            prepare(&EnqueueParams::child(f.id, c.clone()), config).err().map(|e| e.to_string())
+        });
+        if let Some(problem) = problem {
+            f.outcome = FinishOutcome::Failed { error: format!("could not enqueue a child job: {problem}") };
+        }
+    }
+}
+
+/// The children of the runs among `finishes` whose completion was written.
+pub fn children_of_written(finishes: &[Finish], written: &std::collections::HashSet<i64>) -> Vec<EnqueueParams> {
+    finishes
+        .iter()
+        .filter(|f| written.contains(&f.id))
+        .flat_map(|f| match &f.outcome {
+            FinishOutcome::Completed { children, .. } => {
+                children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",

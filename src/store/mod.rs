@@ -10,6 +10,7 @@ pub mod host;
 pub mod job;
 pub mod lease;
 pub mod postgres;
+pub mod sqlite;
 
 use std::collections::HashMap;
 
@@ -44,7 +45,7 @@ pub enum Error {
         kind: &'static str,
     },
     /// The database URL names no supported backend.
-    #[error("unsupported database URL {0:?}: use postgres://USER@HOST/DB")]
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedUrl(String),
     /// An enqueue's options are invalid.
     #[error("invalid enqueue: {0}")]
@@ -75,24 +76,42 @@ impl Error {
     /// True when the database answered and refused the statement (bad data,
     /// a violated constraint, a full concurrency key), as opposed to not
     /// answering: retrying the same statement will fail the same way. A
-    /// transaction rolled back for a deadlock or a serialization failure
-    /// (SQLSTATE class 40) is not a refusal: the same statement may pass.
+    /// transient failure (see `is_transient`) is not a refusal.
     pub fn is_refusal(&self) -> bool {
         match self {
-            Error::Database(sqlx::Error::Database(db)) => !db.code().is_some_and(|code| code.starts_with("40")),
+            Error::Database(sqlx::Error::Database(db)) => !is_transient(db.as_ref()),
             Error::LimitReached(_) => true,
             _ => false,
         }
     }
 }
 
-/// Opens the store a URL names: `postgres://` or `postgresql://`.
+/// A transaction rolled back for a deadlock or serialization failure
+/// (PostgreSQL SQLSTATE class 40), or a write that found the SQLite file
+/// busy or locked past the busy timeout: the same statement may pass later.
+fn is_transient(db: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extended code.
+        let primary = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok()).map(|c| c & 0xff);
+        return matches!(primary, Some(5 | 6));
+    }
+    db.code().is_some_and(|code| code.starts_with("40"))
+}
+
+/// The database used when none is named: an embedded file in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://jobhost.db";
+
+/// Opens the store a URL names: `sqlite://PATH` (the embedded backend) or
+/// `postgres://` / `postgresql://` (a fleet across machines).
 ///
 /// # Errors
-/// An unsupported scheme, or a database that cannot be reached.
+/// An unsupported scheme, or a database that cannot be reached or opened.
 pub async fn open(url: &str, max_connections: u32) -> Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(std::sync::Arc::new(postgres::PgStore::connect(url, max_connections).await?));
+    }
+    if url.starts_with("sqlite:") {
+        return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(url, max_connections).await?));
     }
     Err(Error::UnsupportedUrl(url.to_string()))
 }

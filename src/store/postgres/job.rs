@@ -175,23 +175,13 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>, next: Option<&Fetc
     // statement: jobhost.finish_runs ends the runs, gives back their slots,
     // promotes parked jobs into them and leases the next jobs, in one round
     // trip.
-    let children: Vec<EnqueueParams> = finishes
-        .iter()
-        .flat_map(|f| match &f.outcome {
-            FinishOutcome::Completed { children, .. } => {
-                children.iter().map(|c| EnqueueParams::child(f.id, c.clone())).collect()
-            }
-            _ => Vec::new(),
-        })
-        .collect();
-    let (written, any_available, leased) = if children.is_empty() {
+    let has_children = !crate::store::job::child_types(&finishes).is_empty();
+    let (written, any_available, leased) = if !has_children {
         rows.write(pool, next).await?
     } else {
         let mut tx = pool.begin().await?;
         let (written, any_available, leased) = rows.write(&mut *tx, next).await?;
-        // Only the children of parents whose completion was written.
-        let children: Vec<EnqueueParams> =
-            children.into_iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).collect();
+        let children = crate::store::job::children_of_written(&finishes, &written);
         enqueue(&mut tx, &children).await?;
         tx.commit().await?;
         (written, any_available, leased)
@@ -299,35 +289,15 @@ impl FinishRows {
     }
 }
 
-/// A child that cannot be enqueued (unknown type, bad payload) would fail the
-/// whole completion transaction; instead its parent fails with the reason,
-/// and nothing is lost: the parent can be retried once the type exists.
+/// Fails the parents whose children cannot be enqueued (see
+/// [`crate::store::job::fail_parents_of_unfit_children`]).
 async fn fail_parents_of_unknown_children(pool: &PgPool, finishes: &mut [Finish]) -> Result<()> {
-    let mut names: Vec<String> = finishes
-        .iter()
-        .flat_map(|f| match &f.outcome {
-            FinishOutcome::Completed { children, .. } => children.iter().map(|c| c.job.clone()).collect(),
-            _ => Vec::new(),
-        })
-        .collect();
+    let names = crate::store::job::child_types(finishes);
     if names.is_empty() {
         return Ok(());
     }
-    names.sort();
-    names.dedup();
     let configs = job_types_get(pool, &names).await?;
-    for f in finishes.iter_mut() {
-        let FinishOutcome::Completed { children, .. } = &f.outcome else { continue };
-        let problem = children.iter().find_map(|c| {
-            let Some(config) = configs.get(&c.job) else {
-                return Some(Error::UnknownJobType(c.job.clone()).to_string());
-            };
-            prepare(&EnqueueParams::child(f.id, c.clone()), config).err().map(|e| e.to_string())
-        });
-        if let Some(problem) = problem {
-            f.outcome = FinishOutcome::Failed { error: format!("could not enqueue a child job: {problem}") };
-        }
-    }
+    crate::store::job::fail_parents_of_unfit_children(finishes, &configs);
     Ok(())
 }
 

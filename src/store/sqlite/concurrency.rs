@@ -1,0 +1,329 @@
+//! Per-key concurrency in SQLite: the gate, the release, the sweep and the
+//! repair, with the same rules as the PostgreSQL functions of
+//! 0004_concurrency.sql.
+//!
+//! The invariant: a job with a concurrency key holds one slot of its
+//! (job, key) semaphore exactly while it is in `jobs` as available or
+//! running. Every function here runs inside the caller's `BEGIN IMMEDIATE`
+//! transaction: with the file's write lock held from the first statement,
+//! a count read here stays true until the commit, so read-then-write is
+//! safe and needs no row locks.
+
+use std::collections::BTreeMap;
+
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::{iso, json_list};
+use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix};
+
+/// The (job type, key) of every slot a statement freed, one entry per slot.
+#[derive(Debug, Default)]
+pub struct Slots(Vec<(String, String)>);
+
+impl Slots {
+    /// Records a freed slot; a job without a key held none.
+    pub fn push(&mut self, job: &str, key: Option<&str>) {
+        if let Some(key) = key {
+            self.0.push((job.to_string(), key.to_string()));
+        }
+    }
+}
+
+/// A job type's limit and what to do when it is reached; unlimited when
+/// the type no longer declares one, so jobs keyed under an old version
+/// still count their slots but are never held back.
+async fn limit_of(conn: &mut SqliteConnection, job: &str) -> Result<(i64, String)> {
+    let row: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT json_extract(config, '$.concurrency.limit'), json_extract(config, '$.concurrency.on_conflict')
+         FROM job_types WHERE name = $1",
+    )
+    .bind(job)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (limit, on_conflict) = row.unwrap_or_default();
+    Ok((limit.unwrap_or(i64::from(i32::MAX)), on_conflict.unwrap_or_else(|| "block".into())))
+}
+
+async fn holders_of(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
+    let held: Option<i64> = sqlx::query_scalar("SELECT holders FROM semaphores WHERE job = $1 AND key = $2")
+        .bind(job)
+        .bind(key)
+        .fetch_optional(conn)
+        .await?;
+    Ok(held.unwrap_or(0))
+}
+
+/// Records a key's holder count, deleting the row when none is left.
+async fn set_holders(conn: &mut SqliteConnection, job: &str, key: &str, holders: i64, now: i64) -> Result<()> {
+    if holders == 0 {
+        sqlx::query("DELETE FROM semaphores WHERE job = $1 AND key = $2").bind(job).bind(key).execute(conn).await?;
+    } else {
+        sqlx::query(
+            "INSERT INTO semaphores (job, key, holders, updated_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job, key) DO UPDATE SET holders = excluded.holders, updated_at = excluded.updated_at",
+        )
+        .bind(job)
+        .bind(key)
+        .bind(holders)
+        .bind(now)
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// THE GATE. Decides the jobs (rows of `jobs`, new or come due) that are to
+/// become runnable now. A job without a key becomes available. For each
+/// key, its free slots (limit minus holders) go to its jobs in priority
+/// then arrival order; the rest meet the type's `on_conflict`: `block`
+/// parks them, `discard` archives them as discarded, `raise` fails the
+/// caller's transaction with [`Error::LimitReached`] when an enqueuer is
+/// waiting for the answer, and discards them otherwise (a delayed job coming
+/// due has nobody to tell). Returns how many jobs became available.
+pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: bool, now: i64) -> Result<u64> {
+    let list = json_list(ids);
+    let unkeyed = sqlx::query(
+        "UPDATE jobs SET state = 'available'
+         WHERE id IN (SELECT value FROM json_each($1)) AND concurrency_key IS NULL",
+    )
+    .bind(&list)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    let keyed: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT id, job, concurrency_key FROM jobs
+         WHERE id IN (SELECT value FROM json_each($1)) AND concurrency_key IS NOT NULL
+         ORDER BY job, concurrency_key, priority, run_at, id",
+    )
+    .bind(&list)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut keys: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+    for (id, job, key) in keyed {
+        keys.entry((job, key)).or_default().push(id);
+    }
+    let mut admitted = unkeyed;
+    for ((job, key), ids) in keys {
+        let (limit, on_conflict) = limit_of(conn, &job).await?;
+        let held = holders_of(conn, &job, &key).await?;
+        let taken = (limit - held).clamp(0, ids.len() as i64) as usize;
+        if taken > 0 {
+            set_holders(conn, &job, &key, held + taken as i64, now).await?;
+            sqlx::query("UPDATE jobs SET state = 'available' WHERE id IN (SELECT value FROM json_each($1))")
+                .bind(json_list(&ids[..taken]))
+                .execute(&mut *conn)
+                .await?;
+            admitted += taken as u64;
+        }
+        let refused = &ids[taken..];
+        if refused.is_empty() {
+            continue;
+        }
+        let reason = format!("concurrency limit reached: all {limit} slots of key \"{key}\" are taken");
+        match on_conflict.as_str() {
+            "raise" if enqueuer_waiting => return Err(Error::LimitReached(format!("job \"{job}\" refused: {reason}"))),
+            "discard" | "raise" => discard(conn, refused, &reason, now).await?,
+            _ => park(conn, refused, now).await?,
+        }
+    }
+    Ok(admitted)
+}
+
+/// Moves jobs to the parked table, keeping each payload document as it is.
+async fn park(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()> {
+    let list = json_list(ids);
+    sqlx::query(
+        "INSERT INTO blocked_jobs (id, job, queue, priority, payload, attempt, max_attempts, enqueued_at, started_at,
+                                   concurrency_key, batch_id, parent_id, errors, progress, parked_at)
+         SELECT id, job, queue, priority, payload, attempt, max_attempts, enqueued_at, started_at,
+                concurrency_key, batch_id, parent_id, errors, progress, $2
+         FROM jobs WHERE id IN (SELECT value FROM json_each($1))",
+    )
+    .bind(&list)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM jobs WHERE id IN (SELECT value FROM json_each($1))").bind(&list).execute(conn).await?;
+    Ok(())
+}
+
+/// Archives jobs as discarded, noting why.
+async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i64) -> Result<()> {
+    let list = json_list(ids);
+    sqlx::query(
+        "INSERT INTO archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
+                              enqueued_at, started_at, finished_at, concurrency_key, batch_id, parent_id)
+         SELECT id, job, queue, priority, payload, 'discarded', attempt, max_attempts,
+                json_insert(errors, '$[#]', json_object('attempt', attempt, 'at', $3, 'error', $2)),
+                progress, enqueued_at, started_at, $4, concurrency_key, batch_id, parent_id
+         FROM jobs WHERE id IN (SELECT value FROM json_each($1))",
+    )
+    .bind(&list)
+    .bind(reason)
+    .bind(iso(now))
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM jobs WHERE id IN (SELECT value FROM json_each($1))").bind(&list).execute(conn).await?;
+    Ok(())
+}
+
+/// Gives back one slot per entry of `slots` and hands the freed slots to
+/// parked jobs, in the transaction that ended the holders' hold (guarantees
+/// 1, 4 and 7). Returns how many parked jobs were promoted.
+pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<u64> {
+    let mut freed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for (job, key) in &slots.0 {
+        *freed.entry((job, key)).or_default() += 1;
+    }
+    let mut promoted = 0;
+    for ((job, key), n) in freed {
+        promoted += fill(conn, job, key, n, now).await?;
+    }
+    Ok(promoted)
+}
+
+/// Gives back `freed` slots of one key (zero for a sweep), then promotes
+/// parked jobs, highest priority then oldest, into whatever slots are free,
+/// and records the holders. Returns how many jobs it promoted.
+pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64, now: i64) -> Result<u64> {
+    let remaining = (holders_of(conn, job, key).await? - freed).max(0);
+    let (limit, _) = limit_of(conn, job).await?;
+    let free = (limit - remaining).max(0);
+    let mut moved: Vec<i64> = Vec::new();
+    if free > 0 {
+        moved = sqlx::query_scalar(
+            "INSERT INTO jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at, enqueued_at,
+                               started_at, concurrency_key, batch_id, parent_id, errors, progress)
+             SELECT id, job, queue, priority, payload, 'available', attempt, max_attempts, $4, enqueued_at,
+                    started_at, concurrency_key, batch_id, parent_id, errors, progress
+             FROM blocked_jobs WHERE job = $1 AND concurrency_key = $2
+             ORDER BY priority, parked_at, id
+             LIMIT $3
+             RETURNING id",
+        )
+        .bind(job)
+        .bind(key)
+        .bind(free)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+        if !moved.is_empty() {
+            sqlx::query("DELETE FROM blocked_jobs WHERE id IN (SELECT value FROM json_each($1))")
+                .bind(json_list(&moved))
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    set_holders(conn, job, key, remaining + moved.len() as i64, now).await?;
+    Ok(moved.len() as u64)
+}
+
+/// Keys that have parked jobs and could take a slot now, oldest parked job
+/// first, so a crowd of full keys cannot starve one with a free slot.
+pub async fn promotable_keys(pool: &SqlitePool, max_keys: i64) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT b.job, b.concurrency_key
+         FROM blocked_jobs b
+         LEFT JOIN semaphores s ON s.job = b.job AND s.key = b.concurrency_key
+         WHERE s.job IS NULL
+            OR s.holders < coalesce((SELECT json_extract(t.config, '$.concurrency.limit')
+                                     FROM job_types t WHERE t.name = b.job), 2147483647)
+         GROUP BY b.job, b.concurrency_key
+         ORDER BY min(b.parked_at)
+         LIMIT $1",
+    )
+    .bind(max_keys)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The parked keys of some job types, for promotion after their limits changed.
+pub async fn parked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT DISTINCT job, concurrency_key FROM blocked_jobs
+         WHERE job IN (SELECT value FROM json_each($1)) ORDER BY 1, 2",
+    )
+    .bind(json_list(job_types))
+    .fetch_all(conn)
+    .await?)
+}
+
+pub async fn slots_free(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
+    let (limit, _) = limit_of(conn, job).await?;
+    Ok(limit - holders_of(conn, job, key).await?)
+}
+
+/// Sets each semaphore's holder count to the number of live jobs holding
+/// its slots where the two disagree (after rows were changed or deleted by
+/// hand), recreating missing rows, then promotes parked jobs into any slot
+/// a fix freed. Returns what it changed.
+pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<SemaphoreFix>> {
+    let fixes: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT job, key, recorded, actual FROM (
+             SELECT s.job, s.key, s.holders AS recorded,
+                    (SELECT count(*) FROM jobs j
+                     WHERE j.job = s.job AND j.concurrency_key = s.key
+                       AND j.state IN ('available', 'running')) AS actual
+             FROM semaphores s)
+         WHERE recorded <> actual
+         UNION ALL
+         SELECT j.job, j.concurrency_key, 0, count(*) FROM jobs j
+         WHERE j.concurrency_key IS NOT NULL AND j.state IN ('available', 'running')
+           AND NOT EXISTS (SELECT 1 FROM semaphores s WHERE s.job = j.job AND s.key = j.concurrency_key)
+         GROUP BY 1, 2
+         ORDER BY 1, 2",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for (job, key, _, actual) in &fixes {
+        set_holders(conn, job, key, *actual, now).await?;
+        fill(conn, job, key, 0, now).await?;
+    }
+    Ok(fixes
+        .into_iter()
+        .map(|(job, key, recorded, actual)| SemaphoreFix { job, key, recorded: recorded as i32, actual: actual as i32 })
+        .collect())
+}
+
+pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
+    let rows: Vec<(String, String, Option<i64>, i64, String, i64, Option<f64>)> = sqlx::query_as(
+        "WITH keys AS (
+             SELECT job, key FROM semaphores
+             UNION
+             SELECT job, concurrency_key FROM blocked_jobs
+         )
+         SELECT k.job, k.key,
+                (SELECT json_extract(t.config, '$.concurrency.limit') FROM job_types t WHERE t.name = k.job),
+                coalesce(s.holders, 0),
+                (SELECT coalesce(json_group_array(json_object('id', h.id, 'state', h.state, 'host_id', h.host_id)),
+                                 '[]')
+                 FROM (SELECT j.id, j.state, j.host_id FROM jobs j
+                       WHERE j.job = k.job AND j.concurrency_key = k.key AND j.state IN ('available', 'running')
+                       ORDER BY j.id) h),
+                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key),
+                (SELECT ($1 - min(b.parked_at)) / 1000.0 FROM blocked_jobs b
+                 WHERE b.job = k.job AND b.concurrency_key = k.key)
+         FROM keys k
+         LEFT JOIN semaphores s ON s.job = k.job AND s.key = k.key
+         ORDER BY k.job, k.key",
+    )
+    .bind(now)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(job, key, limit, holders, holding, parked, oldest)| {
+            let holding: Vec<Holder> = serde_json::from_str(&holding)
+                .map_err(|e| Error::JobState { id: 0, reason: format!("unreadable holders of key {key}: {e}") })?;
+            Ok(KeyStatus {
+                job,
+                key,
+                limit: limit.map(|l| l as i32),
+                holders: holders as i32,
+                holding,
+                parked,
+                oldest_parked_secs: oldest.map(|s| s.max(0.0)),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,94 @@
+//! Job types and hosts in SQLite.
+
+use std::collections::HashMap;
+
+use sqlx::types::Json;
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::{json_list, now_ms};
+use crate::store::{Error, HostInfo, Result};
+use crate::types::JobConfig;
+
+/// Records loaded configurations, in the caller's write transaction; the
+/// latest loaded version's configuration wins. Returns the types whose
+/// configuration changed and how many parked jobs a raised (or removed)
+/// limit promoted. A lowered limit only admits nothing more until the key
+/// is under it; running holders are never interrupted.
+pub async fn job_types_register(
+    conn: &mut SqliteConnection,
+    types: &[(JobConfig, String)],
+) -> Result<(Vec<String>, u64)> {
+    let now = now_ms();
+    let mut changed = Vec::new();
+    for (config, digest) in types {
+        let name: Option<String> = sqlx::query_scalar(
+            "INSERT INTO job_types (name, config, digest, updated_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE
+             SET config = excluded.config, digest = excluded.digest, updated_at = excluded.updated_at
+             WHERE job_types.digest <> excluded.digest
+             RETURNING name",
+        )
+        .bind(&config.name)
+        .bind(Json(config))
+        .bind(digest)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+        changed.extend(name);
+    }
+    let mut promoted = 0;
+    for (job, key) in super::concurrency::parked_keys_of(conn, &changed).await? {
+        promoted += super::concurrency::fill(conn, &job, &key, 0, now).await?;
+    }
+    Ok((changed, promoted))
+}
+
+pub async fn job_types_get(
+    executor: impl sqlx::SqliteExecutor<'_>,
+    names: &[String],
+) -> Result<HashMap<String, JobConfig>> {
+    if names.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(String, Json<serde_json::Value>)> =
+        sqlx::query_as("SELECT name, config FROM job_types WHERE name IN (SELECT value FROM json_each($1))")
+            .bind(json_list(names))
+            .fetch_all(executor)
+            .await?;
+    rows.into_iter()
+        .map(|(name, Json(config))| match serde_json::from_value(config) {
+            Ok(config) => Ok((name, config)),
+            Err(e) => Err(Error::CorruptJobType { name, reason: e.to_string() }),
+        })
+        .collect()
+}
+
+pub async fn host_upsert(pool: &SqlitePool, host: &HostInfo) -> Result<()> {
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $6)
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = excluded.last_seen_at, job_types = excluded.job_types",
+    )
+    .bind(&host.id)
+    .bind(&host.hostname)
+    .bind(i64::from(host.pid))
+    .bind(&host.version)
+    .bind(json_list(&host.job_types))
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn host_remove(pool: &SqlitePool, host_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM hosts WHERE id = $1").bind(host_id).execute(pool).await?;
+    Ok(())
+}
+
+pub async fn host_prune(pool: &SqlitePool, silent_secs: f64) -> Result<u64> {
+    let cutoff = now_ms() - (silent_secs * 1000.0) as i64;
+    let pruned =
+        sqlx::query("DELETE FROM hosts WHERE last_seen_at < $1").bind(cutoff).execute(pool).await?.rows_affected();
+    Ok(pruned)
+}

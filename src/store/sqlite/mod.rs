@@ -1,0 +1,356 @@
+//! The embedded backend: one SQLite file in WAL mode, shared by the host
+//! processes of one machine.
+//!
+//! SQLite has neither `FOR UPDATE SKIP LOCKED` nor `LISTEN/NOTIFY`. What
+//! stands in for them:
+//! - **One writer at a time.** Every write runs in a `BEGIN IMMEDIATE`
+//!   transaction, which takes the file's write lock before reading, so a
+//!   transaction's reads cannot go stale before it writes. Within a process
+//!   writes queue on a single writer connection; across processes they wait
+//!   on the file lock (the busy timeout). The gate, the release and the sweep
+//!   are therefore plain read-then-write code: nothing can change under them.
+//! - **Wake-ups.** Writes that make jobs available wake this process's
+//!   fetch loop directly; other processes on the file notice commits
+//!   through `PRAGMA data_version`, which an idle host checks every few
+//!   milliseconds on a connection of its own.
+//!
+//! Times are milliseconds since the Unix epoch, from this machine's clock
+//! (every process sharing the file shares the clock).
+
+mod concurrency;
+mod host;
+mod job;
+mod lease;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Sqlite, Transaction};
+use tokio::sync::Notify;
+
+use super::{
+    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
+    Result, SemaphoreFix, Stats, Store,
+};
+use crate::types::JobConfig;
+
+/// How long a write waits for another process's write lock before failing
+/// (the failure is retried like any transient database error).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often an idle host checks whether another process committed.
+const WATCH_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A SQLite file holding the jobhost tables.
+#[derive(Clone)]
+pub struct SqliteStore {
+    /// One connection: this process's writes queue here, not on the file lock.
+    writer: SqlitePool,
+    /// Reads (listings, stats, the fetch's cheap "anything to do?" check).
+    reader: SqlitePool,
+    /// One connection whose `data_version` shows other connections' commits.
+    watch: SqlitePool,
+    /// The data version `wait_available` last saw.
+    seen_version: Arc<AtomicI64>,
+    wake: Arc<Notify>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if need be) the file a `sqlite://PATH` URL names,
+    /// with at most `max_connections` reading connections.
+    ///
+    /// # Errors
+    /// The URL is invalid or the file cannot be opened.
+    pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
+        // WAL lets readers run beside the writer. FULL syncs the log at
+        // every commit: an enqueue reported as done survives a power cut.
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let pool = |size: u32| {
+            SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
+        };
+        let writer = pool(1).connect_with(options.clone()).await?;
+        let reader = pool(max_connections.max(2)).connect_with(options.clone()).await?;
+        let watch = pool(1).connect_with(options).await?;
+        Ok(SqliteStore {
+            writer,
+            reader,
+            watch,
+            seen_version: Arc::new(AtomicI64::new(i64::MIN)),
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    /// The writing connection, for tests that check invariants with their own SQL.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// A write transaction holding the file's write lock from its first statement.
+    async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// Wakes this process's idle fetch loop.
+    fn announce(&self, any_available: bool) {
+        if any_available {
+            self.wake.notify_one();
+        }
+    }
+
+    async fn data_version(&self) -> Option<i64> {
+        sqlx::query_scalar("PRAGMA data_version").fetch_one(&self.watch).await.ok()
+    }
+
+    async fn finish(
+        &self,
+        finishes: Vec<Finish>,
+        next: Option<&FetchParams>,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        let mut finishes = finishes;
+        let configs = host::job_types_get(&self.reader, &super::job::child_types(&finishes)).await?;
+        super::job::fail_parents_of_unfit_children(&mut finishes, &configs);
+        let mut tx = self.write().await?;
+        let finished = job::finish(&mut tx, &finishes, next).await?;
+        tx.commit().await?;
+        self.announce(finished.any_available);
+        Ok((finished.results, finished.leased))
+    }
+}
+
+/// Now, in the schema's unit.
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// A caller's `now`, or the clock's.
+fn ms_or_now(now: Option<DateTime<Utc>>) -> i64 {
+    now.map_or_else(now_ms, |t| t.timestamp_millis())
+}
+
+/// A stored time.
+fn time_of(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// A stored time as the text JSON documents (error entries) carry.
+fn iso(ms: i64) -> String {
+    time_of(ms).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// A list of values as the JSON array `json_each` reads: SQLite binds no arrays.
+fn json_list<T: serde::Serialize>(items: &[T]) -> String {
+    // Serializing plain numbers and strings cannot fail.
+    serde_json::to_string(items).unwrap_or_else(|_| "[]".into())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        // Two processes starting on a new file may both try the first
+        // migration; the loser's fails on the tables the winner made, and a
+        // second run finds them recorded as applied.
+        let migrator = sqlx::migrate!("./migrations/sqlite");
+        if migrator.run(&self.writer).await.is_err() {
+            migrator.run(&self.writer).await?;
+        }
+        Ok(())
+    }
+
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+        let mut tx = self.write().await?;
+        let (changed, promoted) = host::job_types_register(&mut tx, types).await?;
+        tx.commit().await?;
+        if promoted > 0 {
+            tracing::info!(promoted, job_types = ?changed, "a new limit promoted parked jobs");
+        }
+        self.announce(promoted > 0);
+        Ok(())
+    }
+
+    async fn job_types_names(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT name FROM job_types ORDER BY name").fetch_all(&self.reader).await?)
+    }
+
+    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, JobConfig>> {
+        host::job_types_get(&self.reader, names).await
+    }
+
+    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
+        host::host_upsert(&self.writer, info).await
+    }
+
+    async fn host_remove(&self, host_id: &str) -> Result<()> {
+        host::host_remove(&self.writer, host_id).await
+    }
+
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
+        host::host_prune(&self.writer, silent_secs).await
+    }
+
+    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        let mut tx = self.write().await?;
+        let ids = job::enqueue(&mut tx, jobs, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(!ids.is_empty());
+        Ok(ids)
+    }
+
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+        // Taking the write lock only when there is something to take keeps
+        // idle hosts from queueing behind busy ones.
+        if !job::any_available(&self.reader, params).await? {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write().await?;
+        let jobs = job::fetch(&mut tx, params, now_ms()).await?;
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
+        Ok(self.finish(finishes, None).await?.0)
+    }
+
+    async fn job_finish_and_fetch(
+        &self,
+        finishes: Vec<Finish>,
+        next: &FetchParams,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        self.finish(finishes, Some(next)).await
+    }
+
+    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write().await?;
+        let renewed = lease::renew(&mut tx, host_id, leases).await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
+        let mut tx = self.write().await?;
+        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now)).await?;
+        tx.commit().await?;
+        if requeued > 0 {
+            tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
+        }
+        self.announce(requeued > 0);
+        Ok((requeued, failed))
+    }
+
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now)).await?;
+        tx.commit().await?;
+        self.announce(admitted > 0);
+        Ok(due)
+    }
+
+    async fn parked_promote(&self, max_keys: i64) -> Result<u64> {
+        let keys = concurrency::promotable_keys(&self.reader, max_keys).await?;
+        let mut promoted = 0;
+        // One transaction per key keeps each hold of the write lock short.
+        for (job, key) in keys {
+            let mut tx = self.write().await?;
+            promoted += concurrency::fill(&mut tx, &job, &key, 0, now_ms()).await?;
+            tx.commit().await?;
+        }
+        if promoted > 0 {
+            tracing::info!(promoted, "promoted parked jobs into free slots");
+        }
+        self.announce(promoted > 0);
+        Ok(promoted)
+    }
+
+    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>> {
+        let mut tx = self.write().await?;
+        let fixes = concurrency::repair(&mut tx, now_ms()).await?;
+        tx.commit().await?;
+        for fix in &fixes {
+            tracing::warn!(
+                job = fix.job,
+                key = fix.key,
+                recorded = fix.recorded,
+                actual = fix.actual,
+                "repaired a semaphore whose holder count disagreed with its jobs"
+            );
+        }
+        Ok(fixes)
+    }
+
+    async fn concurrency(&self) -> Result<Vec<KeyStatus>> {
+        concurrency::status(&self.reader, now_ms()).await
+    }
+
+    async fn slots_free(&self, job: &str, key: &str) -> Result<i64> {
+        let mut conn = self.reader.acquire().await?;
+        concurrency::slots_free(&mut conn, job, key).await
+    }
+
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        job::archive_prune(&self.writer, ms_or_now(now), retention_secs, limit).await
+    }
+
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
+        job::list(&self.reader, filter).await
+    }
+
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
+        job::get(&self.reader, id).await
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        job::stats(&self.reader, now_ms()).await
+    }
+
+    async fn job_retry(&self, id: i64) -> Result<()> {
+        let mut tx = self.write().await?;
+        job::retry(&mut tx, id, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(true);
+        Ok(())
+    }
+
+    async fn job_cancel(&self, id: i64) -> Result<()> {
+        let mut tx = self.write().await?;
+        let promoted = job::cancel(&mut tx, id, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(promoted > 0);
+        Ok(())
+    }
+
+    async fn wait_available(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let tick = WATCH_INTERVAL.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            tokio::select! {
+                () = self.wake.notified() => return,
+                () = tokio::time::sleep(tick) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            // Another connection (this process's writer included) committed
+            // since the last look: there may be jobs to fetch.
+            if let Some(version) = self.data_version().await {
+                let seen = self.seen_version.swap(version, Ordering::Relaxed);
+                if seen != i64::MIN && seen != version {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+-- Leases up to $3 available jobs of the given queues ($2, a JSON array) and
+-- job types ($1, a JSON array of [name, lease_secs]) to host $5, in fetch
+-- order (priority, then run time, then id). The caller holds the write
+-- lock, so no other fetch can pick the same rows; tokens are $4 + 1, $4 + 2, ...
+WITH types AS (
+    SELECT t.value ->> 0 AS job, t.value ->> 1 AS lease_secs FROM json_each($1) t
+),
+picked AS (
+    SELECT j.id, ty.lease_secs, row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS n
+    FROM jobs j
+    JOIN types ty ON ty.job = j.job
+    WHERE j.state = 'available' AND j.queue IN (SELECT q.value FROM json_each($2) q)
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT $3
+)
+UPDATE jobs
+SET state = 'running',
+    attempt = jobs.attempt + 1,
+    lease_token = $4 + p.n,
+    lease_secs = p.lease_secs,
+    lease_expires_at = $6 + p.lease_secs * 1000,
+    host_id = $5,
+    started_at = $6
+FROM picked p
+WHERE jobs.id = p.id
+RETURNING jobs.id, jobs.lease_token, jobs.job, jobs.queue, jobs.payload, jobs.attempt, jobs.max_attempts,
+          jobs.enqueued_at, jobs.batch_id, jobs.concurrency_key, jobs.lease_secs
