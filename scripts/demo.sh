@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Installs what is needed (PostgreSQL if none runs, the wasm32-wasip2
-# target), builds the example handlers and the host, then runs a host on
-# sample components and jobs and shows what happened: results, a retry, child
-# jobs, a trap, a delayed job, the sandbox refusing a nosy guest, and
-# concurrency limits parking jobs and refusing one.
+# Installs what is needed (the wasm32-wasip2 target), builds the example
+# handlers and the host, then runs a host on the embedded backend (a SQLite
+# file; no server) on sample components and jobs and shows what happened:
+# results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
+# nosy guest, and concurrency limits parking jobs and refusing one.
+# DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/postgres.sh
 bash guests/build.sh
 cargo build --quiet --release --locked
 jobhost=$PWD/target/release/jobhost
 export JOBHOST_CACHE_DIR="${JOBHOST_CACHE_DIR:-$PWD/target/jobhost-cache}"
-export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/jobhost_demo}"
-psql "${DATABASE_URL%/*}/postgres" -qc 'DROP DATABASE IF EXISTS jobhost_demo WITH (FORCE)' -c 'CREATE DATABASE jobhost_demo'
+components=$(mktemp -d)
+# A fresh embedded database file for each run of the demo.
+export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-components=$(mktemp -d)
 cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise}.wasm "$components"
 step "$jobhost" migrate
 "$jobhost" run --components "$components" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &

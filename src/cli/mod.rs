@@ -128,8 +128,9 @@ enum Command {
 /// Where the database is.
 #[derive(Debug, Args, Clone)]
 struct DbArgs {
-    /// The database: postgres://USER@HOST/DB.
-    #[arg(long, env = "DATABASE_URL")]
+    /// The database: sqlite://PATH for the embedded file (several hosts on
+    /// one machine may share it), or postgres://USER@HOST/DB for a fleet.
+    #[arg(long, env = "DATABASE_URL", default_value = crate::store::DEFAULT_DATABASE_URL)]
     database_url: String,
 }
 
