@@ -5,7 +5,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome, Store};
+use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome};
 use serde_json::{Value, json};
 
 use common::db::TestDb;
@@ -29,7 +29,7 @@ fn stderr(output: &Output) -> String {
 }
 
 async fn db_with_mail() -> TestDb {
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     db.store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
     db
 }
@@ -209,7 +209,7 @@ fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
 
 #[tokio::test]
 async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3() {
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     let mut config = job_config("sync");
     config.concurrency = Some(jobhost::types::ConcurrencyConfig {
         limit: 1,

@@ -7,12 +7,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobhost::store::{EnqueueParams, Error, FetchedJob, FinishOutcome, FinishResult, JobState, Store};
+use jobhost::store::{EnqueueParams, Error, FetchedJob, FinishOutcome, FinishResult, JobState};
 use jobhost::template::KeyTemplate;
 use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict};
 use serde_json::json;
 
-use common::db::TestDb;
+use common::db::{Backend, TestDb, on_both_backends};
 use common::{TestHost, completed, eventually, fetch_params, finish, job_config};
 
 const WITHIN: Duration = Duration::from_secs(60);
@@ -43,21 +43,15 @@ async fn state_of(db: &TestDb, id: i64) -> JobState {
 }
 
 async fn holders(db: &TestDb, job: &str, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT coalesce(sum(holders), 0)::bigint FROM jobhost.semaphores WHERE job = $1 AND key = $2")
-        .bind(job)
-        .bind(key)
-        .fetch_one(db.pool())
+    db.scalar(format!("SELECT coalesce(sum(holders), 0) FROM jobhost.semaphores WHERE job = '{job}' AND key = '{key}'"))
         .await
-        .unwrap()
 }
 
 fn maintenance(db: &TestDb) -> jobhost::maintenance::Maintenance {
     jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap()
 }
 
-#[tokio::test]
-async fn a_parked_job_is_promoted_however_long_it_waited() {
-    let db = TestDb::new().await;
+async fn a_parked_job_is_promoted_however_long_it_waited(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     enqueue(&db, "lim", "k").await;
     let parked = enqueue(&db, "lim", "k").await;
@@ -65,12 +59,11 @@ async fn a_parked_job_is_promoted_however_long_it_waited() {
     let holder = fetch(&db, "lim", 10).await.remove(0);
 
     // Parked for a day, a thousand times its key's duration: sweeps pass over it.
-    sqlx::query(
+    db.execute(db.dialect(
         "UPDATE jobhost.blocked_jobs SET parked_at = now() - interval '1 day', enqueued_at = now() - interval '1 day'",
-    )
-    .execute(db.pool())
-    .await
-    .unwrap();
+        "UPDATE blocked_jobs SET parked_at = parked_at - 86400000, enqueued_at = enqueued_at - 86400000",
+    ))
+    .await;
     for _ in 0..3 {
         maintenance(&db).run_once(None).await.unwrap();
     }
@@ -81,9 +74,7 @@ async fn a_parked_job_is_promoted_however_long_it_waited() {
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself() {
-    let db = TestDb::new().await;
+async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself(db: TestDb) {
     // `serial`: limit 1 per key, duration 1 s (the floor at twice the 200 ms heartbeat).
     let host = TestHost::start(&db, &["serial"], |_| {}).await;
     let long = db.store.job_enqueue(&[EnqueueParams::new("serial", json!({"key": "k", "ms": 3500}))]).await.unwrap()[0];
@@ -117,12 +108,11 @@ async fn stagger() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parks_racing_finishing_holders_strand_nothing() {
+async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
     const ROUNDS: usize = 300;
     const KEYS: usize = 4;
     const LIMIT: usize = 2;
-    let db = Arc::new(TestDb::new().await);
+    let db = Arc::new(db);
     limited_type(&db, "lim", LIMIT as u32, OnConflict::Block, "v1").await;
 
     // Each round fills every key, then ends one of each key's holders at the
@@ -187,9 +177,7 @@ async fn parks_racing_finishing_holders_strand_nothing() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "every slot given back");
 }
 
-#[tokio::test]
-async fn a_stale_lease_tokens_completion_releases_nothing() {
-    let db = TestDb::new().await;
+async fn a_stale_lease_tokens_completion_releases_nothing(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     enqueue(&db, "lim", "k").await;
     let parked = enqueue(&db, "lim", "k").await;
@@ -214,23 +202,20 @@ async fn a_stale_lease_tokens_completion_releases_nothing() {
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
-#[tokio::test]
-async fn every_parked_payload_is_a_json_object() {
-    let db = TestDb::new().await;
+async fn every_parked_payload_is_a_json_object(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     db.store.job_types_register(&[(job_config("parent"), "v1".into())]).await.unwrap();
     enqueue(&db, "lim", "k").await;
     let holder = fetch(&db, "lim", 1).await.remove(0);
 
     // Parked through every path: a single enqueue, a bulk one, the SQL
-    // function, a child written with its parent's completion, and a retry
-    // that came due.
+    // function (PostgreSQL's own), a child written with its parent's
+    // completion, and a retry that came due.
     enqueue(&db, "lim", "k").await;
     db.store.job_enqueue(&[keyed("lim", "k"), keyed("lim", "k")]).await.unwrap();
-    sqlx::query("SELECT jobhost.enqueue('lim', '{\"key\": \"k\", \"via\": \"sql\"}')")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    if db.backend == Backend::Postgres {
+        db.execute("SELECT jobhost.enqueue('lim', '{\"key\": \"k\", \"via\": \"sql\"}')").await;
+    }
     db.store.job_enqueue(&[EnqueueParams::new("parent", json!({}))]).await.unwrap();
     let parent = fetch(&db, "parent", 1).await.remove(0);
     let child = ChildJob {
@@ -253,19 +238,17 @@ async fn every_parked_payload_is_a_json_object() {
     let later = chrono::Utc::now() + chrono::Duration::minutes(1);
     db.store.job_promote_due(Some(later)).await.unwrap();
 
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 5);
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE jsonb_typeof(payload) <> 'object'").await, 0);
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload->>'key' = 'k'").await, 5);
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload #>> '{nested,a,1}' = '2'").await,
-        1,
-        "nested documents survive parking"
-    );
+    let parked = db.dialect("5", "4").parse::<i64>().unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, parked);
+    let not_object = db.dialect("jsonb_typeof(payload) <> 'object'", "json_type(payload) <> 'object'");
+    assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.blocked_jobs WHERE {not_object}")).await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload->>'key' = 'k'").await, parked);
+    let nested = db.dialect("payload #>> '{nested,a,1}' = '2'", "payload ->> '$.nested.a[1]' = 2");
+    let nested = db.scalar(format!("SELECT count(*) FROM jobhost.blocked_jobs WHERE {nested}")).await;
+    assert_eq!(nested, 1, "nested documents survive parking");
 }
 
-#[tokio::test]
-async fn a_waiting_job_holds_no_slot() {
-    let db = TestDb::new().await;
+async fn a_waiting_job_holds_no_slot(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let delayed = EnqueueParams { delay_ms: Some(3_600_000), ..keyed("lim", "k") };
     let delayed = db.store.job_enqueue(&[delayed]).await.unwrap()[0];
@@ -291,10 +274,8 @@ async fn a_waiting_job_holds_no_slot() {
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
-#[tokio::test]
-async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys() {
+async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys(db: TestDb) {
     const BUSY: usize = 2_000;
-    let db = TestDb::new().await;
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     // Every busy key: one holder and one parked job, parked before the free key's.
     let busy: Vec<EnqueueParams> =
@@ -304,8 +285,8 @@ async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_key
     let parked = enqueue(&db, "lim", "free").await;
     // Its holder vanishes by hand (an operator's DELETE), leaving the parked
     // job behind a free slot that no completion will hand over.
-    sqlx::query("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").execute(db.pool()).await.unwrap();
-    sqlx::query("DELETE FROM jobhost.semaphores WHERE key = 'free'").execute(db.pool()).await.unwrap();
+    db.execute("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").await;
+    db.execute("DELETE FROM jobhost.semaphores WHERE key = 'free'").await;
 
     let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 100, ..Default::default() };
     let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
@@ -315,9 +296,7 @@ async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_key
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
 }
 
-#[tokio::test]
-async fn raise_and_discard_leave_no_semaphore_residue() {
-    let db = TestDb::new().await;
+async fn raise_and_discard_leave_no_semaphore_residue(db: TestDb) {
     limited_type(&db, "rai", 1, OnConflict::Raise, "v1").await;
     limited_type(&db, "dis", 1, OnConflict::Discard, "v1").await;
     enqueue(&db, "rai", "k").await;
@@ -330,8 +309,11 @@ async fn raise_and_discard_leave_no_semaphore_residue() {
     // slot its other job took is rolled back.
     let batch = db.store.job_enqueue(&[keyed("rai", "other"), keyed("rai", "k")]).await;
     assert!(matches!(batch, Err(Error::LimitReached(_))));
-    let sql = sqlx::query("SELECT jobhost.enqueue('rai', '{\"key\": \"k\"}')").execute(db.pool()).await.unwrap_err();
-    assert_eq!(sql.as_database_error().and_then(|e| e.code()).as_deref(), Some("JHL01"));
+    if db.backend == Backend::Postgres {
+        let sql =
+            sqlx::query("SELECT jobhost.enqueue('rai', '{\"key\": \"k\"}')").execute(db.pool()).await.unwrap_err();
+        assert_eq!(sql.as_database_error().and_then(|e| e.code()).as_deref(), Some("JHL01"));
+    }
 
     let discarded = enqueue(&db, "dis", "k").await;
     let detail = db.store.job_get(discarded).await.unwrap().unwrap();
@@ -341,7 +323,7 @@ async fn raise_and_discard_leave_no_semaphore_residue() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 2, "only the two holders");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 2);
-    assert_eq!(db.scalar("SELECT sum(holders)::bigint FROM jobhost.semaphores").await, 2);
+    assert_eq!(db.scalar("SELECT sum(holders) FROM jobhost.semaphores").await, 2);
 
     for job in ["rai", "dis"] {
         let holder = fetch(&db, job, 1).await.remove(0);
@@ -350,9 +332,7 @@ async fn raise_and_discard_leave_no_semaphore_residue() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no residue once the holders end");
 }
 
-#[tokio::test]
-async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody() {
-    let db = TestDb::new().await;
+async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let ids: Vec<i64> = db.store.job_enqueue(&[keyed("lim", "k"), keyed("lim", "k"), keyed("lim", "k")]).await.unwrap();
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 2);
@@ -377,9 +357,7 @@ async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody() {
     assert_eq!(state_of(&db, fourth).await, JobState::Available);
 }
 
-#[tokio::test]
-async fn cancel_works_on_parked_and_admitted_jobs() {
-    let db = TestDb::new().await;
+async fn cancel_works_on_parked_and_admitted_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let holder = enqueue(&db, "lim", "k").await;
     let first_parked = enqueue(&db, "lim", "k").await;
@@ -395,13 +373,11 @@ async fn cancel_works_on_parked_and_admitted_jobs() {
     assert!(error.to_string().contains("is cancelled and cannot be cancelled"), "{error}");
 }
 
-#[tokio::test]
-async fn the_repair_sweep_restores_hand_edited_semaphores() {
-    let db = TestDb::new().await;
+async fn the_repair_sweep_restores_hand_edited_semaphores(db: TestDb) {
     limited_type(&db, "lim", 2, OnConflict::Block, "v1").await;
     db.store.job_enqueue(&[keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "b")]).await.unwrap();
-    sqlx::query("UPDATE jobhost.semaphores SET holders = 2 WHERE key = 'b'").execute(db.pool()).await.unwrap();
-    sqlx::query("DELETE FROM jobhost.semaphores WHERE key = 'a'").execute(db.pool()).await.unwrap();
+    db.execute("UPDATE jobhost.semaphores SET holders = 2 WHERE key = 'b'").await;
+    db.execute("DELETE FROM jobhost.semaphores WHERE key = 'a'").await;
 
     let mut fixes = db.store.semaphores_repair().await.unwrap();
     fixes.sort_by(|x, y| x.key.cmp(&y.key));
@@ -414,9 +390,7 @@ async fn the_repair_sweep_restores_hand_edited_semaphores() {
     assert_eq!(maintenance(&db).run_once(None).await.unwrap().unparked, 0);
 }
 
-#[tokio::test]
-async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job() {
-    let db = TestDb::new().await;
+async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job(db: TestDb) {
     let mut config = job_config("lim");
     config.max_attempts = 1;
     config.concurrency = Some(ConcurrencyConfig {
@@ -434,9 +408,7 @@ async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job() {
     assert_eq!(state_of(&db, parked).await, JobState::Available);
 }
 
-#[tokio::test]
-async fn the_concurrency_view_lists_holders_and_parked_jobs() {
-    let db = TestDb::new().await;
+async fn the_concurrency_view_lists_holders_and_parked_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let holder = enqueue(&db, "lim", "k").await;
     enqueue(&db, "lim", "k").await;
@@ -450,9 +422,7 @@ async fn the_concurrency_view_lists_holders_and_parked_jobs() {
     assert!(key.oldest_parked_secs.is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call() {
-    let db = TestDb::new().await;
+async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {
     let host = TestHost::start(&db, &["fanout", "limited_raise", "hello"], |_| {}).await;
     let fanout = |count: u64| {
         EnqueueParams::new("fanout", json!({"count": count, "job": "limited_raise", "child": {"key": "k", "ms": 0}}))
@@ -479,3 +449,20 @@ async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call() {
         "the refused parent left no children"
     );
 }
+
+on_both_backends!(
+    a_parked_job_is_promoted_however_long_it_waited,
+    a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself,
+    a_stale_lease_tokens_completion_releases_nothing,
+    every_parked_payload_is_a_json_object,
+    a_waiting_job_holds_no_slot,
+    raise_and_discard_leave_no_semaphore_residue,
+    a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody,
+    cancel_works_on_parked_and_admitted_jobs,
+    the_repair_sweep_restores_hand_edited_semaphores,
+    a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job,
+    the_concurrency_view_lists_holders_and_parked_jobs,
+    a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call,
+    parks_racing_finishing_holders_strand_nothing,
+    a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys,
+);

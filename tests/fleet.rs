@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use jobhost::store::{EnqueueParams, Error, Store};
+use jobhost::store::{EnqueueParams, Error};
 use serde_json::json;
 
 use common::db::TestDb;
@@ -71,7 +71,7 @@ async fn both_failures_redone_and_survivors_exit(db: &TestDb, mut hosts: Vec<Chi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_survives_a_killed_and_a_frozen_host() {
     let _one = ONE_FLEET.lock().await;
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     let components = tempfile::tempdir().unwrap();
     std::fs::copy(guest("sleep"), components.path().join("sleep.wasm")).unwrap();
     let cache = tempfile::tempdir().unwrap();
@@ -176,7 +176,7 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host() {
     const KEYS: usize = 20;
     const EXTRA: usize = 150;
     let _one = ONE_FLEET.lock().await;
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     let components = tempfile::tempdir().unwrap();
     for name in ["limited", "limited_discard", "limited_raise"] {
         std::fs::copy(guest(name), components.path().join(format!("{name}.wasm"))).unwrap();

@@ -7,17 +7,16 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState, Store};
+use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState};
 use jobhost::types::ChildJob;
 use serde_json::json;
 
-use common::db::TestDb;
+use common::db::{Backend, TestDb, on_both_backends};
 use common::{TestHost, completed, eventually, fetch_params, finish, job_config};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
-async fn db_with_types(names: &[&str]) -> TestDb {
-    let db = TestDb::new().await;
+async fn with_types(db: TestDb, names: &[&str]) -> TestDb {
     let types: Vec<_> = names.iter().map(|n| (job_config(n), format!("digest-{n}"))).collect();
     db.store.job_types_register(&types).await.unwrap();
     db
@@ -30,13 +29,14 @@ async fn two_running(db: &TestDb, job: &str) -> Vec<jobhost::store::FetchedJob> 
     db.store.job_fetch(&fetch_params("h", &[job], 2)).await.unwrap()
 }
 
-#[tokio::test]
-async fn payloads_are_stored_as_json_documents() {
-    let db = db_with_types(&["mail"]).await;
+async fn payloads_are_stored_as_json_documents(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let payload = json!({"to": "ada@example.com", "n": 3});
     db.store.job_enqueue(&[EnqueueParams::new("mail", payload.clone())]).await.unwrap();
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE jsonb_typeof(payload) = 'object'").await, 1);
-    assert_eq!(db.scalar("SELECT (payload->>'n')::bigint FROM jobhost.jobs").await, 3);
+    let is_object = db.dialect("jsonb_typeof(payload) = 'object'", "json_type(payload) = 'object'");
+    let field_n = db.dialect("(payload->>'n')::bigint", "payload->>'n'");
+    assert_eq!(db.scalar(&format!("SELECT count(*) FROM jobhost.jobs WHERE {is_object}")).await, 1);
+    assert_eq!(db.scalar(&format!("SELECT {field_n} FROM jobhost.jobs")).await, 3);
     // A JSON string holding JSON is refused, not stored (guarantee 8).
     let encoded = EnqueueParams::new("mail", json!(payload.to_string()));
     let error = db.store.job_enqueue(&[encoded]).await.unwrap_err();
@@ -45,18 +45,16 @@ async fn payloads_are_stored_as_json_documents() {
     assert_eq!(fetched[0].payload, payload);
 }
 
-#[tokio::test]
-async fn unknown_job_types_and_bad_payloads_enqueue_nothing() {
-    let db = db_with_types(&["mail"]).await;
+async fn unknown_job_types_and_bad_payloads_enqueue_nothing(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let batch = [EnqueueParams::new("mail", json!({})), EnqueueParams::new("nope", json!({}))];
     let error = db.store.job_enqueue(&batch).await.unwrap_err();
     assert!(error.to_string().contains("unknown job type \"nope\""), "{error}");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0, "all or none");
 }
 
-#[tokio::test]
-async fn concurrent_fetchers_never_share_a_job() {
-    let db = db_with_types(&["mail"]).await;
+async fn concurrent_fetchers_never_share_a_job(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let jobs: Vec<_> = (0..2000).map(|i| EnqueueParams::new("mail", json!({"i": i}))).collect();
     db.store.job_enqueue(&jobs).await.unwrap();
     let fetchers: Vec<_> = (0..8)
@@ -86,9 +84,8 @@ async fn concurrent_fetchers_never_share_a_job() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await, 2000);
 }
 
-#[tokio::test]
-async fn fetch_follows_priority_then_time_and_serves_only_loaded_types() {
-    let db = db_with_types(&["a", "b"]).await;
+async fn fetch_follows_priority_then_time_and_serves_only_loaded_types(db: TestDb) {
+    let db = with_types(db, &["a", "b"]).await;
     let low = EnqueueParams { priority: Some(5), ..EnqueueParams::new("a", json!({"n": "low"})) };
     let high = EnqueueParams { priority: Some(-5), ..EnqueueParams::new("a", json!({"n": "high"})) };
     let other = EnqueueParams::new("b", json!({"n": "other type"}));
@@ -111,9 +108,8 @@ async fn fetch_follows_priority_then_time_and_serves_only_loaded_types() {
     assert_eq!(next[0].payload["n"], 0);
 }
 
-#[tokio::test]
-async fn a_stale_lease_token_completes_nothing() {
-    let db = db_with_types(&["mail"]).await;
+async fn a_stale_lease_token_completes_nothing(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let first = db.store.job_fetch(&fetch_params("slow-host", &["mail"], 1)).await.unwrap().remove(0);
     // The first host goes silent; by the database's clock an hour later its lease has expired.
@@ -143,30 +139,23 @@ async fn a_stale_lease_token_completes_nothing() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 1);
 }
 
-#[tokio::test]
-async fn children_are_written_only_with_their_parents_completion() {
-    let db = db_with_types(&["parent", "child"]).await;
+async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
+    let db = with_types(db, &["parent", "child"]).await;
     let fetched = two_running(&db, "parent").await;
     let child =
         |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
     let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)] };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
-    let parent_of_children: Vec<i64> =
-        sqlx::query_scalar("SELECT DISTINCT parent_id FROM jobhost.jobs WHERE job = 'child'")
-            .fetch_all(db.pool())
-            .await
-            .unwrap();
-    assert_eq!(parent_of_children, [fetched[0].id]);
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE job = 'child' AND jsonb_typeof(payload) = 'object'").await,
-        2
-    );
+    let parents = db.scalar("SELECT count(DISTINCT parent_id) FROM jobhost.jobs WHERE job = 'child'").await;
+    let parent = db.scalar("SELECT min(parent_id) FROM jobhost.jobs WHERE job = 'child'").await;
+    assert_eq!((parents, parent), (1, fetched[0].id));
+    let is_object = db.dialect("jsonb_typeof(payload) = 'object'", "json_type(payload) = 'object'");
+    assert_eq!(db.scalar(&format!("SELECT count(*) FROM jobhost.jobs WHERE job = 'child' AND {is_object}")).await, 2);
 }
 
-#[tokio::test]
-async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch() {
-    let db = db_with_types(&["parent"]).await;
+async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: TestDb) {
+    let db = with_types(db, &["parent"]).await;
     let fetched = two_running(&db, "parent").await;
     let orphan = ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None };
     let results = db
@@ -178,18 +167,13 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch() {
         .await
         .unwrap();
     assert_eq!(results, [FinishResult::Done, FinishResult::Done]);
-    let error: String = sqlx::query_scalar("SELECT errors->-1->>'error' FROM jobhost.archive WHERE id = $1")
-        .bind(fetched[0].id)
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
+    let error = db.store.job_get(fetched[0].id).await.unwrap().unwrap().row.error.unwrap();
     assert!(error.contains("unknown job type \"ghost\""), "{error}");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 1);
 }
 
-#[tokio::test]
-async fn retries_wait_in_schedule_then_pass_when_due_by_the_database_clock() {
-    let db = db_with_types(&["mail"]).await;
+async fn retries_wait_in_schedule_then_pass_when_due_by_the_database_clock(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let job = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
     let retry = FinishOutcome::Retry { error: "smtp down".into(), delay_ms: 3_600_000 };
@@ -204,15 +188,13 @@ async fn retries_wait_in_schedule_then_pass_when_due_by_the_database_clock() {
     assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 1);
     let again = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
     assert_eq!(again.attempt, 2);
-    let errors: serde_json::Value =
-        sqlx::query_scalar("SELECT errors FROM jobhost.jobs").fetch_one(db.pool()).await.unwrap();
+    let errors = db.store.job_get(again.id).await.unwrap().unwrap().errors;
     assert_eq!(errors[0]["error"], "smtp down");
     assert_eq!(errors[0]["attempt"], 1);
 }
 
-#[tokio::test]
-async fn snoozes_and_hand_backs_give_the_attempt_back() {
-    let db = db_with_types(&["mail"]).await;
+async fn snoozes_and_hand_backs_give_the_attempt_back(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let jobs = two_running(&db, "mail").await;
     db.store
         .job_finish(vec![
@@ -226,9 +208,8 @@ async fn snoozes_and_hand_backs_give_the_attempt_back() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1);
 }
 
-#[tokio::test]
-async fn an_expired_lease_on_the_last_attempt_fails_the_job() {
-    let db = db_with_types(&["mail"]).await;
+async fn an_expired_lease_on_the_last_attempt_fails_the_job(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let later = Utc::now() + chrono::Duration::hours(1);
     for _ in 0..3 {
@@ -237,29 +218,39 @@ async fn an_expired_lease_on_the_last_attempt_fails_the_job() {
     }
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'failed' AND attempt = 3").await, 1);
-    assert_eq!(db.scalar("SELECT jsonb_array_length(errors)::bigint FROM jobhost.archive").await, 3);
+    let errors = db.dialect("jsonb_array_length(errors)::bigint", "json_array_length(errors)");
+    assert_eq!(db.scalar(&format!("SELECT {errors} FROM jobhost.archive")).await, 3);
     // A lease that has not expired by the database's clock is left alone (guarantee 10).
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
     assert_eq!(db.store.lease_expire(None).await.unwrap(), (0, 0));
 }
 
-#[tokio::test]
-async fn renewal_extends_only_the_hosts_own_current_leases() {
-    let db = db_with_types(&["mail"]).await;
+async fn renewal_extends_only_the_hosts_own_current_leases(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let jobs = two_running(&db, "mail").await;
     let leases = [(jobs[0].id, jobs[0].lease_token), (jobs[1].id, jobs[1].lease_token + 999)];
     assert_eq!(db.store.lease_renew("h", &leases).await.unwrap(), [jobs[0].id]);
     assert!(db.store.lease_renew("other-host", &leases[..1]).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn delayed_jobs_wait_and_sql_enqueue_follows_the_same_rules() {
-    let db = db_with_types(&["mail"]).await;
+async fn delayed_jobs_wait_until_due(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let delayed = EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("mail", json!({})) };
     db.store.job_enqueue(&[delayed]).await.unwrap();
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1);
+    assert!(db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().is_empty());
+    assert_eq!(db.store.job_promote_due(None).await.unwrap(), 0);
+    let later = Utc::now() + chrono::Duration::hours(2);
+    assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 1);
+    assert_eq!(db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().len(), 1);
+}
 
+// PostgreSQL only: the SQL enqueue is a PostgreSQL function (SQLite has no
+// stored functions; its enqueuers go through the host's store).
+#[tokio::test]
+async fn sql_enqueue_follows_the_same_rules() {
+    let db = with_types(TestDb::postgres().await, &["mail"]).await;
     let id: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('mail', '{\"to\": \"x\"}'::jsonb)")
         .fetch_one(db.pool())
         .await
@@ -280,11 +271,12 @@ async fn delayed_jobs_wait_and_sql_enqueue_follows_the_same_rules() {
     }
 }
 
+// PostgreSQL only: SQLite renders keys with the Rust renderer alone.
 #[tokio::test]
 async fn sql_and_rust_render_concurrency_keys_alike() {
     let template = "acct:{account}/{region}-{{x}}";
     let parsed = jobhost::template::KeyTemplate::parse(template).unwrap();
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     for payload in [
         json!({"account": 42, "region": "eu"}),
         json!({"account": "a b", "region": true}),
@@ -302,9 +294,8 @@ async fn sql_and_rust_render_concurrency_keys_alike() {
     assert!(missing.to_string().contains("no field \"id\""), "{missing}");
 }
 
-#[tokio::test]
-async fn operators_retry_cancel_list_and_prune() {
-    let db = db_with_types(&["mail"]).await;
+async fn operators_retry_cancel_list_and_prune(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
     let ids = db
         .store
         .job_enqueue(&[EnqueueParams::new("mail", json!({"n": 1})), EnqueueParams::new("mail", json!({"n": 2}))])
@@ -335,19 +326,20 @@ async fn operators_retry_cancel_list_and_prune() {
 
     // A host killed a day ago never left; its row goes, a live host's stays.
     db.store.host_upsert(&jobhost::store::HostInfo::current(vec!["mail".into()])).await.unwrap();
-    sqlx::query("INSERT INTO jobhost.hosts (id, hostname, pid, version, last_seen_at) VALUES ('gone', 'h', 1, 'v', now() - interval '2 days')")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    db.execute(db.dialect(
+        "INSERT INTO jobhost.hosts (id, hostname, pid, version, last_seen_at)
+         VALUES ('gone', 'h', 1, 'v', now() - interval '2 days')",
+        "INSERT INTO hosts (id, hostname, pid, version, started_at, last_seen_at)
+         VALUES ('gone', 'h', 1, 'v', 0, unixepoch() * 1000 - 2 * 86400000)",
+    ))
+    .await;
     assert_eq!(db.store.host_prune(86400.0).await.unwrap(), 1);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.hosts").await, 1);
 }
 
 // --- Through a real host running real components. ---
 
-#[tokio::test]
-async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only() {
-    let db = TestDb::new().await;
+async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only(db: TestDb) {
     let host = TestHost::start(&db, &["hello", "flaky", "fanout", "trap"], |_| {}).await;
     let client = jobhost::Client::from_store(db.dyn_store());
     let hello = client.enqueue("hello", json!({"name": "Ada"})).await.unwrap();
@@ -377,16 +369,7 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only()
     assert_eq!(trap.row.state, JobState::Failed);
     assert!(trap.row.error.unwrap().contains("the disk is lava"));
 
-    let children = |parent: i64| {
-        let pool = db.pool().clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.archive WHERE parent_id = $1")
-                .bind(parent)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
+    let children = |parent: i64| db.scalar(format!("SELECT count(*) FROM jobhost.archive WHERE parent_id = {parent}"));
     assert_eq!(children(parent).await, 3);
     // Inside a host, the fleet's job types are known: the guest saw the error.
     let parent_output = get(parent).await.row.output.unwrap();
@@ -395,9 +378,7 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only()
     host.stop().await;
 }
 
-#[tokio::test]
-async fn graceful_shutdown_hands_running_jobs_back() {
-    let db = TestDb::new().await;
+async fn graceful_shutdown_hands_running_jobs_back(db: TestDb) {
     let host =
         TestHost::start(&db, &["sleep"], |config| config.worker.shutdown_grace = Duration::from_millis(100)).await;
     let client = jobhost::Client::from_store(db.dyn_store());
@@ -418,9 +399,7 @@ async fn graceful_shutdown_hands_running_jobs_back() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.hosts").await, 0);
 }
 
-#[tokio::test]
-async fn a_host_that_loses_a_lease_stops_the_guest() {
-    let db = TestDb::new().await;
+async fn a_host_that_loses_a_lease_stops_the_guest(db: TestDb) {
     // One slot: a second job can start only once the first guest is stopped.
     // A long lease keeps the local fence from firing within this test, so
     // only the refused renewal can stop the guest.
@@ -435,32 +414,20 @@ async fn a_host_that_loses_a_lease_stops_the_guest() {
         .await;
     let probe = client.enqueue("hello", json!({})).await.unwrap();
     // Another host takes the job over: its token changes under the first host.
-    sqlx::query(
-        "UPDATE jobhost.jobs SET lease_token = nextval('jobhost.lease_tokens'), host_id = 'usurper' WHERE id = $1",
-    )
-    .bind(id)
-    .execute(db.pool())
-    .await
-    .unwrap();
+    db.execute(&format!(
+        "UPDATE jobhost.jobs SET lease_token = lease_token + 1000000000, host_id = 'usurper' WHERE id = {id}"
+    ))
+    .await;
     // The next heartbeat finds the lease gone and stops the ten-minute guest,
     // which frees the slot for the probe.
-    eventually(WITHIN, || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.archive WHERE id = $1 AND state = 'completed'")
-            .bind(probe)
-            .fetch_one(db.pool())
-            .await
-            .unwrap()
-            == 1
-    })
-    .await;
+    let probe_done = format!("SELECT count(*) FROM jobhost.archive WHERE id = {probe} AND state = 'completed'");
+    eventually(WITHIN, || async { db.scalar(&probe_done).await == 1 }).await;
     // The stopped run's result was a duplicate: the usurper's job is untouched.
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE host_id = 'usurper' AND state = 'running'").await, 1);
     host.stop().await;
 }
 
-#[tokio::test]
-async fn an_idle_host_wakes_on_notification() {
-    let db = TestDb::new().await;
+async fn an_idle_host_wakes_on_notification(db: TestDb) {
     // Polling so slow that only a notification can start the job in time.
     let host = TestHost::start(&db, &["hello"], |config| config.worker.poll_interval = Duration::from_secs(3600)).await;
     let client = jobhost::Client::from_store(db.dyn_store());
@@ -473,25 +440,35 @@ async fn an_idle_host_wakes_on_notification() {
     host.stop().await;
 }
 
-#[tokio::test]
-async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others() {
-    let db = TestDb::new().await;
+async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others(db: TestDb) {
     // The archive refuses one job's completed result, as it would a result
     // that breaks a constraint.
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
-                 RAISE EXCEPTION 'poisoned result';
-             END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse_poison BEFORE INSERT ON jobhost.archive
-             FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
-    )
-    .execute(db.pool())
-    .await
-    .unwrap();
+    match db.backend {
+        Backend::Postgres => {
+            sqlx::raw_sql(
+                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
+                         RAISE EXCEPTION 'poisoned result';
+                     END IF;
+                     RETURN NEW;
+                 END $$;
+                 CREATE TRIGGER refuse_poison BEFORE INSERT ON jobhost.archive
+                     FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+            )
+            .execute(db.pool())
+            .await
+            .unwrap();
+        }
+        Backend::Sqlite => {
+            db.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON archive
+                 WHEN NEW.state = 'completed' AND json_extract(NEW.payload, '$.poison') IS NOT NULL
+                 BEGIN SELECT RAISE(ABORT, 'poisoned result'); END",
+            )
+            .await;
+        }
+    }
     // Slots enough for every job, so their results arrive together in a batch.
     let host = TestHost::start(&db, &["hello"], |config| config.worker.concurrency = 8).await;
     let client = jobhost::Client::from_store(db.dyn_store());
@@ -500,17 +477,16 @@ async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others
     client.enqueue_many(&jobs).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 8 }).await;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 7);
-    let error: String = sqlx::query_scalar("SELECT errors->-1->>'error' FROM jobhost.archive WHERE payload ? 'poison'")
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
+    let failed = JobFilter { state: Some(JobState::Failed), job: None, limit: 10 };
+    let error = db.store.job_list(&failed).await.unwrap().remove(0).error.unwrap();
     assert!(error.contains("could not be stored") && error.contains("poisoned result"), "{error}");
     host.stop().await;
 }
 
+// PostgreSQL's transient errors; SQLite's are in a_busy_file_is_retried_while_bad_data_is_refused.
 #[tokio::test]
 async fn a_deadlock_is_retried_while_bad_data_is_refused() {
-    let db = TestDb::new().await;
+    let db = TestDb::postgres().await;
     let raise = |code: &'static str| {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{code}'; END $$"
@@ -521,3 +497,42 @@ async fn a_deadlock_is_retried_while_bad_data_is_refused() {
         assert_eq!(error.is_refusal(), refusal, "SQLSTATE {code}");
     }
 }
+
+#[tokio::test]
+async fn a_busy_file_is_retried_while_bad_data_is_refused() {
+    use sqlx::{Connection, Executor};
+    let db = TestDb::sqlite().await;
+    let options: sqlx::sqlite::SqliteConnectOptions = db.url.parse().unwrap();
+    let options = options.busy_timeout(Duration::from_millis(10));
+    // Another process holds the write lock past this one's busy timeout.
+    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    holder.execute("BEGIN IMMEDIATE").await.unwrap();
+    let mut writer = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    let busy = jobhost::store::Error::from(writer.execute("BEGIN IMMEDIATE").await.unwrap_err());
+    assert!(!busy.is_refusal(), "a busy file is transient: {busy}");
+    holder.execute("ROLLBACK").await.unwrap();
+    let bad = writer.execute("INSERT INTO job_types (name, config, digest, updated_at) VALUES ('x', '\"text\"', 'd', 0)");
+    let refused = jobhost::store::Error::from(bad.await.unwrap_err());
+    assert!(refused.is_refusal(), "a violated constraint is refused: {refused}");
+}
+
+on_both_backends!(
+    a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
+    graceful_shutdown_hands_running_jobs_back,
+    a_host_that_loses_a_lease_stops_the_guest,
+    an_idle_host_wakes_on_notification,
+    a_result_the_database_refuses_fails_its_job_without_holding_back_others,
+    payloads_are_stored_as_json_documents,
+    unknown_job_types_and_bad_payloads_enqueue_nothing,
+    concurrent_fetchers_never_share_a_job,
+    fetch_follows_priority_then_time_and_serves_only_loaded_types,
+    a_stale_lease_token_completes_nothing,
+    children_are_written_only_with_their_parents_completion,
+    a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch,
+    retries_wait_in_schedule_then_pass_when_due_by_the_database_clock,
+    snoozes_and_hand_backs_give_the_attempt_back,
+    an_expired_lease_on_the_last_attempt_fails_the_job,
+    renewal_extends_only_the_hosts_own_current_leases,
+    operators_retry_cancel_list_and_prune,
+    delayed_jobs_wait_until_due,
+);

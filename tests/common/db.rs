@@ -1,27 +1,51 @@
-//! A fresh PostgreSQL database per test, migrated, dropped when the test ends.
-//! `JOBHOST_TEST_DATABASE_URL` names the server (default: the local one).
+//! A fresh, migrated database per test, on either backend: a PostgreSQL
+//! database of its own (dropped when the test ends; `JOBHOST_TEST_DATABASE_URL`
+//! names the server, default the local one), or an embedded SQLite file in a
+//! temporary directory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use jobhost::store::Store;
 use jobhost::store::postgres::PgStore;
-use sqlx::PgPool;
+use jobhost::store::sqlite::SqliteStore;
+use sqlx::{PgPool, SqlitePool};
 
-/// The server tests create their databases on.
+/// The server tests create their PostgreSQL databases on.
 pub fn server_url() -> String {
     std::env::var("JOBHOST_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// The backend's own handle, for invariant checks in SQL.
+enum Raw {
+    Postgres { name: String, pool: PgPool },
+    Sqlite { pool: SqlitePool, _dir: tempfile::TempDir },
+}
+
 /// A migrated database of its own.
 pub struct TestDb {
-    pub name: String,
+    pub backend: Backend,
     pub url: String,
-    pub store: Arc<PgStore>,
+    pub store: Arc<dyn Store>,
+    raw: Raw,
 }
 
 impl TestDb {
-    pub async fn new() -> TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        match backend {
+            Backend::Postgres => Self::postgres().await,
+            Backend::Sqlite => Self::sqlite().await,
+        }
+    }
+
+    pub async fn postgres() -> TestDb {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let name = format!("jobhost_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let admin = PgPool::connect(&format!("{}/postgres", server_url())).await.expect("connect to PostgreSQL");
@@ -32,28 +56,86 @@ impl TestDb {
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await.unwrap();
         admin.close().await;
         let url = format!("{}/{name}", server_url());
-        let store = Arc::new(PgStore::connect(&url, 20).await.expect("connect to the test database"));
+        let store = PgStore::connect(&url, 20).await.expect("connect to the test database");
         store.migrate().await.expect("migrations apply");
-        TestDb { name, url, store }
+        let pool = store.pool().clone();
+        TestDb { backend: Backend::Postgres, url, store: Arc::new(store), raw: Raw::Postgres { name, pool } }
     }
 
+    pub async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let store = SqliteStore::open(&url, 8).await.expect("open the test database");
+        store.migrate().await.expect("migrations apply");
+        let pool = store.pool().clone();
+        TestDb { backend: Backend::Sqlite, url, store: Arc::new(store), raw: Raw::Sqlite { pool, _dir: dir } }
+    }
+
+    /// The PostgreSQL pool, for tests of PostgreSQL-only features.
     pub fn pool(&self) -> &PgPool {
-        self.store.pool()
+        match &self.raw {
+            Raw::Postgres { pool, .. } => pool,
+            Raw::Sqlite { .. } => panic!("a PostgreSQL-only check ran on SQLite"),
+        }
     }
 
     pub fn dyn_store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
 
-    /// A scalar from SQL, for invariant checks.
-    pub async fn scalar(&self, sql: &'static str) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql).fetch_one(self.pool()).await.unwrap()
+    /// Picks the backend's spelling of an SQL expression.
+    pub fn dialect<'a>(&self, postgres: &'a str, sqlite: &'a str) -> &'a str {
+        match self.backend {
+            Backend::Postgres => postgres,
+            Backend::Sqlite => sqlite,
+        }
+    }
+
+    /// SQL written for PostgreSQL's `jobhost` schema, for this backend (the
+    /// SQLite tables have the same names, unqualified).
+    fn local(&self, sql: &str) -> String {
+        match self.backend {
+            Backend::Postgres => sql.to_string(),
+            Backend::Sqlite => sql.replace("jobhost.", ""),
+        }
+    }
+
+    /// A scalar from SQL, for invariant checks. Values are written into the
+    /// SQL by the tests themselves.
+    pub async fn scalar(&self, sql: impl AsRef<str>) -> i64 {
+        let sql = sqlx::AssertSqlSafe(self.local(sql.as_ref()));
+        match &self.raw {
+            Raw::Postgres { pool, .. } => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await,
+            Raw::Sqlite { pool, .. } => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await,
+        }
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A column of text from SQL, for invariant checks.
+    pub async fn texts(&self, sql: impl AsRef<str>) -> Vec<String> {
+        let sql = sqlx::AssertSqlSafe(self.local(sql.as_ref()));
+        match &self.raw {
+            Raw::Postgres { pool, .. } => sqlx::query_scalar::<_, String>(sql).fetch_all(pool).await,
+            Raw::Sqlite { pool, .. } => sqlx::query_scalar::<_, String>(sql).fetch_all(pool).await,
+        }
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs a statement, as an operator editing rows by hand would.
+    pub async fn execute(&self, sql: impl AsRef<str>) {
+        let sql = sqlx::AssertSqlSafe(self.local(sql.as_ref()));
+        match &self.raw {
+            Raw::Postgres { pool, .. } => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Raw::Sqlite { pool, .. } => sqlx::query(sql).execute(pool).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let Raw::Postgres { name, .. } = &self.raw else { return };
+        let name = name.clone();
         // Dropping needs async I/O; a thread of its own keeps Drop usable in
         // any runtime (or none).
         let _ = std::thread::spawn(move || {
@@ -69,3 +151,29 @@ impl Drop for TestDb {
         .join();
     }
 }
+
+/// Declares each named `async fn NAME(db: TestDb)` as two tests, one per
+/// backend: `postgres::NAME` and `sqlite::NAME`, from the one body.
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::common::db::TestDb::new(super::common::db::Backend::Postgres).await).await
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::common::db::TestDb::new(super::common::db::Backend::Sqlite).await).await
+                }
+            )+
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_backends;

@@ -127,16 +127,12 @@ impl TestHost {
         tune(&mut config);
         let shutdown = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(jobhost::run(config, shutdown.clone()));
-        let expected = guests.len() as i64;
-        eventually(Duration::from_secs(60), || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobhost.hosts WHERE cardinality(job_types) = $1")
-                .bind(expected)
-                .fetch_one(db.pool())
-                .await
-                .unwrap()
-                == 1
-        })
-        .await;
+        let serving = format!(
+            "SELECT count(*) FROM jobhost.hosts WHERE {} = {}",
+            db.dialect("cardinality(job_types)", "json_array_length(job_types)"),
+            guests.len()
+        );
+        eventually(Duration::from_secs(60), || async { db.scalar(&serving).await == 1 }).await;
         TestHost { components, shutdown, task }
     }
 
