@@ -511,7 +511,8 @@ async fn a_busy_file_is_retried_while_bad_data_is_refused() {
     let busy = jobhost::store::Error::from(writer.execute("BEGIN IMMEDIATE").await.unwrap_err());
     assert!(!busy.is_refusal(), "a busy file is transient: {busy}");
     holder.execute("ROLLBACK").await.unwrap();
-    let bad = writer.execute("INSERT INTO job_types (name, config, digest, updated_at) VALUES ('x', '\"text\"', 'd', 0)");
+    let bad =
+        writer.execute("INSERT INTO job_types (name, config, digest, updated_at) VALUES ('x', '\"text\"', 'd', 0)");
     let refused = jobhost::store::Error::from(bad.await.unwrap_err());
     assert!(refused.is_refusal(), "a violated constraint is refused: {refused}");
 }

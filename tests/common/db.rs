@@ -121,6 +121,22 @@ impl TestDb {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Rows from SQL, for invariant checks read in one snapshot.
+    pub async fn rows<T>(&self, sql: impl AsRef<str>) -> Vec<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+            + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+            + Send
+            + Unpin,
+    {
+        let sql = sqlx::AssertSqlSafe(self.local(sql.as_ref()));
+        match &self.raw {
+            Raw::Postgres { pool, .. } => sqlx::query_as::<_, T>(sql).fetch_all(pool).await,
+            Raw::Sqlite { pool, .. } => sqlx::query_as::<_, T>(sql).fetch_all(pool).await,
+        }
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Runs a statement, as an operator editing rows by hand would.
     pub async fn execute(&self, sql: impl AsRef<str>) {
         let sql = sqlx::AssertSqlSafe(self.local(sql.as_ref()));
