@@ -274,6 +274,22 @@ async fn a_waiting_job_holds_no_slot(db: TestDb) {
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
+async fn a_handed_back_job_keeps_its_slot(db: TestDb) {
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let first = enqueue(&db, "lim", "k").await;
+    let running = fetch(&db, "lim", 1).await.remove(0);
+    let parked = enqueue(&db, "lim", "k").await;
+    // A host shutting down hands the run back: the job is available again at
+    // once, so nothing else may take its slot meanwhile.
+    let release = FinishOutcome::Release { reason: "shutdown".into() };
+    db.store.job_finish(vec![finish(&running, release)]).await.unwrap();
+    assert_eq!(state_of(&db, first).await, JobState::Available);
+    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "the slot stayed with the handed-back job");
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+    let again = fetch(&db, "lim", 10).await;
+    assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [first]);
+}
+
 async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys(db: TestDb) {
     const BUSY: usize = 2_000;
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
@@ -451,6 +467,7 @@ async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {
 }
 
 on_both_backends!(
+    a_handed_back_job_keeps_its_slot,
     a_parked_job_is_promoted_however_long_it_waited,
     a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself,
     a_stale_lease_tokens_completion_releases_nothing,
