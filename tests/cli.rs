@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome};
 use serde_json::{Value, json};
 
-use common::db::TestDb;
+use common::db::{TestDb, on_both_backends};
 use common::job_config;
 
 fn jobhost(db: &TestDb, args: &[&str]) -> Output {
@@ -28,15 +28,13 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-async fn db_with_mail() -> TestDb {
-    let db = TestDb::postgres().await;
+async fn with_mail(db: TestDb) -> TestDb {
     db.store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
     db
 }
 
-#[tokio::test]
-async fn enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2() {
-    let db = db_with_mail().await;
+async fn enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2(db: TestDb) {
+    let db = with_mail(db).await;
     let ok = jobhost(&db, &["enqueue", "mail", "--payload", r#"{"to": "ada"}"#]);
     assert!(ok.status.success(), "{}", stderr(&ok));
     let id: i64 = stdout(&ok).trim().parse().expect("an id");
@@ -58,9 +56,8 @@ async fn enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1);
 }
 
-#[tokio::test]
-async fn bulk_enqueue_from_a_file_is_all_or_nothing() {
-    let db = db_with_mail().await;
+async fn bulk_enqueue_from_a_file_is_all_or_nothing(db: TestDb) {
+    let db = with_mail(db).await;
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.jsonl");
     std::fs::write(&good, "{\"n\": 1}\n{\"n\": 2}\n\n{\"n\": 3}\n").unwrap();
@@ -76,9 +73,8 @@ async fn bulk_enqueue_from_a_file_is_all_or_nothing() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 3, "nothing from the bad file");
 }
 
-#[tokio::test]
-async fn jobs_and_stats_print_the_documented_json() {
-    let db = db_with_mail().await;
+async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
+    let db = with_mail(db).await;
     let ids = db
         .store
         .job_enqueue(&[EnqueueParams::new("mail", json!({"n": 1})), EnqueueParams::new("mail", json!({}))])
@@ -138,9 +134,8 @@ async fn jobs_and_stats_print_the_documented_json() {
     assert_eq!(detail["payload"], json!({"n": 1}));
 }
 
-#[tokio::test]
-async fn cancel_and_retry_report_what_they_did() {
-    let db = db_with_mail().await;
+async fn cancel_and_retry_report_what_they_did(db: TestDb) {
+    let db = with_mail(db).await;
     let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap()[0].to_string();
     assert!(jobhost(&db, &["cancel", &id]).status.success());
     let again = jobhost(&db, &["cancel", &id]);
@@ -207,9 +202,7 @@ fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
     assert_eq!(not_json.status.code(), Some(2));
 }
 
-#[tokio::test]
-async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3() {
-    let db = TestDb::postgres().await;
+async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb) {
     let mut config = job_config("sync");
     config.concurrency = Some(jobhost::types::ConcurrencyConfig {
         limit: 1,
@@ -250,3 +243,38 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3() {
     assert!(cancelled.status.success(), "{}", stderr(&cancelled));
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0);
 }
+
+#[tokio::test]
+async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let default_file = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+    let store = jobhost::store::sqlite::SqliteStore::open(&default_file, 2).await.unwrap();
+    jobhost::store::Store::migrate(&store).await.unwrap();
+    jobhost::store::Store::job_types_register(&store, &[(job_config("mail"), "d".into())]).await.unwrap();
+    let bare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run jobhost")
+    };
+    let enqueued = bare(&["enqueue", "mail", "--payload", r#"{"to": "ada"}"#]);
+    assert!(enqueued.status.success(), "{}", stderr(&enqueued));
+    let id = stdout(&enqueued).trim().to_string();
+    let listed = bare(&["jobs"]);
+    assert!(stdout(&listed).contains(&format!("{id}  available mail")), "{}", stdout(&listed));
+    assert!(stdout(&bare(&["stats"])).contains("available  1"));
+    assert!(bare(&["concurrency"]).status.success());
+    let job = jobhost::store::Store::job_get(&store, id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(job.payload, json!({"to": "ada"}), "the CLI wrote to ./jobhost.db");
+}
+
+on_both_backends!(
+    enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2,
+    bulk_enqueue_from_a_file_is_all_or_nothing,
+    jobs_and_stats_print_the_documented_json,
+    cancel_and_retry_report_what_they_did,
+    concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3,
+);
