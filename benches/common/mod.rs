@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use jobhost::store::Store;
 use jobhost::store::postgres::PgStore;
-use sqlx::PgPool;
+use jobhost::store::sqlite::SqliteStore;
+use sqlx::{PgPool, SqlitePool};
 
 pub fn server() -> String {
     std::env::var("JOBHOST_BENCH_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
@@ -82,4 +83,68 @@ pub async fn archive_rate(pool: &PgPool) -> f64 {
     .await
     .unwrap();
     jobs as f64 / secs
+}
+
+/// A store the benchmark can run on either backend, with the raw handle
+/// its measurements read the database's own timestamps through.
+pub enum BenchDb {
+    Postgres { store: Arc<PgStore>, url: String },
+    Sqlite { store: Arc<SqliteStore>, url: String, _dir: tempfile::TempDir },
+}
+
+impl BenchDb {
+    /// A fresh, migrated database: PostgreSQL's `jobhost_bench`, or a new
+    /// SQLite file in a temporary directory (on the same disk as PostgreSQL's data).
+    pub async fn fresh(sqlite: bool) -> BenchDb {
+        if !sqlite {
+            let (store, url) = fresh_db().await;
+            return BenchDb::Postgres { store, url };
+        }
+        let dir = tempfile::tempdir_in(std::env::var("JOBHOST_BENCH_SQLITE_DIR").unwrap_or_else(|_| "target".into()))
+            .unwrap();
+        let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let store = Arc::new(SqliteStore::open(&url, 8).await.unwrap());
+        store.migrate().await.unwrap();
+        BenchDb::Sqlite { store, url, _dir: dir }
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        match self {
+            BenchDb::Postgres { store, .. } => store.clone(),
+            BenchDb::Sqlite { store, .. } => store.clone(),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        match self {
+            BenchDb::Postgres { url, .. } | BenchDb::Sqlite { url, .. } => url,
+        }
+    }
+
+    /// Rows of one float from the backend's spelling of a query.
+    pub async fn floats(&self, postgres: &'static str, sqlite: &'static str) -> Vec<f64> {
+        match self {
+            BenchDb::Postgres { store, .. } => query_floats(store.pool(), postgres).await,
+            BenchDb::Sqlite { store, .. } => query_floats_sqlite(store.pool(), sqlite).await,
+        }
+    }
+
+    pub async fn float(&self, postgres: &'static str, sqlite: &'static str) -> f64 {
+        self.floats(postgres, sqlite).await.first().copied().unwrap_or(0.0)
+    }
+
+    /// Waits until a count query reaches `n`.
+    pub async fn wait_for(&self, postgres: &'static str, sqlite: &'static str, n: f64) {
+        while self.float(postgres, sqlite).await < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn query_floats(pool: &PgPool, sql: &'static str) -> Vec<f64> {
+    sqlx::query_scalar::<_, f64>(sql).fetch_all(pool).await.unwrap()
+}
+
+async fn query_floats_sqlite(pool: &SqlitePool, sql: &'static str) -> Vec<f64> {
+    sqlx::query_scalar::<_, f64>(sql).fetch_all(pool).await.unwrap()
 }
