@@ -13,7 +13,7 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to a database (`postgres://…`).
+    /// Connects to a database (`sqlite://PATH` or `postgres://…`).
     ///
     /// # Errors
     /// The URL is not supported or the database cannot be reached.

@@ -12,7 +12,7 @@
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
 //! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
-//!   trait (PostgreSQL for fleets).
+//!   trait (an embedded SQLite file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
 //! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
