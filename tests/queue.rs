@@ -430,7 +430,9 @@ async fn a_host_that_loses_a_lease_stops_the_guest(db: TestDb) {
 async fn an_idle_host_wakes_on_notification(db: TestDb) {
     // Polling so slow that only a notification can start the job in time.
     let host = TestHost::start(&db, &["hello"], |config| config.worker.poll_interval = Duration::from_secs(3600)).await;
-    let client = jobhost::Client::from_store(db.dyn_store());
+    // An enqueuer with a store of its own, as another process would be: only
+    // the database's own signal (NOTIFY; a write to SQLite's log) can reach the host.
+    let client = jobhost::Client::from_store(jobhost::store::open(&db.url, 2).await.unwrap());
     // Let the fetcher go idle on its long poll, observed through the database.
     let first = client.enqueue("hello", json!({})).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 1 }).await;

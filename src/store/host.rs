@@ -43,3 +43,18 @@ fn rand_suffix() -> u32 {
         .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
     hasher.finish() as u32
 }
+
+/// Reads stored job type configurations back, naming any that cannot be read.
+///
+/// # Errors
+/// [`super::Error::CorruptJobType`] for a configuration that no longer parses.
+pub fn decode_configs(
+    rows: Vec<(String, serde_json::Value)>,
+) -> super::Result<std::collections::HashMap<String, crate::types::JobConfig>> {
+    rows.into_iter()
+        .map(|(name, config)| match serde_json::from_value(config) {
+            Ok(config) => Ok((name, config)),
+            Err(e) => Err(super::Error::CorruptJobType { name, reason: e.to_string() }),
+        })
+        .collect()
+}

@@ -369,6 +369,31 @@ pub fn prepare(params: &EnqueueParams, config: &crate::types::JobConfig) -> Resu
     })
 }
 
+/// The distinct job types of a batch of enqueues, sorted.
+pub fn job_names(jobs: &[EnqueueParams]) -> Vec<String> {
+    let mut names: Vec<String> = jobs.iter().map(|j| j.job.clone()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Prepares every enqueue of a batch against its registered type's
+/// configuration in `configs`.
+///
+/// # Errors
+/// An unregistered type, or what [`prepare`] refuses.
+pub fn prepare_all(
+    jobs: &[EnqueueParams],
+    configs: &std::collections::HashMap<String, crate::types::JobConfig>,
+) -> Result<Vec<PreparedJob>, super::Error> {
+    jobs.iter()
+        .map(|job| {
+            let config = configs.get(&job.job).ok_or_else(|| super::Error::UnknownJobType(job.job.clone()))?;
+            prepare(job, config)
+        })
+        .collect()
+}
+
 /// The job types of every child that the completed runs among `finishes`
 /// enqueue, each once.
 pub fn child_types(finishes: &[Finish]) -> Vec<String> {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use crate::store::{Error, HostInfo, Result};
+use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
 pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
@@ -47,12 +47,7 @@ pub async fn job_types_get(
             .bind(names)
             .fetch_all(executor)
             .await?;
-    rows.into_iter()
-        .map(|(name, Json(config))| match serde_json::from_value(config) {
-            Ok(config) => Ok((name, config)),
-            Err(e) => Err(Error::CorruptJobType { name, reason: e.to_string() }),
-        })
-        .collect()
+    crate::store::host::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
 }
 
 pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {

@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::host::job_types_get;
-use crate::store::job::{PreparedJob, prepare};
+use crate::store::job::{PreparedJob, job_names, prepare_all};
 use crate::store::{
     EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Result, Stats,
@@ -18,17 +18,8 @@ pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams]) -> Result<
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let mut names: Vec<String> = jobs.iter().map(|j| j.job.clone()).collect();
-    names.sort();
-    names.dedup();
-    let configs = job_types_get(&mut *conn, &names).await?;
-    let prepared = jobs
-        .iter()
-        .map(|job| {
-            let config = configs.get(&job.job).ok_or_else(|| Error::UnknownJobType(job.job.clone()))?;
-            prepare(job, config)
-        })
-        .collect::<Result<Vec<PreparedJob>>>()?;
+    let configs = job_types_get(&mut *conn, &job_names(jobs)).await?;
+    let prepared = prepare_all(jobs, &configs)?;
     insert(conn, &prepared).await
 }
 

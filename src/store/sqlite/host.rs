@@ -6,7 +6,7 @@ use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{json_list, now_ms};
-use crate::store::{Error, HostInfo, Result};
+use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
 /// Records loaded configurations, in the caller's write transaction; the
@@ -55,12 +55,7 @@ pub async fn job_types_get(
             .bind(json_list(names))
             .fetch_all(executor)
             .await?;
-    rows.into_iter()
-        .map(|(name, Json(config))| match serde_json::from_value(config) {
-            Ok(config) => Ok((name, config)),
-            Err(e) => Err(Error::CorruptJobType { name, reason: e.to_string() }),
-        })
-        .collect()
+    crate::store::host::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
 }
 
 pub async fn host_upsert(pool: &SqlitePool, host: &HostInfo) -> Result<()> {

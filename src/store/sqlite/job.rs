@@ -13,7 +13,7 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 use super::concurrency::{self, Slots};
 use super::host::job_types_get;
 use super::{iso, json_list, time_of};
-use crate::store::job::{PreparedJob, children_of_written, prepare};
+use crate::store::job::{PreparedJob, children_of_written, job_names, prepare_all};
 use crate::store::{
     EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Result, Stats,
@@ -38,17 +38,8 @@ pub async fn enqueue(conn: &mut SqliteConnection, jobs: &[EnqueueParams], now: i
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let mut names: Vec<String> = jobs.iter().map(|j| j.job.clone()).collect();
-    names.sort();
-    names.dedup();
-    let configs = job_types_get(&mut *conn, &names).await?;
-    let prepared = jobs
-        .iter()
-        .map(|job| {
-            let config = configs.get(&job.job).ok_or_else(|| Error::UnknownJobType(job.job.clone()))?;
-            prepare(job, config)
-        })
-        .collect::<Result<Vec<PreparedJob>>>()?;
+    let configs = job_types_get(&mut *conn, &job_names(jobs)).await?;
+    let prepared = prepare_all(jobs, &configs)?;
     insert(conn, &prepared, now).await
 }
 

@@ -10,13 +10,15 @@
 //!   on the file lock (the busy timeout). The gate, the release and the sweep
 //!   are therefore plain read-then-write code: nothing can change under them.
 //! - **Wake-ups.** Writes that make jobs available wake this process's
-//!   fetch loop directly; other processes on the file notice commits
-//!   through `PRAGMA data_version`, which an idle host checks every few
-//!   milliseconds on a connection of its own.
+//!   fetch loop directly; other processes' commits wake it through the file
+//!   system's report of a write to the `-wal` file ([`commits`]), and, where
+//!   the file system reports nothing, through `PRAGMA data_version`, which
+//!   an idle host checks every 100 ms on a connection of its own.
 //!
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).
 
+mod commits;
 mod concurrency;
 mod host;
 mod job;
@@ -44,8 +46,9 @@ use crate::types::JobConfig;
 /// (the failure is retried like any transient database error).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often an idle host checks whether another process committed.
-const WATCH_INTERVAL: Duration = Duration::from_millis(10);
+/// How often an idle host checks whether another process committed, in
+/// case the file system did not report the write.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A SQLite file holding the jobhost tables.
 #[derive(Clone)]
@@ -59,6 +62,8 @@ pub struct SqliteStore {
     /// The data version `wait_available` last saw.
     seen_version: Arc<AtomicI64>,
     wake: Arc<Notify>,
+    /// Reports writes to the `-wal` file; `None` where that is not possible.
+    _commits: Option<Arc<notify::RecommendedWatcher>>,
 }
 
 impl SqliteStore {
@@ -81,13 +86,16 @@ impl SqliteStore {
         };
         let writer = pool(1).connect_with(options.clone()).await?;
         let reader = pool(max_connections.max(2)).connect_with(options.clone()).await?;
+        let wake = Arc::new(Notify::new());
+        let commits = commits::watch(options.get_filename(), wake.clone()).map(Arc::new);
         let watch = pool(1).connect_with(options).await?;
         Ok(SqliteStore {
             writer,
             reader,
             watch,
             seen_version: Arc::new(AtomicI64::new(i64::MIN)),
-            wake: Arc::new(Notify::new()),
+            wake,
+            _commits: commits,
         })
     }
 
