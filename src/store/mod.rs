@@ -77,25 +77,26 @@ impl Error {
     /// a violated constraint, a full concurrency key), as opposed to not
     /// answering: retrying the same statement will fail the same way. A
     /// transient failure (see `is_transient`) is not a refusal.
+    /// True for a transaction rolled back for a deadlock or serialization
+    /// failure (PostgreSQL SQLSTATE class 40), and for a write that found the
+    /// SQLite file busy or locked: the same statement may pass later.
+    pub fn is_transient(&self) -> bool {
+        let Error::Database(sqlx::Error::Database(db)) = self else { return false };
+        if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extended code.
+            let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok());
+            return matches!(code.map(|c| c & 0xff), Some(5 | 6));
+        }
+        db.code().is_some_and(|code| code.starts_with("40"))
+    }
+
     pub fn is_refusal(&self) -> bool {
         match self {
-            Error::Database(sqlx::Error::Database(db)) => !is_transient(db.as_ref()),
+            Error::Database(sqlx::Error::Database(_)) => !self.is_transient(),
             Error::LimitReached(_) => true,
             _ => false,
         }
     }
-}
-
-/// A transaction rolled back for a deadlock or serialization failure
-/// (PostgreSQL SQLSTATE class 40), or a write that found the SQLite file
-/// busy or locked past the busy timeout: the same statement may pass later.
-fn is_transient(db: &dyn sqlx::error::DatabaseError) -> bool {
-    if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
-        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extended code.
-        let primary = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok()).map(|c| c & 0xff);
-        return matches!(primary, Some(5 | 6));
-    }
-    db.code().is_some_and(|code| code.starts_with("40"))
 }
 
 /// The database used when none is named: an embedded file in the working directory.

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use sqlx::types::Json;
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::SqliteConnection;
 
 use super::{json_list, now_ms};
 use crate::store::{HostInfo, Result};
@@ -58,7 +58,7 @@ pub async fn job_types_get(
     crate::store::host::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
 }
 
-pub async fn host_upsert(pool: &SqlitePool, host: &HostInfo) -> Result<()> {
+pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result<()> {
     let now = now_ms();
     sqlx::query(
         "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at)
@@ -71,19 +71,19 @@ pub async fn host_upsert(pool: &SqlitePool, host: &HostInfo) -> Result<()> {
     .bind(&host.version)
     .bind(json_list(&host.job_types))
     .bind(now)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(())
 }
 
-pub async fn host_remove(pool: &SqlitePool, host_id: &str) -> Result<()> {
-    sqlx::query("DELETE FROM hosts WHERE id = $1").bind(host_id).execute(pool).await?;
+pub async fn host_remove(conn: &mut SqliteConnection, host_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM hosts WHERE id = $1").bind(host_id).execute(conn).await?;
     Ok(())
 }
 
-pub async fn host_prune(pool: &SqlitePool, silent_secs: f64) -> Result<u64> {
+pub async fn host_prune(conn: &mut SqliteConnection, silent_secs: f64) -> Result<u64> {
     let cutoff = now_ms() - (silent_secs * 1000.0) as i64;
     let pruned =
-        sqlx::query("DELETE FROM hosts WHERE last_seen_at < $1").bind(cutoff).execute(pool).await?.rows_affected();
+        sqlx::query("DELETE FROM hosts WHERE last_seen_at < $1").bind(cutoff).execute(conn).await?.rows_affected();
     Ok(pruned)
 }

@@ -287,7 +287,7 @@ pub async fn promote_due(conn: &mut SqliteConnection, now: i64) -> Result<(u64, 
     Ok((due.len() as u64, admitted))
 }
 
-pub async fn archive_prune(pool: &SqlitePool, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
+pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
     let cutoff = now - (retention_secs * 1000.0) as i64;
     let pruned = sqlx::query(
         "DELETE FROM archive WHERE id IN (
@@ -295,7 +295,7 @@ pub async fn archive_prune(pool: &SqlitePool, now: i64, retention_secs: f64, lim
     )
     .bind(cutoff)
     .bind(limit)
-    .execute(pool)
+    .execute(conn)
     .await?
     .rows_affected();
     Ok(pruned)

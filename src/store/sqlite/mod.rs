@@ -46,6 +46,15 @@ use crate::types::JobConfig;
 /// (the failure is retried like any transient database error).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a write waiting for the lock tries again. SQLite's own busy
+/// handler backs off to sleeps of 5, 10, 25 ms and more, far longer than a
+/// jobhost transaction holds the lock, so the writer asks again itself.
+const LOCK_RETRY: Duration = Duration::from_millis(1);
+
+/// After a wake-up, how long and how often an idle host looks for the commit
+/// it announced: the log is written, and reported, before the commit ends.
+const CLOSE_LOOK: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(1));
+
 /// How often an idle host checks whether another process committed, in
 /// case the file system did not report the write.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
@@ -53,8 +62,12 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// A SQLite file holding the jobhost tables.
 #[derive(Clone)]
 pub struct SqliteStore {
-    /// One connection: this process's writes queue here, not on the file lock.
+    /// One connection: this process's writes queue here, not on the file
+    /// lock. It does not wait inside SQLite for a busy lock; [`Self::write`]
+    /// retries instead.
     writer: SqlitePool,
+    /// Options with the busy timeout, for connections other than the writer.
+    options: SqliteConnectOptions,
     /// Reads (listings, stats, the fetch's cheap "anything to do?" check).
     reader: SqlitePool,
     /// One connection whose `data_version` shows other connections' commits.
@@ -84,29 +97,54 @@ impl SqliteStore {
         let pool = |size: u32| {
             SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
         };
-        let writer = pool(1).connect_with(options.clone()).await?;
+        let writer = pool(1).connect_with(options.clone().busy_timeout(Duration::ZERO)).await?;
         let reader = pool(max_connections.max(2)).connect_with(options.clone()).await?;
         let wake = Arc::new(Notify::new());
         let commits = commits::watch(options.get_filename(), wake.clone()).map(Arc::new);
-        let watch = pool(1).connect_with(options).await?;
-        Ok(SqliteStore {
+        let watch = pool(1).connect_with(options.clone()).await?;
+        let store = SqliteStore {
             writer,
+            options,
             reader,
             watch,
-            seen_version: Arc::new(AtomicI64::new(i64::MIN)),
+            seen_version: Arc::new(AtomicI64::new(0)),
             wake,
             _commits: commits,
-        })
+        };
+        store.committed_since_last_look().await;
+        Ok(store)
     }
 
-    /// The writing connection, for tests that check invariants with their own SQL.
+    /// A pool for tests that check invariants, or edit rows, with their own SQL.
     pub fn pool(&self) -> &SqlitePool {
-        &self.writer
+        &self.reader
     }
 
-    /// A write transaction holding the file's write lock from its first statement.
+    /// A write transaction holding the file's write lock from its first
+    /// statement, waiting up to the busy timeout for another process to
+    /// release it.
     async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        let deadline = tokio::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            let error = match self.writer.begin_with("BEGIN IMMEDIATE").await {
+                Ok(tx) => return Ok(tx),
+                Err(error) => super::Error::from(error),
+            };
+            if !error.is_transient() || tokio::time::Instant::now() >= deadline {
+                return Err(error);
+            }
+            tokio::time::sleep(LOCK_RETRY).await;
+        }
+    }
+
+    /// Whether any connection (another process's, or this one's writer)
+    /// committed since the last look; true when the look fails, so the caller
+    /// goes and checks.
+    async fn committed_since_last_look(&self) -> bool {
+        match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await {
+            Ok(version) => self.seen_version.swap(version, Ordering::Relaxed) != version,
+            Err(_) => true,
+        }
     }
 
     /// Wakes this process's idle fetch loop.
@@ -114,10 +152,6 @@ impl SqliteStore {
         if any_available {
             self.wake.notify_one();
         }
-    }
-
-    async fn data_version(&self) -> Option<i64> {
-        sqlx::query_scalar("PRAGMA data_version").fetch_one(&self.watch).await.ok()
     }
 
     async fn finish(
@@ -169,10 +203,13 @@ impl Store for SqliteStore {
         // migration; the loser's fails on the tables the winner made, and a
         // second run finds them recorded as applied.
         let migrator = sqlx::migrate!("./migrations/sqlite");
-        if migrator.run(&self.writer).await.is_err() {
-            migrator.run(&self.writer).await?;
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(self.options.clone()).await?;
+        let mut migrated = migrator.run(&pool).await;
+        if migrated.is_err() {
+            migrated = migrator.run(&pool).await;
         }
-        Ok(())
+        pool.close().await;
+        Ok(migrated?)
     }
 
     async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
@@ -195,15 +232,22 @@ impl Store for SqliteStore {
     }
 
     async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
-        host::host_upsert(&self.writer, info).await
+        let mut tx = self.write().await?;
+        host::host_upsert(&mut tx, info).await?;
+        Ok(tx.commit().await?)
     }
 
     async fn host_remove(&self, host_id: &str) -> Result<()> {
-        host::host_remove(&self.writer, host_id).await
+        let mut tx = self.write().await?;
+        host::host_remove(&mut tx, host_id).await?;
+        Ok(tx.commit().await?)
     }
 
     async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
-        host::host_prune(&self.writer, silent_secs).await
+        let mut tx = self.write().await?;
+        let pruned = host::host_prune(&mut tx, silent_secs).await?;
+        tx.commit().await?;
+        Ok(pruned)
     }
 
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
@@ -309,7 +353,10 @@ impl Store for SqliteStore {
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        job::archive_prune(&self.writer, ms_or_now(now), retention_secs, limit).await
+        let mut tx = self.write().await?;
+        let pruned = job::archive_prune(&mut tx, ms_or_now(now), retention_secs, limit).await?;
+        tx.commit().await?;
+        Ok(pruned)
     }
 
     async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
@@ -342,22 +389,22 @@ impl Store for SqliteStore {
 
     async fn wait_available(&self, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut look_closely_until = None;
         loop {
-            let tick = WATCH_INTERVAL.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            tokio::select! {
-                () = self.wake.notified() => return,
-                () = tokio::time::sleep(tick) => {}
-            }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return;
             }
-            // Another connection (this process's writer included) committed
-            // since the last look: there may be jobs to fetch.
-            if let Some(version) = self.data_version().await {
-                let seen = self.seen_version.swap(version, Ordering::Relaxed);
-                if seen != i64::MIN && seen != version {
-                    return;
-                }
+            let every = match look_closely_until {
+                Some(until) if now < until => CLOSE_LOOK.1,
+                _ => WATCH_INTERVAL,
+            };
+            tokio::select! {
+                () = self.wake.notified() => look_closely_until = Some(tokio::time::Instant::now() + CLOSE_LOOK.0),
+                () = tokio::time::sleep(every.min(deadline - now)) => {}
+            }
+            if self.committed_since_last_look().await {
+                return;
             }
         }
     }
