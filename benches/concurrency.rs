@@ -1,5 +1,6 @@
-//! The cost of per-key concurrency limits, against a real PostgreSQL with a
-//! `jobhost run` process (concurrency 10) as the worker:
+//! The cost of per-key concurrency limits on both backends, PostgreSQL and
+//! the embedded SQLite file, side by side, with a `jobhost run` process
+//! (concurrency 10) as the worker:
 //!
 //! - L: 10,000 jobs limited to 2 per key over 20 keys (`limited`), next to
 //!   10,000 of the same work unlimited (`sleep`), each on a fresh database.
@@ -9,7 +10,8 @@
 //!   runs of one key seen at once (must be 1).
 //!
 //! `cargo bench --bench concurrency` (after `guests/build.sh`); drops and
-//! recreates database `jobhost_bench`. Rates use the database's timestamps;
+//! recreates database `jobhost_bench`, and makes SQLite files as the queue
+//! benchmark does. Rates use the database's timestamps;
 //! a hand-off is measured by the guests' own clocks: the next job's first
 //! instruction minus the holder's last, so it includes writing the holder's
 //! result, promoting and leasing the next job, and starting its sandbox.
@@ -18,8 +20,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{archive_rate, fresh_db, percentile, start_host, stop, wait_for_archive, wait_until};
-use jobhost::store::{EnqueueParams, Store};
+use common::{BenchDb, percentile, start_host, stop};
+use jobhost::store::EnqueueParams;
 use serde_json::json;
 
 const L_JOBS: usize = 10_000;
@@ -28,18 +30,77 @@ const S_JOBS: usize = 1_000;
 const S_KEYS: usize = 10;
 const S_SLEEP_MS: u64 = 5;
 
-/// Runs `jobs` on one fresh host; returns the database pool for inspection.
-async fn process(jobs: Vec<EnqueueParams>, components: &Path, cache: &Path) -> sqlx::PgPool {
-    let (store, url) = fresh_db().await;
-    let pool = store.pool().clone();
-    let host = start_host(&url, components, cache);
-    wait_until(&pool, "SELECT (count(*) = 1)::int::float8 FROM jobhost.hosts WHERE cardinality(job_types) = 3").await;
+/// Runs `jobs` on one fresh host; returns the database for inspection.
+async fn process(sqlite: bool, jobs: Vec<EnqueueParams>, components: &Path, cache: &Path) -> BenchDb {
+    let db = BenchDb::fresh(sqlite).await;
+    let host = start_host(db.url(), components, cache);
+    db.wait_for(
+        "SELECT count(*)::float8 FROM jobhost.hosts WHERE cardinality(job_types) = 3",
+        "SELECT CAST(count(*) AS REAL) FROM hosts WHERE json_array_length(job_types) = 3",
+        1.0,
+    )
+    .await;
     for chunk in jobs.chunks(1_000) {
-        store.job_enqueue(chunk).await.unwrap();
+        db.store().job_enqueue(chunk).await.unwrap();
     }
-    wait_for_archive(&pool, jobs.len() as i64).await;
+    let n = jobs.len() as f64;
+    db.wait_for("SELECT count(*)::float8 FROM jobhost.archive", "SELECT CAST(count(*) AS REAL) FROM archive", n).await;
     stop(host);
-    pool
+    db
+}
+
+/// Every measurement on one backend.
+struct Figures {
+    unlimited: f64,
+    limited: f64,
+    serial: f64,
+    handoffs: Vec<f64>,
+    overlapping: f64,
+}
+
+async fn measure(sqlite: bool, components: &Path, cache: &Path) -> Figures {
+    let unlimited = (0..L_JOBS).map(|i| EnqueueParams::new("sleep", json!({"i": i}))).collect();
+    let unlimited = process(sqlite, unlimited, components, cache).await.archive_rate().await;
+    let limited = (0..L_JOBS)
+        .map(|i| EnqueueParams::new("limited", json!({"key": format!("k{}", i % L_KEYS), "i": i})))
+        .collect();
+    let limited = process(sqlite, limited, components, cache).await.archive_rate().await;
+
+    let serial = (0..S_JOBS)
+        .map(|i| EnqueueParams::new("serial", json!({"key": format!("k{}", i % S_KEYS), "ms": S_SLEEP_MS})))
+        .collect();
+    let db = process(sqlite, serial, components, cache).await;
+    // Each key's first job has no holder before it: the first S_KEYS rows
+    // (NULL, sorted first) are left out.
+    let mut handoffs = db
+        .floats(
+            &format!(
+                "SELECT ((output->>'started_us')::bigint - lag((output->>'ended_us')::bigint) OVER w)::float8 / 1000
+                     AS ms
+                 FROM jobhost.archive WINDOW w AS (PARTITION BY concurrency_key ORDER BY started_at)
+                 ORDER BY ms NULLS FIRST OFFSET {S_KEYS}"
+            ),
+            &format!(
+                "SELECT ((output->>'started_us') - lag(output->>'ended_us') OVER w) / 1000.0 AS ms
+                 FROM archive WINDOW w AS (PARTITION BY concurrency_key ORDER BY output->>'started_us')
+                 ORDER BY ms NULLS FIRST LIMIT -1 OFFSET {S_KEYS}"
+            ),
+        )
+        .await;
+    handoffs.sort_by(f64::total_cmp);
+    let overlapping = db
+        .float(
+            "SELECT count(*)::float8 FROM jobhost.archive a JOIN jobhost.archive b
+               ON a.concurrency_key = b.concurrency_key AND a.id < b.id
+              AND (a.output->>'started_ms')::bigint < (b.output->>'ended_ms')::bigint
+              AND (b.output->>'started_ms')::bigint < (a.output->>'ended_ms')::bigint",
+            "SELECT CAST(count(*) AS REAL) FROM archive a JOIN archive b
+               ON a.concurrency_key = b.concurrency_key AND a.id < b.id
+              AND a.output->>'started_ms' < b.output->>'ended_ms'
+              AND b.output->>'started_ms' < a.output->>'ended_ms'",
+        )
+        .await;
+    Figures { unlimited, limited, serial: db.archive_rate().await, handoffs, overlapping }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -52,55 +113,39 @@ async fn main() {
     }
     let cache = tempfile::tempdir().unwrap();
     let (components, cache) = (components.path(), cache.path());
-
-    let unlimited = (0..L_JOBS).map(|i| EnqueueParams::new("sleep", json!({"i": i}))).collect();
-    let unlimited = archive_rate(&process(unlimited, components, cache).await).await;
-    let limited = (0..L_JOBS)
-        .map(|i| EnqueueParams::new("limited", json!({"key": format!("k{}", i % L_KEYS), "i": i})))
-        .collect();
-    let limited = archive_rate(&process(limited, components, cache).await).await;
-
-    let serial = (0..S_JOBS)
-        .map(|i| EnqueueParams::new("serial", json!({"key": format!("k{}", i % S_KEYS), "ms": S_SLEEP_MS})))
-        .collect();
-    let pool = process(serial, components, cache).await;
-    let serial_rate = archive_rate(&pool).await;
-    let mut handoffs: Vec<f64> = sqlx::query_scalar(
-        "SELECT ((output->>'started_us')::bigint - lag((output->>'ended_us')::bigint) OVER w)::float8 / 1000 AS ms
-         FROM jobhost.archive WINDOW w AS (PARTITION BY concurrency_key ORDER BY started_at)
-         ORDER BY ms NULLS FIRST OFFSET $1",
-    )
-    .bind(S_KEYS as i64)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    handoffs.sort_by(f64::total_cmp);
-    let (overlapping,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM jobhost.archive a JOIN jobhost.archive b
-           ON a.concurrency_key = b.concurrency_key AND a.id < b.id
-          AND (a.output->>'started_ms')::bigint < (b.output->>'ended_ms')::bigint
-          AND (b.output->>'started_ms')::bigint < (a.output->>'ended_ms')::bigint",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let pg = measure(false, components, cache).await;
+    let lite = measure(true, components, cache).await;
     let theoretical = (S_KEYS as u64 * 1000 / S_SLEEP_MS) as f64;
+    let handoff = |h: &[f64]| {
+        format!(
+            "p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
+            percentile(h, 0.5),
+            percentile(h, 0.95),
+            percentile(h, 0.99)
+        )
+    };
 
-    println!("| measurement | result |");
-    println!("|---|---|");
-    println!("| L: {L_JOBS} unlimited jobs, one host, concurrency 10 | {unlimited:.0} jobs/s |");
+    println!("| measurement | PostgreSQL | SQLite (embedded) |");
+    println!("|---|---|---|");
     println!(
-        "| L: {L_JOBS} jobs limited to 2 per key over {L_KEYS} keys, same host | {limited:.0} jobs/s ({:.2}× unlimited) |",
-        limited / unlimited
+        "| L: {L_JOBS} unlimited jobs, one host, concurrency 10 | {:.0} jobs/s | {:.0} jobs/s |",
+        pg.unlimited, lite.unlimited
     );
     println!(
-        "| S: {S_JOBS} jobs of {S_SLEEP_MS} ms, limit 1 over {S_KEYS} keys | {serial_rate:.0} jobs/s (theoretical {theoretical:.0}) |"
+        "| L: {L_JOBS} jobs limited to 2 per key over {L_KEYS} keys, same host | {:.0} jobs/s ({:.2}× unlimited) | {:.0} jobs/s ({:.2}× unlimited) |",
+        pg.limited,
+        pg.limited / pg.unlimited,
+        lite.limited,
+        lite.limited / lite.unlimited
     );
     println!(
-        "| S: hand-off, holder's end → next job's start, by the guests' clocks | p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms |",
-        percentile(&handoffs, 0.5),
-        percentile(&handoffs, 0.95),
-        percentile(&handoffs, 0.99)
+        "| S: {S_JOBS} jobs of {S_SLEEP_MS} ms, limit 1 over {S_KEYS} keys (theoretical {theoretical:.0}) | {:.0} jobs/s | {:.0} jobs/s |",
+        pg.serial, lite.serial
     );
-    println!("| S: pairs of runs of one key that overlapped | {overlapping} |");
+    println!(
+        "| S: hand-off, holder's end → next job's start, by the guests' clocks | {} | {} |",
+        handoff(&pg.handoffs),
+        handoff(&lite.handoffs)
+    );
+    println!("| S: pairs of runs of one key that overlapped | {} | {} |", pg.overlapping, lite.overlapping);
 }

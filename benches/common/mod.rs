@@ -47,42 +47,9 @@ pub fn stop(mut host: Child) {
     let _ = host.wait();
 }
 
-pub async fn scalar(pool: &PgPool, sql: &'static str) -> f64 {
-    sqlx::query_scalar::<_, f64>(sql).fetch_one(pool).await.unwrap()
-}
-
-pub async fn wait_until(pool: &PgPool, sql: &'static str) {
-    while scalar(pool, sql).await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The value at quantile `p` of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Waits until the archive holds `n` jobs.
-pub async fn wait_for_archive(pool: &PgPool, n: i64) {
-    loop {
-        let archived: i64 = sqlx::query_scalar("SELECT count(*) FROM jobhost.archive").fetch_one(pool).await.unwrap();
-        if archived >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Jobs per second from the first start to the last finish in the archive,
-/// by the database's clock.
-pub async fn archive_rate(pool: &PgPool) -> f64 {
-    let (jobs, secs): (i64, f64) = sqlx::query_as(
-        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM jobhost.archive",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    jobs as f64 / secs
 }
 
 /// A store the benchmark can run on either backend, with the raw handle
@@ -122,29 +89,41 @@ impl BenchDb {
     }
 
     /// Rows of one float from the backend's spelling of a query.
-    pub async fn floats(&self, postgres: &'static str, sqlite: &'static str) -> Vec<f64> {
+    pub async fn floats(&self, postgres: &str, sqlite: &str) -> Vec<f64> {
         match self {
             BenchDb::Postgres { store, .. } => query_floats(store.pool(), postgres).await,
             BenchDb::Sqlite { store, .. } => query_floats_sqlite(store.pool(), sqlite).await,
         }
     }
 
-    pub async fn float(&self, postgres: &'static str, sqlite: &'static str) -> f64 {
+    pub async fn float(&self, postgres: &str, sqlite: &str) -> f64 {
         self.floats(postgres, sqlite).await.first().copied().unwrap_or(0.0)
     }
 
+    /// Jobs per second from the first start to the last finish in the archive,
+    /// by the database's clock.
+    pub async fn archive_rate(&self) -> f64 {
+        let jobs =
+            self.float("SELECT count(*)::float8 FROM jobhost.archive", "SELECT CAST(count(*) AS REAL) FROM archive");
+        let secs = self.float(
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM jobhost.archive",
+            "SELECT (max(finished_at) - min(started_at)) / 1000.0 FROM archive",
+        );
+        jobs.await / secs.await
+    }
+
     /// Waits until a count query reaches `n`.
-    pub async fn wait_for(&self, postgres: &'static str, sqlite: &'static str, n: f64) {
+    pub async fn wait_for(&self, postgres: &str, sqlite: &str, n: f64) {
         while self.float(postgres, sqlite).await < n {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
 
-async fn query_floats(pool: &PgPool, sql: &'static str) -> Vec<f64> {
-    sqlx::query_scalar::<_, f64>(sql).fetch_all(pool).await.unwrap()
+async fn query_floats(pool: &PgPool, sql: &str) -> Vec<f64> {
+    sqlx::query_scalar::<_, f64>(sqlx::AssertSqlSafe(sql.to_string())).fetch_all(pool).await.unwrap()
 }
 
-async fn query_floats_sqlite(pool: &SqlitePool, sql: &'static str) -> Vec<f64> {
-    sqlx::query_scalar::<_, f64>(sql).fetch_all(pool).await.unwrap()
+async fn query_floats_sqlite(pool: &SqlitePool, sql: &str) -> Vec<f64> {
+    sqlx::query_scalar::<_, f64>(sqlx::AssertSqlSafe(sql.to_string())).fetch_all(pool).await.unwrap()
 }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use sqlx::types::Json;
 use sqlx::SqliteConnection;
+use sqlx::types::Json;
 
 use super::{json_list, now_ms};
 use crate::store::{HostInfo, Result};
