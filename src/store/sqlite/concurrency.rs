@@ -29,28 +29,32 @@ impl Slots {
     }
 }
 
-/// A job type's limit and what to do when it is reached; unlimited when
-/// the type no longer declares one, so jobs keyed under an old version
-/// still count their slots but are never held back.
-async fn limit_of(conn: &mut SqliteConnection, job: &str) -> Result<(i64, String)> {
-    let row: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
-        "SELECT json_extract(config, '$.concurrency.limit'), json_extract(config, '$.concurrency.on_conflict')
-         FROM job_types WHERE name = $1",
-    )
-    .bind(job)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let (limit, on_conflict) = row.unwrap_or_default();
-    Ok((limit.unwrap_or(i64::from(i32::MAX)), on_conflict.unwrap_or_else(|| "block".into())))
+/// A key as the gate sees it: its holders, its type's limit, and what to
+/// do when the limit is reached. The limit is unlimited when the type no
+/// longer declares one, so jobs keyed under an old version still count their
+/// slots but are never held back. One statement: the gate and the release
+/// run it for every key of every batch.
+struct KeyState {
+    holders: i64,
+    limit: i64,
+    on_conflict: String,
 }
 
-async fn holders_of(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
-    let held: Option<i64> = sqlx::query_scalar("SELECT holders FROM semaphores WHERE job = $1 AND key = $2")
-        .bind(job)
-        .bind(key)
-        .fetch_optional(conn)
-        .await?;
-    Ok(held.unwrap_or(0))
+async fn key_state(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<KeyState> {
+    let (holders, limit, on_conflict): (i64, Option<i64>, Option<String>) = sqlx::query_as(
+        "SELECT coalesce((SELECT holders FROM semaphores WHERE job = $1 AND key = $2), 0),
+                json_extract(t.config, '$.concurrency.limit'), json_extract(t.config, '$.concurrency.on_conflict')
+         FROM (SELECT 1) LEFT JOIN job_types t ON t.name = $1",
+    )
+    .bind(job)
+    .bind(key)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(KeyState {
+        holders,
+        limit: limit.unwrap_or(i64::from(i32::MAX)),
+        on_conflict: on_conflict.unwrap_or_else(|| "block".into()),
+    })
 }
 
 /// Records a key's holder count, deleting the row when none is left.
@@ -104,8 +108,7 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
     }
     let mut admitted = unkeyed;
     for ((job, key), ids) in keys {
-        let (limit, on_conflict) = limit_of(conn, &job).await?;
-        let held = holders_of(conn, &job, &key).await?;
+        let KeyState { holders: held, limit, on_conflict } = key_state(conn, &job, &key).await?;
         let taken = (limit - held).clamp(0, ids.len() as i64) as usize;
         if taken > 0 {
             set_holders(conn, &job, &key, held + taken as i64, now).await?;
@@ -187,9 +190,9 @@ pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Re
 /// parked jobs, highest priority then oldest, into whatever slots are free,
 /// and records the holders. Returns how many jobs it promoted.
 pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64, now: i64) -> Result<u64> {
-    let remaining = (holders_of(conn, job, key).await? - freed).max(0);
-    let (limit, _) = limit_of(conn, job).await?;
-    let free = (limit - remaining).max(0);
+    let state = key_state(conn, job, key).await?;
+    let remaining = (state.holders - freed).max(0);
+    let free = (state.limit - remaining).max(0);
     let mut moved: Vec<i64> = Vec::new();
     if free > 0 {
         moved = sqlx::query_scalar(
@@ -215,7 +218,10 @@ pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64,
                 .await?;
         }
     }
-    set_holders(conn, job, key, remaining + moved.len() as i64, now).await?;
+    let holders = remaining + moved.len() as i64;
+    if holders != state.holders || holders == 0 {
+        set_holders(conn, job, key, holders, now).await?;
+    }
     Ok(moved.len() as u64)
 }
 
@@ -250,8 +256,8 @@ pub async fn parked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -
 }
 
 pub async fn slots_free(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
-    let (limit, _) = limit_of(conn, job).await?;
-    Ok(limit - holders_of(conn, job, key).await?)
+    let state = key_state(conn, job, key).await?;
+    Ok(state.limit - state.holders)
 }
 
 /// Sets each semaphore's holder count to the number of live jobs holding
