@@ -293,23 +293,24 @@ pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<Semapho
 }
 
 pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
-    let rows: Vec<(String, String, Option<i64>, i64, String, i64, Option<f64>)> = sqlx::query_as(
+    let rows: Vec<KeyRow> = sqlx::query_as(
         "WITH keys AS (
              SELECT job, key FROM semaphores
              UNION
              SELECT job, concurrency_key FROM blocked_jobs
          )
          SELECT k.job, k.key,
-                (SELECT json_extract(t.config, '$.concurrency.limit') FROM job_types t WHERE t.name = k.job),
-                coalesce(s.holders, 0),
+                (SELECT json_extract(t.config, '$.concurrency.limit') FROM job_types t WHERE t.name = k.job)
+                    AS \"limit\",
+                coalesce(s.holders, 0) AS holders,
                 (SELECT coalesce(json_group_array(json_object('id', h.id, 'state', h.state, 'host_id', h.host_id)),
                                  '[]')
                  FROM (SELECT j.id, j.state, j.host_id FROM jobs j
                        WHERE j.job = k.job AND j.concurrency_key = k.key AND j.state IN ('available', 'running')
-                       ORDER BY j.id) h),
-                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key),
+                       ORDER BY j.id) h) AS holding,
+                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key) AS parked,
                 (SELECT ($1 - min(b.parked_at)) / 1000.0 FROM blocked_jobs b
-                 WHERE b.job = k.job AND b.concurrency_key = k.key)
+                 WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest
          FROM keys k
          LEFT JOIN semaphores s ON s.job = k.job AND s.key = k.key
          ORDER BY k.job, k.key",
@@ -318,7 +319,7 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(job, key, limit, holders, holding, parked, oldest)| {
+        .map(|KeyRow { job, key, limit, holders, holding, parked, oldest }| {
             let holding: Vec<Holder> = serde_json::from_str(&holding)
                 .map_err(|e| Error::JobState { id: 0, reason: format!("unreadable holders of key {key}: {e}") })?;
             Ok(KeyStatus {
@@ -332,4 +333,16 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
             })
         })
         .collect()
+}
+
+/// One row of [`status`].
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    job: String,
+    key: String,
+    limit: Option<i64>,
+    holders: i64,
+    holding: String,
+    parked: i64,
+    oldest: Option<f64>,
 }

@@ -35,9 +35,8 @@ pub async fn expire(conn: &mut SqliteConnection, now: i64) -> Result<(u64, u64)>
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;
-    let (spent, requeue): (Vec<(i64, bool)>, Vec<(i64, bool)>) = expired.into_iter().partition(|(_, spent)| *spent);
-    let spent = json_list(&spent.iter().map(|(id, _)| *id).collect::<Vec<_>>());
-    let requeue = json_list(&requeue.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+    let ids_where = |spent: bool| json_list(&expired.iter().filter(|e| e.1 == spent).map(|e| e.0).collect::<Vec<_>>());
+    let (spent, requeue) = (ids_where(true), ids_where(false));
     let note = "json_insert(errors, '$[#]', json_object('attempt', attempt, 'at', $2,
                 'error', 'lease expired: host ' || host_id || ' stopped heartbeating'))";
     // Built from constants only; every value is a bound parameter.
