@@ -293,6 +293,24 @@ pub struct Stats {
     pub hosts_alive: i64,
 }
 
+impl Stats {
+    /// The stats from (state, queue, count) rows, every state listed.
+    pub fn from_counts(
+        counts: Vec<(String, String, i64)>,
+        oldest_available_secs: Option<f64>,
+        hosts_alive: i64,
+    ) -> Stats {
+        use std::collections::BTreeMap;
+        let mut states: BTreeMap<String, i64> = JobState::ALL.iter().map(|s| (s.as_str().to_string(), 0)).collect();
+        let mut queues: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for (state, queue, count) in counts {
+            *states.entry(state.clone()).or_default() += count;
+            *queues.entry(queue).or_default().entry(state).or_default() += count;
+        }
+        Stats { states, queues, oldest_available_secs, hosts_alive }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Enqueue, fetch, finish and the operator's view of jobs, in PostgreSQL.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -410,13 +410,7 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
     .bind(HOST_ALIVE_SECS)
     .fetch_one(pool)
     .await?;
-    let mut states: BTreeMap<String, i64> = JobState::ALL.iter().map(|s| (s.as_str().to_string(), 0)).collect();
-    let mut queues: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
-    for (state, queue, count) in counts {
-        *states.entry(state.clone()).or_default() += count;
-        *queues.entry(queue).or_default().entry(state).or_default() += count;
-    }
-    Ok(Stats { states, queues, oldest_available_secs: oldest, hosts_alive })
+    Ok(Stats::from_counts(counts, oldest, hosts_alive))
 }
 
 pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {

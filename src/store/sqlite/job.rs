@@ -3,7 +3,7 @@
 //! Every function taking a connection runs inside the caller's `BEGIN
 //! IMMEDIATE` transaction, so it reads and writes with the write lock held.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use serde::Serialize;
 use sqlx::sqlite::SqliteRow;
@@ -399,13 +399,7 @@ pub async fn stats(pool: &SqlitePool, now: i64) -> Result<Stats> {
     .bind(HOST_ALIVE_MS)
     .fetch_one(pool)
     .await?;
-    let mut states: BTreeMap<String, i64> = JobState::ALL.iter().map(|s| (s.as_str().to_string(), 0)).collect();
-    let mut queues: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
-    for (state, queue, count) in counts {
-        *states.entry(state.clone()).or_default() += count;
-        *queues.entry(queue).or_default().entry(state).or_default() += count;
-    }
-    Ok(Stats { states, queues, oldest_available_secs: oldest.map(|s| s.max(0.0)), hosts_alive })
+    Ok(Stats::from_counts(counts, oldest.map(|s| s.max(0.0)), hosts_alive))
 }
 
 pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()> {
