@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure a PostgreSQL server accepts connections on 127.0.0.1:5432 as
 # user postgres without a password, installing and starting one if needed
-# (Debian/Ubuntu, as root). Used by the demo and by CI.
+# (Debian/Ubuntu, as root). Used by the tests (scripts/test.sh), the
+# benchmarks and CI; the demo needs no server.
 set -euo pipefail
 
 ready() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
