@@ -45,6 +45,19 @@ async fn payloads_are_stored_as_json_documents(db: TestDb) {
     assert_eq!(fetched[0].payload, payload);
 }
 
+async fn a_bulk_enqueue_returns_ids_in_input_order(db: TestDb) {
+    let db = with_types(db, &["mail", "other"]).await;
+    let jobs: Vec<_> = (0..500)
+        .map(|i| EnqueueParams::new(if i % 3 == 0 { "other" } else { "mail" }, json!({ "i": i })))
+        .collect();
+    let ids = db.store.job_enqueue(&jobs).await.unwrap();
+    assert_eq!(ids.len(), jobs.len());
+    for (i, id) in ids.iter().enumerate().step_by(37) {
+        let stored = db.store.job_get(*id).await.unwrap().unwrap();
+        assert_eq!((stored.row.job.as_str(), &stored.payload), (jobs[i].job.as_str(), &jobs[i].payload), "id {id}");
+    }
+}
+
 async fn unknown_job_types_and_bad_payloads_enqueue_nothing(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
     let batch = [EnqueueParams::new("mail", json!({})), EnqueueParams::new("nope", json!({}))];
@@ -520,6 +533,7 @@ async fn a_busy_file_is_retried_while_bad_data_is_refused() {
 }
 
 on_both_backends!(
+    a_bulk_enqueue_returns_ids_in_input_order,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
     graceful_shutdown_hands_running_jobs_back,
     a_host_that_loses_a_lease_stops_the_guest,

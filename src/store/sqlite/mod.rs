@@ -6,14 +6,16 @@
 //! - **One writer at a time.** Every write runs in a `BEGIN IMMEDIATE`
 //!   transaction, which takes the file's write lock before reading, so a
 //!   transaction's reads cannot go stale before it writes. Within a process
-//!   writes queue on a single writer connection; across processes they wait
-//!   on the file lock (the busy timeout). The gate, the release and the sweep
-//!   are therefore plain read-then-write code: nothing can change under them.
+//!   writes queue on a single writer connection; across processes a writer
+//!   finding the file locked asks again every millisecond, up to the busy
+//!   timeout. The gate, the release and the sweep are therefore plain
+//!   read-then-write code: nothing can change under them.
 //! - **Wake-ups.** Writes that make jobs available wake this process's
-//!   fetch loop directly; other processes' commits wake it through the file
-//!   system's report of a write to the `-wal` file ([`commits`]), and, where
-//!   the file system reports nothing, through `PRAGMA data_version`, which
-//!   an idle host checks every 100 ms on a connection of its own.
+//!   fetch loop directly. Other processes' commits wake it through the file
+//!   system's report of a write to the `-wal` file ([`commits`]), after which
+//!   it waits for `PRAGMA data_version` to show the commit; where the file
+//!   system reports nothing, an idle host reads `data_version` every 100 ms
+//!   on a connection of its own.
 //!
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).
