@@ -67,7 +67,11 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let events = registry.subscribe();
     watcher.run_once().await?;
     register_all(store.as_ref(), &registry).await?;
-    tracing::info!(job_types = ?registry.components().iter().map(|c| &c.config.name).collect::<Vec<_>>(), "host starting");
+    tracing::info!(
+        database = store.location(),
+        job_types = ?registry.components().iter().map(|c| &c.config.name).collect::<Vec<_>>(),
+        "host starting"
+    );
 
     let background = CancellationToken::new();
     let watching = tokio::spawn(watcher.run(background.clone()));

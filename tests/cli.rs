@@ -278,3 +278,47 @@ on_both_backends!(
     cancel_and_retry_report_what_they_did,
     concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3,
 );
+
+/// SQLite only: the file's locks. A host creating and migrating a new file
+/// while other processes open it (here `jobhost stats`, in a loop) must not
+/// fail, nor make them fail, on the file being locked.
+#[tokio::test]
+async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = dir.path().join("components");
+    std::fs::create_dir(&components).unwrap();
+    std::fs::copy(common::guest("hello"), components.join("hello.wasm")).unwrap();
+    let cache = dir.path().join("cache");
+    let command = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
+        command.args(args).current_dir(dir.path()).env_remove("DATABASE_URL").env("RUST_LOG", "warn");
+        command.env("JOBHOST_CACHE_DIR", &cache);
+        command
+    };
+    for round in 0..3 {
+        let _ = std::fs::remove_file(dir.path().join("jobhost.db"));
+        let mut host = command(&["run", "--components", "components"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start jobhost run");
+        let mut up = false;
+        for _ in 0..400 {
+            let stats = command(&["stats"]).output().unwrap();
+            assert!(!stderr(&stats).contains("locked"), "round {round}: stats: {}", stderr(&stats));
+            if stdout(&stats).contains("hosts alive: 1") {
+                up = true;
+                break;
+            }
+            assert!(host.try_wait().unwrap().is_none(), "round {round}: the host exited");
+        }
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        unsafe { libc::kill(host.id() as libc::pid_t, libc::SIGTERM) };
+        let output = host.wait_with_output().unwrap();
+        assert!(up, "round {round}: the host never came up: {}", stderr(&output));
+        assert!(output.status.success(), "round {round}: {}", stderr(&output));
+        assert!(!stderr(&output).contains("locked"), "round {round}: host: {}", stderr(&output));
+        for file in ["jobhost.db", "jobhost.db-wal", "jobhost.db-shm"] {
+            let _ = std::fs::remove_file(dir.path().join(file));
+        }
+    }
+}

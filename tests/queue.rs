@@ -47,9 +47,8 @@ async fn payloads_are_stored_as_json_documents(db: TestDb) {
 
 async fn a_bulk_enqueue_returns_ids_in_input_order(db: TestDb) {
     let db = with_types(db, &["mail", "other"]).await;
-    let jobs: Vec<_> = (0..500)
-        .map(|i| EnqueueParams::new(if i % 3 == 0 { "other" } else { "mail" }, json!({ "i": i })))
-        .collect();
+    let jobs: Vec<_> =
+        (0..500).map(|i| EnqueueParams::new(if i % 3 == 0 { "other" } else { "mail" }, json!({ "i": i }))).collect();
     let ids = db.store.job_enqueue(&jobs).await.unwrap();
     assert_eq!(ids.len(), jobs.len());
     for (i, id) in ids.iter().enumerate().step_by(37) {

@@ -126,6 +126,10 @@ pub trait Store: Send + Sync + 'static {
     /// Brings the schema up to date.
     async fn migrate(&self) -> Result<()>;
 
+    /// Where the data lives, for logs: a file's absolute path, or a
+    /// server's host, port and database (never a password).
+    fn location(&self) -> String;
+
     /// Records the configurations this host loaded, so enqueuers without the
     /// component apply them.
     async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()>;

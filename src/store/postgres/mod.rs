@@ -114,6 +114,11 @@ impl PgStore {
 
 #[async_trait]
 impl Store for PgStore {
+    fn location(&self) -> String {
+        let o = &self.options;
+        format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
+    }
+
     async fn migrate(&self) -> Result<()> {
         // One connection whose search path keeps the migrator's bookkeeping
         // table in the jobhost schema. The migrator takes an advisory lock,

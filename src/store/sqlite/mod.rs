@@ -61,6 +61,9 @@ const CLOSE_LOOK: (Duration, Duration) = (Duration::from_millis(50), Duration::f
 /// case the file system did not report the write.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// `seen_version` before the first look.
+const UNSEEN: i64 = i64::MIN;
+
 /// A SQLite file holding the jobhost tables.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -76,7 +79,10 @@ pub struct SqliteStore {
     watch: SqlitePool,
     /// The data version `wait_available` last saw.
     seen_version: Arc<AtomicI64>,
+    /// This process's writes that made jobs available, after their commit.
     wake: Arc<Notify>,
+    /// Writes to the `-wal` file, reported before the commit may show.
+    logged: Arc<Notify>,
     /// Reports writes to the `-wal` file; `None` where that is not possible.
     _commits: Option<Arc<notify::RecommendedWatcher>>,
 }
@@ -99,21 +105,31 @@ impl SqliteStore {
         let pool = |size: u32| {
             SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
         };
-        let writer = pool(1).connect_with(options.clone().busy_timeout(Duration::ZERO)).await?;
+        // The reader connects at once, creating the file and proving the URL.
+        // The writer and the watcher connect when first used: a command that
+        // only reads never opens them. Connecting sets the journal mode,
+        // which may wait for another process's lock, so the writer waits as
+        // long as any connection while it connects and only then stops
+        // waiting inside SQLite (`write` retries instead).
         let reader = pool(max_connections.max(2)).connect_with(options.clone()).await?;
-        let wake = Arc::new(Notify::new());
-        let commits = commits::watch(options.get_filename(), wake.clone()).map(Arc::new);
-        let watch = pool(1).connect_with(options.clone()).await?;
+        let writer = pool(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move { sqlx::Executor::execute(conn, "PRAGMA busy_timeout = 0").await.map(|_| ()) })
+            })
+            .connect_lazy_with(options.clone());
+        let logged = Arc::new(Notify::new());
+        let commits = commits::watch(options.get_filename(), logged.clone()).map(Arc::new);
+        let watch = pool(1).connect_lazy_with(options.clone());
         let store = SqliteStore {
             writer,
             options,
             reader,
             watch,
-            seen_version: Arc::new(AtomicI64::new(0)),
-            wake,
+            seen_version: Arc::new(AtomicI64::new(UNSEEN)),
+            wake: Arc::new(Notify::new()),
+            logged,
             _commits: commits,
         };
-        store.committed_since_last_look().await;
         Ok(store)
     }
 
@@ -144,7 +160,10 @@ impl SqliteStore {
     /// goes and checks.
     async fn committed_since_last_look(&self) -> bool {
         match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await {
-            Ok(version) => self.seen_version.swap(version, Ordering::Relaxed) != version,
+            Ok(version) => {
+                let seen = self.seen_version.swap(version, Ordering::Relaxed);
+                seen != UNSEEN && seen != version
+            }
             Err(_) => true,
         }
     }
@@ -200,6 +219,12 @@ fn json_list<T: serde::Serialize>(items: &[T]) -> String {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn location(&self) -> String {
+        let file = self.options.get_filename();
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+        format!("sqlite://{}", file.display())
+    }
+
     async fn migrate(&self) -> Result<()> {
         // Two processes starting on a new file may both try the first
         // migration; the loser's fails on the tables the winner made, and a
@@ -392,6 +417,9 @@ impl Store for SqliteStore {
     async fn wait_available(&self, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut look_closely_until = None;
+        if self.seen_version.load(Ordering::Relaxed) == UNSEEN {
+            self.committed_since_last_look().await;
+        }
         loop {
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -402,7 +430,8 @@ impl Store for SqliteStore {
                 _ => WATCH_INTERVAL,
             };
             tokio::select! {
-                () = self.wake.notified() => look_closely_until = Some(tokio::time::Instant::now() + CLOSE_LOOK.0),
+                () = self.wake.notified() => return,
+                () = self.logged.notified() => look_closely_until = Some(tokio::time::Instant::now() + CLOSE_LOOK.0),
                 () = tokio::time::sleep(every.min(deadline - now)) => {}
             }
             if self.committed_since_last_look().await {
