@@ -45,3 +45,26 @@ pub struct SemaphoreFix {
     /// The live jobs that hold its slots, which it now has.
     pub actual: i32,
 }
+
+/// The (job type, key) of every slot a write freed, one entry per slot (a
+/// key listed twice gave back two).
+#[derive(Debug, Default)]
+pub struct Slots(Vec<(String, String)>);
+
+impl Slots {
+    /// Records a freed slot; a job without a key held none.
+    pub fn push(&mut self, job: &str, key: Option<&str>) {
+        if let Some(key) = key {
+            self.0.push((job.to_string(), key.to_string()));
+        }
+    }
+
+    /// The freed slots, in the order they were recorded.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(job, key)| (job.as_str(), key.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}

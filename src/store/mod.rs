@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-pub use concurrency::{Holder, KeyStatus, SemaphoreFix};
+pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use host::HostInfo;
 pub use job::{
     EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,

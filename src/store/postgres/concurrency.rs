@@ -4,8 +4,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use super::job::Slots;
-use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix};
+use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
 const LIMIT_REACHED: &str = "JHL01";
@@ -30,10 +29,11 @@ pub fn limit_reached(error: sqlx::Error) -> Error {
 /// Gives back freed slots and promotes parked jobs into them, in the
 /// caller's transaction (the one that ended the holders' hold).
 pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
-    if slots.jobs.is_empty() {
+    if slots.is_empty() {
         return Ok(());
     }
-    sqlx::query("SELECT jobhost.release_slots($1, $2)").bind(&slots.jobs).bind(&slots.keys).execute(conn).await?;
+    let (jobs, keys): (Vec<&str>, Vec<&str>) = slots.iter().unzip();
+    sqlx::query("SELECT jobhost.release_slots($1, $2)").bind(jobs).bind(keys).execute(conn).await?;
     Ok(())
 }
 

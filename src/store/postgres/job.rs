@@ -123,23 +123,6 @@ struct FinishRows {
     requeue_progress: Vec<Option<Json<serde_json::Value>>>,
 }
 
-/// The (job type, key) of every slot a statement freed, one entry per slot.
-#[derive(Debug, Default)]
-pub(super) struct Slots {
-    pub(super) jobs: Vec<String>,
-    pub(super) keys: Vec<String>,
-}
-
-impl Slots {
-    /// Records a freed slot; a job without a key held none.
-    pub(super) fn push(&mut self, job: &str, key: Option<&str>) {
-        if let Some(key) = key {
-            self.jobs.push(job.to_string());
-            self.keys.push(key.to_string());
-        }
-    }
-}
-
 fn error_entry(attempt: i32, error: &str, log: &serde_json::Value) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "attempt": attempt, "error": error, "log": log }))
 }
@@ -488,7 +471,7 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<()> {
     let Some((job, key)) = cancelled else {
         return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "cancelled").await? });
     };
-    let mut slots = Slots::default();
+    let mut slots = crate::store::Slots::default();
     slots.push(&job, key.as_deref());
     super::concurrency::release(&mut tx, &slots).await?;
     tx.commit().await?;

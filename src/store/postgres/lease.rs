@@ -31,7 +31,11 @@ pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<(u64, u
     let mut tx = pool.begin().await?;
     let (requeued, failed, jobs, keys): (i64, i64, Vec<String>, Vec<String>) =
         sqlx::query_as(include_str!("sql/expire.sql")).bind(now).fetch_one(&mut *tx).await?;
-    super::concurrency::release(&mut tx, &super::job::Slots { jobs, keys }).await?;
+    let mut slots = crate::store::Slots::default();
+    for (job, key) in jobs.iter().zip(&keys) {
+        slots.push(job, Some(key));
+    }
+    super::concurrency::release(&mut tx, &slots).await?;
     if requeued > 0 {
         super::notify_available(&mut tx).await?;
         tracing::warn!(requeued, failed, "rescued jobs whose lease expired");

@@ -14,20 +14,7 @@ use std::collections::BTreeMap;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{iso, json_list};
-use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix};
-
-/// The (job type, key) of every slot a statement freed, one entry per slot.
-#[derive(Debug, Default)]
-pub struct Slots(Vec<(String, String)>);
-
-impl Slots {
-    /// Records a freed slot; a job without a key held none.
-    pub fn push(&mut self, job: &str, key: Option<&str>) {
-        if let Some(key) = key {
-            self.0.push((job.to_string(), key.to_string()));
-        }
-    }
-}
+use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
 /// do when the limit is reached. The limit is unlimited when the type no
@@ -176,8 +163,8 @@ async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i6
 /// 1, 4 and 7). Returns how many parked jobs were promoted.
 pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<u64> {
     let mut freed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    for (job, key) in &slots.0 {
-        *freed.entry((job, key)).or_default() += 1;
+    for slot in slots.iter() {
+        *freed.entry(slot).or_default() += 1;
     }
     let mut promoted = 0;
     for ((job, key), n) in freed {

@@ -10,9 +10,10 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
-use super::concurrency::{self, Slots};
+use super::concurrency;
 use super::host::job_types_get;
 use super::{iso, json_list, time_of};
+use crate::store::Slots;
 use crate::store::job::{PreparedJob, children_of_written, job_names, prepare_all};
 use crate::store::{
     EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,

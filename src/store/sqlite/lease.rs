@@ -2,9 +2,10 @@
 
 use sqlx::SqliteConnection;
 
-use super::concurrency::{self, Slots};
+use super::concurrency;
 use super::{iso, json_list};
 use crate::store::Result;
+use crate::store::Slots;
 
 pub async fn renew(conn: &mut SqliteConnection, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
     // A job whose token changed is not renewed, and so not returned.
