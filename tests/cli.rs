@@ -280,8 +280,8 @@ on_both_backends!(
 );
 
 /// SQLite only: the file's locks. A host creating and migrating a new file
-/// while other processes open it (here `jobhost stats`, in a loop) must not
-/// fail, nor make them fail, on the file being locked.
+/// while other processes open it (`jobhost migrate` once, `jobhost stats` in
+/// a loop) must not fail, nor make them fail, on the file being locked.
 #[tokio::test]
 async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_database() {
     let dir = tempfile::tempdir().unwrap();
@@ -301,6 +301,7 @@ async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_databa
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start jobhost run");
+        let migrate = command(&["migrate"]).stderr(std::process::Stdio::piped()).spawn().expect("start migrate");
         let mut up = false;
         for _ in 0..400 {
             let stats = command(&["stats"]).output().unwrap();
@@ -309,12 +310,17 @@ async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_databa
                 up = true;
                 break;
             }
-            assert!(host.try_wait().unwrap().is_none(), "round {round}: the host exited");
+            if let Some(status) = host.try_wait().unwrap() {
+                let output = host.wait_with_output().unwrap();
+                panic!("round {round}: the host exited ({status}): {}", stderr(&output));
+            }
         }
         // SAFETY: kill(2) on a child this test started and has not reaped.
         unsafe { libc::kill(host.id() as libc::pid_t, libc::SIGTERM) };
         let output = host.wait_with_output().unwrap();
         assert!(up, "round {round}: the host never came up: {}", stderr(&output));
+        let migrated = migrate.wait_with_output().unwrap();
+        assert!(migrated.status.success(), "round {round}: migrate: {}", stderr(&migrated));
         assert!(output.status.success(), "round {round}: {}", stderr(&output));
         assert!(!stderr(&output).contains("locked"), "round {round}: host: {}", stderr(&output));
         for file in ["jobhost.db", "jobhost.db-wal", "jobhost.db-shm"] {

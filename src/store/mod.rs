@@ -81,7 +81,15 @@ impl Error {
     /// failure (PostgreSQL SQLSTATE class 40), and for a write that found the
     /// SQLite file busy or locked: the same statement may pass later.
     pub fn is_transient(&self) -> bool {
-        let Error::Database(sqlx::Error::Database(db)) = self else { return false };
+        use sqlx::migrate::MigrateError;
+        let db = match self {
+            Error::Database(sqlx::Error::Database(db))
+            | Error::Migrate(
+                MigrateError::Execute(sqlx::Error::Database(db))
+                | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
+            ) => db,
+            _ => return false,
+        };
         if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
             // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extended code.
             let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok());

@@ -111,7 +111,12 @@ impl SqliteStore {
         // which may wait for another process's lock, so the writer waits as
         // long as any connection while it connects and only then stops
         // waiting inside SQLite (`write` retries instead).
-        let reader = pool(max_connections.max(2)).connect_with(options.clone()).await?;
+        //
+        // Connecting to a new file switches it to WAL. Two processes doing
+        // that at once can each hold a lock the other needs, which SQLite
+        // reports at once as busy rather than waiting: connecting retries.
+        let reader =
+            while_locked(|| async { Ok(pool(max_connections.max(2)).connect_with(options.clone()).await?) }).await?;
         let writer = pool(1)
             .after_connect(|conn, _| {
                 Box::pin(async move { sqlx::Executor::execute(conn, "PRAGMA busy_timeout = 0").await.map(|_| ()) })
@@ -142,17 +147,7 @@ impl SqliteStore {
     /// statement, waiting up to the busy timeout for another process to
     /// release it.
     async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
-        let deadline = tokio::time::Instant::now() + BUSY_TIMEOUT;
-        loop {
-            let error = match self.writer.begin_with("BEGIN IMMEDIATE").await {
-                Ok(tx) => return Ok(tx),
-                Err(error) => super::Error::from(error),
-            };
-            if !error.is_transient() || tokio::time::Instant::now() >= deadline {
-                return Err(error);
-            }
-            tokio::time::sleep(LOCK_RETRY).await;
-        }
+        while_locked(|| async { Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?) }).await
     }
 
     /// Whether any connection (another process's, or this one's writer)
@@ -188,6 +183,20 @@ impl SqliteStore {
         tx.commit().await?;
         self.announce(finished.any_available);
         Ok((finished.results, finished.leased))
+    }
+}
+
+/// Runs `attempt` again, every [`LOCK_RETRY`] up to [`BUSY_TIMEOUT`], while
+/// it fails on another connection's lock of the file.
+async fn while_locked<T, F: Future<Output = Result<T>>>(mut attempt: impl FnMut() -> F) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match attempt().await {
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(LOCK_RETRY).await;
+            }
+            outcome => return outcome,
+        }
     }
 }
 
@@ -229,14 +238,21 @@ impl Store for SqliteStore {
         // Two processes starting on a new file may both try the first
         // migration; the loser's fails on the tables the winner made, and a
         // second run finds them recorded as applied.
+        // Either may also find the file locked by the other.
         let migrator = sqlx::migrate!("./migrations/sqlite");
-        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(self.options.clone()).await?;
-        let mut migrated = migrator.run(&pool).await;
-        if migrated.is_err() {
-            migrated = migrator.run(&pool).await;
-        }
+        let pool = while_locked(|| async {
+            Ok(SqlitePoolOptions::new().max_connections(1).connect_with(self.options.clone()).await?)
+        })
+        .await?;
+        let migrated = while_locked(|| async {
+            if migrator.run(&pool).await.is_ok() {
+                return Ok(());
+            }
+            Ok(migrator.run(&pool).await?)
+        })
+        .await;
         pool.close().await;
-        Ok(migrated?)
+        migrated
     }
 
     async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
