@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome};
 use serde_json::{Value, json};
@@ -280,8 +280,9 @@ on_both_backends!(
 );
 
 /// SQLite only: the file's locks. A host creating and migrating a new file
-/// while other processes open it (`jobhost migrate` once, `jobhost stats` in
-/// a loop) must not fail, nor make them fail, on the file being locked.
+/// while other processes open it (`jobhost migrate` and four `jobhost stats`
+/// started with it, then `stats` in a loop) must not fail, nor make them
+/// fail, on the file being locked.
 #[tokio::test]
 async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_database() {
     let dir = tempfile::tempdir().unwrap();
@@ -297,11 +298,11 @@ async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_databa
     };
     for round in 0..10 {
         let _ = std::fs::remove_file(dir.path().join("jobhost.db"));
-        let mut host = command(&["run", "--components", "components"])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start jobhost run");
-        let migrate = command(&["migrate"]).stderr(std::process::Stdio::piped()).spawn().expect("start migrate");
+        let mut host =
+            command(&["run", "--components", "components"]).stderr(Stdio::piped()).spawn().expect("start jobhost run");
+        let piped = |args: &[&str]| command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let migrate = piped(&["migrate"]);
+        let openers: Vec<_> = (0..4).map(|_| piped(&["stats"])).collect();
         let mut up = false;
         for _ in 0..400 {
             let stats = command(&["stats"]).output().unwrap();
@@ -321,6 +322,10 @@ async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_databa
         assert!(up, "round {round}: the host never came up: {}", stderr(&output));
         let migrated = migrate.wait_with_output().unwrap();
         assert!(migrated.status.success(), "round {round}: migrate: {}", stderr(&migrated));
+        for opener in openers {
+            let stats = opener.wait_with_output().unwrap();
+            assert!(!stderr(&stats).contains("locked"), "round {round}: stats: {}", stderr(&stats));
+        }
         assert!(output.status.success(), "round {round}: {}", stderr(&output));
         assert!(!stderr(&output).contains("locked"), "round {round}: host: {}", stderr(&output));
         for file in ["jobhost.db", "jobhost.db-wal", "jobhost.db-shm"] {

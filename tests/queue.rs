@@ -531,6 +531,29 @@ async fn a_busy_file_is_retried_while_bad_data_is_refused() {
     assert!(refused.is_refusal(), "a violated constraint is refused: {refused}");
 }
 
+/// SQLite only: connecting to a file switches it to WAL, a write that
+/// begins with a read. SQLite reports a lock another process holds by then
+/// as busy at once (waiting could deadlock), so opening retries until the
+/// lock is free instead of failing.
+#[tokio::test]
+async fn opening_a_file_another_process_is_writing_waits_for_its_lock() {
+    use sqlx::{Connection, Executor};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+    // Another process made the file, still in SQLite's default rollback
+    // mode, and holds its write lock.
+    let options = url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap().create_if_missing(true);
+    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    holder.execute("CREATE TABLE t (x INTEGER)").await.unwrap();
+    holder.execute("BEGIN IMMEDIATE").await.unwrap();
+    holder.execute("INSERT INTO t VALUES (1)").await.unwrap();
+    let opening = tokio::spawn(async move { jobhost::store::sqlite::SqliteStore::open(&url, 2).await.map(|_| ()) });
+    // The fault: the lock stays held long enough for the open to meet it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.execute("COMMIT").await.unwrap();
+    opening.await.unwrap().expect("opening waits for the lock");
+}
+
 on_both_backends!(
     a_bulk_enqueue_returns_ids_in_input_order,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
