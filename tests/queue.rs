@@ -554,6 +554,31 @@ async fn opening_a_file_another_process_is_writing_waits_for_its_lock() {
     opening.await.unwrap().expect("opening waits for the lock");
 }
 
+/// SQLite only: hosts started together on a new file all migrate it. Each
+/// either waits out another's lock or finds the migration it lost applied.
+#[tokio::test]
+async fn stores_migrating_a_new_file_together_all_succeed() {
+    use jobhost::store::Store;
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let migrations: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { jobhost::store::sqlite::SqliteStore::open(&url, 2).await?.migrate().await })
+            })
+            .collect();
+        for migration in migrations {
+            migration.await.unwrap().unwrap_or_else(|error| panic!("round {round}: {error}"));
+        }
+        let store = jobhost::store::sqlite::SqliteStore::open(&url, 2).await.unwrap();
+        let applied: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(store.pool()).await.unwrap();
+        let migrations = std::fs::read_dir("migrations/sqlite").unwrap().count();
+        assert_eq!(applied as usize, migrations, "round {round}: each migration recorded once");
+    }
+}
+
 on_both_backends!(
     a_bulk_enqueue_returns_ids_in_input_order,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
