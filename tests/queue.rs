@@ -151,6 +151,43 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 1);
 }
 
+/// A host whose result writes failed while its lease ran out may lease the
+/// job again and write both runs' results in one batch. Only the newer
+/// lease's result counts: the stale one is a duplicate and writes no child,
+/// whichever way each run ended.
+async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
+    let child =
+        ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
+    let stale_completion = || FinishOutcome::Completed { output: None, children: vec![child.clone()] };
+    let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
+    for (round, current) in [retry(), completed()].into_iter().enumerate() {
+        let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({"round": round}))]).await.unwrap()[0];
+        let first = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+        let later = Utc::now() + chrono::Duration::hours(1);
+        assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0), "round {round}");
+        let second = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+        assert_eq!((first.id, second.id), (id, id));
+        // Either order in the batch: the newer lease decides.
+        let batch = if round == 0 {
+            vec![finish(&first, stale_completion()), finish(&second, current)]
+        } else {
+            vec![finish(&second, current), finish(&first, stale_completion())]
+        };
+        let results = db.store.job_finish(batch).await.unwrap();
+        let expected = if round == 0 {
+            [FinishResult::Duplicate, FinishResult::Done]
+        } else {
+            [FinishResult::Done, FinishResult::Duplicate]
+        };
+        assert_eq!(results, expected, "round {round}");
+        let children = db.scalar(&format!("SELECT count(*) FROM jobhost.jobs WHERE parent_id = {id}")).await;
+        assert_eq!(children, 0, "round {round}: no child of the stale completion");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'scheduled'").await, 1, "the retry");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 1);
+}
+
 async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
     let db = with_types(db, &["parent", "child"]).await;
     let fetched = two_running(&db, "parent").await;
@@ -591,6 +628,7 @@ on_both_backends!(
     concurrent_fetchers_never_share_a_job,
     fetch_follows_priority_then_time_and_serves_only_loaded_types,
     a_stale_lease_token_completes_nothing,
+    a_stale_result_batched_with_the_current_one_is_a_duplicate,
     children_are_written_only_with_their_parents_completion,
     a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch,
     retries_wait_in_schedule_then_pass_when_due_by_the_database_clock,

@@ -449,6 +449,45 @@ pub fn fail_parents_of_unfit_children(
     }
 }
 
+/// Takes the superseded results out of a batch: a host whose result writes
+/// kept failing while its lease ran out may lease the job again and end up
+/// holding both runs' results. Lease tokens only grow, so only the run with
+/// a job's newest token can still hold its lease; older runs (and repeats
+/// of one run) are duplicates without being written. Returns the runs to
+/// write, in input order, and where each input's result will be.
+pub fn current_runs(finishes: Vec<Finish>) -> (Vec<Finish>, InputOrder) {
+    let mut newest: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
+    for f in &finishes {
+        let token = newest.entry(f.id).or_insert(f.lease_token);
+        *token = (*token).max(f.lease_token);
+    }
+    let mut runs = Vec::with_capacity(finishes.len());
+    let positions = finishes
+        .into_iter()
+        .map(|f| {
+            if newest.get(&f.id) != Some(&f.lease_token) {
+                return None;
+            }
+            // Taken out, so a repeat of this run is a duplicate.
+            newest.remove(&f.id);
+            runs.push(f);
+            Some(runs.len() - 1)
+        })
+        .collect();
+    (runs, InputOrder(positions))
+}
+
+/// Per input of a batch, its index among the runs written, or `None` where
+/// [`current_runs`] found it superseded.
+pub struct InputOrder(Vec<Option<usize>>);
+
+impl InputOrder {
+    /// The results of the runs written, spread back over the inputs.
+    pub fn results(&self, written: &[FinishResult]) -> Vec<FinishResult> {
+        self.0.iter().map(|p| p.map_or(FinishResult::Duplicate, |i| written[i])).collect()
+    }
+}
+
 /// The children of the runs among `finishes` whose completion was written.
 pub fn children_of_written(finishes: &[Finish], written: &std::collections::HashSet<i64>) -> Vec<EnqueueParams> {
     finishes
@@ -532,5 +571,32 @@ mod prepare_tests {
             ..EnqueueParams::new("mail", json!({"account": 1}))
         };
         assert!(prepare(&both, &config()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod current_runs_tests {
+    use super::*;
+
+    fn run(id: i64, lease_token: i64) -> Finish {
+        Finish {
+            id,
+            lease_token,
+            attempt: 1,
+            outcome: FinishOutcome::Failed { error: "x".into() },
+            log: serde_json::Value::Null,
+            progress: None,
+        }
+    }
+
+    #[test]
+    fn keeps_each_jobs_newest_lease_once_and_spreads_results_back_in_input_order() {
+        // Job 1 leased under 10 then 30; job 2 once, its result repeated; job 3 once.
+        let (runs, order) = current_runs(vec![run(1, 10), run(2, 20), run(1, 30), run(2, 20), run(3, 5)]);
+        let kept: Vec<_> = runs.iter().map(|r| (r.id, r.lease_token)).collect();
+        assert_eq!(kept, [(2, 20), (1, 30), (3, 5)]);
+        let written = [FinishResult::Done, FinishResult::Done, FinishResult::Duplicate];
+        use FinishResult::{Done, Duplicate};
+        assert_eq!(order.results(&written), [Duplicate, Done, Done, Duplicate, Duplicate]);
     }
 }

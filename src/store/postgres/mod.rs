@@ -72,13 +72,14 @@ impl PgStore {
         finishes: Vec<Finish>,
         next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let finished = job::finish(&self.pool, finishes, next).await?;
+        let (runs, order) = super::job::current_runs(finishes);
+        let finished = job::finish(&self.pool, runs, next).await?;
         if finished.any_available {
             // This host's own idle fetch loop need not wait for the
             // notification's round trip through the server.
             self.wake.notify_one();
         }
-        Ok((finished.results, finished.leased))
+        Ok((order.results(&finished.results), finished.leased))
     }
 
     /// Starts the LISTEN task once; notifications wake `wait_available`.

@@ -175,14 +175,14 @@ impl SqliteStore {
         finishes: Vec<Finish>,
         next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let mut finishes = finishes;
-        let configs = host::job_types_get(&self.reader, &super::job::child_types(&finishes)).await?;
-        super::job::fail_parents_of_unfit_children(&mut finishes, &configs);
+        let (mut runs, order) = super::job::current_runs(finishes);
+        let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
+        super::job::fail_parents_of_unfit_children(&mut runs, &configs);
         let mut tx = self.write().await?;
-        let finished = job::finish(&mut tx, &finishes, next).await?;
+        let finished = job::finish(&mut tx, &runs, next).await?;
         tx.commit().await?;
         self.announce(finished.any_available);
-        Ok((finished.results, finished.leased))
+        Ok((order.results(&finished.results), finished.leased))
     }
 }
 
