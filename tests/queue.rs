@@ -543,7 +543,20 @@ async fn a_deadlock_is_retried_while_bad_data_is_refused() {
             "DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{code}'; END $$"
         )))
     };
-    for (code, refusal) in [("40P01", false), ("40001", false), ("22023", true), ("23505", true)] {
+    // Refusals: bad data, a violated constraint, a trigger's exception. Not
+    // refusals: a deadlock, a serialization failure, and the server failing
+    // in itself (disk full, shutting down, an I/O error).
+    let codes = [
+        ("40P01", false),
+        ("40001", false),
+        ("53100", false),
+        ("57P01", false),
+        ("58030", false),
+        ("22023", true),
+        ("23505", true),
+        ("P0001", true),
+    ];
+    for (code, refusal) in codes {
         let error = jobhost::store::Error::from(raise(code).execute(db.pool()).await.unwrap_err());
         assert_eq!(error.is_refusal(), refusal, "SQLSTATE {code}");
     }
@@ -566,6 +579,17 @@ async fn a_busy_file_is_retried_while_bad_data_is_refused() {
         writer.execute("INSERT INTO job_types (name, config, digest, updated_at) VALUES ('x', '\"text\"', 'd', 0)");
     let refused = jobhost::store::Error::from(bad.await.unwrap_err());
     assert!(refused.is_refusal(), "a violated constraint is refused: {refused}");
+    // A full file (here capped at its current size) refuses nothing: the
+    // same write may pass once there is room.
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&mut writer).await.unwrap();
+    writer.execute(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}"))).await.unwrap();
+    let big = format!(
+        "INSERT INTO job_types (name, config, digest, updated_at) VALUES ('x', '{{}}', '{}', 0)",
+        "d".repeat(1 << 20)
+    );
+    let full = jobhost::store::Error::from(writer.execute(sqlx::AssertSqlSafe(big)).await.unwrap_err());
+    assert!(full.to_string().contains("full"), "{full}");
+    assert!(!full.is_refusal(), "a full file is not a refusal: {full}");
 }
 
 /// SQLite only: connecting to a file switches it to WAL, a write that

@@ -73,14 +73,38 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when the database answered and refused the statement (bad data,
-    /// a violated constraint, a full concurrency key), as opposed to not
-    /// answering: retrying the same statement will fail the same way. A
-    /// transient failure (see `is_transient`) is not a refusal.
     /// True for a transaction rolled back for a deadlock or serialization
     /// failure (PostgreSQL SQLSTATE class 40), and for a write that found the
     /// SQLite file busy or locked: the same statement may pass later.
     pub fn is_transient(&self) -> bool {
+        match self.database_code() {
+            Some(DatabaseCode::Sqlite(code)) => matches!(code, SQLITE_BUSY | SQLITE_LOCKED),
+            Some(DatabaseCode::Sqlstate(code)) => code.starts_with("40"),
+            None => false,
+        }
+    }
+
+    /// True when the database answered and refused the statement (bad data,
+    /// a violated constraint, a full concurrency key): retrying the same
+    /// statement will fail the same way. Neither a transient failure nor the
+    /// database failing in itself (a full disk, an I/O error, a shutdown) is
+    /// a refusal: those say nothing about the statement.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Error::LimitReached(_) => true,
+            Error::Database(sqlx::Error::Database(_)) => match self.database_code() {
+                Some(DatabaseCode::Sqlite(code)) => !SQLITE_NOT_REFUSALS.contains(&code),
+                Some(DatabaseCode::Sqlstate(code)) => {
+                    !SQLSTATE_CLASSES_NOT_REFUSALS.iter().any(|class| code.starts_with(class))
+                }
+                None => true,
+            },
+            _ => false,
+        }
+    }
+
+    /// The database's own error code, where the database answered.
+    fn database_code(&self) -> Option<DatabaseCode> {
         use sqlx::migrate::MigrateError;
         let db = match self {
             Error::Database(sqlx::Error::Database(db))
@@ -88,24 +112,37 @@ impl Error {
                 MigrateError::Execute(sqlx::Error::Database(db))
                 | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
             ) => db,
-            _ => return false,
+            _ => return None,
         };
         if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
-            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extended code.
-            let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok());
-            return matches!(code.map(|c| c & 0xff), Some(5 | 6));
+            // The primary result code, without the extended code's high bits.
+            let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok())?;
+            return Some(DatabaseCode::Sqlite(code & 0xff));
         }
-        db.code().is_some_and(|code| code.starts_with("40"))
-    }
-
-    pub fn is_refusal(&self) -> bool {
-        match self {
-            Error::Database(sqlx::Error::Database(_)) => !self.is_transient(),
-            Error::LimitReached(_) => true,
-            _ => false,
-        }
+        db.code().map(|code| DatabaseCode::Sqlstate(code.into_owned()))
     }
 }
+
+/// A database error's code: SQLite's primary result code, or PostgreSQL's SQLSTATE.
+enum DatabaseCode {
+    Sqlite(i32),
+    Sqlstate(String),
+}
+
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+
+/// SQLite result codes of the database failing rather than refusing a
+/// statement: busy, locked, out of memory, read-only, interrupted, I/O
+/// error, corrupt, full, cannot open, lock protocol, schema changed, not a
+/// database.
+const SQLITE_NOT_REFUSALS: [i32; 12] = [SQLITE_BUSY, SQLITE_LOCKED, 7, 8, 9, 10, 11, 13, 14, 15, 17, 26];
+
+/// SQLSTATE classes of the server failing rather than refusing a statement:
+/// connection exception, transaction rollback (deadlock, serialization),
+/// insufficient resources (disk full, out of memory), operator intervention
+/// (shutdown), system error (I/O), internal error.
+const SQLSTATE_CLASSES_NOT_REFUSALS: [&str; 6] = ["08", "40", "53", "57", "58", "XX"];
 
 /// The database used when none is named: an embedded file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://jobhost.db";
