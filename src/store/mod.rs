@@ -202,21 +202,35 @@ pub trait Store: Send + Sync + 'static {
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>>;
 
     /// Ends or reschedules runs, each matched on its lease token, in one
-    /// transaction with the children of those that completed.
-    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>>;
+    /// transaction with the children of those that completed. Superseded
+    /// results are taken out here, once for both backends.
+    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
+        let (runs, order) = job::current_runs(finishes);
+        Ok(order.results(&self.finish_runs(runs, None).await?.0))
+    }
 
     /// [`Store::job_finish`], then leases up to `next.limit` jobs to the
-    /// writing host as [`Store::job_fetch`] would, in one transaction where
-    /// the backend can: the jobs the finished runs made room for start
-    /// without another round trip.
+    /// writing host as [`Store::job_fetch`] would, in one transaction: the
+    /// jobs the finished runs made room for start without another round trip.
     async fn job_finish_and_fetch(
         &self,
         finishes: Vec<Finish>,
         next: &FetchParams,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let results = self.job_finish(finishes).await?;
-        Ok((results, self.job_fetch(next).await?))
+        let (runs, order) = job::current_runs(finishes);
+        let (written, leased) = self.finish_runs(runs, Some(next)).await?;
+        Ok((order.results(&written), leased))
     }
+
+    /// Writes the results of runs of distinct jobs (see
+    /// [`job::current_runs`]) with the children of those that completed,
+    /// then leases the jobs `next` asks for, in one transaction. Returns one
+    /// result per run, in order.
+    async fn finish_runs(
+        &self,
+        runs: Vec<Finish>,
+        next: Option<&FetchParams>,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)>;
 
     /// Renews the leases a host still holds; returns the ids renewed. A job
     /// missing from the answer is no longer this host's.

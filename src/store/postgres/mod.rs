@@ -67,21 +67,6 @@ impl PgStore {
         &self.pool
     }
 
-    async fn finish(
-        &self,
-        finishes: Vec<Finish>,
-        next: Option<&FetchParams>,
-    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let (runs, order) = super::job::current_runs(finishes);
-        let finished = job::finish(&self.pool, runs, next).await?;
-        if finished.any_available {
-            // This host's own idle fetch loop need not wait for the
-            // notification's round trip through the server.
-            self.wake.notify_one();
-        }
-        Ok((order.results(&finished.results), finished.leased))
-    }
-
     /// Starts the LISTEN task once; notifications wake `wait_available`.
     async fn listen(&self) {
         let started = self
@@ -171,16 +156,18 @@ impl Store for PgStore {
         job::fetch(&self.pool, params).await
     }
 
-    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
-        Ok(self.finish(finishes, None).await?.0)
-    }
-
-    async fn job_finish_and_fetch(
+    async fn finish_runs(
         &self,
-        finishes: Vec<Finish>,
-        next: &FetchParams,
+        runs: Vec<Finish>,
+        next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        self.finish(finishes, Some(next)).await
+        let finished = job::finish(&self.pool, runs, next).await?;
+        if finished.any_available {
+            // This host's own idle fetch loop need not wait for the
+            // notification's round trip through the server.
+            self.wake.notify_one();
+        }
+        Ok((finished.results, finished.leased))
     }
 
     async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {

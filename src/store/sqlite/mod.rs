@@ -169,21 +169,6 @@ impl SqliteStore {
             self.wake.notify_one();
         }
     }
-
-    async fn finish(
-        &self,
-        finishes: Vec<Finish>,
-        next: Option<&FetchParams>,
-    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let (mut runs, order) = super::job::current_runs(finishes);
-        let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
-        super::job::fail_parents_of_unfit_children(&mut runs, &configs);
-        let mut tx = self.write().await?;
-        let finished = job::finish(&mut tx, &runs, next).await?;
-        tx.commit().await?;
-        self.announce(finished.any_available);
-        Ok((order.results(&finished.results), finished.leased))
-    }
 }
 
 /// Runs `attempt` again, every [`LOCK_RETRY`] up to [`BUSY_TIMEOUT`], while
@@ -313,16 +298,18 @@ impl Store for SqliteStore {
         Ok(jobs)
     }
 
-    async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
-        Ok(self.finish(finishes, None).await?.0)
-    }
-
-    async fn job_finish_and_fetch(
+    async fn finish_runs(
         &self,
-        finishes: Vec<Finish>,
-        next: &FetchParams,
+        mut runs: Vec<Finish>,
+        next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        self.finish(finishes, Some(next)).await
+        let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
+        super::job::fail_parents_of_unfit_children(&mut runs, &configs);
+        let mut tx = self.write().await?;
+        let finished = job::finish(&mut tx, &runs, next).await?;
+        tx.commit().await?;
+        self.announce(finished.any_available);
+        Ok((finished.results, finished.leased))
     }
 
     async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
