@@ -265,8 +265,9 @@ impl Worker {
                             concurrency_key: job.concurrency_key.clone(),
                         };
                         let payload = job.payload.to_string();
+                        tracing::debug!(lease_token = job.lease_token, "run started");
                         let report = runtime.run(&component, &context, &payload, signal).await;
-                        tracing::debug!(outcome = ?report.outcome, elapsed_us = report.elapsed_us, "run ended");
+                        tracing::debug!(lease_token = job.lease_token, outcome = ?report.outcome, elapsed_us = report.elapsed_us, "run ended");
                         outcome::finish_of(&job, &component.config, report)
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
