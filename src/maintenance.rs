@@ -3,6 +3,10 @@
 //! jobs pass the gate, expired leases are rescued, parked jobs of keys with
 //! a free slot are promoted, semaphores that disagree with their jobs are
 //! repaired, old archive rows and the rows of hosts long gone are pruned.
+//!
+//! No row stalls them (guarantee 13): each sweep runs whatever the others
+//! did, and a set-based sweep the database refuses is split until the row
+//! it cannot process stands alone, which is failed with the reason.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +85,25 @@ pub struct PassReport {
     pub pruned: u64,
     /// Rows of silent hosts deleted.
     pub hosts_pruned: u64,
+    /// Jobs maintenance could not process, failed with the reason.
+    pub quarantined: u64,
 }
+
+impl PassReport {
+    fn add(&mut self, other: PassReport) {
+        self.promoted += other.promoted;
+        self.requeued += other.requeued;
+        self.failed += other.failed;
+        self.unparked += other.unparked;
+        self.repaired += other.repaired;
+        self.pruned += other.pruned;
+        self.hosts_pruned += other.hosts_pruned;
+        self.quarantined += other.quarantined;
+    }
+}
+
+/// The most rows one isolating pass reads when a batch is refused.
+const ISOLATE_BATCH: i64 = 1_000;
 
 /// The sweeps of one host.
 pub struct Maintenance {
@@ -103,21 +125,137 @@ impl Maintenance {
     /// overrides the database's clock, for tests.
     ///
     /// # Errors
-    /// The first sweep that failed; later ones did not run.
+    /// The first sweep that failed; the others ran all the same.
     pub async fn run_once(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
-        self.pass(now, true).await
+        let (report, mut errors) = self.pass(now, true).await;
+        match errors.drain(..).next() {
+            Some(error) => Err(error),
+            None => Ok(report),
+        }
     }
 
-    async fn pass(&self, now: Option<DateTime<Utc>>, repair: bool) -> crate::store::Result<PassReport> {
-        let promoted = self.store.job_promote_due(now).await?;
-        let (requeued, failed) = self.store.lease_expire(now).await?;
+    /// Runs every sweep, each whatever the others did: one that fails (the
+    /// database unreachable, a statement refused) cannot stop the rest
+    /// (guarantee 13). Returns what was done and what failed.
+    async fn pass(&self, now: Option<DateTime<Utc>>, repair: bool) -> (PassReport, Vec<crate::store::Error>) {
+        let mut report = PassReport::default();
+        let mut errors = Vec::new();
+        let mut record = |outcome: crate::store::Result<PassReport>| match outcome {
+            Ok(done) => report.add(done),
+            Err(error) => errors.push(error),
+        };
+        record(self.promote_due(now).await);
+        record(self.expire_leases(now).await);
         // Repair before promoting, so a slot the repair freed is used in this pass.
-        let repaired = if repair { self.store.semaphores_repair().await?.len() as u64 } else { 0 };
-        let unparked = self.store.parked_promote(self.config.promote_keys).await?;
+        if repair {
+            record(
+                self.store
+                    .semaphores_repair()
+                    .await
+                    .map(|f| PassReport { repaired: f.len() as u64, ..Default::default() }),
+            );
+        }
+        record(
+            self.store
+                .parked_promote(self.config.promote_keys)
+                .await
+                .map(|unparked| PassReport { unparked, ..Default::default() }),
+        );
         let retention_secs = self.config.retention.as_secs_f64();
-        let pruned = self.store.archive_prune(now, retention_secs, self.config.prune_batch).await?;
-        let hosts_pruned = self.store.host_prune(self.config.host_silence.as_secs_f64()).await?;
-        Ok(PassReport { promoted, requeued, failed, unparked, repaired, pruned, hosts_pruned })
+        record(
+            self.store
+                .archive_prune(now, retention_secs, self.config.prune_batch)
+                .await
+                .map(|pruned| PassReport { pruned, ..Default::default() }),
+        );
+        record(
+            self.store
+                .host_prune(self.config.host_silence.as_secs_f64())
+                .await
+                .map(|hosts_pruned| PassReport { hosts_pruned, ..Default::default() }),
+        );
+        (report, errors)
+    }
+
+    /// Due scheduled jobs pass the gate, set-based; when the database
+    /// refuses the batch, a part at a time.
+    async fn promote_due(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
+        match self.store.job_promote_due(now).await {
+            Ok(promoted) => Ok(PassReport { promoted, ..Default::default() }),
+            Err(error) if error.is_refusal() => {
+                tracing::error!(%error, "the database refused passing due jobs through the gate; isolating the rows");
+                let ids = self.store.job_due_ids(now, ISOLATE_BATCH).await?;
+                let store = self.store.clone();
+                self.isolated("passing the gate when due", ids, move |ids| {
+                    let store = store.clone();
+                    async move {
+                        let promoted = store.job_promote_due_ids(now, &ids).await?;
+                        Ok(PassReport { promoted, ..Default::default() })
+                    }
+                })
+                .await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Expired leases are rescued, set-based; when the database refuses the
+    /// batch, a part at a time.
+    async fn expire_leases(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
+        match self.store.lease_expire(now).await {
+            Ok((requeued, failed)) => Ok(PassReport { requeued, failed, ..Default::default() }),
+            Err(error) if error.is_refusal() => {
+                tracing::error!(%error, "the database refused rescuing expired leases; isolating the rows");
+                let ids = self.store.lease_expired_ids(now, ISOLATE_BATCH).await?;
+                let store = self.store.clone();
+                self.isolated("rescuing its expired lease", ids, move |ids| {
+                    let store = store.clone();
+                    async move {
+                        let (requeued, failed) = store.lease_expire_ids(now, &ids).await?;
+                        Ok(PassReport { requeued, failed, ..Default::default() })
+                    }
+                })
+                .await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Runs `step` over `ids`, halving every part the database refuses until
+    /// each row it cannot process stands alone; that row is quarantined with
+    /// the reason and the rest are done (guarantee 13). k bad rows among n
+    /// cost about k·log2(n) statements, and only in the pass that finds them.
+    async fn isolated<F, Fut>(&self, what: &str, ids: Vec<i64>, step: F) -> crate::store::Result<PassReport>
+    where
+        F: Fn(Vec<i64>) -> Fut,
+        Fut: std::future::Future<Output = crate::store::Result<PassReport>>,
+    {
+        let mut report = PassReport::default();
+        let mut parts = vec![ids];
+        while let Some(part) = parts.pop() {
+            match step(part.clone()).await {
+                Ok(done) => report.add(done),
+                Err(error) if error.is_refusal() && part.len() > 1 => {
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push(second.to_vec());
+                    parts.push(first.to_vec());
+                }
+                Err(error) if error.is_refusal() => {
+                    let id = part[0];
+                    let reason = format!("maintenance could not process this job ({what}): {error}");
+                    tracing::error!(job_id = id, %error, "failing a job maintenance cannot process");
+                    match self.store.job_quarantine(id, &reason).await {
+                        Ok(true) => report.quarantined += 1,
+                        Ok(false) => {}
+                        // Left where it is: the next pass finds it again, and
+                        // the other rows go on meanwhile.
+                        Err(error) => tracing::error!(job_id = id, %error, "cannot fail the job either; skipping it"),
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(report)
     }
 
     /// Runs a pass every interval until `shutdown`.
@@ -134,10 +272,12 @@ impl Maintenance {
             if repair {
                 last_repair = Some(tokio::time::Instant::now());
             }
-            match self.pass(None, repair).await {
-                Ok(report) if report != PassReport::default() => tracing::debug!(?report, "maintenance pass"),
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "maintenance pass failed"),
+            let (report, errors) = self.pass(None, repair).await;
+            if report != PassReport::default() {
+                tracing::debug!(?report, "maintenance pass");
+            }
+            for error in errors {
+                tracing::warn!(%error, "a maintenance sweep failed; the others ran");
             }
         }
     }

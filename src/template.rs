@@ -41,6 +41,12 @@ pub enum TemplateError {
     Blank,
 }
 
+/// The longest a rendered key may be, in bytes. Keys are indexed (the
+/// semaphores, parked jobs and holders are found by key), and an index entry
+/// has a size limit: a key past it would be stored at enqueue and then fail
+/// every statement that indexes it, so it is refused at every enqueue path.
+pub const MAX_KEY_BYTES: usize = 1024;
+
 /// Why a template could not be rendered from a payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
@@ -55,6 +61,14 @@ pub enum RenderError {
     Missing {
         /// The absent field.
         field: String,
+        /// The template's source text.
+        template: String,
+    },
+    /// The rendered key is longer than [`MAX_KEY_BYTES`].
+    #[error("key {template:?} renders to {bytes} bytes, more than the most a key may have, {max} bytes", max = MAX_KEY_BYTES)]
+    TooLong {
+        /// How long the rendered key is.
+        bytes: usize,
         /// The template's source text.
         template: String,
     },
@@ -154,6 +168,9 @@ impl KeyTemplate {
                 Part::Field(field) => key.push_str(&self.field_text(payload, field)?),
             }
         }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(RenderError::TooLong { bytes: key.len(), template: self.source.clone() });
+        }
         Ok(key)
     }
 
@@ -223,6 +240,17 @@ mod tests {
         assert_eq!(KeyTemplate::parse("{}"), Err(TemplateError::Empty(0)));
         assert_eq!(KeyTemplate::parse("{a b}"), Err(TemplateError::BadField("a b".into())));
         assert_eq!(KeyTemplate::parse(""), Err(TemplateError::Blank));
+    }
+
+    #[test]
+    fn a_key_longer_than_the_maximum_is_refused() {
+        let t = KeyTemplate::parse("k:{id}").unwrap();
+        let fits = "x".repeat(MAX_KEY_BYTES - 2);
+        assert_eq!(t.render(&json!({ "id": fits })).unwrap().len(), MAX_KEY_BYTES);
+        let long = "x".repeat(MAX_KEY_BYTES - 1);
+        assert!(
+            matches!(t.render(&json!({ "id": long })), Err(RenderError::TooLong { bytes, .. }) if bytes == MAX_KEY_BYTES + 1)
+        );
     }
 
     #[test]

@@ -177,6 +177,19 @@ pub enum RunOutcome {
 }
 
 impl RunOutcome {
+    /// How the run ended, in a word, for logs: never the output or a reason,
+    /// which a guest makes as large as it likes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RunOutcome::Completed { .. } => "completed",
+            RunOutcome::Retry { .. } => "retry",
+            RunOutcome::Failed { .. } => "failed",
+            RunOutcome::Snooze { .. } => "snooze",
+            RunOutcome::Crashed { crash: Crash::Interrupted { .. } } => "interrupted",
+            RunOutcome::Crashed { .. } => "crashed",
+        }
+    }
+
     /// True only for a successful run.
     pub fn is_completed(&self) -> bool {
         matches!(self, RunOutcome::Completed { .. })
@@ -273,6 +286,20 @@ pub struct RunEffects {
     pub children: Vec<ChildJob>,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
+}
+
+/// `text` cut to its first `max_bytes` bytes (on a character boundary),
+/// saying how much was cut: for a reason a guest gave, whose start says
+/// what went wrong.
+pub fn head(text: String, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} more bytes cut]", &text[..end], text.len() - end)
 }
 
 /// The last `max_bytes` of `text` (or less, to start on a character).

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState};
+use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState, LeaseRenewal, RunId};
 use jobhost::types::ChildJob;
 use serde_json::json;
 
@@ -278,9 +278,16 @@ async fn an_expired_lease_on_the_last_attempt_fails_the_job(db: TestDb) {
 async fn renewal_extends_only_the_hosts_own_current_leases(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
     let jobs = two_running(&db, "mail").await;
-    let leases = [(jobs[0].id, jobs[0].lease_token), (jobs[1].id, jobs[1].lease_token + 999)];
-    assert_eq!(db.store.lease_renew("h", &leases).await.unwrap(), [jobs[0].id]);
-    assert!(db.store.lease_renew("other-host", &leases[..1]).await.unwrap().is_empty());
+    let current = RunId { job_id: jobs[0].id, lease_token: jobs[0].lease_token };
+    let stale = RunId { job_id: jobs[1].id, lease_token: jobs[1].lease_token + 999 };
+    let renewal = db.store.lease_renew("h", &[current, stale]).await.unwrap();
+    assert_eq!(renewal, LeaseRenewal { renewed: vec![current], lost: vec![stale], cancelled: vec![] });
+    let renewal = db.store.lease_renew("other-host", &[current]).await.unwrap();
+    assert_eq!(
+        renewal,
+        LeaseRenewal { renewed: vec![], lost: vec![current], cancelled: vec![] },
+        "another host's lease is not ours"
+    );
 }
 
 async fn delayed_jobs_wait_until_due(db: TestDb) {
@@ -374,7 +381,10 @@ async fn operators_retry_cancel_list_and_prune(db: TestDb) {
     assert_eq!(db.store.archive_prune(Some(later), 7.0 * 86400.0, 100).await.unwrap(), 2);
 
     // A host killed a day ago never left; its row goes, a live host's stays.
-    db.store.host_upsert(&jobhost::store::HostInfo::current(vec!["mail".into()])).await.unwrap();
+    db.store
+        .host_upsert(&jobhost::store::HostInfo::current(vec!["mail".into()], Duration::from_secs(5)))
+        .await
+        .unwrap();
     db.execute(db.dialect(
         "INSERT INTO jobhost.hosts (id, hostname, pid, version, last_seen_at)
          VALUES ('gone', 'h', 1, 'v', now() - interval '2 days')",
@@ -662,3 +672,66 @@ on_both_backends!(
     operators_retry_cancel_list_and_prune,
     delayed_jobs_wait_until_due,
 );
+
+// PostgreSQL only: SQLite has no row locks; its writers take the file's lock
+// one at a time, and a renewal waiting for it is abandoned at its deadline.
+#[tokio::test]
+async fn a_renewal_passes_over_a_locked_row_without_waiting_or_losing_it() {
+    let db = with_types(TestDb::postgres().await, &["mail"]).await;
+    let jobs = two_running(&db, "mail").await;
+    let runs: Vec<RunId> = jobs.iter().map(|j| RunId { job_id: j.id, lease_token: j.lease_token }).collect();
+    let mut locker = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE")
+        .bind(jobs[0].id)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let renewal = tokio::time::timeout(Duration::from_secs(5), db.store.lease_renew("h", &runs))
+        .await
+        .expect("a renewal never waits on a row lock")
+        .unwrap();
+    assert_eq!(
+        renewal,
+        LeaseRenewal { renewed: vec![runs[1]], lost: vec![], cancelled: vec![] },
+        "the locked run is neither renewed nor lost"
+    );
+    locker.rollback().await.unwrap();
+    assert_eq!(db.store.lease_renew("h", &runs).await.unwrap().renewed.len(), 2);
+}
+
+/// A statement that hangs (here: the running job's row locked by another
+/// transaction, so the stopped run's result write waits) cannot keep a guest
+/// running past its lease: the host's own clock stops it first, and the run
+/// is handed back without spending its attempt once the write goes through.
+#[tokio::test]
+async fn a_host_whose_statements_hang_stops_its_guest_before_the_lease_expires() {
+    let db = TestDb::postgres().await;
+    let host = TestHost::start(&db, &["sleep"], |config| config.worker.concurrency = 1).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let id = client.enqueue("sleep", json!({"ms": 600_000})).await.unwrap();
+    let running = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running'");
+    eventually(WITHIN, || async { db.scalar(&running).await == 1 }).await;
+    let first_token = db.scalar(format!("SELECT lease_token FROM jobhost.jobs WHERE id = {id}")).await;
+    let mut locker = db.pool().begin().await.unwrap();
+    let me: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *locker).await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *locker).await.unwrap();
+    // The guest is stopped at its fence, and its result write then waits
+    // for the row: the host's writes, not its fence, are what the lock holds.
+    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {me} = ANY(pg_blocking_pids(pid))");
+    eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+    locker.rollback().await.unwrap();
+    // Handed back (a new lease, the attempt given back), not expired: no
+    // error was recorded and the job runs again on its first attempt.
+    let rerun = format!(
+        "SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running' AND lease_token <> {first_token}"
+    );
+    eventually(WITHIN, || async { db.scalar(&rerun).await == 1 }).await;
+    let (attempt, errors): (i32, i32) =
+        sqlx::query_as("SELECT attempt, jsonb_array_length(errors) FROM jobhost.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!((attempt, errors), (1, 0), "the fenced run gave its attempt back and its lease never expired");
+    host.stop().await;
+}

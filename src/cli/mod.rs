@@ -69,12 +69,19 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Cancel a job that is not running: scheduled, available or parked.
+    /// Cancel a job: at once when scheduled, available or parked; a running
+    /// one is stopped by its host within two heartbeats and archived as cancelled.
     Cancel {
         /// The job's id.
         id: i64,
         #[command(flatten)]
         db: DbArgs,
+    },
+    /// Pause or resume a queue: no host leases a job from a paused queue
+    /// (running jobs finish); `stats` shows which are paused.
+    Queue {
+        #[command(subcommand)]
+        action: QueueAction,
     },
     /// Per concurrency key: its limit, the jobs holding its slots (and their
     /// hosts), how many jobs are parked and how long the oldest has waited.
@@ -122,6 +129,25 @@ enum Command {
         components: PathBuf,
         #[command(flatten)]
         runtime: RuntimeArgs,
+    },
+}
+
+/// What to do with a queue.
+#[derive(Debug, Subcommand)]
+enum QueueAction {
+    /// Stop every host from leasing jobs of this queue.
+    Pause {
+        /// The queue's name.
+        name: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Let hosts lease jobs of this queue again.
+    Resume {
+        /// The queue's name.
+        name: String,
+        #[command(flatten)]
+        db: DbArgs,
     },
 }
 
@@ -202,6 +228,8 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Stats { json, db } => queue::stats(json, &db).await,
             Command::Retry { id, db } => queue::retry(id, &db).await,
             Command::Cancel { id, db } => queue::cancel(id, &db).await,
+            Command::Queue { action: QueueAction::Pause { name, db } } => queue::queue_pause(&name, true, &db).await,
+            Command::Queue { action: QueueAction::Resume { name, db } } => queue::queue_pause(&name, false, &db).await,
             Command::Concurrency { json, db } => queue::concurrency(json, &db).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec { file, payload, attempt, json, runtime } => {

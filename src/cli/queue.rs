@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{DbArgs, RuntimeArgs, fail, fail_store};
 use crate::maintenance::MaintenanceConfig;
-use crate::store::{EnqueueParams, JobFilter, JobState, Store};
+use crate::store::{Cancel, EnqueueParams, JobFilter, JobState, Store};
 use crate::worker::WorkerConfig;
 
 /// Payload lines inserted per transaction by `enqueue --file`.
@@ -315,35 +315,74 @@ pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
     }
     for (queue, states) in &stats.queues {
         let counts: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
-        println!("queue {queue}: {}", counts.join(", "));
+        let paused = if stats.paused_queues.contains(queue) { " (paused)" } else { "" };
+        println!("queue {queue}{paused}: {}", counts.join(", "));
+    }
+    for queue in stats.paused_queues.iter().filter(|q| !stats.queues.contains_key(*q)) {
+        println!("queue {queue} (paused): empty");
     }
     if let Some(secs) = stats.oldest_available_secs {
         println!("oldest available job has waited {secs:.1} s");
     }
     println!("hosts alive: {}", stats.hosts_alive);
+    for host in &stats.hosts_silent {
+        println!(
+            "host presumed dead: {} (silent {:.1} s, heartbeat every {} ms)",
+            host.id, host.silent_secs, host.heartbeat_ms
+        );
+    }
     ExitCode::SUCCESS
 }
 
 pub async fn retry(id: i64, db: &DbArgs) -> ExitCode {
-    operate(db, format!("job {id} will run again"), |store| async move { store.job_retry(id).await }).await
+    operate(db, |store| async move {
+        store.job_retry(id).await?;
+        Ok(format!("job {id} will run again"))
+    })
+    .await
 }
 
 pub async fn cancel(id: i64, db: &DbArgs) -> ExitCode {
-    operate(db, format!("job {id} cancelled"), |store| async move { store.job_cancel(id).await }).await
+    operate(db, |store| async move {
+        Ok(match store.job_cancel(id).await? {
+            Cancel::Cancelled => format!("job {id} cancelled"),
+            Cancel::Requested => {
+                format!("job {id} is running: its host stops it within two heartbeats and archives it as cancelled")
+            }
+        })
+    })
+    .await
 }
 
-/// Runs one operator action and reports it.
-async fn operate<F, Fut>(db: &DbArgs, done: String, action: F) -> ExitCode
+pub async fn queue_pause(queue: &str, pause: bool, db: &DbArgs) -> ExitCode {
+    if let Err(reason) = crate::types::check_name(queue) {
+        return fail(format!("queue {reason}"));
+    }
+    let queue = queue.to_string();
+    operate(db, |store| async move {
+        let changed = if pause { store.queue_pause(&queue).await? } else { store.queue_resume(&queue).await? };
+        Ok(match (pause, changed) {
+            (true, true) => format!("queue {queue} paused: no host leases from it; running jobs finish"),
+            (true, false) => format!("queue {queue} was paused already"),
+            (false, true) => format!("queue {queue} resumed"),
+            (false, false) => format!("queue {queue} was not paused"),
+        })
+    })
+    .await
+}
+
+/// Runs one operator action and prints what it did.
+async fn operate<F, Fut>(db: &DbArgs, action: F) -> ExitCode
 where
     F: FnOnce(Arc<dyn Store>) -> Fut,
-    Fut: std::future::Future<Output = crate::store::Result<()>>,
+    Fut: std::future::Future<Output = crate::store::Result<String>>,
 {
     let store = match open(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
     match action(store).await {
-        Ok(()) => {
+        Ok(done) => {
             println!("{done}");
             ExitCode::SUCCESS
         }

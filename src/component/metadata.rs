@@ -27,6 +27,19 @@ fn invalid<T>(field: &'static str, reason: impl Into<String>) -> Result<T, Inval
     Err(InvalidConfig { field, reason: reason.into() })
 }
 
+/// The largest count or duration a configuration may declare: the WIT's
+/// `u32` fields are stored in 32-bit signed columns (attempts, limits,
+/// leases), and a value a column cannot hold would be accepted here and
+/// then fail every statement that touches the job type's rows.
+pub const MAX_CONFIG_VALUE: u32 = i32::MAX as u32;
+
+fn at_most_max(field: &'static str, value: u32) -> Result<u32, InvalidConfig> {
+    if value > MAX_CONFIG_VALUE {
+        return invalid(field, format!("{value} exceeds the largest value the host stores, {MAX_CONFIG_VALUE}"));
+    }
+    Ok(value)
+}
+
 pub use crate::types::check_name;
 
 /// Validates a component's declared configuration and fills in defaults.
@@ -38,7 +51,7 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
     let queue = declared.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string());
     check_name(&queue).or_else(|reason| invalid("queue", reason))?;
 
-    let max_attempts = declared.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    let max_attempts = at_most_max("max-attempts", declared.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS))?;
     if max_attempts == 0 {
         return invalid("max-attempts", "must be at least 1");
     }
@@ -54,7 +67,7 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
     let timeout_ms = match declared.timeout_ms {
         None => runtime.default_timeout.as_millis() as u64,
         Some(0) => return invalid("timeout-ms", "must be at least 1"),
-        Some(ms) => ms.into(),
+        Some(ms) => at_most_max("timeout-ms", ms)?.into(),
     };
 
     let memory_limit_bytes = declared.memory_limit_bytes.unwrap_or(runtime.default_memory_limit_bytes);
@@ -104,10 +117,10 @@ fn concurrency(
     job_name: &str,
     runtime: &RuntimeConfig,
 ) -> Result<ConcurrencyConfig, InvalidConfig> {
-    if declared.limit == 0 {
+    if at_most_max("concurrency.limit", declared.limit)? == 0 {
         return invalid("concurrency.limit", "must be at least 1");
     }
-    if declared.duration_secs == 0 {
+    if at_most_max("concurrency.duration-secs", declared.duration_secs)? == 0 {
         return invalid("concurrency.duration-secs", "must be at least 1");
     }
     let key = match declared.key {
@@ -199,6 +212,31 @@ mod tests {
             "concurrency.key"
         );
         assert_eq!(field(wit::JobConfig { schedule: Some("every day".into()), ..declared("x") }), "schedule");
+    }
+
+    /// Values that fit the WIT's `u32` but no 32-bit column are refused at
+    /// load, not accepted and then failing every statement on their rows.
+    #[test]
+    fn refuses_values_no_column_can_hold() {
+        let runtime = RuntimeConfig::default();
+        let field = |c: wit::JobConfig| validate(c, &runtime).unwrap_err().field;
+        let too_big = MAX_CONFIG_VALUE + 1;
+        assert_eq!(field(wit::JobConfig { max_attempts: Some(too_big), ..declared("x") }), "max-attempts");
+        assert_eq!(field(wit::JobConfig { timeout_ms: Some(u32::MAX), ..declared("x") }), "timeout-ms");
+        assert_eq!(
+            field(wit::JobConfig { concurrency: limit(too_big, None, 10), ..declared("x") }),
+            "concurrency.limit"
+        );
+        assert_eq!(
+            field(wit::JobConfig { concurrency: limit(1, None, too_big), ..declared("x") }),
+            "concurrency.duration-secs"
+        );
+        let largest = wit::JobConfig {
+            max_attempts: Some(MAX_CONFIG_VALUE),
+            concurrency: limit(MAX_CONFIG_VALUE, None, MAX_CONFIG_VALUE),
+            ..declared("x")
+        };
+        assert!(validate(largest, &runtime).is_ok());
     }
 
     #[test]

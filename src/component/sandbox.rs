@@ -16,6 +16,10 @@ use crate::types::{ChildJob, Crash, LogLine, RunEffects, tail};
 
 /// Longest message kept from one `log` call.
 const LOG_MESSAGE_LIMIT: usize = 4 << 10;
+/// Most bytes of one run's log lines echoed into the host's own log; the
+/// lines after that are kept with the job only, so no guest can flood the
+/// log the host's operators read.
+const HOST_LOG_BYTES_PER_RUN: usize = 64 << 10;
 /// Most children one run may enqueue; past it `enqueue` returns an error.
 const CHILD_LIMIT: usize = 10_000;
 /// Stderr kept in a trap's message: enough for a panic message.
@@ -55,6 +59,8 @@ pub struct SandboxState {
     signal: StopSignal,
     stopped_by: Option<HostStop>,
     child_check: Option<ChildCheck>,
+    /// Bytes of log lines echoed into the host's log so far.
+    host_log_bytes: usize,
 }
 
 /// A child job a guest asks to enqueue, as the [`ChildCheck`] sees it.
@@ -143,6 +149,7 @@ pub fn new_store(
         signal,
         stopped_by: None,
         child_check,
+        host_log_bytes: 0,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
@@ -297,12 +304,21 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         }
         let (message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
         self.effects.truncated |= cut;
-        match level {
-            Level::Trace => tracing::trace!(target: "jobhost::guest", "{message}"),
-            Level::Debug => tracing::debug!(target: "jobhost::guest", "{message}"),
-            Level::Info => tracing::info!(target: "jobhost::guest", "{message}"),
-            Level::Warn => tracing::warn!(target: "jobhost::guest", "{message}"),
-            Level::Error => tracing::error!(target: "jobhost::guest", "{message}"),
+        let echoed = self.host_log_bytes;
+        self.host_log_bytes = echoed.saturating_add(message.len());
+        if self.host_log_bytes <= HOST_LOG_BYTES_PER_RUN {
+            match level {
+                Level::Trace => tracing::trace!(target: "jobhost::guest", "{message}"),
+                Level::Debug => tracing::debug!(target: "jobhost::guest", "{message}"),
+                Level::Info => tracing::info!(target: "jobhost::guest", "{message}"),
+                Level::Warn => tracing::warn!(target: "jobhost::guest", "{message}"),
+                Level::Error => tracing::error!(target: "jobhost::guest", "{message}"),
+            }
+        } else if echoed <= HOST_LOG_BYTES_PER_RUN {
+            tracing::warn!(
+                target: "jobhost::guest",
+                "this run logged more than {HOST_LOG_BYTES_PER_RUN} bytes; further lines are kept with the job only"
+            );
         }
         self.effects.logs.push(LogLine { level: level.into(), message });
         Ok(())

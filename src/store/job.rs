@@ -187,6 +187,11 @@ pub enum FinishOutcome {
         /// Why it was stopped.
         reason: String,
     },
+    /// Archive as cancelled: an operator cancelled the job while it ran.
+    Cancelled {
+        /// What stopped it, kept as the attempt's error.
+        reason: String,
+    },
 }
 
 /// One run's end, matched on its lease.
@@ -204,6 +209,25 @@ pub struct Finish {
     pub log: serde_json::Value,
     /// The latest progress the guest reported.
     pub progress: Option<serde_json::Value>,
+}
+
+impl Finish {
+    /// The run this result ends.
+    pub fn run(&self) -> super::RunId {
+        super::RunId { job_id: self.id, lease_token: self.lease_token }
+    }
+}
+
+/// What an operator's cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The job was waiting, available or parked: it is archived as cancelled.
+    Cancelled,
+    /// The job is running: its host learns of the cancel at its next lease
+    /// renewal, stops the guest and archives the job as cancelled, giving
+    /// back its slot in the same transaction (a slot is never freed while
+    /// its guest may still run).
+    Requested,
 }
 
 /// What happened to one [`Finish`].
@@ -289,17 +313,25 @@ pub struct Stats {
     pub queues: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
     /// Seconds the oldest available job has waited.
     pub oldest_available_secs: Option<f64>,
-    /// Hosts that heartbeated recently.
+    /// Hosts that heartbeated within their own interval's allowance.
     pub hosts_alive: i64,
+    /// Hosts presumed dead: silent for several of their own heartbeats.
+    pub hosts_silent: Vec<super::host::SilentHost>,
+    /// Queues an operator paused: no host leases from them.
+    pub paused_queues: Vec<String>,
 }
 
 impl Stats {
-    /// The stats from (state, queue, count) rows, every state listed.
+    /// The stats from (state, queue, count) rows, every state listed, and
+    /// the hosts as (id, seconds since seen, heartbeat ms) rows, and the
+    /// paused queues.
     pub fn from_counts(
         counts: Vec<(String, String, i64)>,
         oldest_available_secs: Option<f64>,
-        hosts_alive: i64,
+        hosts: Vec<(String, f64, i64)>,
+        paused_queues: Vec<String>,
     ) -> Stats {
+        let (hosts_alive, hosts_silent) = super::host::liveness(hosts);
         use std::collections::BTreeMap;
         let mut states: BTreeMap<String, i64> = JobState::ALL.iter().map(|s| (s.as_str().to_string(), 0)).collect();
         let mut queues: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
@@ -307,7 +339,7 @@ impl Stats {
             *states.entry(state.clone()).or_default() += count;
             *queues.entry(queue).or_default().entry(state).or_default() += count;
         }
-        Stats { states, queues, oldest_available_secs, hosts_alive }
+        Stats { states, queues, oldest_available_secs, hosts_alive, hosts_silent, paused_queues }
     }
 }
 

@@ -20,9 +20,10 @@ use chrono::{DateTime, Utc};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use host::HostInfo;
 pub use job::{
-    EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
+    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Stats,
 };
+pub use lease::{LeaseRenewal, RunId};
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -232,16 +233,38 @@ pub trait Store: Send + Sync + 'static {
         next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)>;
 
-    /// Renews the leases a host still holds; returns the ids renewed. A job
-    /// missing from the answer is no longer this host's.
-    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>>;
+    /// Renews the leases a host still holds, in one statement that never
+    /// waits on a row lock: says which runs were renewed and which are no
+    /// longer this host's (see [`LeaseRenewal`]).
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal>;
 
     /// Returns jobs whose lease expired to `available`, or to the archive as
-    /// failed when their attempts are spent. Returns (requeued, failed).
+    /// failed when their attempts are spent (as cancelled when an operator
+    /// asked to cancel them). Returns (requeued, archived).
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)>;
 
     /// Passes scheduled jobs that have come due through the gate. Returns how many.
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64>;
+
+    /// Scheduled jobs due by `now`, at most `limit`, the longest due first:
+    /// what [`Store::job_promote_due`] takes, so maintenance can pass them a
+    /// part at a time when the database refuses the whole batch.
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>>;
+
+    /// [`Store::job_promote_due`] for the named jobs only. Returns how many.
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64>;
+
+    /// Running jobs whose lease expired by `now`, at most `limit`.
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>>;
+
+    /// [`Store::lease_expire`] for the named jobs only.
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)>;
+
+    /// Moves a live job that maintenance cannot process to the archive as
+    /// failed, with `reason` as its last error, so the sweeps go on without
+    /// it and operators see it (guarantee 13). A parked job is never
+    /// quarantined (guarantee 2). Returns whether the job was there.
+    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool>;
 
     /// Promotes parked jobs of up to `max_keys` keys that can take a slot
     /// now, the keys with the oldest parked job first. Returns how many jobs.
@@ -275,8 +298,16 @@ pub trait Store: Send + Sync + 'static {
     /// or a scheduled one now.
     async fn job_retry(&self, id: i64) -> Result<()>;
 
-    /// Cancels a job that is not running (waiting, available or parked).
-    async fn job_cancel(&self, id: i64) -> Result<()>;
+    /// Cancels a job: at once when it is waiting, available or parked; a
+    /// running one through its host (see [`Cancel::Requested`]).
+    async fn job_cancel(&self, id: i64) -> Result<Cancel>;
+
+    /// Pauses a queue: no host leases a job from it until it is resumed;
+    /// running jobs finish. Returns false when it was paused already.
+    async fn queue_pause(&self, queue: &str) -> Result<bool>;
+
+    /// Resumes a paused queue. Returns false when it was not paused.
+    async fn queue_resume(&self, queue: &str) -> Result<bool>;
 
     /// Waits until jobs may be available (a notification), or `timeout`.
     async fn wait_available(&self, timeout: std::time::Duration);

@@ -36,6 +36,13 @@ pub(super) struct NextJobs {
     pub(super) shutdown: CancellationToken,
 }
 
+/// How the completer writes: the most results in one transaction, and how
+/// long one write may go unanswered before it is abandoned and sent again.
+pub(super) struct Writes {
+    pub(super) batch: usize,
+    pub(super) deadline: Duration,
+}
+
 /// Writes finished runs back in batches: whatever has arrived since the last
 /// write. With each batch it leases up to one job per fetch slot the batch's
 /// runs held, so the jobs the batch made room for, a parked job promoted
@@ -49,9 +56,10 @@ pub(super) async fn complete_loop(
     leases: Leases,
     mut done: mpsc::UnboundedReceiver<Done>,
     next: NextJobs,
-    batch: usize,
+    writes: Writes,
     give_up: CancellationToken,
 ) {
+    let batch = writes.batch;
     let mut pending: Vec<Done> = Vec::new();
     loop {
         if pending.is_empty() {
@@ -68,10 +76,22 @@ pub(super) async fn complete_loop(
         }
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let sent_at = Instant::now();
-        let written = if next.shutdown.is_cancelled() {
-            store.job_finish(finishes).await.map(|results| (results, Vec::new()))
-        } else {
-            store.job_finish_and_fetch(finishes, &next.spec.params(pending.len() as i64)).await
+        let write = async {
+            if next.shutdown.is_cancelled() {
+                store.job_finish(finishes).await.map(|results| (results, Vec::new()))
+            } else {
+                store.job_finish_and_fetch(finishes, &next.spec.params(pending.len() as i64)).await
+            }
+        };
+        // A write abandoned at its deadline may still have committed: its
+        // retry then finds the runs' tokens gone and changes nothing, and
+        // jobs it leased were never started here, so their leases expire.
+        let written = match tokio::time::timeout(writes.deadline, write).await {
+            Ok(written) => written,
+            Err(_) => {
+                tracing::warn!(deadline = ?writes.deadline, jobs = pending.len(), "result write got no answer in time; retrying");
+                continue;
+            }
         };
         match written {
             Ok((results, leased)) => {
@@ -80,7 +100,7 @@ pub(super) async fn complete_loop(
                     if result == FinishResult::Duplicate {
                         tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
                     }
-                    leases.release(done.finish.id);
+                    leases.release(done.finish.run());
                     slots.push(done.fetch_slot);
                 }
                 for job in leased {
@@ -109,7 +129,7 @@ pub(super) async fn complete_loop(
 async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>) -> Vec<Done> {
     let mut unwritten = Vec::new();
     for done in pending {
-        let id = done.finish.id;
+        let (id, run) = (done.finish.id, done.finish.run());
         let written = match store.job_finish(vec![done.finish.clone()]).await {
             Err(error) if error.is_refusal() => {
                 tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
@@ -124,11 +144,11 @@ async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>
             other => other,
         };
         match written {
-            Ok(_) => leases.release(id),
+            Ok(_) => leases.release(run),
             // Refused twice: give up on it; its lease expires and it is redelivered.
             Err(error) if error.is_refusal() => {
                 tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
-                leases.release(id);
+                leases.release(run);
             }
             Err(_) => unwritten.push(done),
         }

@@ -80,6 +80,23 @@ impl WorkerConfig {
     pub fn fence_margin(&self) -> Duration {
         self.heartbeat_interval / 2
     }
+
+    /// How long a heartbeat's statement (a renewal, the host's row) may go
+    /// unanswered before it is abandoned: the fence margin, so a hung
+    /// statement never keeps the next heartbeat from being sent. Safety does
+    /// not rest on it: fences run on the host's clock whatever the database does.
+    pub fn heartbeat_deadline(&self) -> Duration {
+        self.fence_margin()
+    }
+
+    /// How long a result write (with the jobs it leases) may go unanswered
+    /// before it is abandoned and sent again. A retried write whose first
+    /// send did commit finds its runs' tokens taken and changes nothing
+    /// (guarantee 5). Generous, since a batch of many results is slower than
+    /// a renewal: a lease's worth of heartbeats, at least ten seconds.
+    pub fn write_deadline(&self) -> Duration {
+        (self.heartbeat_interval * 4).max(Duration::from_secs(10))
+    }
 }
 
 #[cfg(test)]

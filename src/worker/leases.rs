@@ -1,22 +1,27 @@
 //! The leases this host holds: renewed together each heartbeat, and fenced
 //! locally, so a host that cannot renew a lease stops that guest before the
 //! database could hand the job to another host (guarantee 6).
+//!
+//! Renewal and fencing are two tasks. The fence runs on this host's
+//! monotonic clock alone and never waits on the database, so a renewal that
+//! hangs (a partition, a lock, an exhausted pool) cannot delay it; the
+//! renewal only ever moves a fence later, by the time it was sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::StopSignal;
-use crate::store::{HostInfo, Store};
+use crate::store::{HostInfo, LeaseRenewal, RunId, Store};
 
 use super::WorkerConfig;
 
-/// One running job's lease as this host sees it.
+/// One run's lease as this host sees it.
 struct Held {
-    token: i64,
     lease: Duration,
     /// When this host stops the guest unless a renewal succeeds first:
     /// measured from before the statement that last set the lease was sent,
@@ -27,36 +32,52 @@ struct Held {
     /// lease is still renewed (so a slow write does not cause a redelivery)
     /// but there is no guest left to stop.
     ended: bool,
+    /// An operator asked to cancel the job: the run ends as cancelled
+    /// unless its guest completed first.
+    cancelled: bool,
 }
 
-/// The running jobs of this host.
+/// The reason a cancelled run is stopped with, kept as its last error.
+pub const CANCELLED: &str = "cancelled by an operator while running";
+
+/// The runs of this host, each under its own lease. Keyed by run, not by
+/// job: a job re-leased to this host while an older run of it lingers is a
+/// second entry, and neither touches the other's.
 #[derive(Clone, Default)]
 pub struct Leases {
-    held: Arc<Mutex<HashMap<i64, Held>>>,
+    held: Arc<Mutex<HashMap<RunId, Held>>>,
+    /// Wakes the fence task when a lease is added: its fence may come first.
+    added: Arc<Notify>,
 }
 
 impl Leases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Held>> {
         // Updates are plain map operations that cannot panic midway.
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records a lease taken by a fetch sent at `sent_at`.
-    pub fn hold(&self, id: i64, token: i64, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
+    pub fn hold(&self, run: RunId, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
         let fence_at = sent_at + lease.saturating_sub(margin);
-        self.lock().insert(id, Held { token, lease, fence_at, signal, ended: false });
+        self.lock().insert(run, Held { lease, fence_at, signal, ended: false, cancelled: false });
+        self.added.notify_one();
     }
 
-    /// Notes that a run's guest has returned.
-    pub fn ended(&self, id: i64) {
-        if let Some(held) = self.lock().get_mut(&id) {
-            held.ended = true;
+    /// Notes that a run's guest has returned; says whether an operator
+    /// asked to cancel the job meanwhile.
+    pub fn ended(&self, run: RunId) -> bool {
+        match self.lock().get_mut(&run) {
+            Some(held) => {
+                held.ended = true;
+                held.cancelled
+            }
+            None => false,
         }
     }
 
     /// Forgets a lease once its run is written back.
-    pub fn release(&self, id: i64) {
-        self.lock().remove(&id);
+    pub fn release(&self, run: RunId) {
+        self.lock().remove(&run);
     }
 
     /// How many leases this host holds (running or prefetched jobs).
@@ -71,23 +92,31 @@ impl Leases {
         }
     }
 
-    fn snapshot(&self) -> Vec<(i64, i64)> {
-        self.lock().iter().map(|(id, h)| (*id, h.token)).collect()
+    fn snapshot(&self) -> Vec<RunId> {
+        self.lock().keys().copied().collect()
     }
 
     /// Applies a renewal sent at `sent_at`: renewed leases move their fence;
-    /// a lease the database did not renew belongs to another host now, so its
-    /// guest is stopped at once.
-    fn renewed(&self, asked: &[(i64, i64)], renewed: &[i64], margin: Duration, sent_at: Instant) {
-        let renewed: std::collections::HashSet<i64> = renewed.iter().copied().collect();
+    /// a lost one belongs to another host (or to nobody) now, so its guest
+    /// is stopped at once; the rest keep their fence.
+    fn renewed(&self, renewal: &LeaseRenewal, margin: Duration, sent_at: Instant) {
         let mut held = self.lock();
-        for (id, token) in asked {
-            let Some(lease) = held.get_mut(id).filter(|h| h.token == *token) else { continue };
-            if renewed.contains(id) {
-                lease.fence_at = sent_at + lease.lease.saturating_sub(margin);
-            } else if !lease.ended {
-                tracing::warn!(job_id = id, "lease lost to another host; stopping the run");
-                lease.signal.stop("lease lost: another host owns this job now");
+        for run in &renewal.renewed {
+            if let Some(lease) = held.get_mut(run) {
+                lease.fence_at = lease.fence_at.max(sent_at + lease.lease.saturating_sub(margin));
+            }
+        }
+        for run in &renewal.cancelled {
+            if let Some(lease) = held.get_mut(run).filter(|h| !h.ended) {
+                tracing::info!(job_id = run.job_id, lease_token = run.lease_token, "job cancelled; stopping the run");
+                lease.cancelled = true;
+                lease.signal.stop(CANCELLED);
+            }
+        }
+        for run in &renewal.lost {
+            if let Some(lease) = held.get(run).filter(|h| !h.ended) {
+                tracing::warn!(job_id = run.job_id, lease_token = run.lease_token, "lease lost; stopping the run");
+                lease.signal.stop("lease lost: the job is no longer this host's");
             }
         }
     }
@@ -96,26 +125,21 @@ impl Leases {
     fn enforce_fences(&self, now: Instant) -> Option<Instant> {
         let held = self.lock();
         let live = |h: &&Held| !h.ended && !h.signal.is_stopped();
-        for (id, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && live(h)) {
-            tracing::warn!(job_id = id, "lease could not be renewed in time; stopping the run");
+        for (run, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && live(h)) {
+            tracing::warn!(
+                job_id = run.job_id,
+                lease_token = run.lease_token,
+                "lease could not be renewed in time; stopping the run"
+            );
             lease.signal.stop("lease could not be renewed before it expired");
         }
         held.values().filter(live).map(|h| h.fence_at).min()
     }
 }
 
-/// Renews leases and the host's row every heartbeat and enforces fences in
-/// between, until `shutdown`.
-pub async fn heartbeat_loop(
-    store: Arc<dyn Store>,
-    leases: Leases,
-    host: impl Fn() -> HostInfo + Send,
-    config: WorkerConfig,
-    shutdown: CancellationToken,
-) {
-    let margin = config.fence_margin();
-    let mut tick = tokio::time::interval(config.heartbeat_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Stops each guest whose lease was not renewed in time, until `shutdown`.
+/// It reads nothing but this host's clock and its own table of leases.
+pub async fn fence_loop(leases: Leases, shutdown: CancellationToken) {
     loop {
         let next_fence = leases.enforce_fences(Instant::now());
         let fence = async {
@@ -126,17 +150,44 @@ pub async fn heartbeat_loop(
         };
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = fence => continue,
+            () = fence => {}
+            () = leases.added.notified() => {}
+        }
+    }
+}
+
+/// Renews leases and the host's row every heartbeat, until `shutdown`. Each
+/// statement has a deadline of the fence margin: one not answered by then
+/// is abandoned (the fence task stops what it must meanwhile) and the next
+/// heartbeat sends a fresh one.
+pub async fn heartbeat_loop(
+    store: Arc<dyn Store>,
+    leases: Leases,
+    host: impl Fn() -> HostInfo + Send,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) {
+    let margin = config.fence_margin();
+    let deadline = config.heartbeat_deadline();
+    let mut tick = tokio::time::interval(config.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let asked = leases.snapshot();
         let sent_at = Instant::now();
-        match store.lease_renew(&host().id, &asked).await {
-            Ok(renewed) => leases.renewed(&asked, &renewed, margin, sent_at),
-            Err(error) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
+        let host = host();
+        match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked)).await {
+            Ok(Ok(renewal)) => leases.renewed(&renewal, margin, sent_at),
+            Ok(Err(error)) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
+            Err(_) => tracing::warn!(?deadline, "lease renewal got no answer in time; fencing continues"),
         }
-        if let Err(error) = store.host_upsert(&host()).await {
-            tracing::warn!(%error, "cannot refresh this host's fleet membership");
+        match tokio::time::timeout(deadline, store.host_upsert(&host)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "cannot refresh this host's fleet membership"),
+            Err(_) => tracing::warn!(?deadline, "refreshing this host's fleet membership got no answer in time"),
         }
     }
 }
@@ -148,12 +199,16 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(10);
     const MARGIN: Duration = Duration::from_secs(1);
 
+    fn run(job_id: i64, lease_token: i64) -> RunId {
+        RunId { job_id, lease_token }
+    }
+
     #[test]
     fn an_unrenewed_lease_is_fenced_before_it_expires() {
         let leases = Leases::default();
         let signal = StopSignal::new();
         let fetched = Instant::now();
-        leases.hold(1, 7, LEASE, MARGIN, fetched, signal.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, signal.clone());
         assert_eq!(leases.enforce_fences(fetched + Duration::from_secs(8)), Some(fetched + Duration::from_secs(9)));
         assert!(!signal.is_stopped());
         leases.enforce_fences(fetched + Duration::from_secs(9));
@@ -161,17 +216,66 @@ mod tests {
     }
 
     #[test]
-    fn a_renewal_moves_the_fence_and_a_refused_one_stops_the_run() {
+    fn a_renewal_moves_the_fence_and_a_lost_lease_stops_the_run() {
         let leases = Leases::default();
-        let (kept, lost) = (StopSignal::new(), StopSignal::new());
+        let (kept, lost, busy) = (StopSignal::new(), StopSignal::new(), StopSignal::new());
         let fetched = Instant::now();
-        leases.hold(1, 7, LEASE, MARGIN, fetched, kept.clone());
-        leases.hold(2, 8, LEASE, MARGIN, fetched, lost.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, kept.clone());
+        leases.hold(run(2, 8), LEASE, MARGIN, fetched, lost.clone());
+        leases.hold(run(3, 9), LEASE, MARGIN, fetched, busy.clone());
         let renewed_at = fetched + Duration::from_secs(5);
-        leases.renewed(&[(1, 7), (2, 8)], &[1], MARGIN, renewed_at);
-        assert!(lost.is_stopped(), "a lease the database did not renew is someone else's");
-        assert!(!kept.is_stopped());
+        let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![run(2, 8)], cancelled: vec![] };
+        leases.renewed(&renewal, MARGIN, renewed_at);
+        assert!(lost.is_stopped(), "a lost lease is someone else's");
+        assert!(!kept.is_stopped() && !busy.is_stopped());
+        leases.enforce_fences(fetched + Duration::from_secs(9));
+        assert!(busy.is_stopped(), "a run whose row was locked keeps its old fence");
         assert_eq!(leases.enforce_fences(fetched + Duration::from_secs(12)), Some(renewed_at + LEASE - MARGIN));
         assert!(!kept.is_stopped());
+    }
+
+    #[test]
+    fn two_runs_of_one_job_keep_their_own_leases() {
+        let leases = Leases::default();
+        let (old, new) = (StopSignal::new(), StopSignal::new());
+        let fetched = Instant::now();
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, old.clone());
+        leases.hold(run(1, 8), LEASE, MARGIN, fetched, new.clone());
+        assert_eq!(leases.count(), 2);
+        let renewal = LeaseRenewal { renewed: vec![run(1, 8)], lost: vec![run(1, 7)], cancelled: vec![] };
+        leases.renewed(&renewal, MARGIN, fetched + Duration::from_secs(5));
+        assert!(old.is_stopped() && !new.is_stopped(), "the old run is lost, the new one renewed");
+        leases.release(run(1, 7));
+        assert_eq!(leases.count(), 1, "writing the old run back leaves the new one's lease");
+        leases.ended(run(1, 7));
+        leases.enforce_fences(fetched + Duration::from_secs(9));
+        assert!(!new.is_stopped(), "the new run's fence moved with its own renewal");
+    }
+
+    #[test]
+    fn a_cancelled_run_is_stopped_and_remembered() {
+        let leases = Leases::default();
+        let signal = StopSignal::new();
+        leases.hold(run(1, 7), LEASE, MARGIN, Instant::now(), signal.clone());
+        let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![], cancelled: vec![run(1, 7)] };
+        leases.renewed(&renewal, MARGIN, Instant::now());
+        assert_eq!(signal.reason(), Some(CANCELLED));
+        assert!(leases.ended(run(1, 7)), "the run ends as cancelled");
+    }
+
+    /// A renewal that never answers cannot hold the fence back: the guest
+    /// is stopped by the host's own clock while the statement still hangs.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_renewal_does_not_delay_the_fence() {
+        let leases = Leases::default();
+        let signal = StopSignal::new();
+        let shutdown = CancellationToken::new();
+        let fence = tokio::spawn(fence_loop(leases.clone(), shutdown.clone()));
+        let fetched = Instant::now();
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, signal.clone());
+        tokio::time::timeout(LEASE, signal.stopped()).await.expect("stopped before the lease expired");
+        assert_eq!(Instant::now(), fetched + LEASE - MARGIN);
+        shutdown.cancel();
+        fence.await.unwrap();
     }
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::component::{Registry, Runtime, StopSignal};
-use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, Store};
+use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, RunId, Store};
 use crate::types::JobContext;
 use complete::{Done, Handoff};
 
@@ -47,7 +47,7 @@ impl Worker {
         config: WorkerConfig,
     ) -> Result<Self, crate::config::ConfigError> {
         config.validate()?;
-        let host = HostInfo::current(Vec::new());
+        let host = HostInfo::current(Vec::new(), config.heartbeat_interval);
         Ok(Worker { store, runtime, registry, config, host, leases: Leases::default() })
     }
 
@@ -88,6 +88,7 @@ impl Worker {
             self.config.clone(),
             stop_heartbeat.clone(),
         ));
+        let fencing = tokio::spawn(leases::fence_loop(self.leases.clone(), stop_heartbeat.clone()));
         let give_up = CancellationToken::new();
         let (handoff_tx, mut handoffs) = mpsc::unbounded_channel::<Handoff>();
         let completer = tokio::spawn(complete::complete_loop(
@@ -95,7 +96,7 @@ impl Worker {
             self.leases.clone(),
             done_rx,
             complete::NextJobs { spec: self.fetch_spec(), handoff: handoff_tx, shutdown: shutdown.clone() },
-            self.config.completion_batch,
+            complete::Writes { batch: self.config.completion_batch, deadline: self.config.write_deadline() },
             give_up.clone(),
         ));
 
@@ -145,7 +146,7 @@ impl Worker {
             }
         }
         stop_heartbeat.cancel();
-        let _ = tokio::join!(heartbeat, refreshing);
+        let _ = tokio::join!(heartbeat, refreshing, fencing);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
@@ -236,7 +237,8 @@ impl Worker {
     ) {
         let signal = StopSignal::new();
         let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
-        self.leases.hold(job.id, job.lease_token, lease, self.config.fence_margin(), sent_at, signal.clone());
+        let run = RunId { job_id: job.id, lease_token: job.lease_token };
+        self.leases.hold(run, lease, self.config.fence_margin(), sent_at, signal.clone());
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
         let component = self.registry.get(&job.job);
@@ -267,7 +269,12 @@ impl Worker {
                         let payload = job.payload.to_string();
                         tracing::debug!(lease_token = job.lease_token, "run started");
                         let report = runtime.run(&component, &context, &payload, signal).await;
-                        tracing::debug!(lease_token = job.lease_token, outcome = ?report.outcome, elapsed_us = report.elapsed_us, "run ended");
+                        tracing::debug!(
+                            lease_token = job.lease_token,
+                            outcome = report.outcome.kind(),
+                            elapsed_us = report.elapsed_us,
+                            "run ended"
+                        );
                         outcome::finish_of(&job, &component.config, report)
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
@@ -283,7 +290,16 @@ impl Worker {
                         progress: None,
                     },
                 };
-                leases.ended(finish.id);
+                // A cancel that arrived while the guest ran ends the job as
+                // cancelled, unless the guest completed first.
+                let cancelled = leases.ended(run);
+                let finish = match finish.outcome {
+                    FinishOutcome::Completed { .. } => finish,
+                    _ if cancelled => {
+                        Finish { outcome: FinishOutcome::Cancelled { reason: leases::CANCELLED.to_string() }, ..finish }
+                    }
+                    _ => finish,
+                };
                 drop(running);
                 let _ = done.send(Done { finish, fetch_slot: slot });
             }

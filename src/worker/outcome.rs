@@ -1,12 +1,16 @@
 //! Turns a sandbox's report into what the store records.
 
 use crate::store::{FetchedJob, Finish, FinishOutcome};
-use crate::types::{Crash, JobConfig, RunOutcome, RunReport, tail};
+use crate::types::{Crash, JobConfig, RunOutcome, RunReport, head, tail};
 
 use super::backoff::retry_delay_ms;
 
 /// Bytes of stdout and stderr each kept in the log of one attempt.
 const LOG_TAIL_BYTES: usize = 8 << 10;
+
+/// Bytes of an attempt's error reason kept with the job: a guest may return
+/// a reason of any size, and every failed attempt's is stored.
+pub const ERROR_REASON_BYTES: usize = 8 << 10;
 
 /// The store's record of how a run ended. A failure on the last attempt
 /// fails the job; a run the host stopped (shutdown, lost lease) gives its
@@ -14,6 +18,7 @@ const LOG_TAIL_BYTES: usize = 8 << 10;
 pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Finish {
     let attempts_left = job.attempt < job.max_attempts;
     let retry_or_fail = |error: String| {
+        let error = head(error, ERROR_REASON_BYTES);
         if attempts_left {
             let delay_ms = retry_delay_ms(&config.backoff, job.attempt.max(1) as u32);
             FinishOutcome::Retry { error, delay_ms }
@@ -27,7 +32,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
             FinishOutcome::Completed { output, children: std::mem::take(&mut effects.children) }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
-        RunOutcome::Failed { reason } => FinishOutcome::Failed { error: reason },
+        RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
         RunOutcome::Snooze { seconds } => FinishOutcome::Snooze { delay_ms: u64::from(seconds) * 1000 },
         RunOutcome::Crashed { crash: Crash::Interrupted { reason } } => FinishOutcome::Release { reason },
         RunOutcome::Crashed { crash } => retry_or_fail(crash.to_string()),
@@ -138,6 +143,18 @@ mod tests {
         let text = format!("{:?} {}", finish.outcome, finish.log);
         assert!(!text.contains('\0') && !text.contains("\\u0000"), "{text}");
         assert!(finish.log["stdout"].as_str().unwrap().contains("before\u{FFFD}after"));
+    }
+
+    #[test]
+    fn a_huge_error_reason_is_stored_bounded() {
+        let reason = "x".repeat(10 * ERROR_REASON_BYTES);
+        let retried = finish_of(&job(1, 3), &config(), report(RunOutcome::Retry { reason: reason.clone() }));
+        let failed = finish_of(&job(1, 3), &config(), report(RunOutcome::Failed { reason }));
+        for outcome in [retried.outcome, failed.outcome] {
+            let (FinishOutcome::Retry { error, .. } | FinishOutcome::Failed { error }) = outcome else { panic!() };
+            assert!(error.len() < ERROR_REASON_BYTES + 64, "{} bytes kept", error.len());
+            assert!(error.ends_with(&format!("[{} more bytes cut]", 9 * ERROR_REASON_BYTES)));
+        }
     }
 
     #[test]

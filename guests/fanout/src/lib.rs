@@ -1,7 +1,8 @@
 //! Enqueues `count` jobs of type `job` (default `hello`) with payload
-//! `child` (default a greeting), reporting progress, then fails if the
-//! payload says `fail: true`: a failed parent must leave no children. A
-//! refused enqueue fails the run with the host's reason.
+//! `child` (default a greeting), reporting progress, then sleeps `sleep_ms`
+//! (default 0) and fails if the payload says `fail: true`: a failed or
+//! cancelled parent must leave no children. A refused enqueue fails the run
+//! with the host's reason.
 
 use jobhost_guest::{JobConfig, JobContext, JobError, host};
 
@@ -25,6 +26,9 @@ impl jobhost_guest::Guest for Fanout {
             host::enqueue(job, &child.to_string(), &options).map_err(JobError::Fail)?;
             host::progress(i + 1, count);
             host::heartbeat();
+        }
+        if let Some(ms) = payload.get("sleep_ms").and_then(|n| n.as_u64()) {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         if payload.get("fail").and_then(|f| f.as_bool()) == Some(true) {
             return Err(JobError::Fail("failing after enqueueing, on purpose".to_string()));

@@ -43,12 +43,24 @@ pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
         .fetch_all(pool)
         .await?;
     // One transaction per key: a key's promotion locks only that key, so the
-    // sweep never holds one semaphore while waiting for another.
+    // sweep never holds one semaphore while waiting for another, and a key
+    // the database refuses to promote stays parked (guarantee 2) without
+    // holding back the keys after it (guarantee 13).
     let mut promoted = 0;
     for (job, key) in keys {
-        let moved: i32 =
-            sqlx::query_scalar("SELECT jobhost.promote_parked($1, $2)").bind(&job).bind(&key).fetch_one(pool).await?;
-        promoted += moved as u64;
+        let moved = sqlx::query_scalar::<_, i32>("SELECT jobhost.promote_parked($1, $2)")
+            .bind(&job)
+            .bind(&key)
+            .fetch_one(pool)
+            .await
+            .map_err(crate::store::Error::from);
+        match moved {
+            Ok(moved) => promoted += moved as u64,
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job, key, %error, "cannot promote this key's parked jobs; they stay parked");
+            }
+            Err(error) => return Err(error),
+        }
     }
     if promoted > 0 {
         tracing::info!(promoted, "promoted parked jobs into free slots");

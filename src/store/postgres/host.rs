@@ -52,8 +52,8 @@ pub async fn job_types_get(
 
 pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
     sqlx::query(
-        "INSERT INTO jobhost.hosts (id, hostname, pid, version, job_types)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO jobhost.hosts (id, hostname, pid, version, job_types, heartbeat_ms)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (id) DO UPDATE SET last_seen_at = now(), job_types = excluded.job_types",
     )
     .bind(&host.id)
@@ -61,6 +61,7 @@ pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
     .bind(host.pid as i32)
     .bind(&host.version)
     .bind(&host.job_types)
+    .bind(host.heartbeat_ms.min(i64::from(i32::MAX)) as i32)
     .execute(pool)
     .await?;
     Ok(())

@@ -9,8 +9,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::host::job_types_get;
 use crate::store::job::{PreparedJob, job_names, prepare_all};
 use crate::store::{
-    EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
-    JobState, Result, Stats,
+    Cancel, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter,
+    JobRow, JobState, Result, Stats,
 };
 
 /// Enqueues inside the caller's transaction: all or none.
@@ -75,7 +75,7 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
     let rows = sqlx::query(
         "SELECT id, lease_token, job, queue, payload, attempt, max_attempts, enqueued_at, batch_id,
                 concurrency_key, lease_secs
-         FROM jobhost.fetch($1, $2, $3, $4, $5)",
+         FROM jobhost.fetch(jobhost.unpaused($1), $2, $3, $4, $5)",
     )
     .bind(&params.queues)
     .bind(&names)
@@ -178,6 +178,7 @@ impl FinishRows {
             }
             FinishOutcome::Snooze { delay_ms } => self.requeue(f, *delay_ms, 1, None, progress),
             FinishOutcome::Release { .. } => self.requeue(f, 0, 1, None, progress),
+            FinishOutcome::Cancelled { reason } => self.archive(f, "cancelled", None, Some(reason), progress),
         }
     }
 
@@ -228,7 +229,7 @@ impl FinishRows {
             next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
         let rows = sqlx::query(
             "SELECT * FROM jobhost.finish_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                               $14, $15, $16, $17, $18)",
+                                               jobhost.unpaused($14), $15, $16, $17, $18)",
         )
         .bind(&self.archive_ids)
         .bind(&self.archive_tokens)
@@ -281,6 +282,78 @@ pub async fn promote_due(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<u6
     let promoted: i32 =
         sqlx::query_scalar("SELECT jobhost.promote_due(coalesce($1, now()), 5000)").bind(now).fetch_one(pool).await?;
     Ok(promoted as u64)
+}
+
+/// Scheduled jobs due by `now`, the longest due first.
+pub async fn due_ids(pool: &PgPool, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobhost.jobs WHERE state = 'scheduled' AND run_at <= coalesce($1, now()) ORDER BY run_at LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Passes the named scheduled jobs that are due through the gate. Locks:
+/// those rows, SKIP LOCKED (another host's sweep has them), then their
+/// semaphores in order, as `jobhost.promote_due` does for every due job.
+pub async fn promote_due_ids(pool: &PgPool, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let promoted = promote_due_ids_in(&mut tx, now, ids).await;
+    super::commit_or_roll_back(tx, promoted).await
+}
+
+async fn promote_due_ids_in(conn: &mut PgConnection, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+    let due: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM jobhost.jobs
+         WHERE id = ANY($1) AND state = 'scheduled' AND run_at <= coalesce($2, now())
+         ORDER BY id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(ids)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let admitted: i32 = sqlx::query_scalar("SELECT jobhost.admit($1, false)").bind(&due).fetch_one(&mut *conn).await?;
+    if admitted > 0 {
+        super::notify_available(conn).await?;
+    }
+    Ok(due.len() as u64)
+}
+
+/// Moves a live job that maintenance cannot process to the archive as
+/// failed, with `reason` as its last error, touching nothing else: a slot it
+/// held is corrected by the semaphore repair. When even its errors cannot be
+/// extended (they are what is too large), they are replaced by the reason.
+pub async fn quarantine(pool: &PgPool, id: i64, reason: &str) -> Result<bool> {
+    match quarantine_with(pool, id, reason, true).await {
+        Err(error) if error.is_refusal() => quarantine_with(pool, id, reason, false).await,
+        other => other,
+    }
+}
+
+async fn quarantine_with(pool: &PgPool, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
+    let moved = sqlx::query(
+        "WITH gone AS (DELETE FROM jobhost.jobs WHERE id = $1 RETURNING *)
+         INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                                      progress, enqueued_at, started_at, finished_at, host_id, concurrency_key,
+                                      batch_id, parent_id)
+         SELECT id, job, queue, priority, payload, 'failed', attempt, max_attempts,
+                CASE WHEN $3 THEN errors ELSE '[]'::jsonb END
+                    || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', now(), 'error', $2::text)),
+                progress, enqueued_at, started_at, now(), host_id, concurrency_key, batch_id, parent_id
+         FROM gone",
+    )
+    .bind(id)
+    .bind(reason)
+    .bind(keep_errors)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
 }
 
 pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
@@ -373,9 +446,6 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
     }))
 }
 
-/// How recently a host must have heartbeated to count as alive.
-const HOST_ALIVE_SECS: f64 = 30.0;
-
 pub async fn stats(pool: &PgPool) -> Result<Stats> {
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT state, queue, count(*) FROM jobhost.jobs GROUP BY 1, 2
@@ -386,14 +456,19 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
     )
     .fetch_all(pool)
     .await?;
-    let (oldest, hosts_alive): (Option<f64>, i64) = sqlx::query_as(
-        "SELECT (SELECT extract(epoch FROM now() - min(run_at))::float8 FROM jobhost.jobs WHERE state = 'available'),
-                (SELECT count(*) FROM jobhost.hosts WHERE last_seen_at > now() - $1 * interval '1 second')",
+    let oldest: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(run_at))::float8 FROM jobhost.jobs WHERE state = 'available'",
     )
-    .bind(HOST_ALIVE_SECS)
     .fetch_one(pool)
     .await?;
-    Ok(Stats::from_counts(counts, oldest, hosts_alive))
+    let hosts: Vec<(String, f64, i64)> = sqlx::query_as(
+        "SELECT id, extract(epoch FROM now() - last_seen_at)::float8, heartbeat_ms::bigint FROM jobhost.hosts ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let paused: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM jobhost.queue_pauses ORDER BY name").fetch_all(pool).await?;
+    Ok(Stats::from_counts(counts, oldest, hosts, paused))
 }
 
 pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
@@ -433,7 +508,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     Ok(())
 }
 
-pub async fn cancel(pool: &PgPool, id: i64) -> Result<()> {
+pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     let mut tx = pool.begin().await?;
     // A waiting or available job, or a parked one, goes to the archive; an
     // available limited job gives its slot back in the same transaction.
@@ -469,13 +544,26 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<()> {
     .fetch_optional(&mut *tx)
     .await?;
     let Some((job, key)) = cancelled else {
+        // A running job: its host stops it and archives it (see Cancel::Requested).
+        let requested = sqlx::query(
+            "UPDATE jobhost.jobs SET cancel_requested_at = coalesce(cancel_requested_at, now())
+             WHERE id = $1 AND state = 'running'",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if requested == 1 {
+            tx.commit().await?;
+            return Ok(Cancel::Requested);
+        }
         return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "cancelled").await? });
     };
     let mut slots = crate::store::Slots::default();
     slots.push(&job, key.as_deref());
     super::concurrency::release(&mut tx, &slots).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(Cancel::Cancelled)
 }
 
 /// Explains why an operator action did not apply to a job.

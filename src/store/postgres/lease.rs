@@ -1,45 +1,68 @@
 //! Lease renewal and expiry in PostgreSQL.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
-use crate::store::Result;
+use crate::store::{LeaseRenewal, Result, RunId};
 
-pub async fn renew(pool: &PgPool, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
-    if leases.is_empty() {
-        return Ok(Vec::new());
+/// Renews every running job of this host in one statement. Locks: the
+/// renewed rows, briefly, taken with `SKIP LOCKED` so a renewal never waits
+/// behind another transaction (this host's own result write stuck on a
+/// semaphore row, an operator's statement); a skipped run is reported as
+/// neither renewed nor lost and keeps its fence. Whether a run is lost is
+/// read from the statement's snapshot, where a locked row is still visible.
+pub async fn renew(pool: &PgPool, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+    if runs.is_empty() {
+        return Ok(LeaseRenewal::default());
     }
-    let (ids, tokens): (Vec<i64>, Vec<i64>) = leases.iter().copied().unzip();
-    // Every running job of this host in one statement. Locks: the renewed
-    // rows, briefly; a job whose token changed is not renewed and so not returned.
-    let renewed: Vec<(i64,)> = sqlx::query_as(
-        "UPDATE jobhost.jobs j
-         SET lease_expires_at = now() + j.lease_secs * interval '1 second'
-         FROM unnest($2::bigint[], $3::bigint[]) AS l(id, lease_token)
-         WHERE j.id = l.id AND j.lease_token = l.lease_token AND j.host_id = $1
-         RETURNING j.id",
-    )
-    .bind(host_id)
-    .bind(&ids)
-    .bind(&tokens)
-    .fetch_all(pool)
-    .await?;
-    Ok(renewed.into_iter().map(|(id,)| id).collect())
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
+    let rows: Vec<(i64, i64, bool, bool, bool)> =
+        sqlx::query_as(include_str!("sql/renew.sql")).bind(host_id).bind(&ids).bind(&tokens).fetch_all(pool).await?;
+    let mut renewal = LeaseRenewal::default();
+    for (job_id, lease_token, renewed, cancel, ours) in rows {
+        let run = RunId { job_id, lease_token };
+        if cancel {
+            renewal.cancelled.push(run);
+        }
+        if renewed {
+            renewal.renewed.push(run);
+        } else if !ours {
+            renewal.lost.push(run);
+        }
+    }
+    Ok(renewal)
 }
 
-pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
+/// Rescues expired leases, of every job or only of `only`.
+pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<(u64, u64)> {
     let mut tx = pool.begin().await?;
+    let expired = expire_in(&mut tx, now, only).await;
+    super::commit_or_roll_back(tx, expired).await
+}
+
+async fn expire_in(conn: &mut PgConnection, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<(u64, u64)> {
     let (requeued, failed, jobs, keys): (i64, i64, Vec<String>, Vec<String>) =
-        sqlx::query_as(include_str!("sql/expire.sql")).bind(now).fetch_one(&mut *tx).await?;
+        sqlx::query_as(include_str!("sql/expire.sql")).bind(now).bind(only).fetch_one(&mut *conn).await?;
     let mut slots = crate::store::Slots::default();
     for (job, key) in jobs.iter().zip(&keys) {
         slots.push(job, Some(key));
     }
-    super::concurrency::release(&mut tx, &slots).await?;
+    super::concurrency::release(conn, &slots).await?;
     if requeued > 0 {
-        super::notify_available(&mut tx).await?;
+        super::notify_available(conn).await?;
         tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
     }
-    tx.commit().await?;
     Ok((requeued as u64, failed as u64))
+}
+
+/// Running jobs whose lease expired by `now`, soonest expired first.
+pub async fn expired_ids(pool: &PgPool, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobhost.jobs WHERE state = 'running' AND lease_expires_at < coalesce($1, now())
+         ORDER BY lease_expires_at LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }

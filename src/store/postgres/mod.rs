@@ -17,8 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
 use super::{
-    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
-    Result, SemaphoreFix, Stats, Store,
+    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
+    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -170,12 +170,32 @@ impl Store for PgStore {
         Ok((finished.results, finished.leased))
     }
 
-    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
-        lease::renew(&self.pool, host_id, leases).await
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+        lease::renew(&self.pool, host_id, runs).await
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        lease::expire(&self.pool, now).await
+        lease::expire(&self.pool, now, None).await
+    }
+
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        job::due_ids(&self.pool, now, limit).await
+    }
+
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+        job::promote_due_ids(&self.pool, now, ids).await
+    }
+
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        lease::expired_ids(&self.pool, now, limit).await
+    }
+
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
+        lease::expire(&self.pool, now, Some(ids)).await
+    }
+
+    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
+        job::quarantine(&self.pool, id, reason).await
     }
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
@@ -218,13 +238,51 @@ impl Store for PgStore {
         job::retry(&self.pool, id).await
     }
 
-    async fn job_cancel(&self, id: i64) -> Result<()> {
+    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
         job::cancel(&self.pool, id).await
+    }
+
+    async fn queue_pause(&self, queue: &str) -> Result<bool> {
+        let paused = sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+        Ok(paused.rows_affected() == 1)
+    }
+
+    async fn queue_resume(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let resumed =
+            sqlx::query("DELETE FROM jobhost.queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
+        // Idle hosts wait for a notification; the queue's jobs are ready now.
+        notify_available(&mut tx).await?;
+        tx.commit().await?;
+        Ok(resumed.rows_affected() == 1)
     }
 
     async fn wait_available(&self, timeout: Duration) {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
+    }
+}
+
+/// Commits `tx` when `work` succeeded; otherwise rolls it back before
+/// returning the error. A transaction merely dropped sends its rollback
+/// later, from the pool, and until then keeps the rows it locked: a caller
+/// retrying part of the work at once (maintenance isolating a bad row) would
+/// find them locked and pass them over.
+async fn commit_or_roll_back<T>(tx: sqlx::Transaction<'static, sqlx::Postgres>, work: Result<T>) -> Result<T> {
+    match work {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::debug!(%rollback, "rollback after a failed statement failed; the pool closes the connection");
+            }
+            Err(error)
+        }
     }
 }
 

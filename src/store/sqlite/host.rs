@@ -61,8 +61,8 @@ pub async fn job_types_get(
 pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result<()> {
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $6)
+        "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at, heartbeat_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $6, $7)
          ON CONFLICT (id) DO UPDATE SET last_seen_at = excluded.last_seen_at, job_types = excluded.job_types",
     )
     .bind(&host.id)
@@ -71,6 +71,7 @@ pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result
     .bind(&host.version)
     .bind(json_list(&host.job_types))
     .bind(now)
+    .bind(host.heartbeat_ms)
     .execute(conn)
     .await?;
     Ok(())

@@ -217,6 +217,19 @@ pub async fn finish(conn: &mut SqliteConnection, finishes: &[Finish], next: Opti
                 });
                 continue;
             }
+            FinishOutcome::Cancelled { reason } => {
+                let error = Some(entry(f, reason));
+                endings.push(Ending {
+                    id: f.id,
+                    lease_token: f.lease_token,
+                    state: "cancelled",
+                    output: None,
+                    error,
+                    log: &f.log,
+                    progress,
+                });
+                continue;
+            }
             FinishOutcome::Retry { error, delay_ms } => (*delay_ms, 0, Some(entry(f, error))),
             FinishOutcome::Snooze { delay_ms } => (*delay_ms, 1, None),
             FinishOutcome::Release { .. } => (0, 1, None),
@@ -275,17 +288,64 @@ pub async fn finish(conn: &mut SqliteConnection, finishes: &[Finish], next: Opti
 }
 
 /// Scheduled jobs that have come due pass the gate. Returns (due, admitted).
-pub async fn promote_due(conn: &mut SqliteConnection, now: i64) -> Result<(u64, u64)> {
-    let due: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT 5000")
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await?;
+/// Passes due scheduled jobs through the gate: every due job, or only those
+/// of `only`. Returns (due, admitted).
+pub async fn promote_due(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>) -> Result<(u64, u64)> {
+    let due: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= $1
+           AND ($2 IS NULL OR id IN (SELECT value FROM json_each($2)))
+         ORDER BY run_at LIMIT 5000",
+    )
+    .bind(now)
+    .bind(only.map(super::json_list))
+    .fetch_all(&mut *conn)
+    .await?;
     if due.is_empty() {
         return Ok((0, 0));
     }
     let admitted = concurrency::admit(conn, &due, false, now).await?;
     Ok((due.len() as u64, admitted))
+}
+
+/// Scheduled jobs due by `now`, the longest due first.
+pub async fn due_ids(conn: &mut SqliteConnection, now: i64, limit: i64) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2")
+        .bind(now)
+        .bind(limit)
+        .fetch_all(conn)
+        .await?)
+}
+
+/// Moves a live job that maintenance cannot process to the archive as
+/// failed with `reason` as its last error, touching nothing else (the
+/// semaphore repair corrects a slot it held). When its errors cannot be
+/// extended, they are replaced by the reason.
+pub async fn quarantine(
+    conn: &mut SqliteConnection,
+    id: i64,
+    reason: &str,
+    keep_errors: bool,
+    now: i64,
+) -> Result<bool> {
+    let moved = sqlx::query(
+        "INSERT INTO archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
+                              enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
+         SELECT id, job, queue, priority, payload, 'failed', attempt, max_attempts,
+                json_insert(CASE WHEN $3 THEN errors ELSE '[]' END, '$[#]',
+                            json_object('attempt', attempt, 'at', $4, 'error', $2)),
+                progress, enqueued_at, started_at, $5, host_id, concurrency_key, batch_id, parent_id
+         FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .bind(reason)
+    .bind(keep_errors)
+    .bind(super::iso(now))
+    .bind(now)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    sqlx::query("DELETE FROM jobs WHERE id = $1").bind(id).execute(&mut *conn).await?;
+    Ok(moved == 1)
 }
 
 pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
@@ -379,9 +439,6 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
     }))
 }
 
-/// How recently a host must have heartbeated to count as alive.
-const HOST_ALIVE_MS: i64 = 30_000;
-
 pub async fn stats(pool: &SqlitePool, now: i64) -> Result<Stats> {
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT state, queue, count(*) FROM jobs GROUP BY 1, 2
@@ -392,15 +449,18 @@ pub async fn stats(pool: &SqlitePool, now: i64) -> Result<Stats> {
     )
     .fetch_all(pool)
     .await?;
-    let (oldest, hosts_alive): (Option<f64>, i64) = sqlx::query_as(
-        "SELECT (SELECT ($1 - min(run_at)) / 1000.0 FROM jobs WHERE state = 'available'),
-                (SELECT count(*) FROM hosts WHERE last_seen_at > $1 - $2)",
-    )
-    .bind(now)
-    .bind(HOST_ALIVE_MS)
-    .fetch_one(pool)
-    .await?;
-    Ok(Stats::from_counts(counts, oldest.map(|s| s.max(0.0)), hosts_alive))
+    let oldest: Option<f64> =
+        sqlx::query_scalar("SELECT ($1 - min(run_at)) / 1000.0 FROM jobs WHERE state = 'available'")
+            .bind(now)
+            .fetch_one(pool)
+            .await?;
+    let hosts: Vec<(String, f64, i64)> =
+        sqlx::query_as("SELECT id, ($1 - last_seen_at) / 1000.0, heartbeat_ms FROM hosts ORDER BY id")
+            .bind(now)
+            .fetch_all(pool)
+            .await?;
+    let paused: Vec<String> = sqlx::query_scalar("SELECT name FROM queue_pauses ORDER BY name").fetch_all(pool).await?;
+    Ok(Stats::from_counts(counts, oldest.map(|s| s.max(0.0)), hosts, paused))
 }
 
 pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()> {
@@ -442,7 +502,9 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
 
 /// Cancels a waiting, available or parked job; an available limited job
 /// gives its slot back. Returns how many parked jobs took the slot.
-pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<u64> {
+/// Returns how many parked jobs the freed slot promoted, or `None` when the
+/// job is running and its cancel was requested.
+pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Option<u64>> {
     let live: Option<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT state, job, concurrency_key FROM jobs WHERE id = $1 AND state IN ('scheduled', 'available')",
     )
@@ -458,6 +520,19 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<u6
     {
         "blocked_jobs"
     } else {
+        // A running job: its host stops it and archives it (see Cancel::Requested).
+        let requested = sqlx::query(
+            "UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, $2)
+             WHERE id = $1 AND state = 'running'",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if requested == 1 {
+            return Ok(None);
+        }
         return Err(Error::JobState { id, reason: state_reason(conn, id, "cancelled").await? });
     };
     // Built from constants only; every value is a bound parameter.
@@ -477,7 +552,7 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<u6
     {
         slots.push(&job, key.as_deref());
     }
-    concurrency::release(conn, &slots, now).await
+    concurrency::release(conn, &slots, now).await.map(Some)
 }
 
 /// Explains why an operator action did not apply to a job.

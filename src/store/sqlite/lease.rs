@@ -4,22 +4,30 @@ use sqlx::SqliteConnection;
 
 use super::concurrency;
 use super::{iso, json_list};
-use crate::store::Result;
 use crate::store::Slots;
+use crate::store::{LeaseRenewal, Result, RunId};
 
-pub async fn renew(conn: &mut SqliteConnection, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
-    // A job whose token changed is not renewed, and so not returned.
-    Ok(sqlx::query_scalar(
+/// Renews in the caller's write transaction. Writers take the file's lock
+/// one at a time, so no row is ever locked by another writer here: a run
+/// is either renewed or no longer this host's.
+pub async fn renew(conn: &mut SqliteConnection, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+    let pairs: Vec<(i64, i64)> = runs.iter().map(|r| (r.job_id, r.lease_token)).collect();
+    let rows: Vec<(i64, i64, bool)> = sqlx::query_as(
         "UPDATE jobs SET lease_expires_at = $3 + jobs.lease_secs * 1000
          FROM json_each($2) l
          WHERE jobs.id = l.value ->> 0 AND jobs.lease_token = l.value ->> 1 AND jobs.host_id = $1
-         RETURNING jobs.id",
+         RETURNING jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL",
     )
     .bind(host_id)
-    .bind(json_list(leases))
+    .bind(json_list(&pairs))
     .bind(super::now_ms())
     .fetch_all(conn)
-    .await?)
+    .await?;
+    let run = |(job_id, lease_token, _): &(i64, i64, bool)| RunId { job_id: *job_id, lease_token: *lease_token };
+    let renewed: Vec<RunId> = rows.iter().map(run).collect();
+    let cancelled = rows.iter().filter(|r| r.2).map(run).collect();
+    let lost = runs.iter().filter(|r| !renewed.contains(r)).copied().collect();
+    Ok(LeaseRenewal { renewed, lost, cancelled })
 }
 
 /// Rescues jobs whose host stopped renewing their lease: back to available
@@ -27,24 +35,32 @@ pub async fn renew(conn: &mut SqliteConnection, host_id: &str, leases: &[(i64, i
 /// and nothing else may run beside it), or to the archive as failed when the
 /// attempt that expired was the last, giving the slot back (guarantee 10).
 /// Returns (requeued, failed).
-pub async fn expire(conn: &mut SqliteConnection, now: i64) -> Result<(u64, u64)> {
+/// `only`, when given, limits the sweep to those jobs (maintenance isolating
+/// a row it cannot process).
+pub async fn expire(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>) -> Result<(u64, u64)> {
+    // A job an operator asked to cancel is archived as cancelled, never redelivered.
     let expired: Vec<(i64, bool)> = sqlx::query_as(
-        "SELECT id, attempt >= max_attempts FROM jobs
+        "SELECT id, attempt >= max_attempts OR cancel_requested_at IS NOT NULL FROM jobs
          WHERE state = 'running' AND lease_expires_at < $1
+           AND ($2 IS NULL OR id IN (SELECT value FROM json_each($2)))
          ORDER BY lease_expires_at LIMIT 1000",
     )
     .bind(now)
+    .bind(only.map(json_list))
     .fetch_all(&mut *conn)
     .await?;
     let ids_where = |spent: bool| json_list(&expired.iter().filter(|e| e.1 == spent).map(|e| e.0).collect::<Vec<_>>());
     let (spent, requeue) = (ids_where(true), ids_where(false));
     let note = "json_insert(errors, '$[#]', json_object('attempt', attempt, 'at', $2,
-                'error', 'lease expired: host ' || host_id || ' stopped heartbeating'))";
+                'error', 'lease expired: host ' || host_id || ' stopped heartbeating'
+                         || iif(cancel_requested_at IS NULL, '', '; cancelled by an operator while running')))";
     // Built from constants only; every value is a bound parameter.
     let failed: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
                               enqueued_at, started_at, finished_at, host_id, concurrency_key, batch_id, parent_id)
-         SELECT id, job, queue, priority, payload, 'failed', attempt, max_attempts, {note}, progress,
+         SELECT id, job, queue, priority, payload,
+                CASE WHEN cancel_requested_at IS NULL THEN 'failed' ELSE 'cancelled' END,
+                attempt, max_attempts, {note}, progress,
                 enqueued_at, started_at, $3, host_id, concurrency_key, batch_id, parent_id
          FROM jobs WHERE id IN (SELECT value FROM json_each($1))
          RETURNING job, concurrency_key"
@@ -76,4 +92,15 @@ pub async fn expire(conn: &mut SqliteConnection, now: i64) -> Result<(u64, u64)>
     }
     concurrency::release(conn, &slots, now).await?;
     Ok((requeued, failed.len() as u64))
+}
+
+/// Running jobs whose lease expired by `now`, soonest expired first.
+pub async fn expired_ids(conn: &mut SqliteConnection, now: i64, limit: i64) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'running' AND lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
 }

@@ -39,8 +39,8 @@ use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
 use super::{
-    EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
-    Result, SemaphoreFix, Stats, Store,
+    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
+    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -146,6 +146,14 @@ impl SqliteStore {
     /// A write transaction holding the file's write lock from its first
     /// statement, waiting up to the busy timeout for another process to
     /// release it.
+    /// One try at [`Store::job_quarantine`], keeping the job's errors or not.
+    async fn quarantine(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let moved = job::quarantine(&mut tx, id, reason, keep_errors, now_ms()).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+
     async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
         while_locked(|| async { Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?) }).await
     }
@@ -220,18 +228,22 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        // Two processes starting on a new file may both try the first
-        // migration; the loser's fails on the tables the winner made, and a
-        // second run finds them recorded as applied.
-        // Either may also find the file locked by the other.
+        // Processes starting on one file may try the same migration at
+        // once; the loser's fails on what the winner made, and a later run
+        // finds it recorded as applied. Each migration can be lost once, so
+        // one run more than there are migrations always gets through.
+        // Any of them may also find the file locked by another.
         let migrator = sqlx::migrate!("./migrations/sqlite");
         let pool = while_locked(|| async {
             Ok(SqlitePoolOptions::new().max_connections(1).connect_with(self.options.clone()).await?)
         })
         .await?;
+        let runs = migrator.iter().count() + 1;
         let migrated = while_locked(|| async {
-            if migrator.run(&pool).await.is_ok() {
-                return Ok(());
+            for _ in 1..runs {
+                if migrator.run(&pool).await.is_ok() {
+                    return Ok(());
+                }
             }
             Ok(migrator.run(&pool).await?)
         })
@@ -312,19 +324,19 @@ impl Store for SqliteStore {
         Ok((finished.results, finished.leased))
     }
 
-    async fn lease_renew(&self, host_id: &str, leases: &[(i64, i64)]) -> Result<Vec<i64>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+        if runs.is_empty() {
+            return Ok(LeaseRenewal::default());
         }
         let mut tx = self.write().await?;
-        let renewed = lease::renew(&mut tx, host_id, leases).await?;
+        let renewed = lease::renew(&mut tx, host_id, runs).await?;
         tx.commit().await?;
         Ok(renewed)
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
         let mut tx = self.write().await?;
-        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now)).await?;
+        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now), None).await?;
         tx.commit().await?;
         if requeued > 0 {
             tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
@@ -335,20 +347,63 @@ impl Store for SqliteStore {
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
         let mut tx = self.write().await?;
-        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now)).await?;
+        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now), None).await?;
         tx.commit().await?;
         self.announce(admitted > 0);
         Ok(due)
+    }
+
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        let mut conn = self.reader.acquire().await?;
+        job::due_ids(&mut conn, ms_or_now(now), limit).await
+    }
+
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now), Some(ids)).await?;
+        tx.commit().await?;
+        self.announce(admitted > 0);
+        Ok(due)
+    }
+
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        let mut conn = self.reader.acquire().await?;
+        lease::expired_ids(&mut conn, ms_or_now(now), limit).await
+    }
+
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
+        let mut tx = self.write().await?;
+        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now), Some(ids)).await?;
+        tx.commit().await?;
+        self.announce(requeued > 0);
+        Ok((requeued, failed))
+    }
+
+    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
+        match self.quarantine(id, reason, true).await {
+            Err(error) if error.is_refusal() => self.quarantine(id, reason, false).await,
+            other => other,
+        }
     }
 
     async fn parked_promote(&self, max_keys: i64) -> Result<u64> {
         let keys = concurrency::promotable_keys(&self.reader, max_keys).await?;
         let mut promoted = 0;
         // One transaction per key keeps each hold of the write lock short.
+        // A key the database refuses to promote stays parked (guarantee 2)
+        // without holding back the keys after it (guarantee 13).
         for (job, key) in keys {
             let mut tx = self.write().await?;
-            promoted += concurrency::fill(&mut tx, &job, &key, 0, now_ms()).await?;
-            tx.commit().await?;
+            match concurrency::fill(&mut tx, &job, &key, 0, now_ms()).await {
+                Ok(moved) => {
+                    tx.commit().await?;
+                    promoted += moved;
+                }
+                Err(error) if error.is_refusal() => {
+                    tracing::error!(job, key, %error, "cannot promote this key's parked jobs; they stay parked");
+                }
+                Err(error) => return Err(error),
+            }
         }
         if promoted > 0 {
             tracing::info!(promoted, "promoted parked jobs into free slots");
@@ -409,12 +464,32 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn job_cancel(&self, id: i64) -> Result<()> {
+    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
         let mut tx = self.write().await?;
         let promoted = job::cancel(&mut tx, id, now_ms()).await?;
         tx.commit().await?;
-        self.announce(promoted > 0);
-        Ok(())
+        self.announce(promoted.is_some_and(|n| n > 0));
+        Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })
+    }
+
+    async fn queue_pause(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let paused = sqlx::query("INSERT INTO queue_pauses (name, paused_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(queue)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(paused.rows_affected() == 1)
+    }
+
+    async fn queue_resume(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let resumed = sqlx::query("DELETE FROM queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
+        tx.commit().await?;
+        // Idle hosts wait for a wake-up; the queue's jobs are ready now.
+        self.announce(true);
+        Ok(resumed.rows_affected() == 1)
     }
 
     async fn wait_available(&self, timeout: Duration) {

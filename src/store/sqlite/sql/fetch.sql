@@ -1,4 +1,5 @@
--- Leases up to $3 available jobs of the given queues ($2, a JSON array) and
+-- Leases up to $3 available jobs of the given queues ($2, a JSON array, less
+-- the paused ones) and
 -- job types ($1, a JSON array of [name, lease_secs]) to host $5, in fetch
 -- order (priority, then run time, then id). The caller holds the write
 -- lock, so no other fetch can pick the same rows; tokens are $4 + 1, $4 + 2, ...
@@ -10,6 +11,7 @@ picked AS (
     FROM jobs j
     JOIN types ty ON ty.job = j.job
     WHERE j.state = 'available' AND j.queue IN (SELECT q.value FROM json_each($2) q)
+      AND j.queue NOT IN (SELECT p.name FROM queue_pauses p)
     ORDER BY j.priority, j.run_at, j.id
     LIMIT $3
 )
