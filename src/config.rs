@@ -25,6 +25,9 @@ pub struct RuntimeConfig {
     pub output_limit_bytes: usize,
     /// Bound on the lines a run may write through the `log` import.
     pub log_line_limit: usize,
+    /// The largest payload, as JSON text, a run may give a child job: the
+    /// enqueue limit of the host's store, checked at the guest's call.
+    pub max_payload_bytes: usize,
     /// Where compiled components are cached by digest; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
     /// How often the epoch advances: the granularity of timeouts and
@@ -42,6 +45,7 @@ impl Default for RuntimeConfig {
             heartbeat_interval: Duration::from_secs(5),
             output_limit_bytes: 64 << 10,
             log_line_limit: 1000,
+            max_payload_bytes: crate::types::DEFAULT_MAX_PAYLOAD_BYTES,
             cache_dir: dirs::cache_dir().map(|d| d.join("jobhost").join("components")),
             epoch_tick: Duration::from_millis(10),
         }

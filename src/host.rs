@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::component::{DirectoryWatcher, Registry, RegistryEvent, Runtime, WatcherConfig};
 use crate::config::RuntimeConfig;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
-use crate::store::Store;
+use crate::store::{EnqueueLimits, Store};
 use crate::worker::{Worker, WorkerConfig};
 
 /// Everything a host needs to run.
@@ -27,6 +27,9 @@ pub struct HostConfig {
     pub worker: WorkerConfig,
     /// The sweeps.
     pub maintenance: MaintenanceConfig,
+    /// What an enqueue may carry: the children of this host's runs, checked
+    /// at the guest's call and again when written.
+    pub limits: EnqueueLimits,
 }
 
 /// Why a host could not start.
@@ -55,10 +58,11 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let runtime_config = RuntimeConfig {
         heartbeat_interval: config.worker.heartbeat_interval,
         max_concurrent_runs: config.worker.concurrency as u32,
+        max_payload_bytes: config.limits.max_payload_bytes,
         ..config.runtime.clone()
     };
     let runtime = Runtime::new(runtime_config)?;
-    let store = crate::store::open(&config.database_url, config.worker.concurrency as u32 + 4).await?;
+    let store = crate::store::open_with(&config.database_url, config.worker.concurrency as u32 + 4, config.limits).await?;
     if config.migrate {
         store.migrate().await?;
     }

@@ -27,6 +27,11 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// A job type's configuration, as declared by its component's `describe()`
 /// with the host's defaults filled in and validated. Stored in the database
 /// so every enqueuer applies the same rules without a copy of the component.
+/// The largest payload an enqueue accepts when nothing else is set: its
+/// JSON text, in bytes. A payload is copied into every run's sandbox and
+/// kept in the archive; a job that needs more should carry a reference.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobConfig {
     /// The job type's name, unique among loaded components.

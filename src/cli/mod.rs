@@ -158,6 +158,20 @@ struct DbArgs {
     /// one machine may share it), or postgres://USER@HOST/DB for a fleet.
     #[arg(long, env = "DATABASE_URL", default_value = crate::store::DEFAULT_DATABASE_URL)]
     database_url: String,
+    /// The largest payload an enqueue accepts, as JSON text (e.g. 4MiB); for
+    /// `run`, the largest a running job may give a child [default: 1MiB].
+    #[arg(long, env = "JOBHOST_MAX_PAYLOAD", value_parser = parse_bytes)]
+    max_payload: Option<u64>,
+}
+
+impl DbArgs {
+    fn limits(&self) -> crate::store::EnqueueLimits {
+        let mut limits = crate::store::EnqueueLimits::default();
+        if let Some(bytes) = self.max_payload {
+            limits.max_payload_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        limits
+    }
 }
 
 /// Settings of the component runtime shared by every command.

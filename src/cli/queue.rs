@@ -61,6 +61,7 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
+    let limits = args.db.limits();
     let config = crate::HostConfig {
         database_url: args.db.database_url,
         components: args.components,
@@ -81,6 +82,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
             retention: args.retention,
             ..MaintenanceConfig::default()
         },
+        limits,
     };
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
@@ -112,7 +114,7 @@ async fn wait_for_signal() {
 }
 
 async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
-    crate::store::open(&db.database_url, 2).await.map_err(fail)
+    crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
 pub async fn migrate(db: &DbArgs) -> ExitCode {

@@ -199,6 +199,7 @@ impl Runtime {
             timeout_ms: DESCRIBE_TIMEOUT.as_millis() as u64,
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
+            max_payload_bytes: self.inner.config.max_payload_bytes,
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
@@ -227,6 +228,7 @@ impl Runtime {
             timeout_ms: config.timeout_ms,
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
+            max_payload_bytes: self.inner.config.max_payload_bytes,
         };
         let child_check = self.inner.child_check.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, child_check);

@@ -38,6 +38,8 @@ pub struct RunLimits {
     pub output_limit_bytes: usize,
     /// Bound on log lines.
     pub log_line_limit: usize,
+    /// The largest child payload, as JSON text.
+    pub max_payload_bytes: usize,
 }
 
 /// Why the host ended a run before the guest returned.
@@ -368,6 +370,13 @@ impl SandboxState {
         metadata::check_name(&job).map_err(|reason| format!("job name {reason}"))?;
         if let Some(queue) = &options.queue {
             metadata::check_name(queue).map_err(|reason| format!("queue name {reason}"))?;
+        }
+        if payload.len() > self.limits.max_payload_bytes {
+            return Err(format!(
+                "payload is {} bytes, more than the largest accepted, {} bytes",
+                payload.len(),
+                self.limits.max_payload_bytes
+            ));
         }
         let payload: serde_json::Value =
             serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;

@@ -380,15 +380,55 @@ pub struct PreparedJob {
     pub parent_id: Option<i64>,
 }
 
+/// What one enqueue may carry, applied by every enqueue through a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueLimits {
+    /// The largest payload, as JSON text, in bytes.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for EnqueueLimits {
+    fn default() -> Self {
+        EnqueueLimits { max_payload_bytes: crate::types::DEFAULT_MAX_PAYLOAD_BYTES }
+    }
+}
+
+/// The length of a JSON document's text, without keeping the text.
+pub fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// Applies the job type's configuration to an enqueue and checks it.
 ///
 /// # Errors
-/// The payload is not a JSON object, an override is invalid, or the
-/// concurrency key cannot be rendered from the payload.
-pub fn prepare(params: &EnqueueParams, config: &crate::types::JobConfig) -> Result<PreparedJob, super::Error> {
+/// The payload is not a JSON object or is larger than `limits` allow, an
+/// override is invalid, or the concurrency key cannot be rendered from the
+/// payload.
+pub fn prepare(
+    params: &EnqueueParams,
+    config: &crate::types::JobConfig,
+    limits: &EnqueueLimits,
+) -> Result<PreparedJob, super::Error> {
     use super::Error;
     if !params.payload.is_object() {
         return Err(Error::PayloadNotObject { job: params.job.clone(), kind: json_kind(&params.payload) });
+    }
+    let bytes = json_len(&params.payload);
+    if bytes > limits.max_payload_bytes {
+        return Err(Error::PayloadTooLarge { job: params.job.clone(), bytes, max: limits.max_payload_bytes });
     }
     let queue = params.queue.clone().unwrap_or_else(|| config.queue.clone());
     crate::types::check_name(&queue).map_err(|reason| Error::InvalidEnqueue(format!("queue {reason}")))?;
@@ -435,11 +475,12 @@ pub fn job_names(jobs: &[EnqueueParams]) -> Vec<String> {
 pub fn prepare_all(
     jobs: &[EnqueueParams],
     configs: &std::collections::HashMap<String, crate::types::JobConfig>,
+    limits: &EnqueueLimits,
 ) -> Result<Vec<PreparedJob>, super::Error> {
     jobs.iter()
         .map(|job| {
             let config = configs.get(&job.job).ok_or_else(|| super::Error::UnknownJobType(job.job.clone()))?;
-            prepare(job, config)
+            prepare(job, config, limits)
         })
         .collect()
 }
@@ -466,6 +507,7 @@ pub fn child_types(finishes: &[Finish]) -> Vec<String> {
 pub fn fail_parents_of_unfit_children(
     finishes: &mut [Finish],
     configs: &std::collections::HashMap<String, crate::types::JobConfig>,
+    limits: &EnqueueLimits,
 ) {
     for f in finishes.iter_mut() {
         let FinishOutcome::Completed { children, .. } = &f.outcome else { continue };
@@ -473,7 +515,7 @@ pub fn fail_parents_of_unfit_children(
             let Some(config) = configs.get(&c.job) else {
                 return Some(super::Error::UnknownJobType(c.job.clone()).to_string());
             };
-            prepare(&EnqueueParams::child(f.id, c.clone()), config).err().map(|e| e.to_string())
+            prepare(&EnqueueParams::child(f.id, c.clone()), config, limits).err().map(|e| e.to_string())
         });
         if let Some(problem) = problem {
             f.outcome = FinishOutcome::Failed { error: format!("could not enqueue a child job: {problem}") };
@@ -573,7 +615,7 @@ mod prepare_tests {
 
     #[test]
     fn applies_defaults_and_renders_the_key() {
-        let prepared = prepare(&EnqueueParams::new("mail", json!({"account": 9})), &config()).unwrap();
+        let prepared = prepare(&EnqueueParams::new("mail", json!({"account": 9})), &config(), &EnqueueLimits::default()).unwrap();
         assert_eq!((prepared.queue.as_str(), prepared.priority, prepared.max_attempts), ("default", 3, 7));
         assert_eq!(prepared.concurrency_key.as_deref(), Some("acct:9"));
     }
@@ -582,13 +624,13 @@ mod prepare_tests {
     fn refuses_payloads_that_are_not_objects() {
         // A double-encoded payload is a string: refused, never stored (guarantee 8).
         let encoded = json!(json!({"account": 9}).to_string());
-        let error = prepare(&EnqueueParams::new("mail", encoded), &config()).unwrap_err();
+        let error = prepare(&EnqueueParams::new("mail", encoded), &config(), &EnqueueLimits::default()).unwrap_err();
         assert!(error.to_string().contains("must be a JSON object, got a string"), "{error}");
     }
 
     #[test]
     fn refuses_a_payload_without_the_key_field() {
-        let error = prepare(&EnqueueParams::new("mail", json!({})), &config()).unwrap_err();
+        let error = prepare(&EnqueueParams::new("mail", json!({})), &config(), &EnqueueLimits::default()).unwrap_err();
         assert!(error.to_string().contains("account"), "{error}");
     }
 
@@ -596,13 +638,13 @@ mod prepare_tests {
     fn refuses_bad_overrides() {
         let bad_queue =
             EnqueueParams { queue: Some("Bad Queue".into()), ..EnqueueParams::new("mail", json!({"account": 1})) };
-        assert!(prepare(&bad_queue, &config()).is_err());
+        assert!(prepare(&bad_queue, &config(), &EnqueueLimits::default()).is_err());
         let both = EnqueueParams {
             run_at: Some(Utc::now()),
             delay_ms: Some(5),
             ..EnqueueParams::new("mail", json!({"account": 1}))
         };
-        assert!(prepare(&both, &config()).is_err());
+        assert!(prepare(&both, &config(), &EnqueueLimits::default()).is_err());
     }
 }
 

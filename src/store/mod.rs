@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use host::HostInfo;
 pub use job::{
-    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
+    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
@@ -44,6 +44,16 @@ pub enum Error {
         job: String,
         /// What it was instead (`string`, `array`, ...).
         kind: &'static str,
+    },
+    /// An enqueue's payload is larger than the store's limit allows.
+    #[error("payload of job {job:?} is {bytes} bytes of JSON, more than the largest accepted, {max} bytes")]
+    PayloadTooLarge {
+        /// The job type.
+        job: String,
+        /// The payload's size as JSON text.
+        bytes: usize,
+        /// The limit.
+        max: usize,
     },
     /// The database URL names no supported backend.
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://USER@HOST/DB")]
@@ -154,11 +164,19 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://jobhost.db";
 /// # Errors
 /// An unsupported scheme, or a database that cannot be reached or opened.
 pub async fn open(url: &str, max_connections: u32) -> Result<std::sync::Arc<dyn Store>> {
+    open_with(url, max_connections, EnqueueLimits::default()).await
+}
+
+/// [`open`], with the limits every enqueue through the store is held to.
+///
+/// # Errors
+/// As [`open`].
+pub async fn open_with(url: &str, max_connections: u32, limits: EnqueueLimits) -> Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(std::sync::Arc::new(postgres::PgStore::connect(url, max_connections).await?));
+        return Ok(std::sync::Arc::new(postgres::PgStore::connect(url, max_connections).await?.with_limits(limits)));
     }
     if url.starts_with("sqlite:") {
-        return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(url, max_connections).await?));
+        return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(url, max_connections).await?.with_limits(limits)));
     }
     Err(Error::UnsupportedUrl(url.to_string()))
 }

@@ -123,6 +123,7 @@ impl TestHost {
                 interval: Duration::from_millis(50),
                 ..Default::default()
             },
+            limits: Default::default(),
         };
         tune(&mut config);
         let shutdown = tokio_util::sync::CancellationToken::new();

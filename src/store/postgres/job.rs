@@ -7,19 +7,19 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::host::job_types_get;
-use crate::store::job::{PreparedJob, job_names, prepare_all};
+use crate::store::job::{EnqueueLimits, PreparedJob, job_names, prepare_all};
 use crate::store::{
     Cancel, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter,
     JobRow, JobState, Result, Stats,
 };
 
 /// Enqueues inside the caller's transaction: all or none.
-pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams], limits: &EnqueueLimits) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
     let configs = job_types_get(&mut *conn, &job_names(jobs)).await?;
-    let prepared = prepare_all(jobs, &configs)?;
+    let prepared = prepare_all(jobs, &configs, limits)?;
     insert(conn, &prepared).await
 }
 
@@ -138,8 +138,13 @@ pub struct Finished {
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
 /// the writing host in the same transaction.
-pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>, next: Option<&FetchParams>) -> Result<Finished> {
-    fail_parents_of_unknown_children(pool, &mut finishes).await?;
+pub async fn finish(
+    pool: &PgPool,
+    mut finishes: Vec<Finish>,
+    next: Option<&FetchParams>,
+    limits: &EnqueueLimits,
+) -> Result<Finished> {
+    fail_parents_of_unknown_children(pool, &mut finishes, limits).await?;
     let mut rows = FinishRows::default();
     for f in &finishes {
         rows.push(f);
@@ -156,7 +161,7 @@ pub async fn finish(pool: &PgPool, mut finishes: Vec<Finish>, next: Option<&Fetc
         let mut tx = pool.begin().await?;
         let (written, any_available, leased) = rows.write(&mut *tx, next).await?;
         let children = crate::store::job::children_of_written(&finishes, &written);
-        enqueue(&mut tx, &children).await?;
+        enqueue(&mut tx, &children, limits).await?;
         tx.commit().await?;
         (written, any_available, leased)
     };
@@ -266,13 +271,13 @@ impl FinishRows {
 
 /// Fails the parents whose children cannot be enqueued (see
 /// [`crate::store::job::fail_parents_of_unfit_children`]).
-async fn fail_parents_of_unknown_children(pool: &PgPool, finishes: &mut [Finish]) -> Result<()> {
+async fn fail_parents_of_unknown_children(pool: &PgPool, finishes: &mut [Finish], limits: &EnqueueLimits) -> Result<()> {
     let names = crate::store::job::child_types(finishes);
     if names.is_empty() {
         return Ok(());
     }
     let configs = job_types_get(pool, &names).await?;
-    crate::store::job::fail_parents_of_unfit_children(finishes, &configs);
+    crate::store::job::fail_parents_of_unfit_children(finishes, &configs, limits);
     Ok(())
 }
 

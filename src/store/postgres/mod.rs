@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
 use super::{
-    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
+    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
     KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
@@ -35,6 +35,8 @@ pub struct PgStore {
     options: PgConnectOptions,
     wake: Arc<Notify>,
     listening: Arc<OnceCell<()>>,
+    /// What every enqueue through this store may carry.
+    limits: EnqueueLimits,
 }
 
 impl PgStore {
@@ -59,7 +61,18 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.clone())
             .await?;
-        Ok(PgStore { pool, options, wake: Arc::new(Notify::new()), listening: Arc::new(OnceCell::new()) })
+        Ok(PgStore {
+            pool,
+            options,
+            wake: Arc::new(Notify::new()),
+            listening: Arc::new(OnceCell::new()),
+            limits: EnqueueLimits::default(),
+        })
+    }
+
+    /// Holds every enqueue through this store to `limits`.
+    pub fn with_limits(self, limits: EnqueueLimits) -> Self {
+        PgStore { limits, ..self }
     }
 
     /// The pool, for tests that check invariants with their own SQL.
@@ -147,7 +160,7 @@ impl Store for PgStore {
 
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
         let mut tx = self.pool.begin().await?;
-        let ids = job::enqueue(&mut tx, jobs).await?;
+        let ids = job::enqueue(&mut tx, jobs, &self.limits).await?;
         tx.commit().await?;
         Ok(ids)
     }
@@ -161,7 +174,7 @@ impl Store for PgStore {
         runs: Vec<Finish>,
         next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let finished = job::finish(&self.pool, runs, next).await?;
+        let finished = job::finish(&self.pool, runs, next, &self.limits).await?;
         if finished.any_available {
             // This host's own idle fetch loop need not wait for the
             // notification's round trip through the server.

@@ -14,7 +14,7 @@ use super::concurrency;
 use super::host::job_types_get;
 use super::{iso, json_list, time_of};
 use crate::store::Slots;
-use crate::store::job::{PreparedJob, children_of_written, job_names, prepare_all};
+use crate::store::job::{EnqueueLimits, PreparedJob, children_of_written, job_names, prepare_all};
 use crate::store::{
     EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Result, Stats,
@@ -35,12 +35,17 @@ struct NewJob<'a> {
 }
 
 /// Enqueues inside the caller's transaction: all or none.
-pub async fn enqueue(conn: &mut SqliteConnection, jobs: &[EnqueueParams], now: i64) -> Result<Vec<i64>> {
+pub async fn enqueue(
+    conn: &mut SqliteConnection,
+    jobs: &[EnqueueParams],
+    limits: &EnqueueLimits,
+    now: i64,
+) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
     let configs = job_types_get(&mut *conn, &job_names(jobs)).await?;
-    let prepared = prepare_all(jobs, &configs)?;
+    let prepared = prepare_all(jobs, &configs, limits)?;
     insert(conn, &prepared, now).await
 }
 
@@ -181,7 +186,12 @@ pub struct Finished {
 /// leased to the writing host. Parents whose children cannot be enqueued
 /// must have been failed already
 /// ([`crate::store::job::fail_parents_of_unfit_children`]).
-pub async fn finish(conn: &mut SqliteConnection, finishes: &[Finish], next: Option<&FetchParams>) -> Result<Finished> {
+pub async fn finish(
+    conn: &mut SqliteConnection,
+    finishes: &[Finish],
+    next: Option<&FetchParams>,
+    limits: &EnqueueLimits,
+) -> Result<Finished> {
     let now = super::now_ms();
     let at = iso(now);
     let entry =
@@ -275,7 +285,7 @@ pub async fn finish(conn: &mut SqliteConnection, finishes: &[Finish], next: Opti
     }
     let promoted = concurrency::release(conn, &freed, now).await?;
     let children = children_of_written(finishes, &written);
-    let enqueued = enqueue(conn, &children, now).await?;
+    let enqueued = enqueue(conn, &children, limits, now).await?;
     let leased = match next {
         Some(next) => fetch(conn, next, now).await?,
         None => Vec::new(),

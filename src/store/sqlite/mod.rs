@@ -39,7 +39,7 @@ use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
 use super::{
-    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
+    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
     KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
@@ -85,6 +85,8 @@ pub struct SqliteStore {
     logged: Arc<Notify>,
     /// Reports writes to the `-wal` file; `None` where that is not possible.
     _commits: Option<Arc<notify::RecommendedWatcher>>,
+    /// What every enqueue through this store may carry.
+    limits: EnqueueLimits,
 }
 
 impl SqliteStore {
@@ -134,8 +136,14 @@ impl SqliteStore {
             wake: Arc::new(Notify::new()),
             logged,
             _commits: commits,
+            limits: EnqueueLimits::default(),
         };
         Ok(store)
+    }
+
+    /// Holds every enqueue through this store to `limits`.
+    pub fn with_limits(self, limits: EnqueueLimits) -> Self {
+        SqliteStore { limits, ..self }
     }
 
     /// A pool for tests that check invariants, or edit rows, with their own SQL.
@@ -143,9 +151,6 @@ impl SqliteStore {
         &self.reader
     }
 
-    /// A write transaction holding the file's write lock from its first
-    /// statement, waiting up to the busy timeout for another process to
-    /// release it.
     /// One try at [`Store::job_quarantine`], keeping the job's errors or not.
     async fn quarantine(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
         let mut tx = self.write().await?;
@@ -154,6 +159,9 @@ impl SqliteStore {
         Ok(moved)
     }
 
+    /// A write transaction holding the file's write lock from its first
+    /// statement, waiting up to the busy timeout for another process to
+    /// release it.
     async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
         while_locked(|| async { Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?) }).await
     }
@@ -292,7 +300,7 @@ impl Store for SqliteStore {
 
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
         let mut tx = self.write().await?;
-        let ids = job::enqueue(&mut tx, jobs, now_ms()).await?;
+        let ids = job::enqueue(&mut tx, jobs, &self.limits, now_ms()).await?;
         tx.commit().await?;
         self.announce(!ids.is_empty());
         Ok(ids)
@@ -316,9 +324,9 @@ impl Store for SqliteStore {
         next: Option<&FetchParams>,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
         let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
-        super::job::fail_parents_of_unfit_children(&mut runs, &configs);
+        super::job::fail_parents_of_unfit_children(&mut runs, &configs, &self.limits);
         let mut tx = self.write().await?;
-        let finished = job::finish(&mut tx, &runs, next).await?;
+        let finished = job::finish(&mut tx, &runs, next, &self.limits).await?;
         tx.commit().await?;
         self.announce(finished.any_available);
         Ok((finished.results, finished.leased))
