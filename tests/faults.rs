@@ -1,8 +1,9 @@
 //! Fault injection on a fleet of three real `jobhost run` processes sharing
 //! one PostgreSQL database, serving a limited job type (`limited`: 2 runs at
 //! once per payload `key`, its 10 s `duration` as lease, parking on
-//! conflict) and an unlimited one (`sleep`). The fault: one host cut off
-//! from the database past its leases. After it, from the database
+//! conflict) and an unlimited one (`sleep`). The faults: one host cut off
+//! from the database past its leases, and every database session
+//! terminated over and over. After each, from the database
 //! and the times the guests report: every job completed exactly once, no
 //! key ever ran more than its limit at once, nothing is left (no job, parked
 //! job or slot, nothing for the repair to fix), and while the fleet worked,
@@ -22,7 +23,7 @@ use common::db::{TestDb, server_url};
 use common::eventually;
 use common::fleet::{
     Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, most_at_once,
-    nothing_left, redone_after, runs_by_key, start_host, wait_serving,
+    nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
 };
 use common::proxy::Proxy;
 use common::run_log::{self, clock};
@@ -41,12 +42,47 @@ fn sleep(i: usize, ms: u64) -> EnqueueParams {
     EnqueueParams::new("sleep", json!({"ms": ms, "i": i}))
 }
 
+/// Enqueues `limited` limited jobs spread over `keys` keys and `sleeps`
+/// sleep jobs, each of its type's `ms`, interleaved.
+async fn enqueue_mix(
+    db: &TestDb,
+    (limited_jobs, keys, limited_ms): (usize, usize, u64),
+    (sleeps, sleep_ms): (usize, u64),
+) {
+    let mut jobs: Vec<EnqueueParams> = Vec::with_capacity(limited_jobs + sleeps);
+    for i in 0..limited_jobs.max(sleeps) {
+        if i < limited_jobs {
+            jobs.push(limited(i, i % keys, limited_ms));
+        }
+        if i < sleeps {
+            jobs.push(sleep(i, sleep_ms));
+        }
+    }
+    db.store.job_enqueue(&jobs).await.expect("enqueue");
+}
+
 /// Keeps checking the slots against the live jobs for `span`.
 async fn sample_for(db: &TestDb, span: Duration) {
     let until = tokio::time::Instant::now() + span;
     while tokio::time::Instant::now() < until {
         assert_slots_match_jobs(db).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Jobs queued, running or parked.
+async fn unfinished(db: &TestDb) -> i64 {
+    db.scalar("SELECT (SELECT count(*) FROM jobhost.jobs) + (SELECT count(*) FROM jobhost.blocked_jobs)").await
+}
+
+/// Waits until each of `hosts` runs jobs.
+async fn all_running(db: &TestDb, hosts: &[Host]) {
+    for host in hosts {
+        let running = format!(
+            "SELECT count(*) FROM jobhost.jobs WHERE state = 'running' AND host_id LIKE '{}'",
+            host.id_pattern()
+        );
+        eventually(WITHIN, || async { db.scalar(&running).await > 0 }).await;
     }
 }
 
@@ -224,4 +260,45 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
              {partitioned_runs} overtaken run(s)"
         );
     }
+}
+
+/// Every session of every host is terminated over and over while the fleet
+/// works (as a failover or an operator would); the hosts reconnect by
+/// themselves and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_terminated_repeatedly_loses_nothing() {
+    const LIMITED: usize = 600;
+    const KEYS: usize = 10;
+    const SLEEPS: usize = 2_000;
+    const ROUNDS: usize = 40;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&GUESTS);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Host> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), GUESTS.len()).await;
+    enqueue_mix(&db, (LIMITED, KEYS, 30), (SLEEPS, 10)).await;
+    all_running(&db, &hosts).await;
+
+    // The hosts' sessions are named `jobhost`; so are the idle ones of the
+    // test's store, which reconnect like a host's. The checks' own are
+    // named apart, and keep checking throughout.
+    let terminate = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'jobhost' AND pid <> pg_backend_pid()";
+    let (mut rounds, mut terminated) = (0, 0);
+    while rounds < ROUNDS && unfinished(&db).await > 0 {
+        terminated += db.scalar(terminate).await;
+        rounds += 1;
+        sample_for(&db, Duration::from_millis(300)).await;
+    }
+    eprintln!("stage: {rounds} rounds terminated {terminated} sessions; draining");
+    assert!(rounds >= 5, "the fleet still had work through {rounds} rounds of terminations only");
+    assert!(terminated >= rounds as i64, "the rounds found sessions to terminate: {terminated} in {rounds}");
+
+    drained(&db, WITHIN).await;
+    completed_once(&db, "limited", LIMITED).await;
+    completed_once(&db, "sleep", SLEEPS).await;
+    within_limits(&db, "limited").await;
+    nothing_left(&db).await;
+    stop_all(&mut hosts).await;
 }
