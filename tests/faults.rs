@@ -2,8 +2,8 @@
 //! one PostgreSQL database, serving a limited job type (`limited`: 2 runs at
 //! once per payload `key`, its 10 s `duration` as lease, parking on
 //! conflict) and an unlimited one (`sleep`). The faults: one host cut off
-//! from the database past its leases, and every database session
-//! terminated over and over. After each, from the database
+//! from the database past its leases, every database session terminated
+//! over and over, and the server restarted. After each, from the database
 //! and the times the guests report: every job completed exactly once, no
 //! key ever ran more than its limit at once, nothing is left (no job, parked
 //! job or slot, nothing for the repair to fix), and while the fleet worked,
@@ -25,6 +25,7 @@ use common::fleet::{
     Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, most_at_once,
     nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
 };
+use common::pg_server::PgServer;
 use common::proxy::Proxy;
 use common::run_log::{self, clock};
 
@@ -300,5 +301,50 @@ async fn every_connection_terminated_repeatedly_loses_nothing() {
     completed_once(&db, "sleep", SLEEPS).await;
     within_limits(&db, "limited").await;
     nothing_left(&db).await;
+    stop_all(&mut hosts).await;
+}
+
+/// The server itself goes down while the fleet works: every session ends
+/// at once, connections are refused for a few seconds (longer than the
+/// unlimited jobs' 1 s lease), then it is back on the same port. The hosts
+/// reconnect by themselves and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_loses_nothing() {
+    const LIMITED: usize = 600;
+    const KEYS: usize = 10;
+    const SLEEPS: usize = 2_000;
+    const DOWN: Duration = Duration::from_secs(3);
+    let _one = ONE_FLEET.lock().await;
+    let server = tokio::task::block_in_place(PgServer::start);
+    let db = TestDb::postgres_on(&server.url()).await;
+    let components = components(&GUESTS);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Host> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), GUESTS.len()).await;
+    enqueue_mix(&db, (LIMITED, KEYS, 50), (SLEEPS, 20)).await;
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await >= 300 }).await;
+    all_running(&db, &hosts).await;
+
+    let left = unfinished(&db).await;
+    assert!(left > 0, "the fleet still has work when the server stops");
+    eprintln!("stage: stopping the server with {left} jobs unfinished");
+    tokio::task::block_in_place(|| server.stop());
+    let down_until = tokio::time::Instant::now() + DOWN;
+    while tokio::time::Instant::now() < down_until {
+        for host in &mut hosts {
+            assert!(host.is_running(), "host {} outlives the database's outage", host.pid());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::task::block_in_place(|| server.start_again());
+    eprintln!("stage: the server is back; draining");
+
+    drained(&db, WITHIN).await;
+    completed_once(&db, "limited", LIMITED).await;
+    completed_once(&db, "sleep", SLEEPS).await;
+    within_limits(&db, "limited").await;
+    nothing_left(&db).await;
+    let redelivered = db.scalar("SELECT count(*) FROM jobhost.archive WHERE attempt > 1").await;
+    eprintln!("stage: drained; {redelivered} jobs ran more than once");
     stop_all(&mut hosts).await;
 }
