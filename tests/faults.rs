@@ -207,6 +207,8 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
         .collect();
     let partitioned_id = format!("-{}-", hosts[0].pid());
     let mut overtaken = 0;
+    // The least time between an overtaken run's end and its job's next start.
+    let mut closest_us = i64::MAX;
     let mut overlaps = Vec::new();
     let mut stale_by_key: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     for run in run_log::runs(&complete_lines(&log)) {
@@ -222,6 +224,7 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
             continue;
         }
         overtaken += 1;
+        closest_us = closest_us.min(next_started_us - ended_us);
         if run.job == "limited" {
             stale_by_key
                 .entry(key.clone())
@@ -243,6 +246,11 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
         }
     }
     assert!(overtaken >= LONG, "the partition overtook the {LONG} long runs, not {overtaken}");
+    let closest = match closest_us {
+        ..0 => format!("ran {} ms past", -closest_us / 1000),
+        _ => format!("ended {} ms before", closest_us / 1000),
+    };
+    eprintln!("stage: {overtaken} overtaken runs; the closest {closest} its next owner's start");
     assert!(
         overlaps.is_empty(),
         "a host cut off from the database (at {}) must stop its guests before their leases expire \
