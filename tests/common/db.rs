@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use jobhost::store::Store;
 use jobhost::store::postgres::PgStore;
 use jobhost::store::sqlite::SqliteStore;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, SqlitePool};
 
 /// The server tests create their PostgreSQL databases on.
@@ -23,9 +24,15 @@ pub enum Backend {
     Sqlite,
 }
 
-/// The backend's own handle, for invariant checks in SQL.
+/// The session name of the checks' own connections. Hosts (and the test's
+/// store) connect as `jobhost`; a test that terminates the hosts' sessions
+/// leaves the checks' sessions alone by this name.
+const CHECKS_APPLICATION_NAME: &str = "jobhost-tests";
+
+/// The backend's own handle, for invariant checks in SQL (and, on
+/// PostgreSQL, the server the database lives on, for Drop to drop it there).
 enum Raw {
-    Postgres { name: String, pool: PgPool },
+    Postgres { name: String, server: String, pool: PgPool },
     Sqlite { pool: SqlitePool, _dir: tempfile::TempDir },
 }
 
@@ -46,20 +53,32 @@ impl TestDb {
     }
 
     pub async fn postgres() -> TestDb {
+        Self::postgres_on(&server_url()).await
+    }
+
+    /// A database of its own on the PostgreSQL server at `server`
+    /// (`postgres://USER@HOST:PORT`, no database name).
+    pub async fn postgres_on(server: &str) -> TestDb {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let name = format!("jobhost_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-        let admin = PgPool::connect(&format!("{}/postgres", server_url())).await.expect("connect to PostgreSQL");
+        let admin = PgPool::connect(&format!("{server}/postgres")).await.expect("connect to PostgreSQL");
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
             .execute(&admin)
             .await
             .unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await.unwrap();
         admin.close().await;
-        let url = format!("{}/{name}", server_url());
+        let url = format!("{server}/{name}");
         let store = PgStore::connect(&url, 20).await.expect("connect to the test database");
         store.migrate().await.expect("migrations apply");
-        let pool = store.pool().clone();
-        TestDb { backend: Backend::Postgres, url, store: Arc::new(store), raw: Raw::Postgres { name, pool } }
+        let options: PgConnectOptions = url.parse().expect("a PostgreSQL URL");
+        let pool = PgPoolOptions::new()
+            .max_connections(5)
+            .connect_with(options.application_name(CHECKS_APPLICATION_NAME))
+            .await
+            .expect("connect the checks to the test database");
+        let raw = Raw::Postgres { name, server: server.to_string(), pool };
+        TestDb { backend: Backend::Postgres, url, store: Arc::new(store), raw }
     }
 
     pub async fn sqlite() -> TestDb {
@@ -71,7 +90,7 @@ impl TestDb {
         TestDb { backend: Backend::Sqlite, url, store: Arc::new(store), raw: Raw::Sqlite { pool, _dir: dir } }
     }
 
-    /// The PostgreSQL pool, for tests of PostgreSQL-only features.
+    /// The PostgreSQL pool the checks use, for tests of PostgreSQL-only features.
     pub fn pool(&self) -> &PgPool {
         match &self.raw {
             Raw::Postgres { pool, .. } => pool,
@@ -150,14 +169,14 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let Raw::Postgres { name, .. } = &self.raw else { return };
-        let name = name.clone();
+        let Raw::Postgres { name, server, .. } = &self.raw else { return };
+        let (name, server) = (name.clone(), server.clone());
         // Dropping needs async I/O; a thread of its own keeps Drop usable in
         // any runtime (or none).
         let _ = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
             runtime.block_on(async move {
-                if let Ok(admin) = PgPool::connect(&format!("{}/postgres", server_url())).await {
+                if let Ok(admin) = PgPool::connect(&format!("{server}/postgres")).await {
                     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
                     let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
                     admin.close().await;

@@ -74,6 +74,10 @@ pub async fn wait_for<T: Clone + std::fmt::Debug>(
 }
 
 pub mod db;
+pub mod fleet;
+pub mod pg_server;
+pub mod proxy;
+pub mod run_log;
 
 /// A job type configuration for store-level tests that need no component.
 pub fn job_config(name: &str) -> jobhost::types::JobConfig {

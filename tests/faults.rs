@@ -1,0 +1,358 @@
+//! Fault injection on a fleet of three real `jobhost run` processes sharing
+//! one PostgreSQL database, serving a limited job type (`limited`: 2 runs at
+//! once per payload `key`, its 10 s `duration` as lease, parking on
+//! conflict) and an unlimited one (`sleep`). The faults: one host cut off
+//! from the database past its leases, every database session terminated
+//! over and over, and the server restarted. After each, from the database
+//! and the times the guests report: every job completed exactly once, no
+//! key ever ran more than its limit at once, nothing is left (no job, parked
+//! job or slot, nothing for the repair to fix), and while the fleet worked,
+//! every slot belonged to a live job.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use jobhost::store::EnqueueParams;
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+
+use common::db::{TestDb, server_url};
+use common::eventually;
+use common::fleet::{
+    Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, most_at_once,
+    nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
+};
+use common::pg_server::PgServer;
+use common::proxy::Proxy;
+use common::run_log::{self, clock};
+
+/// The bound on each wait for the fleet.
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// The job types every host here serves.
+const GUESTS: [&str; 2] = ["limited", "sleep"];
+
+fn limited(i: usize, key: usize, ms: u64) -> EnqueueParams {
+    EnqueueParams::new("limited", json!({"key": format!("k{key}"), "ms": ms, "i": i}))
+}
+
+fn sleep(i: usize, ms: u64) -> EnqueueParams {
+    EnqueueParams::new("sleep", json!({"ms": ms, "i": i}))
+}
+
+/// Enqueues `limited` limited jobs spread over `keys` keys and `sleeps`
+/// sleep jobs, each of its type's `ms`, interleaved.
+async fn enqueue_mix(
+    db: &TestDb,
+    (limited_jobs, keys, limited_ms): (usize, usize, u64),
+    (sleeps, sleep_ms): (usize, u64),
+) {
+    let mut jobs: Vec<EnqueueParams> = Vec::with_capacity(limited_jobs + sleeps);
+    for i in 0..limited_jobs.max(sleeps) {
+        if i < limited_jobs {
+            jobs.push(limited(i, i % keys, limited_ms));
+        }
+        if i < sleeps {
+            jobs.push(sleep(i, sleep_ms));
+        }
+    }
+    db.store.job_enqueue(&jobs).await.expect("enqueue");
+}
+
+/// Keeps checking the slots against the live jobs for `span`.
+async fn sample_for(db: &TestDb, span: Duration) {
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        assert_slots_match_jobs(db).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Jobs queued, running or parked.
+async fn unfinished(db: &TestDb) -> i64 {
+    db.scalar("SELECT (SELECT count(*) FROM jobhost.jobs) + (SELECT count(*) FROM jobhost.blocked_jobs)").await
+}
+
+/// Waits until each of `hosts` runs jobs.
+async fn all_running(db: &TestDb, hosts: &[Host]) {
+    for host in hosts {
+        let running = format!(
+            "SELECT count(*) FROM jobhost.jobs WHERE state = 'running' AND host_id LIKE '{}'",
+            host.id_pattern()
+        );
+        eventually(WITHIN, || async { db.scalar(&running).await > 0 }).await;
+    }
+}
+
+/// Stops every host with SIGTERM, checking first that each recovered by
+/// itself and is still the process the test started.
+async fn stop_all(hosts: &mut [Host]) {
+    for host in hosts.iter_mut() {
+        assert!(host.is_running(), "host {} is still running, recovered without a restart", host.pid());
+    }
+    for host in hosts {
+        host.stop().await;
+    }
+}
+
+/// Now, in microseconds since the Unix epoch, as the guests and logs tell time.
+fn now_us() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    since_epoch.as_micros() as i64
+}
+
+/// The test server's `host:port`, for the proxy to forward to.
+fn server_address() -> String {
+    let options: PgConnectOptions = server_url().parse().expect("a PostgreSQL URL");
+    format!("{}:{}", options.get_host(), options.get_port())
+}
+
+/// `url` with its host and port replaced by 127.0.0.1 and `port`.
+fn url_via(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, database) = rest.split_once('/').expect("a URL naming its database");
+    let user = authority.rsplit_once('@').map(|(user, _)| format!("{user}@")).unwrap_or_default();
+    format!("{scheme}://{user}127.0.0.1:{port}/{database}")
+}
+
+/// The complete lines of a log another process is writing.
+fn complete_lines(path: &Path) -> String {
+    let mut text = std::fs::read_to_string(path).expect("read the host's log");
+    text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
+    text
+}
+
+/// Guarantee 6, end to end: a host that cannot reach the database (a cut
+/// cable: its connections neither answer nor close) stops its guests
+/// before their leases expire, so no run overlaps the job's next owner's
+/// and no key runs beyond its limit. The partitioned host's own log tells
+/// when its runs really ended; the completing runs' outputs tell when the
+/// next owners started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
+    // Two long runs per key take every slot, outlasting the lease (10 s) by
+    // far; two short ones per key park behind them.
+    const KEYS: usize = 4;
+    const LONG: usize = 2 * KEYS;
+    const LONG_MS: u64 = 14_000;
+    const SHORT_MS: u64 = 300;
+    const SLEEPS: usize = 200;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&GUESTS);
+    let cache = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(server_address()).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("partitioned.log");
+
+    // Alone at first, so that it is the host that takes the long runs.
+    let mut hosts = vec![Host::start(
+        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
+            .env("RUST_LOG", "warn,jobhost=debug")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    )];
+    wait_serving(&db, &[&hosts[0]], GUESTS.len()).await;
+    let jobs: Vec<_> = (0..2 * LONG).map(|i| limited(i, i % KEYS, if i < LONG { LONG_MS } else { SHORT_MS })).collect();
+    db.store.job_enqueue(&jobs).await.expect("enqueue");
+    let pattern = hosts[0].id_pattern();
+    let running = format!(
+        "SELECT count(*) FROM jobhost.jobs WHERE job = 'limited' AND state = 'running' AND host_id LIKE '{pattern}'"
+    );
+    eventually(WITHIN, || async { db.scalar(&running).await == LONG as i64 }).await;
+    eventually(WITHIN, || async { run_log::runs(&complete_lines(&log)).len() == LONG }).await;
+
+    proxy.freeze();
+    let frozen_at = now_us();
+    eprintln!("stage: cut off a host running {LONG} limited jobs at {}", clock(frozen_at));
+    hosts.push(start_host(&db, components.path(), cache.path()));
+    hosts.push(start_host(&db, components.path(), cache.path()));
+    wait_serving(&db, &[&hosts[1], &hosts[2]], GUESTS.len()).await;
+    db.store.job_enqueue(&(0..SLEEPS).map(|i| sleep(i, 20)).collect::<Vec<_>>()).await.expect("enqueue");
+
+    // Cut off past its leases, until the others have taken all its jobs
+    // over, and a little longer.
+    let held = format!("SELECT count(*) FROM jobhost.jobs WHERE host_id LIKE '{pattern}'");
+    eventually(Duration::from_secs(30), || async {
+        assert_slots_match_jobs(&db).await;
+        db.scalar(&held).await == 0
+    })
+    .await;
+    eprintln!("stage: its jobs were taken over at {}", clock(now_us()));
+    sample_for(&db, Duration::from_secs(2)).await;
+    proxy.thaw();
+    eprintln!("stage: reconnected at {}; draining", clock(now_us()));
+    drained(&db, WITHIN).await;
+    stop_all(&mut hosts).await;
+
+    completed_once(&db, "limited", 2 * LONG).await;
+    completed_once(&db, "sleep", SLEEPS).await;
+    nothing_left(&db).await;
+    assert!(
+        redone_after(&db, &hosts[0]).await >= LONG as i64,
+        "the partitioned host's limited jobs were taken over after their leases expired"
+    );
+
+    // Each job's completing run: on which host, when it started, its key.
+    let completing: HashMap<i64, (String, i64, String)> = db
+        .rows::<(i64, String, i64, String)>(
+            "SELECT id, coalesce(host_id, ''), (output->>'started_us')::bigint, coalesce(concurrency_key, '')
+             FROM jobhost.archive WHERE state = 'completed'",
+        )
+        .await
+        .into_iter()
+        .map(|(id, host, started_us, key)| (id, (host, started_us, key)))
+        .collect();
+    let partitioned_id = format!("-{}-", hosts[0].pid());
+    let mut overtaken = 0;
+    // The least time between an overtaken run's end and its job's next start.
+    let mut closest_us = i64::MAX;
+    let mut overlaps = Vec::new();
+    let mut stale_by_key: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for run in run_log::runs(&complete_lines(&log)) {
+        let Some(ended_us) = run.ended_us else {
+            panic!("the partitioned host's run of job {} (lease token {}) never ended", run.job_id, run.lease_token)
+        };
+        if ended_us < frozen_at {
+            continue;
+        }
+        let (host, next_started_us, key) = &completing[&run.job_id];
+        let completed_here = host.contains(&partitioned_id) && (run.started_us..=ended_us).contains(next_started_us);
+        if completed_here {
+            continue;
+        }
+        overtaken += 1;
+        closest_us = closest_us.min(next_started_us - ended_us);
+        if run.job == "limited" {
+            stale_by_key
+                .entry(key.clone())
+                .or_default()
+                .push(((run.started_us / 1000) as u64, (ended_us / 1000) as u64));
+        }
+        if ended_us >= *next_started_us {
+            overlaps.push(format!(
+                "job {} ({} key {key:?}): the partitioned host's run (lease token {}) started {} and ran until {}, \
+                 {} ms after the job's next owner started it at {}",
+                run.job_id,
+                run.job,
+                run.lease_token,
+                clock(run.started_us),
+                clock(ended_us),
+                (ended_us - next_started_us) / 1000,
+                clock(*next_started_us),
+            ));
+        }
+    }
+    assert!(overtaken >= LONG, "the partition overtook the {LONG} long runs, not {overtaken}");
+    let closest = match closest_us {
+        ..0 => format!("ran {} ms past", -closest_us / 1000),
+        _ => format!("ended {} ms before", closest_us / 1000),
+    };
+    eprintln!("stage: {overtaken} overtaken runs; the closest {closest} its next owner's start");
+    assert!(
+        overlaps.is_empty(),
+        "a host cut off from the database (at {}) must stop its guests before their leases expire \
+         (guarantee 6), but it ran beside the jobs' next owners:\n{}",
+        clock(frozen_at),
+        overlaps.join("\n")
+    );
+    for (key, mut runs) in runs_by_key(&db, "limited").await {
+        let stale = stale_by_key.remove(&key).unwrap_or_default();
+        let partitioned_runs = stale.len();
+        runs.extend(stale);
+        let most = most_at_once(runs);
+        assert!(
+            most <= 2,
+            "limited key {key} ran {most} at once, over its limit of 2, counting the partitioned host's \
+             {partitioned_runs} overtaken run(s)"
+        );
+    }
+}
+
+/// Every session of every host is terminated over and over while the fleet
+/// works (as a failover or an operator would); the hosts reconnect by
+/// themselves and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_terminated_repeatedly_loses_nothing() {
+    const LIMITED: usize = 600;
+    const KEYS: usize = 10;
+    const SLEEPS: usize = 2_000;
+    const ROUNDS: usize = 40;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&GUESTS);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Host> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), GUESTS.len()).await;
+    enqueue_mix(&db, (LIMITED, KEYS, 30), (SLEEPS, 10)).await;
+    all_running(&db, &hosts).await;
+
+    // The hosts' sessions are named `jobhost`; so are the idle ones of the
+    // test's store, which reconnect like a host's. The checks' own are
+    // named apart, and keep checking throughout.
+    let terminate = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'jobhost' AND pid <> pg_backend_pid()";
+    let (mut rounds, mut terminated) = (0, 0);
+    while rounds < ROUNDS && unfinished(&db).await > 0 {
+        terminated += db.scalar(terminate).await;
+        rounds += 1;
+        sample_for(&db, Duration::from_millis(300)).await;
+    }
+    eprintln!("stage: {rounds} rounds terminated {terminated} sessions; draining");
+    assert!(rounds >= 5, "the fleet still had work through {rounds} rounds of terminations only");
+    assert!(terminated >= rounds as i64, "the rounds found sessions to terminate: {terminated} in {rounds}");
+
+    drained(&db, WITHIN).await;
+    completed_once(&db, "limited", LIMITED).await;
+    completed_once(&db, "sleep", SLEEPS).await;
+    within_limits(&db, "limited").await;
+    nothing_left(&db).await;
+    stop_all(&mut hosts).await;
+}
+
+/// The server itself goes down while the fleet works: every session ends
+/// at once, connections are refused for a few seconds (longer than the
+/// unlimited jobs' 1 s lease), then it is back on the same port. The hosts
+/// reconnect by themselves and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_loses_nothing() {
+    const LIMITED: usize = 600;
+    const KEYS: usize = 10;
+    const SLEEPS: usize = 2_000;
+    const DOWN: Duration = Duration::from_secs(3);
+    let _one = ONE_FLEET.lock().await;
+    let server = tokio::task::block_in_place(PgServer::start);
+    let db = TestDb::postgres_on(&server.url()).await;
+    let components = components(&GUESTS);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Host> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), GUESTS.len()).await;
+    enqueue_mix(&db, (LIMITED, KEYS, 50), (SLEEPS, 20)).await;
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await >= 300 }).await;
+    all_running(&db, &hosts).await;
+
+    let left = unfinished(&db).await;
+    assert!(left > 0, "the fleet still has work when the server stops");
+    eprintln!("stage: stopping the server with {left} jobs unfinished");
+    tokio::task::block_in_place(|| server.stop());
+    let down_until = tokio::time::Instant::now() + DOWN;
+    while tokio::time::Instant::now() < down_until {
+        for host in &mut hosts {
+            assert!(host.is_running(), "host {} outlives the database's outage", host.pid());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::task::block_in_place(|| server.start_again());
+    eprintln!("stage: the server is back; draining");
+
+    drained(&db, WITHIN).await;
+    completed_once(&db, "limited", LIMITED).await;
+    completed_once(&db, "sleep", SLEEPS).await;
+    within_limits(&db, "limited").await;
+    nothing_left(&db).await;
+    let redelivered = db.scalar("SELECT count(*) FROM jobhost.archive WHERE attempt > 1").await;
+    eprintln!("stage: drained; {redelivered} jobs ran more than once");
+    stop_all(&mut hosts).await;
+}
