@@ -62,7 +62,8 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
         ..config.runtime.clone()
     };
     let runtime = Runtime::new(runtime_config)?;
-    let store = crate::store::open_with(&config.database_url, config.worker.concurrency as u32 + 4, config.limits).await?;
+    let store =
+        crate::store::open_with(&config.database_url, config.worker.concurrency as u32 + 4, config.limits).await?;
     if config.migrate {
         store.migrate().await?;
     }

@@ -22,7 +22,7 @@ use sqlx::postgres::PgConnectOptions;
 use common::db::{TestDb, server_url};
 use common::eventually;
 use common::fleet::{
-    Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, most_at_once,
+    Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command_beating, most_at_once,
     nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
 };
 use common::pg_server::PgServer;
@@ -148,9 +148,12 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("partitioned.log");
 
-    // Alone at first, so that it is the host that takes the long runs.
+    // Alone at first, so that it is the host that takes the long runs. Its
+    // heartbeat of a second puts its fence half a second before the
+    // database's expiry: room for a busy machine's scheduling, well inside
+    // the limited jobs' 10 s lease.
     let mut hosts = vec![Host::start(
-        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
+        host_command_beating(&url_via(&db.url, proxy.port()), components.path(), cache.path(), "1s", "2s")
             .env("RUST_LOG", "warn,jobhost=debug")
             .stderr(std::fs::File::create(&log).expect("create the host's log")),
     )];

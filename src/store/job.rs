@@ -615,7 +615,8 @@ mod prepare_tests {
 
     #[test]
     fn applies_defaults_and_renders_the_key() {
-        let prepared = prepare(&EnqueueParams::new("mail", json!({"account": 9})), &config(), &EnqueueLimits::default()).unwrap();
+        let prepared =
+            prepare(&EnqueueParams::new("mail", json!({"account": 9})), &config(), &EnqueueLimits::default()).unwrap();
         assert_eq!((prepared.queue.as_str(), prepared.priority, prepared.max_attempts), ("default", 3, 7));
         assert_eq!(prepared.concurrency_key.as_deref(), Some("acct:9"));
     }

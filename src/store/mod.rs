@@ -20,8 +20,8 @@ use chrono::{DateTime, Utc};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use host::HostInfo;
 pub use job::{
-    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
-    JobState, Stats,
+    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
+    JobFilter, JobRow, JobState, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
 

@@ -29,9 +29,14 @@ pub fn components(guests: &[&str]) -> tempfile::TempDir {
 /// `jobhost run` against `url` with short intervals, quiet unless a test
 /// changes its environment or output.
 pub fn host_command(url: &str, components: &Path, cache: &Path) -> Command {
+    host_command_beating(url, components, cache, "250ms", "1s")
+}
+
+/// [`host_command`] with its own heartbeat and default lease.
+pub fn host_command_beating(url: &str, components: &Path, cache: &Path, heartbeat: &str, lease: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
     command
-        .args(["run", "--no-migrate", "--concurrency", "8", "--heartbeat", "250ms", "--lease", "1s"])
+        .args(["run", "--no-migrate", "--concurrency", "8", "--heartbeat", heartbeat, "--lease", lease])
         .args(["--poll", "200ms", "--maintenance-interval", "100ms", "--grace", "5s"])
         .arg("--components")
         .arg(components)

@@ -271,7 +271,11 @@ impl FinishRows {
 
 /// Fails the parents whose children cannot be enqueued (see
 /// [`crate::store::job::fail_parents_of_unfit_children`]).
-async fn fail_parents_of_unknown_children(pool: &PgPool, finishes: &mut [Finish], limits: &EnqueueLimits) -> Result<()> {
+async fn fail_parents_of_unknown_children(
+    pool: &PgPool,
+    finishes: &mut [Finish],
+    limits: &EnqueueLimits,
+) -> Result<()> {
     let names = crate::store::job::child_types(finishes);
     if names.is_empty() {
         return Ok(());

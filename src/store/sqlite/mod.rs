@@ -39,8 +39,8 @@ use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
 use super::{
-    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail, JobFilter, JobRow,
-    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
+    JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
