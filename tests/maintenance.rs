@@ -169,4 +169,57 @@ async fn a_job_keeps_only_its_newest_errors(db: TestDb) {
     assert_eq!(db.scalar(format!("SELECT {errors} FROM jobhost.archive WHERE id = {id}")).await, 25);
 }
 
-on_both_backends!(one_bad_row_never_stalls_a_sweep, a_job_keeps_only_its_newest_errors);
+/// A payload past the limit is refused with the sizes named, at the Rust
+/// enqueue and at a guest's enqueue call; nothing is stored.
+async fn payloads_past_the_limit_are_refused_at_every_enqueue_path(db: TestDb) {
+    register(&db).await;
+    let big = |bytes: usize| json!({ "blob": "x".repeat(bytes) });
+    let error = db.store.job_enqueue(&[EnqueueParams::new("mail", big(2 << 20))]).await.unwrap_err();
+    assert!(matches!(error, jobhost::store::Error::PayloadTooLarge { max: 1_048_576, .. }), "{error}");
+    assert!(error.to_string().contains("more than the largest accepted, 1048576 bytes"), "{error}");
+    db.store.job_enqueue(&[EnqueueParams::new("mail", big(1 << 19))]).await.expect("half a MiB fits");
+
+    let small = jobhost::store::EnqueueLimits { max_payload_bytes: 1024 };
+    let store = jobhost::store::open_with(&db.url, 2, small).await.unwrap();
+    let error = store.job_enqueue(&[EnqueueParams::new("mail", big(2000))]).await.unwrap_err();
+    assert!(matches!(error, jobhost::store::Error::PayloadTooLarge { max: 1024, .. }), "{error}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 1, "nothing more was stored");
+
+    // A guest's child past its host's limit: the guest gets the error at the call.
+    let host = common::TestHost::start(&db, &["fanout", "hello"], |config| config.limits = small).await;
+    let parent = db
+        .store
+        .job_enqueue(&[EnqueueParams::new("fanout", json!({"count": 1, "child": { "name": "x".repeat(2000) }}))])
+        .await
+        .unwrap()[0];
+    common::eventually(std::time::Duration::from_secs(60), || async {
+        state_of(&db, parent).await == JobState::Failed
+    })
+    .await;
+    let reason = db.store.job_get(parent).await.unwrap().unwrap().row.error.unwrap_or_default();
+    assert!(reason.contains("more than the largest accepted, 1024 bytes"), "{reason}");
+    assert!(reason.starts_with("payload is"), "refused at the guest's call, not at completion: {reason}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'hello'").await, 0);
+    host.stop().await;
+}
+
+on_both_backends!(
+    one_bad_row_never_stalls_a_sweep,
+    a_job_keeps_only_its_newest_errors,
+    payloads_past_the_limit_are_refused_at_every_enqueue_path,
+);
+
+/// The SQL enqueue holds payloads to the database's setting, 1 MiB unless
+/// `jobhost.max_payload_bytes` says otherwise.
+#[tokio::test]
+async fn the_sql_enqueue_refuses_payloads_past_the_databases_setting() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    let mut conn = db.pool().acquire().await.unwrap();
+    let enqueue = "SELECT jobhost.enqueue('mail', jsonb_build_object('blob', repeat('x', 2000000)))";
+    let refused = sqlx::query(enqueue).execute(&mut *conn).await.unwrap_err();
+    assert!(refused.to_string().contains("more than the largest accepted, 1048576 bytes"), "{refused}");
+    sqlx::query("SET jobhost.max_payload_bytes = '4194304'").execute(&mut *conn).await.unwrap();
+    sqlx::query(enqueue).execute(&mut *conn).await.expect("accepted under a larger setting");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 1);
+}

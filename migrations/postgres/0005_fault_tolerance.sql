@@ -64,3 +64,63 @@ $$;
 -- cancelled in the transaction that gives back its slot; if that host is
 -- gone, the lease's expiry archives it as cancelled instead of redelivering it.
 ALTER TABLE jobhost.jobs ADD COLUMN cancel_requested_at timestamptz;
+
+-- The SQL enqueue holds payloads to a size, as every host enqueue does: the
+-- setting jobhost.max_payload_bytes (e.g. ALTER DATABASE app SET
+-- jobhost.max_payload_bytes = '4194304'), 1 MiB by default. Restated in
+-- full: a function body cannot be patched.
+CREATE OR REPLACE FUNCTION jobhost.enqueue(
+    job text,
+    payload jsonb,
+    queue text DEFAULT NULL,
+    priority smallint DEFAULT NULL,
+    run_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    config jsonb;
+    new_id bigint;
+    due timestamptz := greatest(coalesce(run_at, now()), now());
+    chosen_queue text;
+    payload_bytes bigint;
+    -- The database's setting, like the host's --max-payload (1 MiB unless set).
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+BEGIN
+    SELECT t.config INTO config FROM jobhost.job_types t WHERE t.name = job;
+    IF config IS NULL THEN
+        RAISE EXCEPTION 'unknown job type "%": no host has loaded a component for it', job USING ERRCODE = '22023';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'payload of job "%" must be a JSON object', job USING ERRCODE = '22023';
+    END IF;
+    payload_bytes := octet_length(payload::text);
+    IF payload_bytes > max_payload_bytes THEN
+        RAISE EXCEPTION 'payload of job "%" is % bytes of JSON, more than the largest accepted, % bytes',
+            job, payload_bytes, max_payload_bytes USING ERRCODE = '22023';
+    END IF;
+    chosen_queue := coalesce(queue, config ->> 'queue');
+    IF chosen_queue !~ '^[a-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'queue "%" must be 1 to 128 characters of a-z, 0-9, _, . and -', chosen_queue
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobhost.jobs (job, queue, priority, payload, state, max_attempts, run_at, concurrency_key)
+    VALUES (
+        job,
+        chosen_queue,
+        coalesce(priority, (config ->> 'priority')::smallint),
+        payload,
+        CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END,
+        (config ->> 'max_attempts')::integer,
+        due,
+        CASE WHEN jsonb_typeof(config -> 'concurrency') = 'object'
+             THEN jobhost.render_key(config -> 'concurrency' ->> 'key', payload) END
+    )
+    RETURNING id INTO new_id;
+    IF due <= now() THEN
+        PERFORM jobhost.admit(ARRAY[new_id], true);
+    END IF;
+    RETURN new_id;
+END;
+$$;
