@@ -83,6 +83,11 @@ impl TestDb {
 
     pub async fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("temp dir");
+        Self::sqlite_in(dir).await
+    }
+
+    /// A SQLite file in `dir`, which the database keeps until it is dropped.
+    pub async fn sqlite_in(dir: tempfile::TempDir) -> TestDb {
         let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
         let store = SqliteStore::open(&url, 8).await.expect("open the test database");
         store.migrate().await.expect("migrations apply");

@@ -240,3 +240,58 @@ pub async fn nothing_left(db: &TestDb) {
     let fixes = db.store.semaphores_repair().await.expect("semaphore repair runs");
     assert!(fixes.is_empty(), "nothing for the repair to fix: {fixes:?}");
 }
+
+/// Every run the hosts logged (each host started with
+/// `RUST_LOG=warn,jobhost=debug` and its stderr in one of `logs`), checked
+/// against the guarantees a fault tests: no two runs of one job ever
+/// overlapped, so a host that lost a lease stopped its guest before the
+/// job's next run began (guarantee 6); and no key of `job` ran more than
+/// `limit` at once, counting runs whose results were never stored
+/// (guarantee 1). Returns how many runs were checked.
+pub async fn assert_logged_runs_keep_leases_and_limits(
+    db: &TestDb,
+    logs: &[std::path::PathBuf],
+    job: &str,
+    limit: usize,
+) -> usize {
+    let mut runs: Vec<super::run_log::LoggedRun> = Vec::new();
+    for log in logs {
+        let mut text = std::fs::read_to_string(log).expect("read a host's log");
+        text.truncate(text.rfind('\n').map_or(0, |end| end + 1));
+        runs.extend(super::run_log::runs(&text));
+    }
+    let mut by_job: BTreeMap<i64, Vec<(i64, i64, i64)>> = BTreeMap::new();
+    for run in &runs {
+        let ended = run.ended_us.unwrap_or_else(|| panic!("run of job {} never ended", run.job_id));
+        by_job.entry(run.job_id).or_default().push((run.started_us, ended, run.lease_token));
+    }
+    for (job_id, mut spans) in by_job {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let ((_, ended, token), (started, _, next_token)) = (pair[0], pair[1]);
+            assert!(
+                ended < started,
+                "job {job_id}: its run with lease token {token} was still running {} µs after the run with \
+                 token {next_token} started (guarantee 6)",
+                ended - started
+            );
+        }
+    }
+    let keys: std::collections::HashMap<i64, String> = db
+        .rows::<(i64, String)>(format!(
+            "SELECT id, coalesce(concurrency_key, '') FROM jobhost.archive WHERE job = '{job}'"
+        ))
+        .await
+        .into_iter()
+        .collect();
+    let mut by_key: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for run in runs.iter().filter(|run| run.job == job) {
+        let key = keys.get(&run.job_id).unwrap_or_else(|| panic!("job {} is not in the archive", run.job_id));
+        by_key.entry(key).or_default().push((run.started_us as u64, run.ended_us.unwrap_or_default() as u64));
+    }
+    for (key, spans) in by_key {
+        let most = most_at_once(spans);
+        assert!(most <= limit, "{job} key {key} ran {most} at once by the hosts' logs, over its limit of {limit}");
+    }
+    runs.len()
+}

@@ -162,8 +162,24 @@ impl SqliteStore {
     /// A write transaction holding the file's write lock from its first
     /// statement, waiting up to the busy timeout for another process to
     /// release it.
+    ///
+    /// A write that SQLite rolled back by itself (on a full disk, an I/O
+    /// error) leaves the driver counting a transaction that no longer
+    /// exists, and it would refuse every later `BEGIN` on that connection,
+    /// stopping every write of this process for good: that connection is
+    /// closed and the next one starts clean.
     async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
-        while_locked(|| async { Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?) }).await
+        while_locked(|| async {
+            match self.writer.begin_with("BEGIN IMMEDIATE").await {
+                Err(sqlx::Error::InvalidSavePointStatement) => {
+                    tracing::warn!("the writer lost track of a transaction SQLite rolled back; reconnecting");
+                    self.writer.acquire().await?.close().await?;
+                    Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+                }
+                begun => Ok(begun?),
+            }
+        })
+        .await
     }
 
     /// Whether any connection (another process's, or this one's writer)
