@@ -88,8 +88,15 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
     let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
-    let finish =
-        Finish { id: job.id, lease_token: job.lease_token, attempt: 1, outcome, log: json!({}), progress: None };
+    let finish = Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        attempt: 1,
+        outcome,
+        log: json!({}),
+        progress: None,
+        concurrency_key: job.concurrency_key.clone(),
+    };
     db.store.job_finish(vec![finish]).await.unwrap();
 
     let output = jobhost(&db, &["jobs", "--json"]);

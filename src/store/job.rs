@@ -209,6 +209,10 @@ pub struct Finish {
     pub log: serde_json::Value,
     /// The latest progress the guest reported.
     pub progress: Option<serde_json::Value>,
+    /// The concurrency key whose slot the run holds, if its type is
+    /// limited: a write can then tell which results would wait on a key's
+    /// lock another transaction holds.
+    pub concurrency_key: Option<String>,
 }
 
 impl Finish {
@@ -238,6 +242,22 @@ pub enum FinishResult {
     /// The lease is no longer this run's: another host owns the job now, so
     /// nothing was touched (guarantee 5).
     Duplicate,
+    /// Not written: its key's semaphore is locked by another transaction
+    /// (an application's, holding a `jobhost.enqueue` of that key until it
+    /// commits), and the batch did not wait for it. Write it again with
+    /// [`super::Store::job_finish`], which waits.
+    Deferred,
+}
+
+/// What a result write does about a key's semaphore that another
+/// transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockedKeys {
+    /// Waits for it: the write ends only once every result is written.
+    Wait,
+    /// Leaves those results out ([`FinishResult::Deferred`]), so one key's
+    /// lock never holds back the results of other keys or unlimited jobs.
+    Defer,
 }
 
 /// Which jobs to list.
@@ -655,6 +675,7 @@ mod current_runs_tests {
 
     fn run(id: i64, lease_token: i64) -> Finish {
         Finish {
+            concurrency_key: None,
             id,
             lease_token,
             attempt: 1,

@@ -21,7 +21,7 @@ pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use host::HostInfo;
 pub use job::{
     Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
-    JobFilter, JobRow, JobState, Stats,
+    JobFilter, JobRow, JobState, LockedKeys, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
 
@@ -225,19 +225,21 @@ pub trait Store: Send + Sync + 'static {
     /// results are taken out here, once for both backends.
     async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
         let (runs, order) = job::current_runs(finishes);
-        Ok(order.results(&self.finish_runs(runs, None).await?.0))
+        Ok(order.results(&self.finish_runs(runs, None, LockedKeys::Wait).await?.0))
     }
 
     /// [`Store::job_finish`], then leases up to `next.limit` jobs to the
     /// writing host as [`Store::job_fetch`] would, in one transaction: the
     /// jobs the finished runs made room for start without another round trip.
+    /// It does not wait for a key's semaphore another transaction holds: those
+    /// results come back [`FinishResult::Deferred`].
     async fn job_finish_and_fetch(
         &self,
         finishes: Vec<Finish>,
         next: &FetchParams,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
         let (runs, order) = job::current_runs(finishes);
-        let (written, leased) = self.finish_runs(runs, Some(next)).await?;
+        let (written, leased) = self.finish_runs(runs, Some(next), LockedKeys::Defer).await?;
         Ok((order.results(&written), leased))
     }
 
@@ -249,6 +251,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         runs: Vec<Finish>,
         next: Option<&FetchParams>,
+        locked: LockedKeys,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)>;
 
     /// Renews the leases a host still holds, in one statement that never

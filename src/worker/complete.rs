@@ -16,7 +16,9 @@ use crate::store::{FetchedJob, Finish, FinishOutcome, FinishResult, Store};
 /// with the write. Its lease is still renewed meanwhile.
 pub(super) struct Done {
     pub(super) finish: Finish,
-    pub(super) fetch_slot: OwnedSemaphorePermit,
+    /// `None` once given to a job leased in its place while its own result
+    /// waits for a key another transaction holds.
+    pub(super) fetch_slot: Option<OwnedSemaphorePermit>,
 }
 
 /// A job leased along with a batch of results, on its way to be started.
@@ -61,11 +63,17 @@ pub(super) async fn complete_loop(
 ) {
     let batch = writes.batch;
     let mut pending: Vec<Done> = Vec::new();
+    // Results whose key another transaction holds, each batch written off
+    // this loop by a task that waits for the key.
+    let mut waiting_on_keys = tokio::task::JoinSet::new();
     loop {
         if pending.is_empty() {
             match done.recv().await {
                 Some(first) => pending.push(first),
-                None => return,
+                None => {
+                    while waiting_on_keys.join_next().await.is_some() {}
+                    return;
+                }
             }
         }
         while pending.len() < batch {
@@ -96,16 +104,38 @@ pub(super) async fn complete_loop(
         match written {
             Ok((results, leased)) => {
                 let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
-                for (done, result) in pending.drain(..).zip(results) {
-                    if result == FinishResult::Duplicate {
-                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                let mut deferred = Vec::new();
+                for (mut done, result) in pending.drain(..).zip(results) {
+                    slots.extend(done.fetch_slot.take());
+                    match result {
+                        FinishResult::Deferred => {
+                            deferred.push(done);
+                            continue;
+                        }
+                        FinishResult::Duplicate => {
+                            tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                        }
+                        FinishResult::Done => {}
                     }
                     leases.release(done.finish.run());
-                    slots.push(done.fetch_slot);
                 }
+                // Every run's fetch slot goes to the jobs leased in its place,
+                // a deferred one's too: its guest has returned, and only its
+                // result is still on its way.
                 for job in leased {
                     let slot = slots.pop().expect("a fetch leases at most `limit` jobs");
                     let _ = next.handoff.send(Handoff { job, slot, sent_at });
+                }
+                if !deferred.is_empty() {
+                    tracing::info!(jobs = deferred.len(), "results wait for a key another transaction holds");
+                    let (store, leases, give_up) = (store.clone(), leases.clone(), give_up.clone());
+                    waiting_on_keys.spawn(write_waiting_on_keys(
+                        store,
+                        leases,
+                        deferred,
+                        writes.deadline * 30,
+                        give_up,
+                    ));
                 }
             }
             Err(error) if give_up.is_cancelled() => {
@@ -120,6 +150,41 @@ pub(super) async fn complete_loop(
                 tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+        }
+    }
+}
+
+/// Writes results whose keys another transaction holds locked (an
+/// application's open transaction with a `jobhost.enqueue` of that key):
+/// each write waits for its keys, off the completer's loop, so other keys'
+/// results and unlimited jobs' go on meanwhile. The deadline is long, as
+/// such a transaction may be; a write abandoned at it is sent again.
+async fn write_waiting_on_keys(
+    store: Arc<dyn Store>,
+    leases: Leases,
+    mut pending: Vec<Done>,
+    deadline: Duration,
+    give_up: CancellationToken,
+) {
+    while !pending.is_empty() {
+        let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
+        match tokio::time::timeout(deadline, store.job_finish(finishes)).await {
+            Ok(Ok(_)) => {
+                for done in &pending {
+                    leases.release(done.finish.run());
+                }
+                return;
+            }
+            Ok(Err(error)) if error.is_refusal() => pending = write_one_by_one(store.as_ref(), &leases, pending).await,
+            _ if give_up.is_cancelled() => {
+                tracing::error!(jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
+                return;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(_) => tracing::warn!(?deadline, jobs = pending.len(), "results still wait for their keys; retrying"),
         }
     }
 }

@@ -288,6 +288,7 @@ impl Worker {
                         },
                         log: serde_json::Value::Null,
                         progress: None,
+                        concurrency_key: job.concurrency_key.clone(),
                     },
                 };
                 // A cancel that arrived while the guest ran ends the job as
@@ -301,7 +302,7 @@ impl Worker {
                     _ => finish,
                 };
                 drop(running);
-                let _ = done.send(Done { finish, fetch_slot: slot });
+                let _ = done.send(Done { finish, fetch_slot: Some(slot) });
             }
             .instrument(span),
         );

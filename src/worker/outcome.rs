@@ -46,7 +46,15 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     });
     let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
     let outcome = without_nul_outcome(outcome);
-    Finish { id: job.id, lease_token: job.lease_token, attempt: job.attempt, outcome, log: without_nul(log), progress }
+    Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        attempt: job.attempt,
+        outcome,
+        log: without_nul(log),
+        progress,
+        concurrency_key: job.concurrency_key.clone(),
+    }
 }
 
 /// PostgreSQL's `jsonb` cannot hold U+0000; a guest that prints one must not

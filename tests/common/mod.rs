@@ -181,6 +181,7 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
         outcome,
         log: serde_json::json!({}),
         progress: None,
+        concurrency_key: job.concurrency_key.clone(),
     }
 }
 

@@ -10,7 +10,7 @@ use super::host::job_types_get;
 use crate::store::job::{EnqueueLimits, PreparedJob, job_names, prepare_all};
 use crate::store::{
     Cancel, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter,
-    JobRow, JobState, Result, Stats,
+    JobRow, JobState, LockedKeys, Result, Stats,
 };
 
 /// Enqueues inside the caller's transaction: all or none.
@@ -142,37 +142,84 @@ pub async fn finish(
     pool: &PgPool,
     mut finishes: Vec<Finish>,
     next: Option<&FetchParams>,
+    locked: LockedKeys,
     limits: &EnqueueLimits,
 ) -> Result<Finished> {
     fail_parents_of_unknown_children(pool, &mut finishes, limits).await?;
-    let mut rows = FinishRows::default();
-    for f in &finishes {
-        rows.push(f);
-    }
-    // Children must commit with their parent's completion (guarantee 9), so
-    // a batch with children is one transaction. Otherwise the batch is one
+    let keyed: Vec<i64> = match locked {
+        LockedKeys::Defer => finishes.iter().filter(|f| f.concurrency_key.is_some()).map(|f| f.id).collect(),
+        LockedKeys::Wait => Vec::new(),
+    };
+    // Children must commit with their parent's completion (guarantee 9),
+    // and keys are locked before the results that release them are written,
+    // so such a batch is one transaction. Otherwise the batch is one
     // statement: jobhost.finish_runs ends the runs, gives back their slots,
     // promotes parked jobs into them and leases the next jobs, in one round
     // trip.
     let has_children = !crate::store::job::child_types(&finishes).is_empty();
-    let (written, any_available, leased) = if !has_children {
-        rows.write(pool, next).await?
+    let (written, any_available, leased, deferred) = if !has_children && keyed.is_empty() {
+        let (written, any_available, leased) = FinishRows::of(finishes.iter()).write(pool, next).await?;
+        (written, any_available, leased, HashSet::new())
     } else {
         let mut tx = pool.begin().await?;
-        let (written, any_available, leased) = rows.write(&mut *tx, next).await?;
-        let children = crate::store::job::children_of_written(&finishes, &written);
-        enqueue(&mut tx, &children, limits).await?;
-        tx.commit().await?;
-        (written, any_available, leased)
+        let work = async {
+            let deferred = defer_locked_keys(&mut tx, &keyed).await?;
+            let writing = finishes.iter().filter(|f| !deferred.contains(&f.id));
+            let (written, any_available, leased) = FinishRows::of(writing).write(&mut *tx, next).await?;
+            let children = crate::store::job::children_of_written(&finishes, &written);
+            enqueue(&mut tx, &children, limits).await?;
+            Ok((written, any_available, leased, deferred))
+        }
+        .await;
+        super::commit_or_roll_back(tx, work).await?
     };
+    if !deferred.is_empty() {
+        tracing::debug!(results = deferred.len(), "results deferred: their keys are locked by another transaction");
+    }
     let results = finishes
         .iter()
-        .map(|f| if written.contains(&f.id) { FinishResult::Done } else { FinishResult::Duplicate })
+        .map(|f| match () {
+            () if deferred.contains(&f.id) => FinishResult::Deferred,
+            () if written.contains(&f.id) => FinishResult::Done,
+            () => FinishResult::Duplicate,
+        })
         .collect();
     Ok(Finished { results, any_available, leased })
 }
 
+/// Locks the semaphores of the keys the runs `keyed` hold, except those
+/// another transaction holds now: returns those runs, whose results are
+/// left out of this write. Locks: semaphore rows in key order, SKIP LOCKED,
+/// so the write never waits on an application's open transaction; the rows
+/// stay locked until commit, as the release that follows needs them.
+async fn defer_locked_keys(conn: &mut PgConnection, keyed: &[i64]) -> Result<HashSet<i64>> {
+    if keyed.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let locked: HashSet<i64> = sqlx::query_scalar(
+        "SELECT j.id FROM jobhost.jobs j
+         JOIN jobhost.semaphores s ON s.job = j.job AND s.key = j.concurrency_key
+         WHERE j.id = ANY($1)
+         ORDER BY s.job, s.key
+         FOR UPDATE OF s SKIP LOCKED",
+    )
+    .bind(keyed)
+    .fetch_all(conn)
+    .await?
+    .into_iter()
+    .collect();
+    Ok(keyed.iter().filter(|id| !locked.contains(id)).copied().collect())
+}
+
 impl FinishRows {
+    fn of<'a>(finishes: impl Iterator<Item = &'a Finish>) -> FinishRows {
+        let mut rows = FinishRows::default();
+        for f in finishes {
+            rows.push(f);
+        }
+        rows
+    }
+
     fn push(&mut self, f: &Finish) {
         let progress = f.progress.clone().map(Json);
         match &f.outcome {

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use super::{
     Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
-    JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    JobFilter, JobRow, KeyStatus, LeaseRenewal, LockedKeys, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -173,8 +173,9 @@ impl Store for PgStore {
         &self,
         runs: Vec<Finish>,
         next: Option<&FetchParams>,
+        locked: LockedKeys,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let finished = job::finish(&self.pool, runs, next, &self.limits).await?;
+        let finished = job::finish(&self.pool, runs, next, locked, &self.limits).await?;
         if finished.any_available {
             // This host's own idle fetch loop need not wait for the
             // notification's round trip through the server.

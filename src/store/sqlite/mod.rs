@@ -40,7 +40,7 @@ use tokio::sync::Notify;
 
 use super::{
     Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
-    JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    JobFilter, JobRow, KeyStatus, LeaseRenewal, LockedKeys, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -334,10 +334,13 @@ impl Store for SqliteStore {
         Ok(jobs)
     }
 
+    /// Writers take the file's lock one at a time and hold no row locks, so
+    /// no result is ever deferred here.
     async fn finish_runs(
         &self,
         mut runs: Vec<Finish>,
         next: Option<&FetchParams>,
+        _locked: LockedKeys,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
         let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
         super::job::fail_parents_of_unfit_children(&mut runs, &configs, &self.limits);
