@@ -1,13 +1,15 @@
-//! Fault injection on a fleet of three real `jobhost run` processes sharing
-//! one PostgreSQL database, serving a limited job type (`limited`: 2 runs at
+//! Fault injection on a fleet of real `jobhost run` processes sharing one
+//! PostgreSQL database, serving a limited job type (`limited`: 2 runs at
 //! once per payload `key`, its 10 s `duration` as lease, parking on
-//! conflict) and an unlimited one (`sleep`). The faults: one host cut off
-//! from the database past its leases, every database session terminated
-//! over and over, and the server restarted. After each, from the database
-//! and the times the guests report: every job completed exactly once, no
-//! key ever ran more than its limit at once, nothing is left (no job, parked
-//! job or slot, nothing for the repair to fix), and while the fleet worked,
-//! every slot belonged to a live job.
+//! conflict) and an unlimited one (`sleep`), or `serial` (1 run at once per
+//! key, a 1 s lease). The faults: one host cut off from the database past
+//! its leases, every database session terminated over and over, the server
+//! restarted, and the answer to a committed write of results lost on its
+//! way back. After each, from the database and the times the guests
+//! report: every job completed exactly once, no key ever ran more than its
+//! limit at once, nothing is left (no job, parked job or slot, nothing for
+//! the repair to fix), and while the fleet worked, every slot belonged to
+//! a live job.
 
 mod common;
 
@@ -22,8 +24,8 @@ use sqlx::postgres::PgConnectOptions;
 use common::db::{TestDb, server_url};
 use common::eventually;
 use common::fleet::{
-    Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command_beating, most_at_once,
-    nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
+    Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, host_command_beating,
+    most_at_once, nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
 };
 use common::pg_server::PgServer;
 use common::proxy::Proxy;
@@ -358,4 +360,82 @@ async fn a_restarted_server_loses_nothing() {
     let redelivered = db.scalar("SELECT count(*) FROM jobhost.archive WHERE attempt > 1").await;
     eprintln!("stage: drained; {redelivered} jobs ran more than once");
     stop_all(&mut hosts).await;
+}
+
+/// Guarantees 5 and 11 through an ambiguous commit: the connection drops
+/// after the server committed a batch of results and before its answer
+/// arrived, so the host cannot tell whether the batch was written. It
+/// writes the batch again; the first write consumed every (job id, lease
+/// token) in it, so the retry is a duplicate: no second slot release, no
+/// second promotion, and no key ever runs two at once. The lost write may
+/// also have leased the next jobs to the host, which never saw them; those
+/// come back when their leases (1 s) expire, and still complete once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_whose_reply_is_lost_is_written_once() {
+    // `serial` runs one job per key at once. Forty short jobs a key keep
+    // every key busy well past a lease, so a job the lost write leased comes
+    // back while its key still has jobs parked: a second release would let
+    // two run at once, which the guests' own times would show.
+    const KEYS: usize = 3;
+    const JOBS: usize = 40 * KEYS;
+    const MS: u64 = 50;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&["serial"]);
+    let cache = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(server_address()).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = Host::start(
+        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
+            .env("RUST_LOG", "warn,jobhost=debug")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    );
+    wait_serving(&db, &[&host], 1).await;
+    let jobs: Vec<_> = (0..JOBS)
+        .map(|i| EnqueueParams::new("serial", json!({"key": format!("k{}", i % KEYS), "ms": MS, "i": i})))
+        .collect();
+    db.store.job_enqueue(&jobs).await.expect("enqueue");
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await > 0 })
+        .await;
+
+    // The next write of results (each goes through jobhost.finish_runs, in
+    // autocommit) is the one whose answer is lost.
+    let mut fired = proxy.lose_reply_to("finish_runs");
+    let lost = tokio::time::timeout(WITHIN, async {
+        loop {
+            assert_slots_match_jobs(&db).await;
+            tokio::select! {
+                lost = &mut fired => break lost.expect("the connection lasted until the server answered"),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    })
+    .await
+    .expect("a write of results went through the proxy");
+    eprintln!("stage: lost the answer ({} bytes) to {:?} at {}", lost.dropped_bytes, lost.statement, clock(now_us()));
+    assert!(lost.committed, "the write whose answer was lost committed: {lost:?}");
+
+    drained(&db, WITHIN).await;
+    // Stopped, it has written every result it had, and its log is complete.
+    host.stop().await;
+
+    completed_once(&db, "serial", JOBS).await;
+    for (key, runs) in runs_by_key(&db, "serial").await {
+        let most = most_at_once(runs);
+        assert!(most <= 1, "serial key {key} ran {most} at once, over its limit of 1");
+    }
+    nothing_left(&db).await;
+    let log = complete_lines(&log);
+    let lines = |text: &str| log.lines().filter(|line| line.contains(text)).count();
+    let retried = lines("cannot write results; retrying");
+    let duplicates = lines("result discarded: another host owns this job now");
+    assert!(retried >= 1, "the host wrote the results whose answer it lost again");
+    assert!(duplicates >= 1, "the second write found those results already written, and said so");
+    let redelivered =
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE errors::text LIKE '%lease expired: host %'").await;
+    eprintln!(
+        "stage: {retried} write(s) retried, {duplicates} result(s) found already written, \
+         {redelivered} job(s) redelivered after their leases expired"
+    );
 }
