@@ -483,3 +483,46 @@ on_both_backends!(
     parks_racing_finishing_holders_strand_nothing,
     a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys,
 );
+
+/// PostgreSQL only (SQLite's writers take the whole file's lock): an
+/// application's open transaction holding a `jobhost.enqueue` of a key
+/// holds that key's semaphore until it commits. Only that key's results
+/// wait for it; other keys' and unlimited jobs' results, and every lease
+/// renewal, go on. Once it commits, the waiting result is written once and
+/// the key's next job runs.
+#[tokio::test]
+async fn an_applications_open_transaction_holds_back_only_its_own_key() {
+    let db = TestDb::postgres().await;
+    let host = TestHost::start(&db, &["serial", "hello"], |_| {}).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let holder = client.enqueue("serial", json!({"key": "a", "ms": 300})).await.unwrap();
+    let running = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {holder} AND state = 'running'");
+    eventually(WITHIN, || async { db.scalar(&running).await == 1 }).await;
+
+    let mut application = db.pool().begin().await.unwrap();
+    let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
+    let parked: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('serial', '{\"key\": \"a\", \"ms\": 0}')")
+        .fetch_one(&mut *application)
+        .await
+        .unwrap();
+    // The holder's guest returns, and the write of its result waits for key a.
+    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {app_pid} = ANY(pg_blocking_pids(pid))");
+    eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+    // Then other work arrives; none of it may wait for key a.
+    let others: Vec<EnqueueParams> = (0..5)
+        .map(|_| EnqueueParams::new("serial", json!({"key": "b", "ms": 0})))
+        .chain((0..40).map(|_| EnqueueParams::new("hello", json!({}))))
+        .collect();
+    db.store.job_enqueue(&others).await.unwrap();
+    let others_done = "SELECT count(*) FROM jobhost.archive WHERE job = 'hello' OR concurrency_key = 'b'";
+    eventually(WITHIN, || async { db.scalar(others_done).await == 45 }).await;
+    // The holder's result waits for key a, its run over and its lease kept.
+    assert_eq!(db.scalar(&running).await, 1, "the holder's result waits for its key");
+    assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.archive WHERE id = {holder}")).await, 0);
+
+    application.commit().await.unwrap();
+    let done = format!("SELECT count(*) FROM jobhost.archive WHERE id IN ({holder}, {parked}) AND state = 'completed'");
+    eventually(WITHIN, || async { db.scalar(&done).await == 2 }).await;
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "the slot was given back once");
+    host.stop().await;
+}
