@@ -154,6 +154,44 @@ async fn cancel_and_retry_report_what_they_did(db: TestDb) {
     assert!(stderr(&missing).contains("does not exist"), "{}", stderr(&missing));
 }
 
+/// `queue pause` and `resume` say what they did and `stats` shows the
+/// paused queue; `enqueue --max-payload` holds a payload to that size; a
+/// running job's cancel says its host will stop it.
+async fn queues_pause_payloads_are_limited_and_running_jobs_cancel(db: TestDb) {
+    let db = with_mail(db).await;
+    let paused = jobhost(&db, &["queue", "pause", "default"]);
+    assert!(stdout(&paused).contains("queue default paused"), "{}", stderr(&paused));
+    assert!(stdout(&jobhost(&db, &["queue", "pause", "default"])).contains("was paused already"));
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let stats = stdout(&jobhost(&db, &["stats"]));
+    assert!(stats.contains("queue default (paused): available 1"), "{stats}");
+    let stats: Value = serde_json::from_str(stdout(&jobhost(&db, &["stats", "--json"])).trim()).unwrap();
+    assert_eq!(stats["paused_queues"], json!(["default"]));
+    assert!(stdout(&jobhost(&db, &["queue", "resume", "default"])).contains("queue default resumed"));
+    let bad = jobhost(&db, &["queue", "pause", "Not A Queue"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+
+    let payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(2000));
+    let refused = jobhost(&db, &["enqueue", "mail", "--max-payload", "1KiB", "--payload", &payload]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr(&refused).contains("more than the largest accepted, 1024 bytes"), "{}", stderr(&refused));
+    assert!(jobhost(&db, &["enqueue", "mail", "--payload", &payload]).status.success(), "the default is 1 MiB");
+
+    let params = FetchParams {
+        host_id: "h".into(),
+        queues: vec!["default".into()],
+        job_types: vec![("mail".into(), 30)],
+        limit: 1,
+    };
+    let running = db.store.job_fetch(&params).await.unwrap().remove(0).id.to_string();
+    let cancelled = jobhost(&db, &["cancel", &running]);
+    assert!(
+        stdout(&cancelled).contains("is running: its host stops it within two heartbeats"),
+        "{}",
+        stderr(&cancelled)
+    );
+}
+
 /// Runs the binary without a database, with a private component cache.
 fn offline(args: &[&str], cache: &tempfile::TempDir) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobhost"))
@@ -284,6 +322,7 @@ on_both_backends!(
     jobs_and_stats_print_the_documented_json,
     cancel_and_retry_report_what_they_did,
     concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3,
+    queues_pause_payloads_are_limited_and_running_jobs_cancel,
 );
 
 /// SQLite only: the file's locks. A host creating and migrating a new file

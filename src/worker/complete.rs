@@ -169,8 +169,11 @@ async fn write_waiting_on_keys(
     while !pending.is_empty() {
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         match tokio::time::timeout(deadline, store.job_finish(finishes)).await {
-            Ok(Ok(_)) => {
-                for done in &pending {
+            Ok(Ok(results)) => {
+                for (done, result) in pending.iter().zip(results) {
+                    if result == FinishResult::Duplicate {
+                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                    }
                     leases.release(done.finish.run());
                 }
                 return;

@@ -175,15 +175,20 @@ pub async fn runs_by_key(db: &TestDb, job: &str) -> BTreeMap<String, Vec<(u64, u
 /// exactly the live jobs holding its slots, and no key has more live jobs
 /// than its job type's limit. Returns how many keys break each.
 pub async fn slots_match_jobs(db: &TestDb) -> (i64, i64) {
-    db.rows(
+    let limit = db.dialect(
+        "jobhost.slot_limit(coalesce(l.job, s.job))",
+        "coalesce((SELECT json_extract(t.config, '$.concurrency.limit') FROM job_types t
+                   WHERE t.name = coalesce(l.job, s.job)), 9223372036854775807)",
+    );
+    db.rows(format!(
         "WITH live AS (
              SELECT job, concurrency_key AS key, count(*) AS n FROM jobhost.jobs
              WHERE concurrency_key IS NOT NULL AND state IN ('available', 'running') GROUP BY 1, 2
          )
          SELECT count(*) FILTER (WHERE coalesce(s.holders, 0) <> coalesce(l.n, 0)),
-                count(*) FILTER (WHERE coalesce(l.n, 0) > jobhost.slot_limit(coalesce(l.job, s.job)))
-         FROM jobhost.semaphores s FULL JOIN live l ON l.job = s.job AND l.key = s.key",
-    )
+                count(*) FILTER (WHERE coalesce(l.n, 0) > {limit})
+         FROM jobhost.semaphores s FULL JOIN live l ON l.job = s.job AND l.key = s.key"
+    ))
     .await
     .remove(0)
 }

@@ -119,6 +119,11 @@ struct Wire {
     fault: Arc<Mutex<Option<Armed>>>,
     /// Set when this connection fires the fault.
     losing: Mutex<Option<Losing>>,
+    /// The matching statement ran inside a transaction, whose commit is
+    /// what could be lost: the answer lost is the next COMMIT's.
+    losing_at_commit: Mutex<Option<Armed>>,
+    /// The server's last ReadyForQuery said a transaction was open.
+    in_transaction: AtomicBool,
     /// Sync and Query messages the client sent: the server answers each
     /// with one ReadyForQuery.
     syncs: AtomicU64,
@@ -166,6 +171,8 @@ async fn connection(
     let wire = Arc::new(Wire {
         fault,
         losing: Mutex::new(None),
+        losing_at_commit: Mutex::new(None),
+        in_transaction: AtomicBool::new(false),
         syncs: AtomicU64::new(0),
         encryption_asked: AtomicBool::new(false),
         opaque: AtomicBool::new(false),
@@ -312,13 +319,26 @@ impl FromClient {
     /// An execution of `text` is about to reach the server: fires the
     /// fault if it matches. The answer ends at the ReadyForQuery for the
     /// next sync point, this one's.
+    /// A match inside a transaction moves the fault to that transaction's
+    /// COMMIT, the message whose answer tells whether it took effect.
     fn execution(&self, text: String) {
+        let answered_at = self.wire.syncs.load(Ordering::SeqCst) + 1;
+        let mut at_commit = self.wire.losing_at_commit.lock().expect("the connection's lock");
+        if at_commit.is_some() && text.trim().eq_ignore_ascii_case("COMMIT") {
+            let armed = at_commit.take().expect("checked above");
+            *self.wire.losing.lock().expect("the connection's lock") =
+                Some(Losing { statement: format!("{}; COMMIT", armed.needle), answered_at, fired: armed.fired });
+            return;
+        }
         let mut fault = self.wire.fault.lock().expect("the fault's lock");
         if !fault.as_ref().is_some_and(|armed| text.contains(&armed.needle)) {
             return;
         }
         let armed = fault.take().expect("checked above");
-        let answered_at = self.wire.syncs.load(Ordering::SeqCst) + 1;
+        if self.wire.in_transaction.load(Ordering::SeqCst) {
+            *at_commit = Some(Armed { needle: text, fired: armed.fired });
+            return;
+        }
         *self.wire.losing.lock().expect("the connection's lock") =
             Some(Losing { statement: text, answered_at, fired: armed.fired });
     }
@@ -369,6 +389,8 @@ impl FromServer {
             b'E' => self.failed = true,
             b'Z' => {
                 self.ready += 1;
+                let status = body.first().copied();
+                self.wire.in_transaction.store(matches!(status, Some(b'T' | b'E')), Ordering::SeqCst);
                 let mut losing = self.wire.losing.lock().expect("the connection's lock");
                 if losing.as_ref().is_some_and(|losing| self.ready >= losing.answered_at) {
                     let losing = losing.take().expect("checked above");

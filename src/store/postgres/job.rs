@@ -146,8 +146,10 @@ pub async fn finish(
     limits: &EnqueueLimits,
 ) -> Result<Finished> {
     fail_parents_of_unknown_children(pool, &mut finishes, limits).await?;
-    let keyed: Vec<i64> = match locked {
-        LockedKeys::Defer => finishes.iter().filter(|f| f.concurrency_key.is_some()).map(|f| f.id).collect(),
+    let keyed: Vec<(i64, i64)> = match locked {
+        LockedKeys::Defer => {
+            finishes.iter().filter(|f| f.concurrency_key.is_some()).map(|f| (f.id, f.lease_token)).collect()
+        }
         LockedKeys::Wait => Vec::new(),
     };
     // Children must commit with their parent's completion (guarantee 9),
@@ -187,15 +189,18 @@ pub async fn finish(
     Ok(Finished { results, any_available, leased })
 }
 
-/// Locks the semaphores of the keys the runs `keyed` hold, except those
-/// another transaction holds now: returns those runs, whose results are
-/// left out of this write. Locks: semaphore rows in key order, SKIP LOCKED,
-/// so the write never waits on an application's open transaction; the rows
-/// stay locked until commit, as the release that follows needs them.
-async fn defer_locked_keys(conn: &mut PgConnection, keyed: &[i64]) -> Result<HashSet<i64>> {
+/// Locks the semaphores of the keys the runs `keyed` (job id, lease token)
+/// hold, except those another transaction holds now: returns those runs,
+/// whose results are left out of this write. A run whose lease is gone is
+/// not deferred: the write finds it a duplicate. Locks: semaphore rows in
+/// key order, SKIP LOCKED, so the write never waits on an application's
+/// open transaction; the rows stay locked until commit, as the release that
+/// follows needs them.
+async fn defer_locked_keys(conn: &mut PgConnection, keyed: &[(i64, i64)]) -> Result<HashSet<i64>> {
     if keyed.is_empty() {
         return Ok(HashSet::new());
     }
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = keyed.iter().copied().unzip();
     let locked: HashSet<i64> = sqlx::query_scalar(
         "SELECT j.id FROM jobhost.jobs j
          JOIN jobhost.semaphores s ON s.job = j.job AND s.key = j.concurrency_key
@@ -203,12 +208,24 @@ async fn defer_locked_keys(conn: &mut PgConnection, keyed: &[i64]) -> Result<Has
          ORDER BY s.job, s.key
          FOR UPDATE OF s SKIP LOCKED",
     )
-    .bind(keyed)
-    .fetch_all(conn)
+    .bind(&ids)
+    .fetch_all(&mut *conn)
     .await?
     .into_iter()
     .collect();
-    Ok(keyed.iter().filter(|id| !locked.contains(id)).copied().collect())
+    if locked.len() == ids.len() {
+        return Ok(HashSet::new());
+    }
+    // The rest: deferred only while their lease is still theirs.
+    let current: Vec<i64> = sqlx::query_scalar(
+        "SELECT j.id FROM jobhost.jobs j JOIN unnest($1::bigint[], $2::bigint[]) AS r(id, lease_token)
+         ON r.id = j.id AND r.lease_token = j.lease_token",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_all(conn)
+    .await?;
+    Ok(current.into_iter().filter(|id| !locked.contains(id)).collect())
 }
 
 impl FinishRows {
