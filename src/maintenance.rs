@@ -180,44 +180,52 @@ impl Maintenance {
     /// Due scheduled jobs pass the gate, set-based; when the database
     /// refuses the batch, a part at a time.
     async fn promote_due(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
-        match self.store.job_promote_due(now).await {
-            Ok(promoted) => Ok(PassReport { promoted, ..Default::default() }),
-            Err(error) if error.is_refusal() => {
-                tracing::error!(%error, "the database refused passing due jobs through the gate; isolating the rows");
-                let ids = self.store.job_due_ids(now, ISOLATE_BATCH).await?;
-                let store = self.store.clone();
-                self.isolated("passing the gate when due", ids, move |ids| {
-                    let store = store.clone();
-                    async move {
-                        let promoted = store.job_promote_due_ids(now, &ids).await?;
-                        Ok(PassReport { promoted, ..Default::default() })
-                    }
-                })
-                .await
-            }
-            Err(error) => Err(error),
-        }
+        let store = self.store.clone();
+        let whole = async { Ok(PassReport { promoted: self.store.job_promote_due(now).await?, ..Default::default() }) };
+        let ids = self.store.job_due_ids(now, ISOLATE_BATCH);
+        self.sweep_isolating("passing the gate when due", whole, ids, move |ids| {
+            let store = store.clone();
+            async move { Ok(PassReport { promoted: store.job_promote_due_ids(now, &ids).await?, ..Default::default() }) }
+        })
+        .await
     }
 
     /// Expired leases are rescued, set-based; when the database refuses the
     /// batch, a part at a time.
     async fn expire_leases(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
-        match self.store.lease_expire(now).await {
-            Ok((requeued, failed)) => Ok(PassReport { requeued, failed, ..Default::default() }),
+        let report = |(requeued, failed)| PassReport { requeued, failed, ..Default::default() };
+        let store = self.store.clone();
+        let whole = async { self.store.lease_expire(now).await.map(report) };
+        let ids = self.store.lease_expired_ids(now, ISOLATE_BATCH);
+        self.sweep_isolating("rescuing its expired lease", whole, ids, move |ids| {
+            let store = store.clone();
+            async move { store.lease_expire_ids(now, &ids).await.map(report) }
+        })
+        .await
+    }
+
+    /// Runs a set-based sweep (`whole`); when the database refuses it, reads
+    /// the rows it would take (`ids`) and goes through them with `step`,
+    /// isolating the ones it cannot process.
+    async fn sweep_isolating<W, I, F, Fut>(
+        &self,
+        what: &str,
+        whole: W,
+        ids: I,
+        step: F,
+    ) -> crate::store::Result<PassReport>
+    where
+        W: std::future::Future<Output = crate::store::Result<PassReport>>,
+        I: std::future::Future<Output = crate::store::Result<Vec<i64>>>,
+        F: Fn(Vec<i64>) -> Fut,
+        Fut: std::future::Future<Output = crate::store::Result<PassReport>>,
+    {
+        match whole.await {
             Err(error) if error.is_refusal() => {
-                tracing::error!(%error, "the database refused rescuing expired leases; isolating the rows");
-                let ids = self.store.lease_expired_ids(now, ISOLATE_BATCH).await?;
-                let store = self.store.clone();
-                self.isolated("rescuing its expired lease", ids, move |ids| {
-                    let store = store.clone();
-                    async move {
-                        let (requeued, failed) = store.lease_expire_ids(now, &ids).await?;
-                        Ok(PassReport { requeued, failed, ..Default::default() })
-                    }
-                })
-                .await
+                tracing::error!(%error, sweep = what, "the database refused a sweep; isolating the rows it cannot take");
+                self.isolated(what, ids.await?, step).await
             }
-            Err(error) => Err(error),
+            done => done,
         }
     }
 
