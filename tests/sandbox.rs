@@ -32,6 +32,36 @@ async fn hello_transforms_its_payload_and_logs() {
     assert!(!report.effects.truncated);
 }
 
+/// A guest cannot flood the host's own log: it echoes at most 64 KiB of a
+/// run's log lines, then says it stopped; the job keeps its lines.
+#[tokio::test]
+async fn a_run_echoes_a_bounded_share_of_its_log_into_the_hosts_log() {
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (runtime, _cache) = runtime();
+    let hello = load(&runtime, "hello").await;
+    let name = "x".repeat(4000);
+    let report = run(&runtime, &hello, json!({"name": name, "log_times": 100})).await;
+    assert_eq!(report.effects.logs.len(), 100, "the job keeps every line");
+    let host_log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let echoed = host_log.lines().filter(|line| line.contains("greeting x")).count();
+    assert_eq!(echoed, 16, "64 KiB of 4 KiB lines reach the host's log, and no more");
+    assert!(host_log.contains("further lines are kept with the job only"), "{}", &host_log[..200]);
+}
+
 #[tokio::test]
 async fn a_payload_that_is_not_json_fails_without_retry() {
     let (runtime, _cache) = runtime();

@@ -124,3 +124,68 @@ BEGIN
     RETURN new_id;
 END;
 $$;
+
+-- jobhost.finish_runs, except for the runs among keyed_ids (with their
+-- lease tokens) whose key's semaphore another transaction holds right now:
+-- those are left out and returned as deferred, so one key's lock (an
+-- application's open transaction holding a jobhost.enqueue of that key)
+-- never holds back a batch of results. A run whose lease is gone is not
+-- deferred: finish_runs finds it a duplicate. One round trip, as before.
+-- Locks: the keyed runs' semaphores in key order, SKIP LOCKED; they stay
+-- locked until commit, for the release finish_runs does.
+CREATE FUNCTION jobhost.finish_runs_unless_locked(
+    keyed_ids bigint[], keyed_tokens bigint[],
+    archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
+    logs jsonb[], archive_progress jsonb[],
+    requeue_ids bigint[], requeue_tokens bigint[], delays_ms bigint[], refunds integer[], requeue_errors jsonb[],
+    requeue_progress jsonb[],
+    queues text[], fetch_types text[], fetch_leases integer[], max_jobs bigint, host text
+)
+RETURNS TABLE (
+    deferred bigint[], written bigint[], any_available boolean, id bigint, lease_token bigint, job text, queue text,
+    payload jsonb, attempt integer, max_attempts integer, enqueued_at timestamptz, batch_id bigint,
+    concurrency_key text, lease_secs integer
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    locked bigint[];
+    held_back bigint[] := '{}';
+BEGIN
+    IF cardinality(keyed_ids) > 0 THEN
+        SELECT coalesce(array_agg(l.id), '{}') INTO locked FROM (
+            SELECT j.id FROM jobhost.jobs j
+            JOIN jobhost.semaphores s ON s.job = j.job AND s.key = j.concurrency_key
+            WHERE j.id = ANY(keyed_ids)
+            ORDER BY s.job, s.key
+            FOR UPDATE OF s SKIP LOCKED
+        ) l;
+        SELECT coalesce(array_agg(j.id), '{}') INTO held_back
+        FROM jobhost.jobs j
+        JOIN unnest(keyed_ids, keyed_tokens) AS r(run_id, run_token) ON r.run_id = j.id AND r.run_token = j.lease_token
+        WHERE j.id <> ALL(locked);
+    END IF;
+    IF cardinality(held_back) > 0 THEN
+        SELECT coalesce(array_agg(i.a_id ORDER BY i.n), '{}'), coalesce(array_agg(i.a_token ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_state ORDER BY i.n), '{}'), coalesce(array_agg(i.a_output ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_error ORDER BY i.n), '{}'), coalesce(array_agg(i.a_log ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_progress ORDER BY i.n), '{}')
+        INTO archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress
+        FROM unnest(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress)
+            WITH ORDINALITY AS i(a_id, a_token, a_state, a_output, a_error, a_log, a_progress, n)
+        WHERE i.a_id <> ALL(held_back);
+        SELECT coalesce(array_agg(i.r_id ORDER BY i.n), '{}'), coalesce(array_agg(i.r_token ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.r_delay ORDER BY i.n), '{}'), coalesce(array_agg(i.r_refund ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.r_error ORDER BY i.n), '{}'), coalesce(array_agg(i.r_progress ORDER BY i.n), '{}')
+        INTO requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress
+        FROM unnest(requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress)
+            WITH ORDINALITY AS i(r_id, r_token, r_delay, r_refund, r_error, r_progress, n)
+        WHERE i.r_id <> ALL(held_back);
+    END IF;
+    RETURN QUERY
+    SELECT held_back, f.*
+    FROM jobhost.finish_runs(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs,
+                             archive_progress, requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors,
+                             requeue_progress, queues, fetch_types, fetch_leases, max_jobs, host) f;
+END;
+$$;

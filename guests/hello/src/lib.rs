@@ -1,5 +1,6 @@
 //! Greets the payload's `name`: the smallest useful handler. An optional
-//! `delay_ms` keeps a run in flight, for tests that swap versions under it.
+//! `delay_ms` keeps a run in flight, for tests that swap versions under it;
+//! `log_times` logs the greeting that many times (default once).
 
 use jobhost_guest::{JobConfig, JobContext, JobError, host};
 
@@ -16,7 +17,10 @@ impl jobhost_guest::Guest for Hello {
         if let Some(ms) = payload.get("delay_ms").and_then(|n| n.as_u64()) {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
-        host::log(host::Level::Info, &format!("greeting {name}"));
+        let times = payload.get("log_times").and_then(|n| n.as_u64()).unwrap_or(1);
+        for _ in 0..times {
+            host::log(host::Level::Info, &format!("greeting {name}"));
+        }
         println!("attempt {} of job {}", ctx.attempt, ctx.job_id);
         let output = serde_json::json!({ "greeting": format!("hello, {name}"), "job_id": ctx.job_id });
         Ok(Some(output.to_string()))

@@ -108,6 +108,8 @@ fn leased_job(row: &sqlx::postgres::PgRow) -> Result<FetchedJob> {
 /// that go back to wait.
 #[derive(Default)]
 struct FinishRows {
+    keyed_ids: Vec<i64>,
+    keyed_tokens: Vec<i64>,
     archive_ids: Vec<i64>,
     archive_tokens: Vec<i64>,
     archive_states: Vec<&'static str>,
@@ -146,28 +148,19 @@ pub async fn finish(
     limits: &EnqueueLimits,
 ) -> Result<Finished> {
     fail_parents_of_unknown_children(pool, &mut finishes, limits).await?;
-    let keyed: Vec<(i64, i64)> = match locked {
-        LockedKeys::Defer => {
-            finishes.iter().filter(|f| f.concurrency_key.is_some()).map(|f| (f.id, f.lease_token)).collect()
-        }
-        LockedKeys::Wait => Vec::new(),
-    };
+    let rows = FinishRows::of(finishes.iter(), locked);
     // Children must commit with their parent's completion (guarantee 9),
-    // and keys are locked before the results that release them are written,
-    // so such a batch is one transaction. Otherwise the batch is one
-    // statement: jobhost.finish_runs ends the runs, gives back their slots,
-    // promotes parked jobs into them and leases the next jobs, in one round
-    // trip.
+    // so a batch with children is one transaction. Otherwise the batch is
+    // one statement: it ends the runs (but those whose key another
+    // transaction holds), gives back their slots, promotes parked jobs into
+    // them and leases the next jobs, in one round trip.
     let has_children = !crate::store::job::child_types(&finishes).is_empty();
-    let (written, any_available, leased, deferred) = if !has_children && keyed.is_empty() {
-        let (written, any_available, leased) = FinishRows::of(finishes.iter()).write(pool, next).await?;
-        (written, any_available, leased, HashSet::new())
+    let (written, any_available, leased, deferred) = if !has_children {
+        rows.write(pool, next).await?
     } else {
         let mut tx = pool.begin().await?;
         let work = async {
-            let deferred = defer_locked_keys(&mut tx, &keyed).await?;
-            let writing = finishes.iter().filter(|f| !deferred.contains(&f.id));
-            let (written, any_available, leased) = FinishRows::of(writing).write(&mut *tx, next).await?;
+            let (written, any_available, leased, deferred) = rows.write(&mut *tx, next).await?;
             let children = crate::store::job::children_of_written(&finishes, &written);
             enqueue(&mut tx, &children, limits).await?;
             Ok((written, any_available, leased, deferred))
@@ -189,49 +182,16 @@ pub async fn finish(
     Ok(Finished { results, any_available, leased })
 }
 
-/// Locks the semaphores of the keys the runs `keyed` (job id, lease token)
-/// hold, except those another transaction holds now: returns those runs,
-/// whose results are left out of this write. A run whose lease is gone is
-/// not deferred: the write finds it a duplicate. Locks: semaphore rows in
-/// key order, SKIP LOCKED, so the write never waits on an application's
-/// open transaction; the rows stay locked until commit, as the release that
-/// follows needs them.
-async fn defer_locked_keys(conn: &mut PgConnection, keyed: &[(i64, i64)]) -> Result<HashSet<i64>> {
-    if keyed.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let (ids, tokens): (Vec<i64>, Vec<i64>) = keyed.iter().copied().unzip();
-    let locked: HashSet<i64> = sqlx::query_scalar(
-        "SELECT j.id FROM jobhost.jobs j
-         JOIN jobhost.semaphores s ON s.job = j.job AND s.key = j.concurrency_key
-         WHERE j.id = ANY($1)
-         ORDER BY s.job, s.key
-         FOR UPDATE OF s SKIP LOCKED",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .collect();
-    if locked.len() == ids.len() {
-        return Ok(HashSet::new());
-    }
-    // The rest: deferred only while their lease is still theirs.
-    let current: Vec<i64> = sqlx::query_scalar(
-        "SELECT j.id FROM jobhost.jobs j JOIN unnest($1::bigint[], $2::bigint[]) AS r(id, lease_token)
-         ON r.id = j.id AND r.lease_token = j.lease_token",
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .fetch_all(conn)
-    .await?;
-    Ok(current.into_iter().filter(|id| !locked.contains(id)).collect())
-}
-
 impl FinishRows {
-    fn of<'a>(finishes: impl Iterator<Item = &'a Finish>) -> FinishRows {
+    /// The rows of `finishes`; with [`LockedKeys::Defer`], the runs holding
+    /// a key, to be left out while another transaction holds that key.
+    fn of<'a>(finishes: impl Iterator<Item = &'a Finish>, locked: LockedKeys) -> FinishRows {
         let mut rows = FinishRows::default();
         for f in finishes {
+            if locked == LockedKeys::Defer && f.concurrency_key.is_some() {
+                rows.keyed_ids.push(f.id);
+                rows.keyed_tokens.push(f.lease_token);
+            }
             rows.push(f);
         }
         rows
@@ -285,21 +245,24 @@ impl FinishRows {
     }
 
     /// Writes the rows whose lease still matches (see jobhost.finish_runs in
-    /// 0004_concurrency.sql); returns their
-    /// ids, whether any job became available, and the jobs leased to the
-    /// host `next` names, if it asks for any.
+    /// 0004_concurrency.sql, through jobhost.finish_runs_unless_locked in
+    /// 0005_fault_tolerance.sql); returns their ids, whether any job became
+    /// available, the jobs leased to the host `next` names, if it asks for
+    /// any, and the runs left out because another transaction holds their key.
     async fn write(
         &self,
         executor: impl sqlx::PgExecutor<'_>,
         next: Option<&FetchParams>,
-    ) -> Result<(HashSet<i64>, bool, Vec<FetchedJob>)> {
+    ) -> Result<(HashSet<i64>, bool, Vec<FetchedJob>, HashSet<i64>)> {
         let next = next.filter(|n| n.limit > 0 && !n.job_types.is_empty() && !n.queues.is_empty());
         let (names, leases): (Vec<&str>, Vec<i32>) =
             next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
         let rows = sqlx::query(
-            "SELECT * FROM jobhost.finish_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                               jobhost.unpaused($14), $15, $16, $17, $18)",
+            "SELECT * FROM jobhost.finish_runs_unless_locked($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                                             $14, $15, jobhost.unpaused($16), $17, $18, $19, $20)",
         )
+        .bind(&self.keyed_ids)
+        .bind(&self.keyed_tokens)
         .bind(&self.archive_ids)
         .bind(&self.archive_tokens)
         .bind(&self.archive_states)
@@ -322,6 +285,7 @@ impl FinishRows {
         .await?;
         let first = rows.first().ok_or_else(|| Error::JobState { id: 0, reason: "finish wrote no row".into() })?;
         let written: Vec<i64> = first.try_get("written")?;
+        let deferred: Vec<i64> = first.try_get("deferred")?;
         let any_available: bool = first.try_get("any_available")?;
         let mut leased = Vec::new();
         for row in &rows {
@@ -329,7 +293,7 @@ impl FinishRows {
                 leased.push(leased_job(row)?);
             }
         }
-        Ok((written.into_iter().collect(), any_available, leased))
+        Ok((written.into_iter().collect(), any_available, leased, deferred.into_iter().collect()))
     }
 }
 
