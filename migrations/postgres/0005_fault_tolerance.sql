@@ -160,10 +160,14 @@ BEGIN
             ORDER BY s.job, s.key
             FOR UPDATE OF s SKIP LOCKED
         ) l;
-        SELECT coalesce(array_agg(j.id), '{}') INTO held_back
-        FROM jobhost.jobs j
-        JOIN unnest(keyed_ids, keyed_tokens) AS r(run_id, run_token) ON r.run_id = j.id AND r.run_token = j.lease_token
-        WHERE j.id <> ALL(locked);
+        -- Usually every key was free: nothing more to read.
+        IF cardinality(locked) < cardinality(keyed_ids) THEN
+            SELECT coalesce(array_agg(j.id), '{}') INTO held_back
+            FROM jobhost.jobs j
+            JOIN unnest(keyed_ids, keyed_tokens) AS r(run_id, run_token)
+                ON r.run_id = j.id AND r.run_token = j.lease_token
+            WHERE j.id <> ALL(locked);
+        END IF;
     END IF;
     IF cardinality(held_back) > 0 THEN
         SELECT coalesce(array_agg(i.a_id ORDER BY i.n), '{}'), coalesce(array_agg(i.a_token ORDER BY i.n), '{}'),
