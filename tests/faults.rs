@@ -429,7 +429,7 @@ async fn a_result_whose_reply_is_lost_is_written_once() {
     let log = complete_lines(&log);
     let lines = |text: &str| log.lines().filter(|line| line.contains(text)).count();
     let retried = lines("cannot write results; retrying");
-    let duplicates = lines("result discarded: another host owns this job now");
+    let duplicates = lines("result discarded: its lease is gone");
     assert!(retried >= 1, "the host wrote the results whose answer it lost again");
     assert!(duplicates >= 1, "the second write found those results already written, and said so");
     let redelivered =

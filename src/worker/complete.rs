@@ -113,7 +113,10 @@ pub(super) async fn complete_loop(
                             continue;
                         }
                         FinishResult::Duplicate => {
-                            tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                            tracing::warn!(
+                                job_id = done.finish.id,
+                                "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
+                            );
                         }
                         FinishResult::Done => {}
                     }
@@ -172,7 +175,10 @@ async fn write_waiting_on_keys(
             Ok(Ok(results)) => {
                 for (done, result) in pending.iter().zip(results) {
                     if result == FinishResult::Duplicate {
-                        tracing::warn!(job_id = done.finish.id, "result discarded: another host owns this job now");
+                        tracing::warn!(
+                            job_id = done.finish.id,
+                            "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
+                        );
                     }
                     leases.release(done.finish.run());
                 }
