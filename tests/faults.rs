@@ -439,3 +439,67 @@ async fn a_result_whose_reply_is_lost_is_written_once() {
          {redelivered} job(s) redelivered after their leases expired"
     );
 }
+
+/// A result the database will not take, failing without a refusal (here a
+/// trigger cancels the statement, as a `statement_timeout` would), cannot
+/// hold back the host's other results: the batch is halved until that
+/// result stands alone, its job is failed with the reason, and every other
+/// job completes. Before, the same batch was sent every 200 ms for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_database_will_not_take_fails_alone() {
+    const JOBS: usize = 60;
+    const POISON: usize = 17;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    db.execute(
+        "CREATE FUNCTION jobhost.test_cancel_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
+                 RAISE EXCEPTION 'canceling statement due to statement timeout' USING ERRCODE = '57014';
+             END IF;
+             RETURN NEW;
+         END $$",
+    )
+    .await;
+    db.execute(
+        "CREATE TRIGGER test_cancel_poison BEFORE INSERT ON jobhost.archive
+         FOR EACH ROW EXECUTE FUNCTION jobhost.test_cancel_poison()",
+    )
+    .await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = Host::start(
+        host_command(&db.url, components.path(), cache.path())
+            .env("RUST_LOG", "warn")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    );
+    wait_serving(&db, &[&host], 1).await;
+    let jobs: Vec<_> = (0..JOBS)
+        .map(|i| {
+            let payload =
+                if i == POISON { json!({"ms": 20, "i": i, "poison": true}) } else { json!({"ms": 20, "i": i}) };
+            EnqueueParams::new("sleep", payload)
+        })
+        .collect();
+    db.store.job_enqueue(&jobs).await.expect("enqueue");
+
+    drained(&db, WITHIN).await;
+    assert!(host.is_running(), "the host carried on");
+    host.stop().await;
+    let completed = db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await;
+    assert_eq!(completed, JOBS as i64 - 1, "every other job completed");
+    let failed = db
+        .texts("SELECT payload->>'i' || ': ' || (errors->-1->>'error') FROM jobhost.archive WHERE state = 'failed'")
+        .await;
+    assert_eq!(failed.len(), 1, "only the result the database would not take failed: {failed:?}");
+    assert!(
+        failed[0].starts_with(&format!("{POISON}: the run's result could not be written"))
+            && failed[0].contains("statement timeout"),
+        "it failed with the reason: {failed:?}"
+    );
+    let log = complete_lines(&log);
+    assert!(log.contains("splitting it"), "the host said it split the batch:\n{log}");
+    nothing_left(&db).await;
+}

@@ -187,3 +187,59 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host(db: T
 }
 
 on_both_backends!(limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host);
+
+/// `jobhost run` with one run slot and one job leased ahead of it, which
+/// may wait half a second for the slot.
+fn one_slot_host(db: &TestDb, components: &std::path::Path, cache: &std::path::Path) -> Host {
+    Host::start(
+        std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(["run", "--no-migrate", "--concurrency", "1", "--prefetch", "1", "--prefetch-wait", "500ms"])
+            .args(["--heartbeat", "250ms", "--lease", "5s", "--poll", "200ms", "--maintenance-interval", "100ms"])
+            .args(["--grace", "1s", "--components"])
+            .arg(components)
+            .arg("--cache-dir")
+            .arg(cache)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null()),
+    )
+}
+
+/// A job leased ahead of a long run does not wait behind it while another
+/// host is idle: it is handed back, with its attempt given back, once it
+/// has waited its host's `--prefetch-wait`, and the host leases no more
+/// ahead of runs that long. Before, the short job waited the whole long
+/// run, counted as started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_leased_behind_a_long_run_goes_to_an_idle_host() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut busy = one_slot_host(&db, components.path(), cache.path());
+    common::fleet::wait_serving(&db, &[&busy], 1).await;
+
+    let long = EnqueueParams::new("sleep", json!({"ms": 30_000, "i": 0}));
+    let short = EnqueueParams::new("sleep", json!({"ms": 0, "i": 1}));
+    let ids = db.store.job_enqueue(&[long, short]).await.unwrap();
+    let leased_to_busy = format!(
+        "SELECT count(*) FROM jobhost.jobs WHERE id = {} AND state = 'running' AND host_id LIKE '{}'",
+        ids[1],
+        busy.id_pattern()
+    );
+    eventually(WITHIN, || async { db.scalar(&leased_to_busy).await == 1 }).await;
+
+    let mut idle = one_slot_host(&db, components.path(), cache.path());
+    let short_done = format!("SELECT count(*) FROM jobhost.archive WHERE id = {} AND state = 'completed'", ids[1]);
+    eventually(WITHIN, || async { db.scalar(&short_done).await == 1 }).await;
+    let long_running = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {} AND state = 'running'", ids[0]);
+    assert_eq!(db.scalar(&long_running).await, 1, "the short job completed while the long one still ran");
+    let (attempt, host) = db
+        .rows::<(i32, String)>(format!("SELECT attempt, host_id FROM jobhost.archive WHERE id = {}", ids[1]))
+        .await
+        .remove(0);
+    assert_eq!(attempt, 1, "handing it back gave its attempt back");
+    assert!(host.contains(&format!("-{}-", idle.pid())), "the idle host ran it, not {host}");
+    idle.stop().await;
+    busy.stop().await;
+}

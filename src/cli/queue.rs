@@ -29,9 +29,13 @@ pub struct RunArgs {
     /// Jobs run at once on this host.
     #[arg(long, default_value_t = 10)]
     concurrency: usize,
-    /// Jobs leased ahead of free run slots [default: the concurrency].
+    /// The most jobs leased ahead of free run slots [default: the concurrency].
     #[arg(long)]
     prefetch: Option<usize>,
+    /// How long a job leased ahead may wait for a run slot before it is
+    /// handed back; fewer are leased ahead while runs are long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    prefetch_wait: Duration,
     /// The queues to serve, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "default")]
     queues: Vec<String>,
@@ -70,6 +74,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         worker: WorkerConfig {
             concurrency: args.concurrency,
             prefetch: args.prefetch.unwrap_or(args.concurrency),
+            prefetch_wait: args.prefetch_wait,
             queues: args.queues,
             heartbeat_interval: args.heartbeat,
             default_lease: args.lease,

@@ -315,6 +315,10 @@ pub trait Store: Send + Sync + 'static {
     /// Counts by state and queue, the oldest wait, and live hosts.
     async fn stats(&self) -> Result<Stats>;
 
+    /// Answers when the database does: tells a write the database will not
+    /// take from a database that is down.
+    async fn ping(&self) -> Result<()>;
+
     /// Runs a failed, discarded or cancelled job again (a new attempt budget),
     /// or a scheduled one now.
     async fn job_retry(&self, id: i64) -> Result<()>;

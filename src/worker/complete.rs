@@ -3,10 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::health::WriteHealth;
+use super::prefetch::Prefetch;
 use super::{FetchSpec, Leases};
 use crate::store::{FetchedJob, Finish, FinishOutcome, FinishResult, Store};
 
@@ -30,10 +32,13 @@ pub(super) struct Handoff {
     pub(super) sent_at: Instant,
 }
 
-/// Where the completer leases the next jobs: what to fetch, and where to
-/// send what it leased. Nothing is leased once `shutdown` has fired.
+/// Where the completer leases the next jobs: what to fetch, how many, and
+/// where to send what it leased. Nothing is leased once `shutdown` has fired.
 pub(super) struct NextJobs {
     pub(super) spec: FetchSpec,
+    /// Bounds the jobs leased ahead of free run slots, as in the fetch loop.
+    pub(super) prefetch: Prefetch,
+    pub(super) run_slots: Arc<Semaphore>,
     pub(super) handoff: mpsc::UnboundedSender<Handoff>,
     pub(super) shutdown: CancellationToken,
 }
@@ -49,20 +54,27 @@ pub(super) struct Writes {
 /// write. With each batch it leases up to one job per fetch slot the batch's
 /// runs held, so the jobs the batch made room for, a parked job promoted
 /// into a freed slot among them, start without another round trip; slots it
-/// cannot fill go back to the fetch loop once the batch is written. A write the database could not take is retried, never dropped: if
-/// the leases expire meanwhile, the write later finds them taken and changes
-/// nothing. A batch the database refuses is written one result at a time, so
-/// one unstorable result cannot hold back the others.
+/// cannot fill go back to the fetch loop once the batch is written.
+///
+/// A write that fails is sent again, never dropped: if the leases expire
+/// meanwhile, the write later finds them taken and changes nothing. A batch
+/// the database refuses is written one result at a time, and one that keeps
+/// failing while the database answers is split, so one unstorable result
+/// fails its own job and cannot hold back the others. While writes fail,
+/// `health` counts how long; see [`WriteHealth`].
 pub(super) async fn complete_loop(
     store: Arc<dyn Store>,
     leases: Leases,
     mut done: mpsc::UnboundedReceiver<Done>,
     next: NextJobs,
     writes: Writes,
+    health: WriteHealth,
     give_up: CancellationToken,
 ) {
     let batch = writes.batch;
     let mut pending: Vec<Done> = Vec::new();
+    // Sends of `pending` in a row that failed without a refusal.
+    let mut failed_sends = 0;
     // Results whose key another transaction holds, each batch written off
     // this loop by a task that waits for the key.
     let mut waiting_on_keys = tokio::task::JoinSet::new();
@@ -85,24 +97,22 @@ pub(super) async fn complete_loop(
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let sent_at = Instant::now();
         let write = async {
-            if next.shutdown.is_cancelled() {
+            // One job per fetch slot the batch frees, as far as run slots
+            // and the prefetch allow: a run handed back unrun freed no run slot.
+            let limit = next.prefetch.fetch_limit(pending.len(), next.run_slots.available_permits());
+            if next.shutdown.is_cancelled() || limit == 0 {
                 store.job_finish(finishes).await.map(|results| (results, Vec::new()))
             } else {
-                store.job_finish_and_fetch(finishes, &next.spec.params(pending.len() as i64)).await
+                store.job_finish_and_fetch(finishes, &next.spec.params(limit as i64)).await
             }
         };
         // A write abandoned at its deadline may still have committed: its
         // retry then finds the runs' tokens gone and changes nothing, and
         // jobs it leased were never started here, so their leases expire.
-        let written = match tokio::time::timeout(writes.deadline, write).await {
-            Ok(written) => written,
-            Err(_) => {
-                tracing::warn!(deadline = ?writes.deadline, jobs = pending.len(), "result write got no answer in time; retrying");
-                continue;
-            }
-        };
-        match written {
-            Ok((results, leased)) => {
+        let failure = match tokio::time::timeout(writes.deadline, write).await {
+            Ok(Ok((results, leased))) => {
+                failed_sends = 0;
+                health.succeeded();
                 let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
                 let mut deferred = Vec::new();
                 for (mut done, result) in pending.drain(..).zip(results) {
@@ -112,12 +122,7 @@ pub(super) async fn complete_loop(
                             deferred.push(done);
                             continue;
                         }
-                        FinishResult::Duplicate => {
-                            tracing::warn!(
-                                job_id = done.finish.id,
-                                "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
-                            );
-                        }
+                        FinishResult::Duplicate => log_duplicate(&done),
                         FinishResult::Done => {}
                     }
                     leases.release(done.finish.run());
@@ -131,27 +136,34 @@ pub(super) async fn complete_loop(
                 }
                 if !deferred.is_empty() {
                     tracing::info!(jobs = deferred.len(), "results wait for a key another transaction holds");
-                    let (store, leases, give_up) = (store.clone(), leases.clone(), give_up.clone());
-                    waiting_on_keys.spawn(write_waiting_on_keys(
-                        store,
-                        leases,
-                        deferred,
-                        writes.deadline * 30,
-                        give_up,
-                    ));
+                    let (store, leases, health, give_up) =
+                        (store.clone(), leases.clone(), health.clone(), give_up.clone());
+                    let writes = Writes { batch, deadline: writes.deadline * 30 };
+                    waiting_on_keys.spawn(write_waiting_on_keys(store, leases, health, deferred, writes, give_up));
                 }
+                continue;
             }
-            Err(error) if give_up.is_cancelled() => {
-                tracing::error!(%error, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
-                return;
-            }
-            Err(error) if error.is_refusal() => {
+            Ok(Err(error)) if error.is_refusal() && !give_up.is_cancelled() => {
                 tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
                 pending = write_one_by_one(store.as_ref(), &leases, pending).await;
+                continue;
             }
-            Err(error) => {
-                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {:?}", writes.deadline),
+        };
+        if give_up.is_cancelled() {
+            tracing::error!(%failure, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
+            return;
+        }
+        failed_sends += 1;
+        health.failed();
+        pending = retry_or_split(store.as_ref(), &leases, pending, &failure, failed_sends, writes.deadline).await;
+        if pending.is_empty() {
+            failed_sends = 0;
+        } else {
+            tokio::select! {
+                () = tokio::time::sleep(retry_delay(failed_sends)) => {}
+                () = give_up.cancelled() => {}
             }
         }
     }
@@ -165,37 +177,160 @@ pub(super) async fn complete_loop(
 async fn write_waiting_on_keys(
     store: Arc<dyn Store>,
     leases: Leases,
+    health: WriteHealth,
     mut pending: Vec<Done>,
-    deadline: Duration,
+    writes: Writes,
     give_up: CancellationToken,
 ) {
+    let mut failed_sends = 0;
     while !pending.is_empty() {
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
-        match tokio::time::timeout(deadline, store.job_finish(finishes)).await {
+        let failure = match tokio::time::timeout(writes.deadline, store.job_finish(finishes)).await {
             Ok(Ok(results)) => {
-                for (done, result) in pending.iter().zip(results) {
-                    if result == FinishResult::Duplicate {
-                        tracing::warn!(
-                            job_id = done.finish.id,
-                            "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
-                        );
-                    }
-                    leases.release(done.finish.run());
-                }
+                health.succeeded();
+                release_written(&leases, &pending, &results);
                 return;
             }
-            Ok(Err(error)) if error.is_refusal() => pending = write_one_by_one(store.as_ref(), &leases, pending).await,
-            _ if give_up.is_cancelled() => {
-                tracing::error!(jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
-                return;
+            Ok(Err(error)) if error.is_refusal() => {
+                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
+                continue;
             }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, jobs = pending.len(), "cannot write results; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => {
+                tracing::warn!(deadline = ?writes.deadline, jobs = pending.len(), "results still wait for their keys; retrying");
+                continue;
             }
-            Err(_) => tracing::warn!(?deadline, jobs = pending.len(), "results still wait for their keys; retrying"),
+        };
+        if give_up.is_cancelled() {
+            tracing::error!(jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
+            return;
+        }
+        failed_sends += 1;
+        health.failed();
+        pending = retry_or_split(store.as_ref(), &leases, pending, &failure, failed_sends, writes.deadline).await;
+        tokio::time::sleep(retry_delay(failed_sends)).await;
+    }
+}
+
+/// Sends of one batch that fail, without the database refusing it, before
+/// the batch is split: a failure that repeats while the database answers
+/// is likely the batch's own (a statement timeout, a result too large to
+/// send), not the connection's.
+const SENDS_BEFORE_SPLITTING: u32 = 3;
+
+/// The wait before sending a failed batch again: doubling from 200 ms to 5 s.
+fn retry_delay(failed_sends: u32) -> Duration {
+    Duration::from_millis(200u64 << failed_sends.saturating_sub(1).min(5)).min(Duration::from_secs(5))
+}
+
+/// After a failed send: logs it, and once the same batch has failed
+/// [`SENDS_BEFORE_SPLITTING`] times while the database answers, splits it
+/// (see [`write_splitting`]). Returns what is still to be sent.
+async fn retry_or_split(
+    store: &dyn Store,
+    leases: &Leases,
+    pending: Vec<Done>,
+    failure: &str,
+    failed_sends: u32,
+    deadline: Duration,
+) -> Vec<Done> {
+    if failed_sends < SENDS_BEFORE_SPLITTING || !answers(store, deadline).await {
+        tracing::warn!(%failure, jobs = pending.len(), failed_sends, "cannot write results; retrying");
+        return pending;
+    }
+    tracing::warn!(
+        %failure,
+        jobs = pending.len(),
+        failed_sends,
+        "a batch of results keeps failing while the database answers; splitting it to find the results it will not take"
+    );
+    write_splitting(store, leases, pending, deadline).await
+}
+
+/// Whether the database answers a trivial statement in time.
+async fn answers(store: &dyn Store, deadline: Duration) -> bool {
+    matches!(tokio::time::timeout(deadline, store.ping()).await, Ok(Ok(())))
+}
+
+/// Halves a batch that keeps failing until each failing part is a single
+/// result, and fails that result's job with the reason, so one result the
+/// database will not take (a statement that times out, children too large
+/// to send) cannot hold back the host's other results. Stops at the first
+/// sign that the database itself is down and returns what it did not write.
+async fn write_splitting(store: &dyn Store, leases: &Leases, batch: Vec<Done>, deadline: Duration) -> Vec<Done> {
+    let mut parts = vec![batch];
+    let mut unwritten = Vec::new();
+    while let Some(mut part) = parts.pop() {
+        let finishes: Vec<Finish> = part.iter().map(|d| d.finish.clone()).collect();
+        let failure = match tokio::time::timeout(deadline, store.job_finish(finishes)).await {
+            Ok(Ok(results)) => {
+                release_written(leases, &part, &results);
+                continue;
+            }
+            Ok(Err(error)) if error.is_refusal() => {
+                unwritten.extend(write_one_by_one(store, leases, part).await);
+                continue;
+            }
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {deadline:?}"),
+        };
+        if !answers(store, deadline).await {
+            unwritten.extend(part);
+            unwritten.extend(parts.into_iter().flatten());
+            break;
+        }
+        if part.len() > 1 {
+            let second = part.split_off(part.len() / 2);
+            parts.push(second);
+            parts.push(part);
+            continue;
+        }
+        for done in part {
+            fail_unwritable(store, leases, done, &failure, deadline).await;
         }
     }
+    unwritten
+}
+
+/// Ends the job of a result the database would not take as failed, with
+/// the reason and without the result's output, children or log. If even
+/// that cannot be written, the result is dropped: its lease is no longer
+/// renewed, so the job is redelivered when it expires.
+async fn fail_unwritable(store: &dyn Store, leases: &Leases, done: Done, failure: &str, deadline: Duration) {
+    let (id, run) = (done.finish.id, done.finish.run());
+    tracing::error!(job_id = id, %failure, "a result could not be written; failing the job with the reason");
+    let failed = Finish {
+        outcome: FinishOutcome::Failed { error: format!("the run's result could not be written: {failure}") },
+        log: serde_json::Value::Null,
+        progress: None,
+        ..done.finish
+    };
+    match tokio::time::timeout(deadline, store.job_finish(vec![failed])).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            tracing::error!(job_id = id, %error, "cannot record the failure either; the job will be redelivered");
+        }
+        Err(_) => tracing::error!(job_id = id, "recording the failure got no answer; the job will be redelivered"),
+    }
+    leases.release(run);
+}
+
+/// Forgets the leases of written results, saying which were found already
+/// written or taken over.
+fn release_written(leases: &Leases, written: &[Done], results: &[FinishResult]) {
+    for (done, result) in written.iter().zip(results) {
+        if *result == FinishResult::Duplicate {
+            log_duplicate(done);
+        }
+        leases.release(done.finish.run());
+    }
+}
+
+fn log_duplicate(done: &Done) {
+    tracing::warn!(
+        job_id = done.finish.id,
+        "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
+    );
 }
 
 /// Writes results singly; one the database refuses becomes a failure of its

@@ -9,10 +9,16 @@ use crate::config::ConfigError;
 pub struct WorkerConfig {
     /// Jobs run at once on this host.
     pub concurrency: usize,
-    /// Jobs leased beyond `concurrency`, waiting on this host for a free run
-    /// slot, so the next fetch overlaps with running jobs instead of
-    /// following them. Their leases are renewed like running jobs'.
+    /// The most jobs leased beyond `concurrency`, waiting on this host for a
+    /// free run slot, so the next fetch overlaps with running jobs instead
+    /// of following them. Fewer while runs are long (see `prefetch_wait`).
+    /// Their leases are renewed like running jobs'.
     pub prefetch: usize,
+    /// How long a prefetched job may wait here for a run slot: the host
+    /// prefetches only as many jobs as its recent runs say will start within
+    /// it, and hands back one that waited longer, with its attempt given
+    /// back, for any host to start.
+    pub prefetch_wait: Duration,
     /// The queues this host fetches from.
     pub queues: Vec<String>,
     /// How often running jobs' leases are renewed (one statement for all).
@@ -34,6 +40,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: 10,
             prefetch: 10,
+            prefetch_wait: Duration::from_secs(1),
             queues: vec!["default".to_string()],
             heartbeat_interval: Duration::from_secs(5),
             default_lease: Duration::from_secs(30),
@@ -67,6 +74,9 @@ impl WorkerConfig {
         // after one late renewal (guarantee 6).
         if self.default_lease < self.heartbeat_interval * 2 {
             return fail("default_lease", "must be at least twice the heartbeat interval");
+        }
+        if self.prefetch_wait.is_zero() {
+            return fail("prefetch_wait", "must be positive");
         }
         if self.completion_batch == 0 {
             return fail("completion_batch", "must be at least 1");

@@ -19,6 +19,7 @@ use crate::component::StopSignal;
 use crate::store::{HostInfo, LeaseRenewal, RunId, Store};
 
 use super::WorkerConfig;
+use super::health::WriteHealth;
 
 /// One run's lease as this host sees it.
 struct Held {
@@ -28,10 +29,15 @@ struct Held {
     /// so it always falls before the database's expiry.
     fence_at: Instant,
     signal: StopSignal,
-    /// The run has ended and its result is on its way to the database; the
-    /// lease is still renewed (so a slow write does not cause a redelivery)
-    /// but there is no guest left to stop.
-    ended: bool,
+    /// When the run ended, its result being on its way to the database. The
+    /// lease is still renewed for one more lease length, so a slow write
+    /// does not cause a redelivery, but not for ever: a result that has not
+    /// been written by then is not coming soon, and its job is better run
+    /// again elsewhere than held here. There is no guest left to stop.
+    ended_at: Option<Instant>,
+    /// Its result was not written within a lease of its end, and its lease
+    /// is no longer renewed.
+    overdue: bool,
     /// An operator asked to cancel the job: the run ends as cancelled
     /// unless its guest completed first.
     cancelled: bool,
@@ -59,7 +65,7 @@ impl Leases {
     /// Records a lease taken by a fetch sent at `sent_at`.
     pub fn hold(&self, run: RunId, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
         let fence_at = sent_at + lease.saturating_sub(margin);
-        self.lock().insert(run, Held { lease, fence_at, signal, ended: false, cancelled: false });
+        self.lock().insert(run, Held { lease, fence_at, signal, ended_at: None, overdue: false, cancelled: false });
         self.added.notify_one();
     }
 
@@ -68,7 +74,7 @@ impl Leases {
     pub fn ended(&self, run: RunId) -> bool {
         match self.lock().get_mut(&run) {
             Some(held) => {
-                held.ended = true;
+                held.ended_at.get_or_insert_with(Instant::now);
                 held.cancelled
             }
             None => false,
@@ -92,8 +98,30 @@ impl Leases {
         }
     }
 
-    fn snapshot(&self) -> Vec<RunId> {
-        self.lock().keys().copied().collect()
+    /// The runs to renew at `now`: every running one, and each ended one
+    /// whose result has been on its way for less than a lease.
+    fn to_renew(&self, now: Instant) -> Vec<RunId> {
+        let mut held = self.lock();
+        let mut renew = Vec::with_capacity(held.len());
+        let mut overdue = Vec::new();
+        for (run, lease) in held.iter_mut() {
+            match lease.ended_at {
+                Some(ended) if now.saturating_duration_since(ended) >= lease.lease => {
+                    if !lease.overdue {
+                        lease.overdue = true;
+                        overdue.push(run.job_id);
+                    }
+                }
+                _ => renew.push(*run),
+            }
+        }
+        if !overdue.is_empty() {
+            tracing::error!(
+                jobs = ?overdue,
+                "results not written within a lease of their runs' end; no longer renewing their leases, so the jobs will be redelivered"
+            );
+        }
+        renew
     }
 
     /// Applies a renewal sent at `sent_at`: renewed leases move their fence;
@@ -107,14 +135,14 @@ impl Leases {
             }
         }
         for run in &renewal.cancelled {
-            if let Some(lease) = held.get_mut(run).filter(|h| !h.ended) {
+            if let Some(lease) = held.get_mut(run).filter(|h| h.ended_at.is_none()) {
                 tracing::info!(job_id = run.job_id, lease_token = run.lease_token, "job cancelled; stopping the run");
                 lease.cancelled = true;
                 lease.signal.stop(CANCELLED);
             }
         }
         for run in &renewal.lost {
-            if let Some(lease) = held.get(run).filter(|h| !h.ended) {
+            if let Some(lease) = held.get(run).filter(|h| h.ended_at.is_none()) {
                 tracing::warn!(job_id = run.job_id, lease_token = run.lease_token, "lease lost; stopping the run");
                 lease.signal.stop("lease lost: the job is no longer this host's");
             }
@@ -124,7 +152,7 @@ impl Leases {
     /// Stops guests whose fence has passed; returns the next fence time.
     fn enforce_fences(&self, now: Instant) -> Option<Instant> {
         let held = self.lock();
-        let live = |h: &&Held| !h.ended && !h.signal.is_stopped();
+        let live = |h: &&Held| h.ended_at.is_none() && !h.signal.is_stopped();
         for (run, lease) in held.iter().filter(|(_, h)| h.fence_at <= now && live(h)) {
             tracing::warn!(
                 job_id = run.job_id,
@@ -164,6 +192,7 @@ pub async fn heartbeat_loop(
     store: Arc<dyn Store>,
     leases: Leases,
     host: impl Fn() -> HostInfo + Send,
+    health: WriteHealth,
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) {
@@ -176,13 +205,21 @@ pub async fn heartbeat_loop(
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let asked = leases.snapshot();
         let sent_at = Instant::now();
         let host = host();
-        match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked)).await {
-            Ok(Ok(renewal)) => leases.renewed(&renewal, margin, sent_at),
-            Ok(Err(error)) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
-            Err(_) => tracing::warn!(?deadline, "lease renewal got no answer in time; fencing continues"),
+        if let Some(failing) = health.given_up_for() {
+            tracing::error!(
+                ?failing,
+                leases = leases.count(),
+                "results cannot be written: not renewing leases, so this host's jobs go to the rest of the fleet"
+            );
+        } else {
+            let asked = leases.to_renew(sent_at);
+            match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked)).await {
+                Ok(Ok(renewal)) => leases.renewed(&renewal, margin, sent_at),
+                Ok(Err(error)) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
+                Err(_) => tracing::warn!(?deadline, "lease renewal got no answer in time; fencing continues"),
+            }
         }
         match tokio::time::timeout(deadline, store.host_upsert(&host)).await {
             Ok(Ok(())) => {}
@@ -250,6 +287,23 @@ mod tests {
         leases.ended(run(1, 7));
         leases.enforce_fences(fetched + Duration::from_secs(9));
         assert!(!new.is_stopped(), "the new run's fence moved with its own renewal");
+    }
+
+    #[test]
+    fn an_ended_run_is_renewed_for_one_lease_and_then_let_go() {
+        let leases = Leases::default();
+        let fetched = Instant::now();
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, StopSignal::new());
+        leases.hold(run(2, 8), LEASE, MARGIN, fetched, StopSignal::new());
+        leases.ended(run(1, 7));
+        let ended = Instant::now();
+        assert_eq!(leases.to_renew(ended + LEASE - MARGIN).len(), 2, "a result on its way keeps its lease");
+        assert_eq!(
+            leases.to_renew(ended + LEASE),
+            vec![run(2, 8)],
+            "a result not written within a lease of its run's end lets its job go; the running one is still renewed"
+        );
+        assert_eq!(leases.count(), 2, "the result may still be written: it is only no longer renewed");
     }
 
     #[test]

@@ -5,9 +5,11 @@
 mod backoff;
 mod complete;
 mod config;
+mod health;
 mod job_types;
 mod leases;
 mod outcome;
+mod prefetch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,8 @@ use crate::component::{Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, RunId, Store};
 use crate::types::JobContext;
 use complete::{Done, Handoff};
+use health::WriteHealth;
+use prefetch::Prefetch;
 
 pub use config::WorkerConfig;
 pub use leases::Leases;
@@ -33,6 +37,11 @@ pub struct Worker {
     config: WorkerConfig,
     host: HostInfo,
     leases: Leases,
+    /// Whether results get written; a host whose writes keep failing stops
+    /// fetching and renewing (see [`health`]).
+    health: WriteHealth,
+    /// How many jobs to lease ahead of free run slots.
+    prefetch: Prefetch,
 }
 
 impl Worker {
@@ -48,7 +57,9 @@ impl Worker {
     ) -> Result<Self, crate::config::ConfigError> {
         config.validate()?;
         let host = HostInfo::current(Vec::new(), config.heartbeat_interval);
-        Ok(Worker { store, runtime, registry, config, host, leases: Leases::default() })
+        let health = WriteHealth::new(config.default_lease);
+        let prefetch = Prefetch::new(config.prefetch, config.prefetch_wait, config.concurrency);
+        Ok(Worker { store, runtime, registry, config, host, leases: Leases::default(), health, prefetch })
     }
 
     /// This host's id in the fleet.
@@ -85,6 +96,7 @@ impl Worker {
             self.store.clone(),
             self.leases.clone(),
             host_now,
+            self.health.clone(),
             self.config.clone(),
             stop_heartbeat.clone(),
         ));
@@ -95,8 +107,15 @@ impl Worker {
             self.store.clone(),
             self.leases.clone(),
             done_rx,
-            complete::NextJobs { spec: self.fetch_spec(), handoff: handoff_tx, shutdown: shutdown.clone() },
+            complete::NextJobs {
+                spec: self.fetch_spec(),
+                prefetch: self.prefetch.clone(),
+                run_slots: run_slots.clone(),
+                handoff: handoff_tx,
+                shutdown: shutdown.clone(),
+            },
             complete::Writes { batch: self.config.completion_batch, deadline: self.config.write_deadline() },
+            self.health.clone(),
             give_up.clone(),
         ));
 
@@ -128,15 +147,13 @@ impl Worker {
         let mut completer = completer;
         let give_up_at = tokio::time::sleep(self.config.shutdown_grace);
         tokio::pin!(give_up_at);
+        let mut late = Vec::new();
         loop {
             tokio::select! {
                 _ = &mut completer => break,
-                Some(handoff) = handoffs.recv() => {
-                    // Leased by a write that was in flight when the grace
-                    // period ended: never started here, so its lease expires
-                    // and another host runs it.
-                    tracing::warn!(job_id = handoff.job.id, "leased too late to start; it will be redelivered");
-                }
+                // Leased by a write that was in flight when the grace period
+                // ended: never started here, so it is handed back below.
+                Some(handoff) = handoffs.recv() => late.push(handoff.job),
                 () = &mut give_up_at => {
                     give_up.cancel();
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -145,10 +162,34 @@ impl Worker {
                 }
             }
         }
+        while let Ok(handoff) = handoffs.try_recv() {
+            late.push(handoff.job);
+        }
+        self.hand_back(late).await;
         stop_heartbeat.cancel();
         let _ = tokio::join!(heartbeat, refreshing, fencing);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
+        }
+    }
+
+    /// Hands back jobs leased too late to start, so another host starts
+    /// them at once with their attempt given back; if that write fails too,
+    /// their leases expire and they are redelivered.
+    async fn hand_back(&self, jobs: Vec<FetchedJob>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let ids: Vec<i64> = jobs.iter().map(|job| job.id).collect();
+        let releases = jobs.iter().map(|job| release_of(job, "leased as the host was stopping")).collect();
+        match tokio::time::timeout(self.config.write_deadline(), self.store.job_finish(releases)).await {
+            Ok(Ok(_)) => tracing::info!(jobs = ?ids, "handed back jobs leased too late to start"),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, jobs = ?ids, "cannot hand back jobs leased too late; they will be redelivered")
+            }
+            Err(_) => {
+                tracing::warn!(jobs = ?ids, "handing back jobs leased too late got no answer; they will be redelivered")
+            }
         }
     }
 
@@ -173,10 +214,32 @@ impl Worker {
                     Err(_) => return,
                 },
             };
+            if self.health.given_up_for().is_some() {
+                // Jobs leased now could not be written back either.
+                drop(first);
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(self.config.poll_interval) => continue,
+                }
+            }
             let mut slots = vec![first];
             while let Ok(permit) = capacity.clone().try_acquire_owned() {
                 slots.push(permit);
             }
+            let limit = self.prefetch.fetch_limit(slots.len(), run_slots.available_permits());
+            if limit == 0 {
+                // Every run slot is busy and runs are too long to lease
+                // ahead of them: wait for one to end.
+                drop(slots);
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, run_slots, done, shutdown),
+                    () = self.prefetch.changed() => {}
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                }
+                continue;
+            }
+            slots.truncate(limit);
             let params = spec.params(slots.len() as i64);
             let sent_at = Instant::now();
             let jobs = match self.store.job_fetch(&params).await {
@@ -241,12 +304,15 @@ impl Worker {
         self.leases.hold(run, lease, self.config.fence_margin(), sent_at, signal.clone());
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
+        let prefetch = self.prefetch.clone();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         tokio::spawn(
             async move {
                 // A prefetched job waits here for a run slot. A stop (lost
-                // lease) or a shutdown while it waits hands it back unrun.
+                // lease), a shutdown or a wait past `prefetch_wait` hands it
+                // back unrun.
+                prefetch.waiting();
                 let running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
@@ -255,7 +321,14 @@ impl Worker {
                         None
                     }
                     permit = run_slots.acquire_owned() => permit.ok(),
+                    () = tokio::time::sleep(prefetch.wait()) => {
+                        tracing::info!(waited = ?prefetch.wait(), "no run slot came free in time; handing the job back");
+                        signal.stop("waited too long for a run slot on this host");
+                        prefetch.handed_back();
+                        None
+                    }
                 };
+                prefetch.waited();
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {
                         let context = JobContext {
@@ -269,6 +342,7 @@ impl Worker {
                         let payload = job.payload.to_string();
                         tracing::debug!(lease_token = job.lease_token, "run started");
                         let report = runtime.run(&component, &context, &payload, signal).await;
+                        prefetch.run_ended(Duration::from_micros(report.elapsed_us));
                         tracing::debug!(
                             lease_token = job.lease_token,
                             outcome = report.outcome.kind(),
@@ -279,17 +353,7 @@ impl Worker {
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
                     // host may serve it): handed back without spending the attempt.
-                    _ => Finish {
-                        id: job.id,
-                        lease_token: job.lease_token,
-                        attempt: job.attempt,
-                        outcome: FinishOutcome::Release {
-                            reason: signal.reason().unwrap_or("job type unloaded from this host").to_string(),
-                        },
-                        log: serde_json::Value::Null,
-                        progress: None,
-                        concurrency_key: job.concurrency_key.clone(),
-                    },
+                    _ => release_of(&job, signal.reason().unwrap_or("job type unloaded from this host")),
                 };
                 // A cancel that arrived while the guest ran ends the job as
                 // cancelled, unless the guest completed first.
@@ -306,6 +370,19 @@ impl Worker {
             }
             .instrument(span),
         );
+    }
+}
+
+/// A job handed back unrun: to `available` at once, its attempt given back.
+fn release_of(job: &FetchedJob, reason: &str) -> Finish {
+    Finish {
+        id: job.id,
+        lease_token: job.lease_token,
+        attempt: job.attempt,
+        outcome: FinishOutcome::Release { reason: reason.to_string() },
+        log: serde_json::Value::Null,
+        progress: None,
+        concurrency_key: job.concurrency_key.clone(),
     }
 }
 

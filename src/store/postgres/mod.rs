@@ -248,6 +248,11 @@ impl Store for PgStore {
         job::stats(&self.pool).await
     }
 
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn job_retry(&self, id: i64) -> Result<()> {
         job::retry(&self.pool, id).await
     }

@@ -483,6 +483,11 @@ impl Store for SqliteStore {
         job::stats(&self.reader, now_ms()).await
     }
 
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+
     async fn job_retry(&self, id: i64) -> Result<()> {
         let mut tx = self.write().await?;
         job::retry(&mut tx, id, now_ms()).await?;
