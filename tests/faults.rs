@@ -503,3 +503,51 @@ async fn a_result_the_database_will_not_take_fails_alone() {
     assert!(log.contains("splitting it"), "the host said it split the batch:\n{log}");
     nothing_left(&db).await;
 }
+
+/// Jobs leased by a result write that was still in flight when a stopping
+/// host's grace period ended are handed back, with their attempt given
+/// back, not left running under a lease until it expires. The write is
+/// held in flight by freezing the host's connections until its grace
+/// period is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_leased_as_a_host_stops_are_handed_back() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(server_address()).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = Host::start(
+        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
+            .env("RUST_LOG", "warn,jobhost=debug")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    );
+    wait_serving(&db, &[&host], 1).await;
+    db.store.job_enqueue(&(0..400).map(|i| sleep(i, 50)).collect::<Vec<_>>()).await.expect("enqueue");
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await >= 20 }).await;
+
+    proxy.freeze();
+    // A run that ends now sends its result, with a fetch, into the frozen connection.
+    let before = complete_lines(&log).matches("run ended").count();
+    eventually(WITHIN, || async { complete_lines(&log).matches("run ended").count() > before }).await;
+    host.signal(libc::SIGTERM);
+    eventually(WITHIN, || async { complete_lines(&log).contains("grace period over") }).await;
+    proxy.thaw();
+    let status = host.wait().await;
+    assert!(status.success(), "the host stopped gracefully: {status}");
+
+    let log = complete_lines(&log);
+    assert!(log.contains("handed back jobs leased too late to start"), "the host handed the late jobs back:\n{log}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await,
+        0,
+        "no job is left leased to the stopped host"
+    );
+    // Runs the freeze fenced may have been expired by the sweep, keeping
+    // their attempt; every other job has its attempt given back.
+    let spent = db
+        .texts("SELECT id || ': ' || errors::text FROM jobhost.jobs WHERE attempt > 0 AND errors::text NOT LIKE '%lease expired%'")
+        .await;
+    assert!(spent.is_empty(), "jobs handed back have their attempt given back: {spent:?}");
+}

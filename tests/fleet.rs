@@ -221,13 +221,18 @@ async fn a_job_leased_behind_a_long_run_goes_to_an_idle_host() {
 
     let long = EnqueueParams::new("sleep", json!({"ms": 30_000, "i": 0}));
     let short = EnqueueParams::new("sleep", json!({"ms": 0, "i": 1}));
-    let ids = db.store.job_enqueue(&[long, short]).await.unwrap();
-    let leased_to_busy = format!(
-        "SELECT count(*) FROM jobhost.jobs WHERE id = {} AND state = 'running' AND host_id LIKE '{}'",
-        ids[1],
-        busy.id_pattern()
-    );
-    eventually(WITHIN, || async { db.scalar(&leased_to_busy).await == 1 }).await;
+    let leased_to_busy = |id: i64| {
+        format!(
+            "SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running' AND host_id LIKE '{}'",
+            busy.id_pattern()
+        )
+    };
+    // The long job first, so that it takes the run slot and the short one
+    // is leased ahead of it.
+    let mut ids = db.store.job_enqueue(&[long]).await.unwrap();
+    eventually(WITHIN, || async { db.scalar(leased_to_busy(ids[0])).await == 1 }).await;
+    ids.extend(db.store.job_enqueue(&[short]).await.unwrap());
+    eventually(WITHIN, || async { db.scalar(leased_to_busy(ids[1])).await == 1 }).await;
 
     let mut idle = one_slot_host(&db, components.path(), cache.path());
     let short_done = format!("SELECT count(*) FROM jobhost.archive WHERE id = {} AND state = 'completed'", ids[1]);

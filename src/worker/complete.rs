@@ -38,7 +38,10 @@ pub(super) struct NextJobs {
     pub(super) spec: FetchSpec,
     /// Bounds the jobs leased ahead of free run slots, as in the fetch loop.
     pub(super) prefetch: Prefetch,
-    pub(super) run_slots: Arc<Semaphore>,
+    /// The fetch slots, of which `fetch_slots` in all, that say how many
+    /// jobs this host holds.
+    pub(super) capacity: Arc<Semaphore>,
+    pub(super) fetch_slots: usize,
     pub(super) handoff: mpsc::UnboundedSender<Handoff>,
     pub(super) shutdown: CancellationToken,
 }
@@ -97,9 +100,11 @@ pub(super) async fn complete_loop(
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let sent_at = Instant::now();
         let write = async {
-            // One job per fetch slot the batch frees, as far as run slots
-            // and the prefetch allow: a run handed back unrun freed no run slot.
-            let limit = next.prefetch.fetch_limit(pending.len(), next.run_slots.available_permits());
+            // One job per fetch slot the batch frees, as far as the prefetch
+            // allows while runs are long.
+            let freed = pending.iter().filter(|d| d.fetch_slot.is_some()).count();
+            let held = next.fetch_slots.saturating_sub(next.capacity.available_permits() + freed);
+            let limit = next.prefetch.room(held).min(freed);
             if next.shutdown.is_cancelled() || limit == 0 {
                 store.job_finish(finishes).await.map(|results| (results, Vec::new()))
             } else {

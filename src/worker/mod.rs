@@ -74,7 +74,7 @@ impl Worker {
         // Fetch slots cover running and prefetched jobs; a job holds one from
         // its fetch until its result is written (and the completer may lease
         // the next job into it). Run slots bound what runs at once.
-        let capacity = Arc::new(Semaphore::new(self.config.concurrency + self.config.prefetch));
+        let capacity = Arc::new(Semaphore::new(self.fetch_slots()));
         let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
         let stop_heartbeat = CancellationToken::new();
@@ -110,7 +110,8 @@ impl Worker {
             complete::NextJobs {
                 spec: self.fetch_spec(),
                 prefetch: self.prefetch.clone(),
-                run_slots: run_slots.clone(),
+                capacity: capacity.clone(),
+                fetch_slots: self.fetch_slots(),
                 handoff: handoff_tx,
                 shutdown: shutdown.clone(),
             },
@@ -122,7 +123,7 @@ impl Worker {
         self.fetch_loop(&capacity, &run_slots, &done_tx, &mut handoffs, &shutdown).await;
 
         tracing::info!(running = self.leases.count(), "stopping: no new jobs will be fetched");
-        let all = (self.config.concurrency + self.config.prefetch) as u32;
+        let all = self.fetch_slots() as u32;
         // Jobs leased with a result written just before the stop arrive
         // here; starting them now hands them back at once.
         let drained = tokio::time::timeout(self.config.shutdown_grace, async {
@@ -171,6 +172,11 @@ impl Worker {
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
+    }
+
+    /// Jobs this host may hold at most, running or waiting for a run slot.
+    fn fetch_slots(&self) -> usize {
+        self.config.concurrency + self.config.prefetch
     }
 
     /// Hands back jobs leased too late to start, so another host starts
@@ -226,7 +232,8 @@ impl Worker {
             while let Ok(permit) = capacity.clone().try_acquire_owned() {
                 slots.push(permit);
             }
-            let limit = self.prefetch.fetch_limit(slots.len(), run_slots.available_permits());
+            let held = self.fetch_slots() - capacity.available_permits() - slots.len();
+            let limit = self.prefetch.room(held).min(slots.len());
             if limit == 0 {
                 // Every run slot is busy and runs are too long to lease
                 // ahead of them: wait for one to end.
@@ -312,7 +319,6 @@ impl Worker {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease), a shutdown or a wait past `prefetch_wait` hands it
                 // back unrun.
-                prefetch.waiting();
                 let running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
@@ -328,7 +334,6 @@ impl Worker {
                         None
                     }
                 };
-                prefetch.waited();
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {
                         let context = JobContext {

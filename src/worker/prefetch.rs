@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-/// Shared by the fetch loop, which asks how many to lease, and the runs,
-/// which report how long they took and how long they waited.
+/// Shared by the fetch loop and the completer, which ask how many to lease,
+/// and the runs, which report how long they took.
 #[derive(Clone)]
 pub struct Prefetch {
-    state: Arc<Mutex<State>>,
-    /// Wakes a fetch loop that found no room: a run ended or a waiting job started.
+    /// A moving average of recent runs' durations; zero before the first.
+    mean_run: Arc<Mutex<Duration>>,
+    /// Wakes a fetch loop that found no room: a run ended.
     changed: Arc<Notify>,
     /// The most jobs leased ahead of free run slots.
     most: usize,
@@ -26,23 +27,16 @@ pub struct Prefetch {
     concurrency: usize,
 }
 
-struct State {
-    /// A moving average of recent runs' durations; zero before the first.
-    mean_run: Duration,
-    /// Leased jobs waiting here for a run slot.
-    waiting: usize,
-}
-
 impl Prefetch {
     /// Up to `most` jobs ahead of `concurrency` run slots, each to start within `wait`.
     pub fn new(most: usize, wait: Duration, concurrency: usize) -> Self {
-        let state = State { mean_run: Duration::ZERO, waiting: 0 };
-        Prefetch { state: Arc::new(Mutex::new(state)), changed: Arc::new(Notify::new()), most, wait, concurrency }
+        let mean_run = Arc::new(Mutex::new(Duration::ZERO));
+        Prefetch { mean_run, changed: Arc::new(Notify::new()), most, wait, concurrency }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // Plain arithmetic on two fields cannot panic midway.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn mean_run(&self) -> std::sync::MutexGuard<'_, Duration> {
+        // An assignment cannot panic midway.
+        self.mean_run.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// How long a leased job may wait here for a run slot before it is handed back.
@@ -50,39 +44,26 @@ impl Prefetch {
         self.wait
     }
 
-    /// How many jobs to lease now, with `free_slots` fetch slots and
-    /// `free_runs` run slots free: one per run slot no waiting job will
-    /// take, plus as many ahead as would start within `wait` at the recent
-    /// pace (a job `n` places back waits about `n / concurrency` runs).
-    pub fn fetch_limit(&self, free_slots: usize, free_runs: usize) -> usize {
-        let state = self.lock();
-        let ahead = if state.mean_run.is_zero() {
+    /// How many more jobs to lease when this host holds `held` (running or
+    /// waiting for a run slot): one per run slot, plus as many ahead as
+    /// would start within `wait` at the recent pace (a job `n` places back
+    /// waits about `n / concurrency` runs).
+    pub fn room(&self, held: usize) -> usize {
+        let mean_run = *self.mean_run();
+        let ahead = if mean_run.is_zero() {
             self.most
         } else {
-            let runs_within_wait = self.wait.as_secs_f64() / state.mean_run.as_secs_f64();
+            let runs_within_wait = self.wait.as_secs_f64() / mean_run.as_secs_f64();
             ((runs_within_wait * self.concurrency as f64) as usize).min(self.most)
         };
-        (free_runs + ahead).saturating_sub(state.waiting).min(free_slots)
-    }
-
-    /// A leased job starts waiting for a run slot.
-    pub fn waiting(&self) {
-        self.lock().waiting += 1;
-    }
-
-    /// A job stopped waiting: it started, or was handed back.
-    pub fn waited(&self) {
-        let mut state = self.lock();
-        state.waiting = state.waiting.saturating_sub(1);
-        drop(state);
-        self.changed.notify_one();
+        (self.concurrency + ahead).saturating_sub(held)
     }
 
     /// A run took `elapsed`.
     pub fn run_ended(&self, elapsed: Duration) {
-        let mut state = self.lock();
-        state.mean_run = if state.mean_run.is_zero() { elapsed } else { (state.mean_run * 7 + elapsed) / 8 };
-        drop(state);
+        let mut mean_run = self.mean_run();
+        *mean_run = if mean_run.is_zero() { elapsed } else { (*mean_run * 7 + elapsed) / 8 };
+        drop(mean_run);
         self.changed.notify_one();
     }
 
@@ -90,11 +71,11 @@ impl Prefetch {
     /// to prefetch for, whatever the average said, until shorter runs bring
     /// it back down.
     pub fn handed_back(&self) {
-        let mut state = self.lock();
-        state.mean_run = state.mean_run.max(self.wait * 2);
+        let mut mean_run = self.mean_run();
+        *mean_run = (*mean_run).max(self.wait * 2);
     }
 
-    /// Resolves when a run ends or a waiting job starts.
+    /// Resolves when a run ends.
     pub async fn changed(&self) {
         self.changed.notified().await;
     }
@@ -109,36 +90,33 @@ mod tests {
     #[test]
     fn short_runs_prefetch_fully_and_long_ones_not_at_all() {
         let prefetch = Prefetch::new(4, WAIT, 2);
-        assert_eq!(prefetch.fetch_limit(6, 2), 6, "before any run: the configured prefetch");
+        assert_eq!(prefetch.room(0), 6, "before any run: the run slots and the configured prefetch");
         prefetch.run_ended(Duration::from_millis(5));
-        assert_eq!(prefetch.fetch_limit(6, 0), 4, "5 ms runs: every prefetched job starts within a second");
+        assert_eq!(prefetch.room(2), 4, "5 ms runs: every prefetched job starts within a second");
         prefetch.run_ended(Duration::from_secs(25));
-        assert_eq!(prefetch.fetch_limit(6, 0), 0, "runs of seconds: nothing waits behind them");
-        assert_eq!(prefetch.fetch_limit(6, 1), 1, "a free run slot is still filled");
+        assert_eq!(prefetch.room(2), 0, "runs of seconds: nothing waits behind them");
+        assert_eq!(prefetch.room(1), 1, "a free run slot is still filled");
     }
 
     #[test]
-    fn waiting_jobs_count_against_the_room() {
+    fn the_pace_sets_how_many_wait() {
         let prefetch = Prefetch::new(4, WAIT, 2);
         prefetch.run_ended(Duration::from_millis(400));
-        assert_eq!(prefetch.fetch_limit(6, 0), 4, "two runs of 400 ms per slot fit in a second");
-        prefetch.waiting();
-        prefetch.waiting();
-        prefetch.waiting();
-        assert_eq!(prefetch.fetch_limit(6, 0), 1);
-        prefetch.waited();
-        assert_eq!(prefetch.fetch_limit(6, 0), 2);
+        assert_eq!(prefetch.room(0), 2 + 4, "two runs of 400 ms per slot fit in a second: 5, at most 4");
+        prefetch.run_ended(Duration::from_millis(4000));
+        assert_eq!(prefetch.room(0), 2 + 2, "a mean of 850 ms: two ahead");
+        assert_eq!(prefetch.room(5), 0);
     }
 
     #[test]
     fn a_handed_back_job_stops_prefetching_until_runs_are_short_again() {
         let prefetch = Prefetch::new(1, WAIT, 1);
-        assert_eq!(prefetch.fetch_limit(2, 0), 1, "nothing is known yet");
+        assert_eq!(prefetch.room(1), 1, "nothing is known yet");
         prefetch.handed_back();
-        assert_eq!(prefetch.fetch_limit(2, 0), 0, "a job waited a whole second: no more prefetching");
+        assert_eq!(prefetch.room(1), 0, "a job waited a whole second: no more prefetching");
         for _ in 0..40 {
             prefetch.run_ended(Duration::from_millis(1));
         }
-        assert_eq!(prefetch.fetch_limit(2, 0), 1, "short runs bring it back");
+        assert_eq!(prefetch.room(1), 1, "short runs bring it back");
     }
 }
