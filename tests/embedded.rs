@@ -1,17 +1,19 @@
 //! The embedded backend's file under operator reads: `stats` and `jobs`
-//! read indexes and the rows they list, not every archived payload.
+//! read indexes and the rows they list, not every archived payload; and the
+//! write-ahead log is cut back after a long read let it grow.
 
 mod common;
 
 use std::sync::Mutex;
 
-use jobhost::store::{EnqueueParams, JobFilter, JobState};
+use jobhost::store::sqlite::{SqliteStore, WAL_SIZE_LIMIT};
+use jobhost::store::{EnqueueParams, JobFilter, JobState, Store};
 use serde_json::json;
 
 use common::db::TestDb;
 use common::job_config;
 
-/// Tests here measure this process's reads: one at a time.
+/// Tests here measure this process's reads and the log's size: one at a time.
 static MEASURED: Mutex<()> = Mutex::new(());
 
 /// Bytes this process has read through system calls so far (Linux `rchar`):
@@ -119,4 +121,44 @@ async fn listings_merge_every_table_newest_first() {
     let scheduled = JobFilter { state: Some(Scheduled), limit: 100, ..JobFilter::default() };
     let scheduled: Vec<i64> = db.store.job_list(&scheduled).await.unwrap().iter().map(|r| r.id).collect();
     assert_eq!(scheduled, vec![live[1]]);
+}
+
+/// A burst of writes beside a long read grows the log past the limit (the
+/// read pins its start); once the read ends, later commits checkpoint it and
+/// cut the file back under the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_cut_back_after_a_long_read_ends() {
+    let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobhost.db");
+    let store = SqliteStore::open(&format!("sqlite://{}", file.display()), 2).await.unwrap();
+    store.migrate().await.unwrap();
+    store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
+    let pool = store.pool().clone();
+    let limit: i64 = sqlx::query_scalar("PRAGMA journal_size_limit").fetch_one(&pool).await.unwrap();
+    assert_eq!(limit as u64, WAL_SIZE_LIMIT);
+    let checkpoint: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&pool).await.unwrap();
+    assert!(checkpoint > 0, "checkpoints are on");
+
+    let wal = dir.path().join("jobhost.db-wal");
+    let wal_size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let payload = json!({ "blob": "x".repeat(100_000) });
+    let burst = |n: usize| vec![EnqueueParams::new("mail", payload.clone()); n];
+
+    let mut long_read = pool.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&mut *long_read).await.unwrap();
+    while wal_size() <= WAL_SIZE_LIMIT + (4 << 20) {
+        store.job_enqueue(&burst(10)).await.unwrap();
+    }
+    long_read.rollback().await.unwrap();
+
+    // Each commit checkpoints a log past its threshold; the first commit of
+    // the log's next round cuts the file back. A few small writes suffice.
+    for _ in 0..10 {
+        if wal_size() <= WAL_SIZE_LIMIT {
+            break;
+        }
+        store.job_enqueue(&burst(1)).await.unwrap();
+    }
+    assert!(wal_size() <= WAL_SIZE_LIMIT, "the log is still {} bytes", wal_size());
 }

@@ -61,6 +61,14 @@ const CLOSE_LOOK: (Duration, Duration) = (Duration::from_millis(50), Duration::f
 /// case the file system did not report the write.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Pages the log may hold before a commit checkpoints it (SQLite's default,
+/// set so that no connection runs with checkpoints turned off).
+const WAL_CHECKPOINT_PAGES: u32 = 1000;
+
+/// Bytes the log file is cut back to when it starts over after a checkpoint:
+/// without a limit it keeps the largest size a long read ever let it reach.
+pub const WAL_SIZE_LIMIT: u64 = 16 << 20;
+
 /// `seen_version` before the first look.
 const UNSEEN: i64 = i64::MIN;
 
@@ -110,11 +118,16 @@ impl SqliteStore {
     async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Self> {
         // WAL lets readers run beside the writer. FULL syncs the log at
         // every commit: an enqueue reported as done survives a power cut.
+        // The log is checkpointed every WAL_CHECKPOINT_PAGES and cut back to
+        // WAL_SIZE_LIMIT once it starts over, so a burst of writes beside a
+        // long read leaves no oversized file behind.
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
+            .pragma("wal_autocheckpoint", WAL_CHECKPOINT_PAGES.to_string())
+            .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
             .log_statements(tracing::log::LevelFilter::Trace);
         // Checked first for a clear message; `create_if_missing(false)` is
         // what guarantees nothing is created should the file vanish meanwhile.
