@@ -192,6 +192,152 @@ async fn queues_pause_payloads_are_limited_and_running_jobs_cancel(db: TestDb) {
     );
 }
 
+/// Every timestamp in `jobs --json` and `job` (the error entries' `at`
+/// included) is RFC 3339 UTC with six fractional digits, on both backends,
+/// so they have one width and sort as text.
+async fn json_timestamps_have_one_fixed_width(db: TestDb) {
+    let db = with_mail(db).await;
+    let ids = db
+        .store
+        .job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))])
+        .await
+        .unwrap();
+    let params = FetchParams {
+        host_id: "h".into(),
+        queues: vec!["default".into()],
+        job_types: vec![("mail".into(), 30)],
+        limit: 2,
+    };
+    let finishes = db
+        .store
+        .job_fetch(&params)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|job| Finish {
+            id: job.id,
+            lease_token: job.lease_token,
+            attempt: job.attempt,
+            outcome: if job.id == ids[0] {
+                FinishOutcome::Failed { error: "no such mailbox".into() }
+            } else {
+                FinishOutcome::Completed { output: None, children: vec![] }
+            },
+            log: json!({}),
+            progress: None,
+            concurrency_key: None,
+        })
+        .collect();
+    db.store.job_finish(finishes).await.unwrap();
+    let retried = jobhost(&db, &["retry", &ids[0].to_string()]);
+    assert!(retried.status.success(), "{}", stderr(&retried));
+
+    let mut documents: Vec<Value> =
+        stdout(&jobhost(&db, &["jobs", "--json"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for id in &ids {
+        documents.push(serde_json::from_str(&stdout(&jobhost(&db, &["job", &id.to_string()]))).unwrap());
+    }
+    let mut times = Vec::new();
+    for document in &documents {
+        collect_times(document, &mut times);
+    }
+    // enqueued_at of each listing and detail, started_at and finished_at
+    // of the completed job, run_at of both details, and the error's at.
+    assert!(times.len() >= 10, "{times:?} in {documents:?}");
+    for time in &times {
+        assert!(fixed_width_utc(time), "{time:?} is not YYYY-MM-DDTHH:MM:SS.ffffffZ");
+    }
+}
+
+/// The text of every timestamp field (`…_at`, or an error entry's `at`) in a document.
+fn collect_times(value: &Value, times: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, field) in fields {
+                match field {
+                    Value::String(text) if key == "at" || key.ends_with("_at") => times.push(text.clone()),
+                    _ => collect_times(field, times),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_times(item, times)),
+        _ => {}
+    }
+}
+
+/// Whether `text` is `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+fn fixed_width_utc(text: &str) -> bool {
+    let pattern = "dddd-dd-ddTdd:dd:dd.ddddddZ";
+    text.len() == pattern.len()
+        && text.chars().zip(pattern.chars()).all(|(c, p)| if p == 'd' { c.is_ascii_digit() } else { c == p })
+}
+
+/// A binary whose migrations stop short of the database's refuses it, naming
+/// both versions, instead of failing on the migrator's "migration … missing".
+async fn an_older_binary_refuses_a_database_a_newer_one_migrated(db: TestDb) {
+    let dir = db.dialect("postgres", "sqlite");
+    let known = std::fs::read_dir(format!("{}/migrations/{dir}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
+        .filter_map(|entry| entry.unwrap().file_name().to_str()?.split('_').next()?.parse::<i64>().ok())
+        .max()
+        .unwrap();
+    let newer = known + 2;
+    let checksum = db.dialect("'\\x00'::bytea", "x'00'");
+    db.execute(format!(
+        "INSERT INTO jobhost._sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES ({newer}, 'from a newer jobhost', TRUE, {checksum}, 0)"
+    ))
+    .await;
+    let refused = jobhost(&db, &["migrate"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    let expected = format!(
+        "this database was migrated by a newer jobhost (schema version {newer}; this binary knows up to {known}): \
+         upgrade jobhost"
+    );
+    assert!(stderr(&refused).contains(&expected), "{}", stderr(&refused));
+    assert!(matches!(
+        db.store.migrate().await,
+        Err(jobhost::store::Error::SchemaTooNew { database, known: k }) if database == newer && k == known
+    ));
+}
+
+/// Commands that read or change existing jobs never create the embedded
+/// file: a mistyped path is reported as missing and leaves nothing behind.
+#[test]
+fn commands_on_a_missing_file_say_so_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("typo.db").display());
+    for args in [
+        vec!["stats"],
+        vec!["stats", "--json"],
+        vec!["jobs"],
+        vec!["job", "1"],
+        vec!["concurrency"],
+        vec!["retry", "1"],
+        vec!["cancel", "1"],
+        vec!["queue", "pause", "default"],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(&args)
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run jobhost");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let expected = format!("the database file {} does not exist", dir.path().join("typo.db").display());
+        assert!(stderr(&output).contains(&expected), "{args:?}: {}", stderr(&output));
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(files.is_empty(), "{args:?} left {files:?}");
+    }
+    let migrated = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        .args(["migrate", "--database-url", &url])
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run jobhost");
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    assert!(dir.path().join("typo.db").exists(), "migrate creates the file");
+}
+
 /// Runs the binary without a database, with a private component cache.
 fn offline(args: &[&str], cache: &tempfile::TempDir) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobhost"))
@@ -323,6 +469,8 @@ on_both_backends!(
     cancel_and_retry_report_what_they_did,
     concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3,
     queues_pause_payloads_are_limited_and_running_jobs_cancel,
+    json_timestamps_have_one_fixed_width,
+    an_older_binary_refuses_a_database_a_newer_one_migrated,
 );
 
 /// SQLite only: the file's locks. A host creating and migrating a new file

@@ -118,8 +118,15 @@ async fn wait_for_signal() {
     }
 }
 
+/// Opens the database for `migrate` and `enqueue`, creating an embedded file.
 async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
     crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)
+}
+
+/// Opens the database for commands that read or change jobs already there:
+/// a mistyped file name is reported, not created.
+async fn open_existing(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+    crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
 pub async fn migrate(db: &DbArgs) -> ExitCode {
@@ -261,7 +268,7 @@ fn parse_state(name: &str) -> Result<JobState, String> {
 }
 
 pub async fn jobs(args: JobsArgs) -> ExitCode {
-    let store = match open(&args.db).await {
+    let store = match open_existing(&args.db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
@@ -290,7 +297,7 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
 }
 
 pub async fn job(id: i64, db: &DbArgs) -> ExitCode {
-    let store = match open(db).await {
+    let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
@@ -305,7 +312,7 @@ pub async fn job(id: i64, db: &DbArgs) -> ExitCode {
 }
 
 pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
-    let store = match open(db).await {
+    let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
@@ -384,7 +391,7 @@ where
     F: FnOnce(Arc<dyn Store>) -> Fut,
     Fut: std::future::Future<Output = crate::store::Result<String>>,
 {
-    let store = match open(db).await {
+    let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
@@ -398,7 +405,7 @@ where
 }
 
 pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
-    let store = match open(db).await {
+    let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };

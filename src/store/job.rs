@@ -291,10 +291,13 @@ pub struct JobRow {
     /// The last attempt's error.
     pub error: Option<String>,
     /// When it was enqueued.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub enqueued_at: DateTime<Utc>,
     /// When its last attempt started.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub started_at: Option<DateTime<Utc>>,
     /// When it finished.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub finished_at: Option<DateTime<Utc>>,
 }
 
@@ -311,12 +314,14 @@ pub struct JobDetail {
     /// Attempts allowed.
     pub max_attempts: i32,
     /// Every failed attempt's error.
+    #[serde(serialize_with = "super::timestamp::serialize_errors")]
     pub errors: serde_json::Value,
     /// The last attempt's log.
     pub log: Option<serde_json::Value>,
     /// The latest progress.
     pub progress: Option<serde_json::Value>,
     /// When it is (or was) due.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub run_at: Option<DateTime<Utc>>,
     /// The host running it.
     pub host_id: Option<String>,

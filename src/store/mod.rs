@@ -10,7 +10,9 @@ pub mod host;
 pub mod job;
 pub mod lease;
 pub mod postgres;
+mod schema;
 pub mod sqlite;
+mod timestamp;
 
 use std::collections::HashMap;
 
@@ -55,6 +57,25 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A command that works on an existing database named an embedded file
+    /// that does not exist (and was not created).
+    #[error("the database file {0} does not exist: check the database URL (`jobhost migrate` creates it)")]
+    DatabaseMissing(String),
+    /// The database records migrations up to a version this binary does not carry.
+    #[error(
+        "this database was migrated by a newer jobhost (schema version {database}; this binary knows up to {known}): \
+         upgrade jobhost"
+    )]
+    SchemaTooNew {
+        /// The database's newest applied migration.
+        database: i64,
+        /// The newest migration this binary carries.
+        known: i64,
+    },
+    /// The database records a migration this binary does not carry, older
+    /// than its newest one: it was migrated by a different build.
+    #[error("this database has migration {0}, which this jobhost does not carry: use the jobhost that migrated it")]
+    SchemaUnknown(i64),
     /// The database URL names no supported backend.
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedUrl(String),
@@ -172,11 +193,40 @@ pub async fn open(url: &str, max_connections: u32) -> Result<std::sync::Arc<dyn 
 /// # Errors
 /// As [`open`].
 pub async fn open_with(url: &str, max_connections: u32, limits: EnqueueLimits) -> Result<std::sync::Arc<dyn Store>> {
+    open_as(url, max_connections, limits, true).await
+}
+
+/// [`open_with`] for commands that work on a database that exists already:
+/// an embedded file is never created, so a mistyped path is reported as
+/// missing instead of leaving an empty file behind.
+///
+/// # Errors
+/// As [`open`], and [`Error::DatabaseMissing`] when the file does not exist.
+pub async fn open_existing(
+    url: &str,
+    max_connections: u32,
+    limits: EnqueueLimits,
+) -> Result<std::sync::Arc<dyn Store>> {
+    open_as(url, max_connections, limits, false).await
+}
+
+/// Opens the store a URL names; `create` lets an embedded file be created.
+async fn open_as(
+    url: &str,
+    max_connections: u32,
+    limits: EnqueueLimits,
+    create: bool,
+) -> Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(std::sync::Arc::new(postgres::PgStore::connect(url, max_connections).await?.with_limits(limits)));
     }
     if url.starts_with("sqlite:") {
-        return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(url, max_connections).await?.with_limits(limits)));
+        let store = if create {
+            sqlite::SqliteStore::open(url, max_connections).await?
+        } else {
+            sqlite::SqliteStore::open_existing(url, max_connections).await?
+        };
+        return Ok(std::sync::Arc::new(store.with_limits(limits)));
     }
     Err(Error::UnsupportedUrl(url.to_string()))
 }

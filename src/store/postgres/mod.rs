@@ -129,9 +129,16 @@ impl Store for PgStore {
             // Another host created it at the same moment; anything else fails again here.
             sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&pool).await?;
         }
-        let migrated = sqlx::migrate!("./migrations/postgres").run(&pool).await;
+        let migrator = sqlx::migrate!("./migrations/postgres");
+        let migrated = match applied_migrations(&pool).await {
+            Ok(applied) => match super::schema::check_known(&applied, &migrator) {
+                Ok(()) => migrator.run(&pool).await.map_err(Into::into),
+                Err(refused) => Err(refused),
+            },
+            Err(error) => Err(error),
+        };
         pool.close().await;
-        Ok(migrated?)
+        migrated
     }
 
     async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
@@ -309,4 +316,14 @@ async fn commit_or_roll_back<T>(tx: sqlx::Transaction<'static, sqlx::Postgres>, 
 async fn notify_available(conn: &mut sqlx::PgConnection) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')").bind(CHANNEL).execute(conn).await?;
     Ok(())
+}
+
+/// The versions of the migrations the database records as applied (none on a new database).
+async fn applied_migrations(pool: &PgPool) -> Result<Vec<i64>> {
+    let recorded: bool =
+        sqlx::query_scalar("SELECT to_regclass('jobhost._sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+    if !recorded {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar("SELECT version FROM jobhost._sqlx_migrations").fetch_all(pool).await?)
 }

@@ -404,22 +404,59 @@ fn row_of(row: &SqliteRow) -> Result<JobRow> {
     })
 }
 
+/// The columns a listing shows, from each table. Reading a column stored
+/// after the payload walks the payload's overflow pages, so only the rows
+/// listed pay for them.
+const LIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
+    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
+const PARKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
+    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
+const ARCHIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
+    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, finished_at";
+
+/// Lists jobs newest first: the ids are picked first, from indexes and the
+/// id order alone, and only the picked rows are read.
 pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> {
-    let state = filter.state.map(JobState::as_str);
+    // A state lives in one table, and is picked through an index there (a
+    // live state's partial index, or archive_state_queue), never from the
+    // rows: a row's state is stored after its payload. The state is written
+    // into the SQL, not bound, since only a literal matches a partial
+    // index; `+id` keeps SQLite from walking the rows in id order instead.
+    let all = Some(String::new());
+    let only = |state: JobState| Some(format!("AND state = '{}'", state.as_str()));
+    let (live, parked, archived) = match filter.state {
+        None => (all.clone(), all.clone(), all),
+        Some(JobState::Blocked) => (None, all, None),
+        Some(state @ (JobState::Scheduled | JobState::Available | JobState::Running)) => (only(state), None, None),
+        Some(state) => (None, None, only(state)),
+    };
+    let order = if filter.state.is_some() { "+id" } else { "id" };
+    let job = if filter.job.is_some() { "AND job = $2" } else { "" };
+    let picks: Vec<String> = [("jobs", live), ("blocked_jobs", parked), ("archive", archived)]
+        .into_iter()
+        .filter_map(|(table, state)| {
+            let state = state?;
+            Some(format!(
+                "SELECT * FROM (SELECT id FROM {table} WHERE TRUE {state} {job} ORDER BY {order} DESC LIMIT $1)"
+            ))
+        })
+        .collect();
     // Built from constants only; every value is a bound parameter.
     let sql = format!(
-        "SELECT * FROM (
-             SELECT {LIVE_COLUMNS} FROM jobs
-             UNION ALL
-             SELECT {PARKED_COLUMNS} FROM blocked_jobs
-             UNION ALL
-             SELECT {ARCHIVE_COLUMNS} FROM archive
-         ) all_jobs
-         WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR job = $2)
-         ORDER BY id DESC LIMIT $3"
+        "WITH picked AS ({} ORDER BY id DESC LIMIT $1)
+         SELECT {LIVE_LIST_COLUMNS} FROM jobs WHERE id IN picked
+         UNION ALL
+         SELECT {PARKED_LIST_COLUMNS} FROM blocked_jobs WHERE id IN picked
+         UNION ALL
+         SELECT {ARCHIVE_LIST_COLUMNS} FROM archive WHERE id IN picked
+         ORDER BY id DESC",
+        picks.join(" UNION ALL ")
     );
-    let rows =
-        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(state).bind(&filter.job).bind(filter.limit).fetch_all(pool).await?;
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(filter.limit);
+    if let Some(job) = &filter.job {
+        query = query.bind(job);
+    }
+    let rows = query.fetch_all(pool).await?;
     rows.iter().map(row_of).collect()
 }
 
@@ -450,10 +487,18 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
 }
 
 pub async fn stats(pool: &SqlitePool, now: i64) -> Result<Stats> {
+    // Counts come from indexes, and never from a row's state: it is stored
+    // after the payload, so reading it reads the whole payload. Each live
+    // state is counted through its partial index (the queue is read from
+    // the row's first page), the archive through archive_state_queue alone.
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT state, queue, count(*) FROM jobs GROUP BY 1, 2
+        "SELECT 'scheduled', queue, count(*) FROM jobs WHERE state = 'scheduled' GROUP BY queue
          UNION ALL
-         SELECT 'blocked', queue, count(*) FROM blocked_jobs GROUP BY 1, 2
+         SELECT 'available', queue, count(*) FROM jobs WHERE state = 'available' GROUP BY queue
+         UNION ALL
+         SELECT 'running', queue, count(*) FROM jobs WHERE state = 'running' GROUP BY queue
+         UNION ALL
+         SELECT 'blocked', queue, count(*) FROM blocked_jobs GROUP BY queue
          UNION ALL
          SELECT state, queue, count(*) FROM archive GROUP BY 1, 2",
     )

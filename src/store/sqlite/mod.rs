@@ -39,7 +39,7 @@ use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
 use super::{
-    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
+    Cancel, EnqueueLimits, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
     JobFilter, JobRow, KeyStatus, LeaseRenewal, LockedKeys, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
@@ -60,6 +60,14 @@ const CLOSE_LOOK: (Duration, Duration) = (Duration::from_millis(50), Duration::f
 /// How often an idle host checks whether another process committed, in
 /// case the file system did not report the write.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Pages the log may hold before a commit checkpoints it (SQLite's default,
+/// set so that no connection runs with checkpoints turned off).
+const WAL_CHECKPOINT_PAGES: u32 = 1000;
+
+/// Bytes the log file is cut back to when it starts over after a checkpoint:
+/// without a limit it keeps the largest size a long read ever let it reach.
+pub const WAL_SIZE_LIMIT: u64 = 16 << 20;
 
 /// `seen_version` before the first look.
 const UNSEEN: i64 = i64::MIN;
@@ -96,14 +104,37 @@ impl SqliteStore {
     /// # Errors
     /// The URL is invalid or the file cannot be opened.
     pub async fn open(url: &str, max_connections: u32) -> Result<Self> {
+        Self::connect(url, max_connections, true).await
+    }
+
+    /// [`Self::open`] for a file that must exist already: it is never created.
+    ///
+    /// # Errors
+    /// [`Error::DatabaseMissing`] when the file does not exist; as [`Self::open`].
+    pub async fn open_existing(url: &str, max_connections: u32) -> Result<Self> {
+        Self::connect(url, max_connections, false).await
+    }
+
+    async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Self> {
         // WAL lets readers run beside the writer. FULL syncs the log at
         // every commit: an enqueue reported as done survives a power cut.
+        // The log is checkpointed every WAL_CHECKPOINT_PAGES and cut back to
+        // WAL_SIZE_LIMIT once it starts over, so a burst of writes beside a
+        // long read leaves no oversized file behind.
         let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
+            .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
+            .pragma("wal_autocheckpoint", WAL_CHECKPOINT_PAGES.to_string())
+            .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
             .log_statements(tracing::log::LevelFilter::Trace);
+        // Checked first for a clear message; `create_if_missing(false)` is
+        // what guarantees nothing is created should the file vanish meanwhile.
+        let file = options.get_filename();
+        if !create && !file.exists() {
+            return Err(Error::DatabaseMissing(file.display().to_string()));
+        }
         let pool = |size: u32| {
             SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
         };
@@ -217,6 +248,19 @@ async fn while_locked<T, F: Future<Output = Result<T>>>(mut attempt: impl FnMut(
     }
 }
 
+/// The versions of the migrations the file records as applied (none on a new file).
+async fn applied_migrations(pool: &SqlitePool) -> Result<Vec<i64>> {
+    let recorded: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !recorded {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations").fetch_all(pool).await?)
+}
+
 /// Now, in the schema's unit.
 fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
@@ -264,6 +308,7 @@ impl Store for SqliteStore {
         .await?;
         let runs = migrator.iter().count() + 1;
         let migrated = while_locked(|| async {
+            super::schema::check_known(&applied_migrations(&pool).await?, &migrator)?;
             for _ in 1..runs {
                 if migrator.run(&pool).await.is_ok() {
                     return Ok(());
