@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use jobhost::store::sqlite::{SqliteStore, WAL_SIZE_LIMIT};
 use jobhost::store::{EnqueueParams, JobFilter, JobState, Store};
 use serde_json::json;
@@ -14,7 +12,7 @@ use common::db::TestDb;
 use common::job_config;
 
 /// Tests here measure this process's reads and the log's size: one at a time.
-static MEASURED: Mutex<()> = Mutex::new(());
+static MEASURED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Bytes this process has read through system calls so far (Linux `rchar`):
 /// SQLite reads its file with `read`/`pread`, so this counts the pages a
@@ -58,7 +56,7 @@ async fn queue_large_jobs(db: &TestDb, count: usize, size: usize) {
 /// queries read the state of every row, which is stored after its payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_reads_skip_the_payloads_of_rows_they_do_not_show() {
-    let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = MEASURED.lock().await;
     let db = TestDb::sqlite().await;
     let size = 100_000;
     archive_large_jobs(&db, 200, size).await;
@@ -128,7 +126,7 @@ async fn listings_merge_every_table_newest_first() {
 /// cut the file back under the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_is_cut_back_after_a_long_read_ends() {
-    let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = MEASURED.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("jobhost.db");
     let store = SqliteStore::open(&format!("sqlite://{}", file.display()), 2).await.unwrap();
