@@ -245,7 +245,10 @@ impl Store for PgStore {
     }
 
     async fn stats(&self) -> Result<Stats> {
-        job::stats(&self.pool).await
+        let mut stats = job::stats(&self.pool).await?;
+        (stats.watchers_down, stats.mixed_components) =
+            crate::store::host::fleet_warnings(host::host_health(&self.pool).await?);
+        Ok(stats)
     }
 
     async fn job_retry(&self, id: i64) -> Result<()> {
