@@ -3,13 +3,16 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{DirectoryWatcher, Registry, RegistryEvent, Runtime, WatcherConfig};
+use crate::component::{DirectoryWatcher, Registry, Runtime, WatcherConfig};
 use crate::config::RuntimeConfig;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
+use crate::registration::Registrar;
 use crate::store::{EnqueueLimits, Store};
+use crate::supervisor::{Supervisor, TaskPanic};
 use crate::worker::{Worker, WorkerConfig};
 
 /// Everything a host needs to run.
@@ -47,13 +50,22 @@ pub enum HostError {
     /// The database could not be used.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
+    /// A background task panicked; the host stopped rather than run on
+    /// with part of its job silently stopped.
+    #[error(transparent)]
+    TaskPanicked(#[from] TaskPanic),
 }
 
 /// Runs a host until `shutdown` fires, then stops gracefully.
 ///
+/// A database that cannot be reached at start is waited for (logged, with
+/// backoff) until it can or `shutdown` fires. Every background task runs
+/// under a [`Supervisor`]: one that panics stops the host, and the panic is
+/// returned as [`HostError::TaskPanicked`].
+///
 /// # Errors
-/// Anything that prevents the host from starting; once running, failures
-/// are logged and retried.
+/// Anything that prevents the host from starting, or a task that panicked;
+/// other failures while running are logged and retried.
 pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), HostError> {
     let runtime_config = RuntimeConfig {
         heartbeat_interval: config.worker.heartbeat_interval,
@@ -62,63 +74,95 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
         ..config.runtime.clone()
     };
     let runtime = Runtime::new(runtime_config)?;
-    let store =
-        crate::store::open_with(&config.database_url, config.worker.concurrency as u32 + 4, config.limits).await?;
-    if config.migrate {
-        store.migrate().await?;
-    }
+    let Some(store) = open_store(&config, &shutdown).await? else {
+        tracing::info!("shutdown requested while waiting for the database");
+        return Ok(());
+    };
     let registry = Arc::new(Registry::new());
     let mut watcher = DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(&config.components))?;
+    // The startup scan may compile many components; a shutdown stops it.
+    tokio::select! {
+        () = shutdown.cancelled() => {
+            tracing::info!("shutdown requested during the startup scan");
+            return Ok(());
+        }
+        scanned = watcher.run_once() => scanned?,
+    }
     let events = registry.subscribe();
-    watcher.run_once().await?;
-    register_all(store.as_ref(), &registry).await?;
+    let mut registrar = Registrar::new(store.clone(), registry.clone());
+    registrar.queue_all();
+    registrar.register_pending().await;
     tracing::info!(
         database = store.location(),
         job_types = ?registry.components().iter().map(|c| &c.config.name).collect::<Vec<_>>(),
         "host starting"
     );
 
+    // The worker stops on `shutdown`, or when a background task panicked.
+    let stop = shutdown.child_token();
+    let supervisor = Supervisor::new(stop.clone());
     let background = CancellationToken::new();
-    let watching = tokio::spawn(watcher.run(background.clone()));
-    let registering = tokio::spawn(register_on_load(store.clone(), registry.clone(), events, background.clone()));
+    let watching = supervisor.spawn("watcher", watcher.run(background.clone()));
+    let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
     let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?;
-    let sweeping = tokio::spawn(maintenance.run(background.clone()));
+    let sweeping = supervisor.spawn("maintenance", maintenance.run(background.clone()));
 
-    let worker = Worker::new(store, runtime, registry, config.worker.clone())?;
+    let worker = Worker::new(store, runtime, registry, config.worker.clone())?.with_supervisor(supervisor.clone());
     tracing::info!(host_id = worker.host_id(), "worker running");
-    worker.run(shutdown).await;
+    worker.run(stop).await;
 
     background.cancel();
     let _ = tokio::join!(watching, registering, sweeping);
+    if let Some(panic) = supervisor.failure() {
+        tracing::error!(%panic, "host stopped after a task panicked");
+        return Err(HostError::TaskPanicked(panic));
+    }
     tracing::info!("host stopped");
     Ok(())
 }
 
-async fn register_all(store: &dyn Store, registry: &Registry) -> crate::store::Result<()> {
-    let types: Vec<_> = registry.components().iter().map(|c| (c.config.clone(), c.digest.clone())).collect();
-    store.job_types_register(&types).await
-}
+/// The first wait for a database that is unavailable at start; it doubles
+/// up to [`OPEN_RETRY_MAX`].
+const OPEN_RETRY_FIRST: Duration = Duration::from_millis(250);
 
-/// Records each newly loaded configuration so every enqueuer applies it.
-async fn register_on_load(
-    store: Arc<dyn Store>,
-    registry: Arc<Registry>,
-    mut events: tokio::sync::broadcast::Receiver<RegistryEvent>,
-    shutdown: CancellationToken,
-) {
+/// The longest wait between attempts to reach the database at start.
+const OPEN_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Opens (and migrates) the store, waiting for a database that is not
+/// available yet: hosts and their database often start together, and a
+/// host that exits instead needs something else to restart it. `None` when
+/// `shutdown` fired first.
+async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result<Option<Arc<dyn Store>>, HostError> {
+    let max_connections = config.worker.concurrency as u32 + 4;
+    let mut wait = OPEN_RETRY_FIRST;
+    let mut attempt = 0u32;
     loop {
-        let event = tokio::select! {
-            () = shutdown.cancelled() => return,
-            event = events.recv() => event,
-        };
-        match event {
-            Ok(RegistryEvent::Loaded { .. }) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                if let Err(error) = register_all(store.as_ref(), &registry).await {
-                    tracing::error!(%error, "cannot record job types in the database");
-                }
+        attempt = attempt.saturating_add(1);
+        let opening = async {
+            let store = crate::store::open_with(&config.database_url, max_connections, config.limits).await?;
+            if config.migrate {
+                store.migrate().await?;
             }
-            Ok(_) => {}
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            Ok::<_, crate::store::Error>(store)
+        };
+        let error = tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            opened = opening => match opened {
+                Ok(store) => {
+                    if attempt > 1 {
+                        tracing::info!(attempt, "the database is available");
+                    }
+                    return Ok(Some(store));
+                }
+                Err(error) if error.is_unavailable() => error,
+                Err(error) => return Err(error.into()),
+            },
+        };
+        tracing::warn!(%error, attempt, retry_in = ?wait, "the database is unavailable; waiting for it before starting");
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            () = tokio::time::sleep(wait) => {}
         }
+        wait = (wait * 2).min(OPEN_RETRY_MAX);
     }
 }

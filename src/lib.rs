@@ -15,6 +15,8 @@
 //!   trait (an embedded SQLite file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
+//! - [`registration`]: job types recorded in the database as components load.
+//! - [`supervisor`]: background tasks whose panic stops the host.
 //! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
 //! - [`cli`]: the `jobhost` command line.
 
@@ -24,7 +26,9 @@ pub mod component;
 pub mod config;
 pub mod host;
 pub mod maintenance;
+pub mod registration;
 pub mod store;
+pub mod supervisor;
 pub mod template;
 pub mod types;
 pub mod worker;

@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome};
 use serde_json::{Value, json};
@@ -526,4 +527,49 @@ async fn commands_racing_a_host_that_creates_the_file_never_meet_a_locked_databa
             let _ = std::fs::remove_file(dir.path().join(file));
         }
     }
+}
+
+/// A second SIGTERM while a host waits for its running jobs (a long grace
+/// period) exits at once, non-zero, saying why; the first one only began
+/// the graceful shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_stops_a_host_at_once() {
+    let db = TestDb::new(common::db::Backend::Sqlite).await;
+    let components = common::fleet::components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let log = cache.path().join("host.log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
+    command
+        .args(["run", "--no-migrate", "--heartbeat", "250ms", "--poll", "100ms", "--grace", "10m"])
+        .arg("--components")
+        .arg(components.path())
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut host = common::fleet::Host::start(&mut command);
+    let logged = |text: &'static str| {
+        let log = log.clone();
+        move || {
+            let log = log.clone();
+            async move { std::fs::read_to_string(&log).unwrap_or_default().contains(text) }
+        }
+    };
+    common::eventually(Duration::from_secs(60), logged("worker running")).await;
+    db.store.job_enqueue(&[EnqueueParams::new("sleep", json!({"ms": 600_000}))]).await.unwrap();
+    common::eventually(Duration::from_secs(60), || async {
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await == 1
+    })
+    .await;
+
+    host.signal(libc::SIGTERM);
+    common::eventually(Duration::from_secs(60), logged("shutdown requested")).await;
+    assert!(host.is_running(), "the first signal waits for the running job");
+    host.signal(libc::SIGTERM);
+    let status = host.wait().await;
+    assert_eq!(status.code(), Some(130), "{status}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("second signal"), "{text}");
 }

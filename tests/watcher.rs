@@ -202,3 +202,134 @@ async fn temporary_and_foreign_files_are_ignored() {
     }
     assert_eq!(watched.registry.components().len(), 1);
 }
+
+/// Starts a watcher on `dir` that rescans every `rescan` and tries to watch
+/// again every 50 ms while it cannot.
+fn follow(dir: &Path, rescan: Duration) -> (Arc<Registry>, tokio::sync::broadcast::Receiver<RegistryEvent>, Guard) {
+    let (runtime, cache) = runtime();
+    let registry = Arc::new(Registry::new());
+    let events = registry.subscribe();
+    let config = WatcherConfig {
+        debounce: Duration::from_millis(50),
+        rescan_interval: rescan,
+        rewatch_interval: Duration::from_millis(50),
+        ..WatcherConfig::new(dir)
+    };
+    let watcher = DirectoryWatcher::new(runtime, registry.clone(), config).unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(watcher.run(shutdown.clone()));
+    (registry, events, Guard { shutdown, task: Some(task), _cache: cache })
+}
+
+/// Stops a watcher when the test ends, checking it was still running.
+struct Guard {
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), jobhost::component::watcher::WatchError>>>,
+    _cache: tempfile::TempDir,
+}
+
+impl Guard {
+    fn is_running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn loaded(events: &mut tokio::sync::broadcast::Receiver<RegistryEvent>, path: &Path) -> RegistryEvent {
+    wait_for(events, WITHIN, |e| matches!(e, RegistryEvent::Loaded { path: p, .. } if p == path)).await
+}
+
+async fn reported_down(registry: &Registry) -> String {
+    let mut error = None;
+    common::eventually(WITHIN, || {
+        error = registry.watcher_error();
+        std::future::ready(error.is_some())
+    })
+    .await;
+    error.unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_directory_missing_when_watching_starts_is_reported_and_loaded_once_it_exists() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("components");
+    std::fs::create_dir(&dir).unwrap();
+    let (runtime, _cache) = runtime();
+    let registry = Arc::new(Registry::new());
+    let mut events = registry.subscribe();
+    let config = WatcherConfig {
+        rescan_interval: Duration::from_millis(200),
+        rewatch_interval: Duration::from_millis(50),
+        ..WatcherConfig::new(&dir)
+    };
+    let watcher = DirectoryWatcher::new(runtime, registry.clone(), config).unwrap();
+    // Gone between the start's checks and the watch (a remount, a deploy).
+    std::fs::remove_dir(&dir).unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(watcher.run(shutdown.clone()));
+    let error = reported_down(&registry).await;
+    assert!(!task.is_finished(), "the watcher keeps running without its directory ({error})");
+
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(guest("hello"), dir.join("hello.wasm")).unwrap();
+    loaded(&mut events, &dir.join("hello.wasm")).await;
+    common::eventually(WITHIN, || std::future::ready(registry.watcher_error().is_none())).await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_removed_and_recreated_directory_is_watched_again() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("components");
+    std::fs::create_dir(&dir).unwrap();
+    // No rescan during the test: only the watch can see the new file.
+    let (registry, mut events, guard) = follow(&dir, Duration::from_secs(3600));
+    common::eventually(WITHIN, || std::future::ready(guard.is_running())).await;
+    std::fs::copy(guest("sleep"), dir.join("sleep.wasm")).unwrap();
+    loaded(&mut events, &dir.join("sleep.wasm")).await;
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    reported_down(&registry).await;
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(guest("hello"), dir.join("hello.wasm")).unwrap();
+    loaded(&mut events, &dir.join("hello.wasm")).await;
+    common::eventually(WITHIN, || std::future::ready(registry.watcher_error().is_none())).await;
+    assert!(guard.is_running());
+}
+
+#[tokio::test]
+async fn symlinked_components_load_and_reload_when_their_target_changes() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("components");
+    std::fs::create_dir(&dir).unwrap();
+    // A Kubernetes ConfigMap mount: each file links through `..data`,
+    // itself a link to the current version's directory.
+    for (version, guest_name) in [("..v1", "hello"), ("..v2", "hello_v2")] {
+        std::fs::create_dir(dir.join(version)).unwrap();
+        std::fs::copy(guest(guest_name), dir.join(version).join("hello.wasm")).unwrap();
+    }
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/hello.wasm", dir.join("hello.wasm")).unwrap();
+    // Links that cannot be components are skipped, without stopping the rest.
+    std::os::unix::fs::symlink("..v1", dir.join("a-directory.wasm")).unwrap();
+    std::os::unix::fs::symlink("nowhere.wasm", dir.join("dangling.wasm")).unwrap();
+
+    let (registry, mut events, _guard) = follow(&dir, Duration::from_secs(3600));
+    loaded(&mut events, &dir.join("hello.wasm")).await;
+    let v1 = registry.get("hello").expect("served through the link");
+    assert_eq!(v1.config.priority, 0);
+    assert_eq!(registry.components().len(), 1, "the directory link and the dangling one are skipped");
+
+    // The atomic swap the ConfigMap writer does: a new link renamed over `..data`.
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    let event = loaded(&mut events, &dir.join("hello.wasm")).await;
+    assert!(matches!(&event, RegistryEvent::Loaded { replaced: Some(old), .. } if *old == v1.digest), "{event:?}");
+    assert_eq!(registry.get("hello").unwrap().config.priority, -1, "the new target's configuration is served");
+}

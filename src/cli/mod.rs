@@ -1,7 +1,8 @@
 //! The `jobhost` command line: flag definitions and the commands behind them.
 //! Exit codes: 0 success, 1 a job ran but did not complete, 2 bad input (a
 //! component that does not load, a payload that is not JSON, an unknown job
-//! type) or a host error.
+//! type) or a host error (a host task that panicked among them), 130 a host
+//! stopped by a second SIGINT or SIGTERM.
 
 mod components;
 mod queue;
@@ -232,7 +233,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return fail(format!("cannot start the async runtime: {error}")),
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => queue::run(args).await,
             Command::Migrate(db) => queue::migrate(&db).await,
@@ -251,7 +252,11 @@ pub fn main(cli: Cli) -> ExitCode {
             }
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,
         }
-    })
+    });
+    // A compile abandoned at shutdown may still run on a blocking thread;
+    // the command is done, so it is not waited for.
+    runtime.shutdown_background();
+    code
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {

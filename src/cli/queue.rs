@@ -92,9 +92,22 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested");
+        let mut signals = match Signals::new() {
+            Ok(signals) => signals,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGINT and SIGTERM; stop this host with SIGKILL");
+                return;
+            }
+        };
+        signals.next().await;
+        tracing::info!("shutdown requested; a second SIGINT or SIGTERM stops at once");
         trigger.cancel();
+        signals.next().await;
+        // Running jobs are not handed back: their leases expire and other
+        // hosts run them again, as after a crash.
+        tracing::error!("second signal: exiting at once without waiting for running jobs");
+        eprintln!("error: stopped by a second signal before the graceful shutdown ended");
+        std::process::exit(FORCED_EXIT);
     });
     match crate::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -102,19 +115,29 @@ pub async fn run(args: RunArgs) -> ExitCode {
     }
 }
 
-/// SIGINT or SIGTERM.
-async fn wait_for_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// The exit code of a host stopped by a second signal: 128 + SIGINT, as a
+/// shell reports a process interrupted by Ctrl-C.
+const FORCED_EXIT: i32 = 130;
+
+/// SIGINT and SIGTERM, listened for from start to exit: once a handler is
+/// installed the signals no longer end the process by themselves.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
     }
 }
 
@@ -343,6 +366,25 @@ pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
         println!(
             "host presumed dead: {} (silent {:.1} s, heartbeat every {} ms)",
             host.id, host.silent_secs, host.heartbeat_ms
+        );
+    }
+    for down in &stats.watchers_down {
+        println!(
+            "warning: host {} is not watching its components directory (rescanning on an interval): {}",
+            down.host, down.error
+        );
+    }
+    for mixed in &stats.mixed_components {
+        let served: Vec<String> = mixed
+            .digests
+            .iter()
+            .map(|(digest, hosts)| format!("{} by {}", digest.get(..12).unwrap_or(digest), hosts.join(", ")))
+            .collect();
+        println!(
+            "warning: type {} is served with {} different components: {}",
+            mixed.job,
+            mixed.digests.len(),
+            served.join("; ")
         );
     }
     ExitCode::SUCCESS

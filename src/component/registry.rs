@@ -42,6 +42,10 @@ pub enum RegistryEvent {
 pub struct Registry {
     by_name: RwLock<HashMap<String, Arc<LoadedComponent>>>,
     events: broadcast::Sender<RegistryEvent>,
+    /// Why the directory watcher feeding this registry is down, if it is:
+    /// kept here, beside what the host serves, so the host's fleet row
+    /// reports both.
+    watcher_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Default for Registry {
@@ -53,7 +57,18 @@ impl Default for Registry {
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
-        Registry { by_name: RwLock::default(), events: broadcast::channel(1024).0 }
+        Registry { by_name: RwLock::default(), events: broadcast::channel(1024).0, watcher_error: Default::default() }
+    }
+
+    /// Why the watcher cannot follow the components directory (`None`
+    /// while it can): the host serves what it has but may miss new files.
+    pub fn watcher_error(&self) -> Option<String> {
+        self.watcher_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Records whether the watcher is down, and why.
+    pub fn set_watcher_error(&self, error: Option<String>) {
+        *self.watcher_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = error;
     }
 
     /// Events from now on.

@@ -3,8 +3,10 @@
 //! File events only say *that* something changed; after a quiet spell the
 //! watcher rescans the whole directory and reconciles by content digest. That
 //! one rule covers copies, in-place writes, write-then-rename, editors' swap
-//! files and missed events alike, and a file caught half-written simply fails
-//! to load and is retried on its next change.
+//! files, missed events and symbolic links whose target changed alike, and a
+//! file caught half-written simply fails to load and is retried on its next
+//! change. A watch that fails or is lost never ends the watcher: it says so
+//! (log, registry) and falls back to rescanning until it can watch again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,17 +28,22 @@ pub struct WatcherConfig {
     /// still being written is not loaded at every chunk.
     pub debounce: Duration,
     /// A full rescan at this interval even without events, for file systems
-    /// that do not report changes (network mounts).
+    /// that do not report changes (network mounts), and while the directory
+    /// cannot be watched.
     pub rescan_interval: Duration,
+    /// While the directory cannot be watched, how often to try again.
+    pub rewatch_interval: Duration,
 }
 
 impl WatcherConfig {
-    /// Defaults for `dir`: 100 ms debounce, rescan every 30 s.
+    /// Defaults for `dir`: 100 ms debounce, rescan every 30 s, try to watch
+    /// again every second while the watch is down.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         WatcherConfig {
             dir: dir.into(),
             debounce: Duration::from_millis(100),
             rescan_interval: Duration::from_secs(30),
+            rewatch_interval: Duration::from_secs(1),
         }
     }
 
@@ -48,7 +55,7 @@ impl WatcherConfig {
         if !self.dir.is_dir() {
             return Err(WatchError::NotADirectory(self.dir.clone()));
         }
-        if self.debounce.is_zero() || self.rescan_interval.is_zero() {
+        if self.debounce.is_zero() || self.rescan_interval.is_zero() || self.rewatch_interval.is_zero() {
             return Err(WatchError::Interval);
         }
         Ok(())
@@ -90,6 +97,8 @@ pub struct DirectoryWatcher {
     registry: Arc<Registry>,
     config: WatcherConfig,
     files: HashMap<PathBuf, FileState>,
+    /// Entries skipped at the last scan, and why: each is warned about once.
+    skipped: HashMap<PathBuf, String>,
 }
 
 impl DirectoryWatcher {
@@ -99,7 +108,7 @@ impl DirectoryWatcher {
     /// Invalid settings.
     pub fn new(runtime: Runtime, registry: Arc<Registry>, config: WatcherConfig) -> Result<Self, WatchError> {
         config.validate()?;
-        Ok(DirectoryWatcher { runtime, registry, config, files: HashMap::new() })
+        Ok(DirectoryWatcher { runtime, registry, config, files: HashMap::new(), skipped: HashMap::new() })
     }
 
     /// Rescans the directory once and brings the registry in line with it.
@@ -107,7 +116,13 @@ impl DirectoryWatcher {
     /// # Errors
     /// The directory could not be listed; the registry is left as it was.
     pub async fn run_once(&mut self) -> Result<(), WatchError> {
-        let present = list_components(&self.config.dir)?;
+        let Listing { components: present, skipped } = list_components(&self.config.dir)?;
+        for (path, reason) in &skipped {
+            if self.skipped.get(path) != Some(reason) {
+                tracing::warn!(path = %path.display(), %reason, "not a component; skipped");
+            }
+        }
+        self.skipped = skipped;
         let gone: Vec<PathBuf> = self.files.keys().filter(|p| !present.contains(*p)).cloned().collect();
         let freed_a_name = !gone.is_empty();
         for path in gone {
@@ -158,35 +173,140 @@ impl DirectoryWatcher {
 
     /// Scans once, then follows the directory until `shutdown` fires.
     ///
+    /// Watching never ends the task: when the watch cannot be set up or is
+    /// lost (the directory removed or moved, inotify instances exhausted),
+    /// the error is logged, recorded in the registry for the host's fleet
+    /// row, the directory is still rescanned every `rescan_interval`, and
+    /// the watch is set up again every `rewatch_interval` until it works.
+    ///
     /// # Errors
-    /// The directory could not be watched or listed at start.
+    /// None so far; the result is kept for errors that must end watching.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), WatchError> {
         let (events_tx, mut events) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event| {
-            let _ = events_tx.send(event);
-        })?;
-        watcher.watch(&self.config.dir, RecursiveMode::NonRecursive)?;
-        self.run_once().await?;
+        let mut watch = self.watch(&events_tx);
+        if !self.rescan(&shutdown).await {
+            watch = None;
+        }
         let mut rescan = tokio::time::interval(self.config.rescan_interval);
         rescan.tick().await;
+        let mut rewatch = tokio::time::interval(self.config.rewatch_interval);
+        rewatch.tick().await;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 _ = rescan.tick() => {}
-                event = events.recv() => {
-                    match event {
-                        None => return Ok(()),
-                        Some(Err(error)) => tracing::warn!(%error, "file watch error; rescanning"),
-                        Some(Ok(event)) if !event.paths.iter().any(|p| is_component_path(p)) => continue,
-                        Some(Ok(_)) => {}
+                _ = rewatch.tick(), if watch.is_none() => {
+                    watch = self.watch(&events_tx);
+                    if watch.is_none() {
+                        continue;
                     }
-                    // Let a burst of events (a copy in chunks, a rename) settle.
-                    while let Ok(Some(_)) = tokio::time::timeout(self.config.debounce, events.recv()).await {}
+                    // Changes made while unwatched: the rescan below catches up.
+                }
+                event = events.recv() => {
+                    // This task holds a sender, so the channel never closes.
+                    let Some(event) = event else { return Ok(()) };
+                    let mut relevant = false;
+                    let mut next = Some(event);
+                    // Let a burst of events (a copy in chunks, a rename)
+                    // settle, minding each: a removed directory may be among them.
+                    while let Some(event) = next {
+                        if let Some(reason) = self.watch_lost_by(&event) {
+                            self.watch_lost(reason);
+                            watch = None;
+                            relevant = true;
+                        }
+                        relevant |= event.as_ref().is_ok_and(|e| {
+                            e.paths.iter().any(|p| is_component_path(p) || is_link_layout(p))
+                        });
+                        next = tokio::time::timeout(self.config.debounce, events.recv()).await.ok().flatten();
+                    }
+                    if !relevant {
+                        continue;
+                    }
                 }
             }
-            if let Err(error) = self.run_once().await {
-                tracing::error!(%error, "rescan of the components directory failed");
+            if !self.rescan(&shutdown).await {
+                // Listing failed: whatever the watch was following is gone.
+                watch = None;
             }
+        }
+    }
+
+    /// Rescans unless `shutdown` fires first (a long compile is abandoned).
+    /// Returns false when the directory could not be listed.
+    async fn rescan(&mut self, shutdown: &CancellationToken) -> bool {
+        let scanned = tokio::select! {
+            () = shutdown.cancelled() => return true,
+            scanned = self.run_once() => scanned,
+        };
+        match scanned {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, "rescan of the components directory failed");
+                self.registry.set_watcher_error(Some(error.to_string()));
+                false
+            }
+        }
+    }
+
+    /// Sets up the watch, recording in the registry whether it worked.
+    fn watch(
+        &self,
+        events: &mpsc::UnboundedSender<notify::Result<notify::Event>>,
+    ) -> Option<notify::RecommendedWatcher> {
+        let events = events.clone();
+        let watched = notify::recommended_watcher(move |event| {
+            let _ = events.send(event);
+        })
+        .and_then(|mut watcher| watcher.watch(&self.config.dir, RecursiveMode::NonRecursive).map(|()| watcher));
+        match watched {
+            Ok(watcher) => {
+                if self.registry.watcher_error().is_some() {
+                    tracing::warn!(dir = %self.config.dir.display(), "watching the components directory again");
+                    self.registry.set_watcher_error(None);
+                }
+                Some(watcher)
+            }
+            Err(error) => {
+                let reason = format!("cannot watch the components directory: {error}");
+                if self.registry.watcher_error().as_ref() != Some(&reason) {
+                    tracing::error!(
+                        dir = %self.config.dir.display(),
+                        %reason,
+                        rescan_every = ?self.config.rescan_interval,
+                        "the components directory is not watched; rescanning on an interval and trying again"
+                    );
+                }
+                self.registry.set_watcher_error(Some(reason));
+                None
+            }
+        }
+    }
+
+    fn watch_lost(&self, reason: String) {
+        tracing::error!(
+            dir = %self.config.dir.display(),
+            %reason,
+            "lost the watch on the components directory; watching it again"
+        );
+        self.registry.set_watcher_error(Some(reason));
+    }
+
+    /// Why an event means the watch sees nothing from now on: an error, or
+    /// the watched directory itself removed or moved (the watch followed
+    /// that directory, not its path).
+    fn watch_lost_by(&self, event: &notify::Result<notify::Event>) -> Option<String> {
+        use notify::EventKind;
+        use notify::event::ModifyKind;
+        match event {
+            Err(error) => Some(format!("file watch error: {error}")),
+            Ok(event)
+                if matches!(event.kind, EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_)))
+                    && event.paths.contains(&self.config.dir) =>
+            {
+                Some("the components directory was removed or moved".to_string())
+            }
+            Ok(_) => None,
         }
     }
 }
@@ -199,17 +319,49 @@ fn is_component_path(path: &Path) -> bool {
     !name.starts_with('.') && name.ends_with(".wasm")
 }
 
-fn list_components(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut paths = Vec::new();
+/// Entries a symlinked layout swaps to change its components' targets at
+/// once: Kubernetes' `..data` link (and its `..data_tmp`, `..2024_…`
+/// directories). A change there changes what `hello.wasm -> ..data/hello.wasm`
+/// reads, without an event naming `hello.wasm`.
+fn is_link_layout(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|name| name.starts_with(".."))
+}
+
+/// What a directory listing found: components, and the entries that look
+/// like components but cannot be one (with the reason), to warn about.
+#[derive(Debug, Default)]
+struct Listing {
+    components: Vec<PathBuf>,
+    skipped: HashMap<PathBuf, String>,
+}
+
+/// Regular `.wasm` files and symbolic links to them (ConfigMap mounts,
+/// release layouts); a link to a directory or a dangling link is skipped.
+fn list_components(dir: &Path) -> std::io::Result<Listing> {
+    let mut listing = Listing::default();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
-        if is_component_path(&path) && entry.file_type()?.is_file() {
-            paths.push(path);
+        if !is_component_path(&path) {
+            continue;
+        }
+        let file_type = entry.file_type()?;
+        if file_type.is_file() {
+            listing.components.push(path);
+        } else if file_type.is_symlink() {
+            match std::fs::metadata(&path) {
+                Ok(target) if target.is_file() => listing.components.push(path),
+                Ok(_) => {
+                    listing.skipped.insert(path, "a symbolic link to something other than a file".into());
+                }
+                Err(error) => {
+                    listing.skipped.insert(path, format!("a symbolic link whose target cannot be read: {error}"));
+                }
+            }
         }
     }
-    paths.sort();
-    Ok(paths)
+    listing.components.sort();
+    Ok(listing)
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
-//! Fleet membership: who is serving which job types.
+//! Fleet membership: who is serving which job types, with which
+//! components, and whether each can still see new ones.
+
+use std::collections::BTreeMap;
 
 /// A host's row in the fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +16,12 @@ pub struct HostInfo {
     pub version: String,
     /// The job types this host has loaded and fetches.
     pub job_types: Vec<String>,
+    /// The digest of the component serving each job type, so operators see
+    /// a type that hosts serve with different builds.
+    pub digests: BTreeMap<String, String>,
+    /// Why this host's directory watcher is down (`None` while it watches):
+    /// it serves what it has loaded but may not see new components.
+    pub watcher_error: Option<String>,
     /// How often it renews its row: it is presumed dead once it has been
     /// silent for [`MISSED_HEARTBEATS`] of these.
     pub heartbeat_ms: i64,
@@ -51,6 +60,8 @@ impl HostInfo {
             pid,
             version: env!("CARGO_PKG_VERSION").to_string(),
             job_types,
+            digests: BTreeMap::new(),
+            watcher_error: None,
             heartbeat_ms: i64::try_from(heartbeat.as_millis()).unwrap_or(i64::MAX).max(1),
         }
     }
@@ -62,8 +73,75 @@ pub fn liveness(rows: Vec<(String, f64, i64)>) -> (i64, Vec<SilentHost>) {
     let (alive, silent): (Vec<_>, Vec<_>) = rows
         .into_iter()
         .map(|(id, silent_secs, heartbeat_ms)| SilentHost { id, silent_secs: silent_secs.max(0.0), heartbeat_ms })
-        .partition(|h| h.silent_secs * 1000.0 <= (MISSED_HEARTBEATS * h.heartbeat_ms) as f64);
+        .partition(|h| is_alive(h.silent_secs, h.heartbeat_ms));
     (alive.len() as i64, silent)
+}
+
+/// Whether a host silent for `silent_secs` is alive by its own heartbeat.
+fn is_alive(silent_secs: f64, heartbeat_ms: i64) -> bool {
+    silent_secs * 1000.0 <= (MISSED_HEARTBEATS * heartbeat_ms) as f64
+}
+
+/// A host's row as its health is judged: how long it has been silent, its
+/// heartbeat, the digest serving each of its job types, its watcher's error.
+#[derive(Debug, Clone)]
+pub struct HostHealthRow {
+    /// The host's id.
+    pub id: String,
+    /// Seconds since it last renewed its row.
+    pub silent_secs: f64,
+    /// Its heartbeat interval, in milliseconds.
+    pub heartbeat_ms: i64,
+    /// Job type → digest of the component serving it there.
+    pub digests: BTreeMap<String, String>,
+    /// Why its directory watcher is down, if it is.
+    pub watcher_error: Option<String>,
+}
+
+/// A live host that cannot watch its components directory: it rescans it
+/// on an interval instead, and says so until the watch is back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WatcherDown {
+    /// The host's id.
+    pub host: String,
+    /// Why its watcher is down.
+    pub error: String,
+}
+
+/// A job type live hosts serve with different components (a rollout in
+/// progress, or one host left behind): its runs differ by host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MixedComponents {
+    /// The job type.
+    pub job: String,
+    /// Each digest serving it, with the hosts serving that digest.
+    pub digests: BTreeMap<String, Vec<String>>,
+}
+
+/// What operators should hear about the live hosts: watchers that are down,
+/// and job types served with different components. Hosts presumed dead are
+/// left out (they are reported as such).
+pub fn fleet_warnings(rows: Vec<HostHealthRow>) -> (Vec<WatcherDown>, Vec<MixedComponents>) {
+    let alive: Vec<HostHealthRow> = rows.into_iter().filter(|h| is_alive(h.silent_secs, h.heartbeat_ms)).collect();
+    let watchers_down = alive
+        .iter()
+        .filter_map(|h| h.watcher_error.as_ref().map(|error| WatcherDown { host: h.id.clone(), error: error.clone() }))
+        .collect();
+    let mut served: BTreeMap<&str, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for host in &alive {
+        for (job, digest) in &host.digests {
+            served.entry(job).or_default().entry(digest.clone()).or_default().push(host.id.clone());
+        }
+    }
+    let mixed = served
+        .into_iter()
+        .filter(|(_, digests)| digests.len() > 1)
+        .map(|(job, mut digests)| {
+            digests.values_mut().for_each(|hosts| hosts.sort());
+            MixedComponents { job: job.to_string(), digests }
+        })
+        .collect();
+    (watchers_down, mixed)
 }
 
 /// A few random bits so a restarted process with a recycled pid gets a new id.
@@ -93,6 +171,32 @@ pub fn decode_configs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn health(id: &str, silent_secs: f64, digests: &[(&str, &str)], watcher_error: Option<&str>) -> HostHealthRow {
+        HostHealthRow {
+            id: id.into(),
+            silent_secs,
+            heartbeat_ms: 1_000,
+            digests: digests.iter().map(|(j, d)| (j.to_string(), d.to_string())).collect(),
+            watcher_error: watcher_error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn live_hosts_serving_one_type_with_different_components_are_reported() {
+        let rows = vec![
+            health("a", 0.5, &[("mail", "d1"), ("pdf", "p1")], None),
+            health("b", 0.5, &[("mail", "d2"), ("pdf", "p1")], Some("directory removed")),
+            health("c", 0.5, &[("mail", "d1")], None),
+            health("dead", 60.0, &[("pdf", "p0")], Some("old news")),
+        ];
+        let (down, mixed) = fleet_warnings(rows);
+        assert_eq!(down, [WatcherDown { host: "b".into(), error: "directory removed".into() }]);
+        assert_eq!(mixed.len(), 1, "pdf is served by one component among live hosts: {mixed:?}");
+        assert_eq!(mixed[0].job, "mail");
+        assert_eq!(mixed[0].digests["d1"], ["a", "c"]);
+        assert_eq!(mixed[0].digests["d2"], ["b"]);
+    }
 
     #[test]
     fn a_host_is_judged_by_its_own_heartbeat() {

@@ -344,6 +344,10 @@ pub struct Stats {
     pub hosts_silent: Vec<super::host::SilentHost>,
     /// Queues an operator paused: no host leases from them.
     pub paused_queues: Vec<String>,
+    /// Live hosts whose directory watcher is down: they may not see new components.
+    pub watchers_down: Vec<super::host::WatcherDown>,
+    /// Job types live hosts serve with different components.
+    pub mixed_components: Vec<super::host::MixedComponents>,
 }
 
 impl Stats {
@@ -364,7 +368,16 @@ impl Stats {
             *states.entry(state.clone()).or_default() += count;
             *queues.entry(queue).or_default().entry(state).or_default() += count;
         }
-        Stats { states, queues, oldest_available_secs, hosts_alive, hosts_silent, paused_queues }
+        Stats {
+            states,
+            queues,
+            oldest_available_secs,
+            hosts_alive,
+            hosts_silent,
+            paused_queues,
+            watchers_down: Vec::new(),
+            mixed_components: Vec::new(),
+        }
     }
 }
 

@@ -135,6 +135,33 @@ impl Error {
         }
     }
 
+    /// True when the database cannot be used right now, whatever was asked:
+    /// it refused or dropped the connection, no connection came free in
+    /// time, the server is starting up or shutting down, or the file is
+    /// busy. Waiting may help; nothing about the request is wrong. A host
+    /// starting against such a database waits for it instead of exiting.
+    pub fn is_unavailable(&self) -> bool {
+        use sqlx::migrate::MigrateError;
+        let error = match self {
+            Error::Database(error)
+            | Error::Migrate(MigrateError::Execute(error) | MigrateError::ExecuteMigration(error, _)) => error,
+            _ => return false,
+        };
+        match error {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(_) => match self.database_code() {
+                Some(DatabaseCode::Sqlite(code)) => matches!(code, SQLITE_BUSY | SQLITE_LOCKED),
+                Some(DatabaseCode::Sqlstate(code)) => ["08", "53", "57"].iter().any(|class| code.starts_with(class)),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
     /// The database's own error code, where the database answered.
     fn database_code(&self) -> Option<DatabaseCode> {
         use sqlx::migrate::MigrateError;

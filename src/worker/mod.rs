@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::component::{Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, RunId, Store};
+use crate::supervisor::Supervisor;
 use crate::types::JobContext;
 use complete::{Done, Handoff};
 use health::WriteHealth;
@@ -42,6 +43,8 @@ pub struct Worker {
     health: WriteHealth,
     /// How many jobs to lease ahead of free run slots.
     prefetch: Prefetch,
+    /// Spawns the worker's tasks, so a panic in one stops the host.
+    supervisor: Supervisor,
 }
 
 impl Worker {
@@ -59,7 +62,15 @@ impl Worker {
         let host = HostInfo::current(Vec::new(), config.heartbeat_interval);
         let health = WriteHealth::new(config.default_lease);
         let prefetch = Prefetch::new(config.prefetch, config.prefetch_wait, config.concurrency);
-        Ok(Worker { store, runtime, registry, config, host, leases: Leases::default(), health, prefetch })
+        let supervisor = Supervisor::new(CancellationToken::new());
+        let leases = Leases::default();
+        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor })
+    }
+
+    /// Spawns the worker's tasks under `supervisor` (a standalone worker's
+    /// own supervisor only logs a panicking task).
+    pub fn with_supervisor(self, supervisor: Supervisor) -> Self {
+        Worker { supervisor, ..self }
     }
 
     /// This host's id in the fleet.
@@ -80,45 +91,50 @@ impl Worker {
         let stop_heartbeat = CancellationToken::new();
         let registry = self.registry.clone();
         let host = self.host.clone();
-        let host_now = move || HostInfo { job_types: served(&registry), ..host.clone() };
+        let host_now = move || served(&registry, &host);
         if let Err(error) = self.store.host_upsert(&host_now()).await {
             tracing::warn!(%error, "cannot register this host in the fleet");
         }
         let known = job_types::KnownJobTypes::default();
         known.refresh(self.store.clone().as_ref()).await;
         self.runtime.set_child_check(known.check(self.registry.clone(), self.store.clone()));
-        let refreshing = tokio::spawn(known.refresh_loop(
-            self.store.clone(),
-            self.config.heartbeat_interval,
-            stop_heartbeat.clone(),
-        ));
-        let heartbeat = tokio::spawn(leases::heartbeat_loop(
-            self.store.clone(),
-            self.leases.clone(),
-            host_now,
-            self.health.clone(),
-            self.config.clone(),
-            stop_heartbeat.clone(),
-        ));
-        let fencing = tokio::spawn(leases::fence_loop(self.leases.clone(), stop_heartbeat.clone()));
+        let refreshing = self.supervisor.spawn(
+            "job type refresh",
+            known.refresh_loop(self.store.clone(), self.config.heartbeat_interval, stop_heartbeat.clone()),
+        );
+        let heartbeat = self.supervisor.spawn(
+            "heartbeat",
+            leases::heartbeat_loop(
+                self.store.clone(),
+                self.leases.clone(),
+                host_now,
+                self.health.clone(),
+                self.config.clone(),
+                stop_heartbeat.clone(),
+            ),
+        );
+        let fencing = self.supervisor.spawn("fence", leases::fence_loop(self.leases.clone(), stop_heartbeat.clone()));
         let give_up = CancellationToken::new();
         let (handoff_tx, mut handoffs) = mpsc::unbounded_channel::<Handoff>();
-        let completer = tokio::spawn(complete::complete_loop(
-            self.store.clone(),
-            self.leases.clone(),
-            done_rx,
-            complete::NextJobs {
-                spec: self.fetch_spec(),
-                prefetch: self.prefetch.clone(),
-                capacity: capacity.clone(),
-                fetch_slots: self.fetch_slots(),
-                handoff: handoff_tx,
-                shutdown: shutdown.clone(),
-            },
-            complete::Writes { batch: self.config.completion_batch, deadline: self.config.write_deadline() },
-            self.health.clone(),
-            give_up.clone(),
-        ));
+        let completer = self.supervisor.spawn(
+            "completer",
+            complete::complete_loop(
+                self.store.clone(),
+                self.leases.clone(),
+                done_rx,
+                complete::NextJobs {
+                    spec: self.fetch_spec(),
+                    prefetch: self.prefetch.clone(),
+                    capacity: capacity.clone(),
+                    fetch_slots: self.fetch_slots(),
+                    handoff: handoff_tx,
+                    shutdown: shutdown.clone(),
+                },
+                complete::Writes { batch: self.config.completion_batch, deadline: self.config.write_deadline() },
+                self.health.clone(),
+                give_up.clone(),
+            ),
+        );
 
         self.fetch_loop(&capacity, &run_slots, &done_tx, &mut handoffs, &shutdown).await;
 
@@ -314,7 +330,8 @@ impl Worker {
         let prefetch = self.prefetch.clone();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
-        tokio::spawn(
+        self.supervisor.spawn(
+            "run",
             async move {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease), a shutdown or a wait past `prefetch_wait` hands it
@@ -418,7 +435,14 @@ impl FetchSpec {
     }
 }
 
-/// The job types this host fetches.
-fn served(registry: &Registry) -> Vec<String> {
-    registry.components().iter().map(|c| c.config.name.clone()).collect()
+/// This host's row as of now: the job types it fetches, the component
+/// serving each, and whether its directory watcher is down.
+fn served(registry: &Registry, host: &HostInfo) -> HostInfo {
+    let components = registry.components();
+    HostInfo {
+        job_types: components.iter().map(|c| c.config.name.clone()).collect(),
+        digests: components.iter().map(|c| (c.config.name.clone(), c.digest.clone())).collect(),
+        watcher_error: registry.watcher_error(),
+        ..host.clone()
+    }
 }

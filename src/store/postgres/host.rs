@@ -1,10 +1,11 @@
 //! Job types and hosts in PostgreSQL.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use crate::store::host::HostHealthRow;
 use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
@@ -52,9 +53,10 @@ pub async fn job_types_get(
 
 pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
     sqlx::query(
-        "INSERT INTO jobhost.hosts (id, hostname, pid, version, job_types, heartbeat_ms)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (id) DO UPDATE SET last_seen_at = now(), job_types = excluded.job_types",
+        "INSERT INTO jobhost.hosts (id, hostname, pid, version, job_types, heartbeat_ms, digests, watcher_error)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = now(), job_types = excluded.job_types,
+             digests = excluded.digests, watcher_error = excluded.watcher_error",
     )
     .bind(&host.id)
     .bind(&host.hostname)
@@ -62,9 +64,34 @@ pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
     .bind(&host.version)
     .bind(&host.job_types)
     .bind(host.heartbeat_ms.min(i64::from(i32::MAX)) as i32)
+    .bind(Json(&host.digests))
+    .bind(&host.watcher_error)
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// A host's id, seconds since last seen, heartbeat (ms), digests and watcher error.
+type HealthRow = (String, f64, i64, Json<BTreeMap<String, String>>, Option<String>);
+
+/// Every host's row as its health is judged (see [`crate::store::host::fleet_warnings`]).
+pub async fn host_health(pool: &PgPool) -> Result<Vec<HostHealthRow>> {
+    let rows: Vec<HealthRow> = sqlx::query_as(
+        "SELECT id, extract(epoch FROM now() - last_seen_at)::float8, heartbeat_ms::bigint, digests, watcher_error
+         FROM jobhost.hosts ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, silent_secs, heartbeat_ms, Json(digests), watcher_error)| HostHealthRow {
+            id,
+            silent_secs,
+            heartbeat_ms,
+            digests,
+            watcher_error,
+        })
+        .collect())
 }
 
 pub async fn host_remove(pool: &PgPool, host_id: &str) -> Result<()> {

@@ -252,7 +252,10 @@ impl Store for PgStore {
     }
 
     async fn stats(&self) -> Result<Stats> {
-        job::stats(&self.pool).await
+        let mut stats = job::stats(&self.pool).await?;
+        (stats.watchers_down, stats.mixed_components) =
+            crate::store::host::fleet_warnings(host::host_health(&self.pool).await?);
+        Ok(stats)
     }
 
     async fn ping(&self) -> Result<()> {

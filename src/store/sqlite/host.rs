@@ -1,11 +1,12 @@
 //! Job types and hosts in SQLite.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sqlx::SqliteConnection;
 use sqlx::types::Json;
 
 use super::{json_list, now_ms};
+use crate::store::host::HostHealthRow;
 use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
@@ -61,9 +62,11 @@ pub async fn job_types_get(
 pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result<()> {
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at, heartbeat_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $6, $7)
-         ON CONFLICT (id) DO UPDATE SET last_seen_at = excluded.last_seen_at, job_types = excluded.job_types",
+        "INSERT INTO hosts (id, hostname, pid, version, job_types, started_at, last_seen_at, heartbeat_ms,
+                            digests, watcher_error)
+         VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9)
+         ON CONFLICT (id) DO UPDATE SET last_seen_at = excluded.last_seen_at, job_types = excluded.job_types,
+             digests = excluded.digests, watcher_error = excluded.watcher_error",
     )
     .bind(&host.id)
     .bind(&host.hostname)
@@ -72,9 +75,32 @@ pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result
     .bind(json_list(&host.job_types))
     .bind(now)
     .bind(host.heartbeat_ms)
+    .bind(Json(&host.digests))
+    .bind(&host.watcher_error)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// A host's id, last seen (ms), heartbeat (ms), digests and watcher error.
+type HealthRow = (String, i64, i64, Json<BTreeMap<String, String>>, Option<String>);
+
+/// Every host's row as its health is judged (see [`crate::store::host::fleet_warnings`]).
+pub async fn host_health(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<HostHealthRow>> {
+    let rows: Vec<HealthRow> =
+        sqlx::query_as("SELECT id, last_seen_at, heartbeat_ms, digests, watcher_error FROM hosts ORDER BY id")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, last_seen_at, heartbeat_ms, Json(digests), watcher_error)| HostHealthRow {
+            id,
+            silent_secs: (now - last_seen_at) as f64 / 1000.0,
+            heartbeat_ms,
+            digests,
+            watcher_error,
+        })
+        .collect())
 }
 
 pub async fn host_remove(conn: &mut SqliteConnection, host_id: &str) -> Result<()> {

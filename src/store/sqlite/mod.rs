@@ -525,7 +525,11 @@ impl Store for SqliteStore {
     }
 
     async fn stats(&self) -> Result<Stats> {
-        job::stats(&self.reader, now_ms()).await
+        let now = now_ms();
+        let mut stats = job::stats(&self.reader, now).await?;
+        (stats.watchers_down, stats.mixed_components) =
+            crate::store::host::fleet_warnings(host::host_health(&self.reader, now).await?);
+        Ok(stats)
     }
 
     async fn ping(&self) -> Result<()> {
