@@ -87,7 +87,8 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         limit: 1,
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
-    let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
+    let output = jobhost::types::JsonText::from(&json!({"sent": true}));
+    let outcome = FinishOutcome::Completed { output: Some(output), children: Vec::new().into() };
     let finish = Finish {
         id: job.id,
         lease_token: job.lease_token,
