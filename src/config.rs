@@ -28,6 +28,14 @@ pub struct RuntimeConfig {
     /// The largest payload, as JSON text, a run may give a child job: the
     /// enqueue limit of the host's store, checked at the guest's call.
     pub max_payload_bytes: usize,
+    /// The largest output, as JSON text, a run may return; a larger one
+    /// fails the job. One value for every job type: a per-type limit would
+    /// need a new version of the WIT world.
+    pub max_output_bytes: usize,
+    /// The most bytes one run may make the host hold in all: children's
+    /// payloads, log lines, kept stdout and stderr, and the output. Each of
+    /// those has its own bound too; this one stops them adding up.
+    pub run_budget_bytes: usize,
     /// Where compiled components are cached by digest; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
     /// How often the epoch advances: the granularity of timeouts and
@@ -46,6 +54,8 @@ impl Default for RuntimeConfig {
             output_limit_bytes: 64 << 10,
             log_line_limit: 1000,
             max_payload_bytes: crate::types::DEFAULT_MAX_PAYLOAD_BYTES,
+            max_output_bytes: crate::types::DEFAULT_MAX_OUTPUT_BYTES,
+            run_budget_bytes: crate::types::DEFAULT_RUN_BUDGET_BYTES,
             cache_dir: dirs::cache_dir().map(|d| d.join("jobhost").join("components")),
             epoch_tick: Duration::from_millis(10),
         }
@@ -84,6 +94,15 @@ impl RuntimeConfig {
         if self.heartbeat_interval.is_zero() {
             return fail("heartbeat_interval", "must be positive");
         }
+        if self.max_output_bytes == 0 {
+            return fail("max_output_bytes", "must be positive");
+        }
+        if self.run_budget_bytes < self.max_output_bytes {
+            return fail(
+                "run_budget_bytes",
+                "must be at least max_output_bytes, or no output that large could be kept",
+            );
+        }
         if self.epoch_tick.is_zero() || self.epoch_tick > Duration::from_secs(1) {
             return fail("epoch_tick", "must be between 1 ns and 1 s");
         }
@@ -111,6 +130,12 @@ mod tests {
     fn rejects_default_memory_above_max() {
         let config = RuntimeConfig { default_memory_limit_bytes: 2 << 30, ..RuntimeConfig::default() };
         assert_eq!(config.validate().unwrap_err().field, "default_memory_limit_bytes");
+    }
+
+    #[test]
+    fn rejects_a_budget_smaller_than_the_largest_output() {
+        let config = RuntimeConfig { run_budget_bytes: 1 << 10, max_output_bytes: 1 << 20, ..RuntimeConfig::default() };
+        assert_eq!(config.validate().unwrap_err().field, "run_budget_bytes");
     }
 
     #[test]

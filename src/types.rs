@@ -1,9 +1,11 @@
 //! The vocabulary shared by every module: a job type's configuration, what a
 //! run is given, and how a run ended. Nothing here names wasmtime or SQL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::template::KeyTemplate;
 
@@ -31,6 +33,93 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// JSON text, in bytes. A payload is copied into every run's sandbox and
 /// kept in the archive; a job that needs more should carry a reference.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
+/// The largest output a run may return when nothing else is set: its JSON
+/// text, in bytes. Like a payload, an output is kept in the archive; a job
+/// that makes more should store it elsewhere and return a reference.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1 << 20;
+
+/// The most bytes one run may make its host hold when nothing else is set:
+/// its children's payloads, log lines, kept stdout and stderr, and its output.
+pub const DEFAULT_RUN_BUDGET_BYTES: usize = 16 << 20;
+
+/// A JSON document kept as its validated text. A guest's output travels as
+/// this from the sandbox to the store: parsed into a `Value` it would take
+/// many times its size, and clones (a result write is retried) share it.
+#[derive(Clone)]
+pub struct JsonText(Arc<RawValue>);
+
+impl JsonText {
+    /// Validates `text` as one JSON document, keeping it as it is.
+    ///
+    /// # Errors
+    /// The text is not JSON.
+    pub fn parse(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(|raw| JsonText(Arc::from(raw)))
+    }
+
+    /// The document's text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.get().len()
+    }
+
+    /// True for no text at all, which a valid document never is.
+    pub fn is_empty(&self) -> bool {
+        self.get().is_empty()
+    }
+
+    /// The document parsed, for a reader that needs its fields.
+    ///
+    /// # Errors
+    /// Never for a document made by [`JsonText::parse`].
+    pub fn to_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+}
+
+impl From<&serde_json::Value> for JsonText {
+    fn from(value: &serde_json::Value) -> Self {
+        // Serialising a `Value` cannot fail (its keys are strings) and
+        // produces valid JSON.
+        let raw = serde_json::value::to_raw_value(value).expect("a Value serialises to JSON");
+        JsonText(Arc::from(raw))
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl std::fmt::Debug for JsonText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl std::fmt::Display for JsonText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl Serialize for JsonText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RawValue::serialize(&self.0, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(|raw| JsonText(Arc::from(raw)))
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobConfig {
@@ -156,8 +245,8 @@ pub struct ChildJob {
 pub enum RunOutcome {
     /// The guest returned success, with an optional JSON output.
     Completed {
-        /// The guest's output, parsed.
-        output: Option<serde_json::Value>,
+        /// The guest's output, validated, as the guest wrote it.
+        output: Option<JsonText>,
     },
     /// The guest asked to be retried after its backoff.
     Retry {
@@ -235,6 +324,36 @@ pub enum Crash {
         /// What was wrong.
         message: String,
     },
+    /// The guest returned an output larger than the host accepts. Not
+    /// retried: the same run would return the same output.
+    #[error("output is {bytes} bytes, more than the limit of {limit_bytes} bytes")]
+    OutputTooLarge {
+        /// The output's size.
+        bytes: u64,
+        /// The host's limit.
+        limit_bytes: u64,
+    },
+    /// The guest returned an output larger than what its earlier host calls
+    /// left of the run's byte budget. Not retried, for the same reason.
+    #[error(
+        "output is {bytes} bytes, more than the {left_bytes} bytes left of the run's budget of {budget_bytes} bytes"
+    )]
+    OverBudget {
+        /// The output's size.
+        bytes: u64,
+        /// What was left of the budget.
+        left_bytes: u64,
+        /// The run's whole budget.
+        budget_bytes: u64,
+    },
+}
+
+impl Crash {
+    /// True when running the job again would end the same way, so its
+    /// attempts are not spent on it: a contract the output itself breaks.
+    pub fn is_deterministic(&self) -> bool {
+        matches!(self, Crash::OutputTooLarge { .. } | Crash::OverBudget { .. })
+    }
 }
 
 /// One line a guest wrote through the `log` import.

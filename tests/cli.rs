@@ -88,7 +88,8 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         limit: 1,
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
-    let outcome = FinishOutcome::Completed { output: Some(json!({"sent": true})), children: vec![] };
+    let output = jobhost::types::JsonText::from(&json!({"sent": true}));
+    let outcome = FinishOutcome::Completed { output: Some(output), children: Vec::new().into() };
     let finish = Finish {
         id: job.id,
         lease_token: job.lease_token,
@@ -222,7 +223,7 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
             outcome: if job.id == ids[0] {
                 FinishOutcome::Failed { error: "no such mailbox".into() }
             } else {
-                FinishOutcome::Completed { output: None, children: vec![] }
+                FinishOutcome::Completed { output: None, children: Vec::new().into() }
             },
             log: json!({}),
             progress: None,

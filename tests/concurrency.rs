@@ -225,7 +225,7 @@ async fn every_parked_payload_is_a_json_object(db: TestDb) {
         priority: None,
         delay_ms: None,
     };
-    let outcome = FinishOutcome::Completed { output: None, children: vec![child] };
+    let outcome = FinishOutcome::Completed { output: None, children: vec![child].into() };
     db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
     db.store
         .job_finish(vec![finish(&holder, FinishOutcome::Retry { error: "again".into(), delay_ms: 1 })])

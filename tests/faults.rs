@@ -21,7 +21,7 @@ use jobhost::store::EnqueueParams;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 
-use common::db::{TestDb, server_url};
+use common::db::{Backend, TestDb, server_url};
 use common::eventually;
 use common::fleet::{
     Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, host_command_beating,
@@ -550,4 +550,55 @@ async fn jobs_leased_as_a_host_stops_are_handed_back() {
         .texts("SELECT id || ': ' || errors::text FROM jobhost.jobs WHERE attempt > 0 AND errors::text NOT LIKE '%lease expired%'")
         .await;
     assert!(spent.is_empty(), "jobs handed back have their attempt given back: {spent:?}");
+}
+
+/// A job whose host is killed (SIGKILL) during every attempt: each expired
+/// lease spends an attempt, and after the last the expiry sweep fails the
+/// job with a reason naming the host and the attempt, instead of handing it
+/// to host after host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_host_dies_on_every_attempt_fails_after_its_last() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::new(Backend::Postgres).await;
+    let components = components(&["hostile"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut host = start_host(&db, components.path(), cache.path());
+    wait_serving(&db, &[&host], 1).await;
+    let sleeper = EnqueueParams::new("hostile", json!({"sleep_ms": 600_000}));
+    let id = db.store.job_enqueue(&[sleeper]).await.unwrap()[0];
+    for attempt in 1..=2 {
+        if attempt > 1 {
+            // Its maintenance hands the job over once the last host's lease expired.
+            host = start_host(&db, components.path(), cache.path());
+        }
+        let running = format!(
+            "SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running' AND attempt = {attempt}
+               AND host_id LIKE '{}'",
+            host.id_pattern()
+        );
+        eventually(WITHIN, || async { db.scalar(&running).await == 1 }).await;
+        host.signal(libc::SIGKILL);
+        host.wait().await;
+    }
+    // No host is left: the sweep any host runs ends it once the lease expires.
+    let archived = format!("SELECT count(*) FROM jobhost.archive WHERE id = {id}");
+    eventually(WITHIN, || async {
+        db.store.lease_expire(None).await.unwrap();
+        db.scalar(&archived).await == 1
+    })
+    .await;
+    assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.jobs WHERE id = {id}")).await, 0);
+    let failed = format!("SELECT count(*) FROM jobhost.archive WHERE id = {id} AND state = 'failed' AND attempt = 2");
+    assert_eq!(db.scalar(failed).await, 1, "failed after its second attempt, not more");
+    let errors = db
+        .texts(format!(
+            "SELECT e->>'error' FROM jobhost.archive, jsonb_array_elements(errors) WITH ORDINALITY AS x(e, n)
+             WHERE id = {id} ORDER BY n"
+        ))
+        .await;
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for (error, attempt) in errors.iter().zip(1..) {
+        assert!(error.starts_with("lease expired: host "), "{error}");
+        assert!(error.ends_with(&format!(" stopped during the run, attempt {attempt} of 2")), "{error}");
+    }
 }

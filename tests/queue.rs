@@ -134,7 +134,7 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     // The first host's late result is a duplicate: nothing changes, no child is written.
     let child =
         ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
-    let late = FinishOutcome::Completed { output: None, children: vec![child] };
+    let late = FinishOutcome::Completed { output: None, children: vec![child].into() };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
     assert_eq!(db.store.job_finish(vec![finish(&first, retry)]).await.unwrap(), [FinishResult::Duplicate]);
@@ -159,7 +159,7 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
     let db = with_types(db, &["mail"]).await;
     let child =
         ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
-    let stale_completion = || FinishOutcome::Completed { output: None, children: vec![child.clone()] };
+    let stale_completion = || FinishOutcome::Completed { output: None, children: vec![child.clone()].into() };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
     for (round, current) in [retry(), completed()].into_iter().enumerate() {
         let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({"round": round}))]).await.unwrap()[0];
@@ -193,7 +193,7 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
     let fetched = two_running(&db, "parent").await;
     let child =
         |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
-    let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)] };
+    let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)].into() };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
     let parents = db.scalar("SELECT count(DISTINCT parent_id) FROM jobhost.jobs WHERE job = 'child'").await;
@@ -210,7 +210,7 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: Te
     let results = db
         .store
         .job_finish(vec![
-            finish(&fetched[0], FinishOutcome::Completed { output: None, children: vec![orphan] }),
+            finish(&fetched[0], FinishOutcome::Completed { output: None, children: vec![orphan].into() }),
             finish(&fetched[1], completed()),
         ])
         .await
@@ -437,6 +437,33 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only(d
     host.stop().await;
 }
 
+/// A job that snoozes for 0 seconds waits the minimum snooze instead of
+/// being leased again at once, forever: compared on the stored timestamps.
+async fn a_snooze_of_nothing_waits_at_least_a_second(db: TestDb) {
+    let host = TestHost::start(&db, &["hostile"], |_| {}).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let id = client.enqueue("hostile", json!({"snooze": 0})).await.unwrap();
+    // Read in one statement while it waits between runs: how long after its
+    // run started it is due again, and its attempt count.
+    let wait_ms = db.dialect("(extract(epoch FROM run_at - started_at) * 1000)::bigint", "run_at - started_at");
+    let waiting = format!(
+        "SELECT {wait_ms}, CAST(attempt AS BIGINT) FROM jobhost.jobs
+         WHERE id = {id} AND started_at IS NOT NULL AND lease_token IS NULL"
+    );
+    let seen = std::sync::Mutex::new(Vec::new());
+    eventually(WITHIN, || async {
+        let rows = db.rows::<(i64, i64)>(&waiting).await;
+        let found = !rows.is_empty();
+        *seen.lock().unwrap() = rows;
+        found
+    })
+    .await;
+    host.stop().await;
+    let (waits, attempt) = seen.lock().unwrap()[0];
+    assert!(waits >= 1000, "due again {waits} ms after its run started");
+    assert_eq!(attempt, 0, "a snooze spends no attempt");
+}
+
 async fn graceful_shutdown_hands_running_jobs_back(db: TestDb) {
     let host =
         TestHost::start(&db, &["sleep"], |config| config.worker.shutdown_grace = Duration::from_millis(100)).await;
@@ -654,6 +681,7 @@ on_both_backends!(
     a_bulk_enqueue_returns_ids_in_input_order,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
     graceful_shutdown_hands_running_jobs_back,
+    a_snooze_of_nothing_waits_at_least_a_second,
     a_host_that_loses_a_lease_stops_the_guest,
     an_idle_host_wakes_on_notification,
     a_result_the_database_refuses_fails_its_job_without_holding_back_others,

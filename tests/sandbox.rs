@@ -12,11 +12,8 @@ use serde_json::json;
 
 use common::{context, load, run, runtime};
 
-fn output(outcome: &RunOutcome) -> &serde_json::Value {
-    match outcome {
-        RunOutcome::Completed { output: Some(output) } => output,
-        other => panic!("expected completion with output, got {other:?}"),
-    }
+fn output(outcome: &RunOutcome) -> serde_json::Value {
+    common::completed_output(outcome)
 }
 
 #[tokio::test]
@@ -24,7 +21,7 @@ async fn hello_transforms_its_payload_and_logs() {
     let (runtime, _cache) = runtime();
     let hello = load(&runtime, "hello").await;
     let report = run(&runtime, &hello, json!({"name": "Ada"})).await;
-    assert_eq!(output(&report.outcome), &json!({"greeting": "hello, Ada", "job_id": 7}));
+    assert_eq!(output(&report.outcome), json!({"greeting": "hello, Ada", "job_id": 7}));
     assert_eq!(report.effects.logs.len(), 1);
     assert_eq!(report.effects.logs[0].level, LogLevel::Info);
     assert_eq!(report.effects.logs[0].message, "greeting Ada");
@@ -97,7 +94,7 @@ async fn flaky_fails_its_first_attempts_then_succeeds() {
         assert!(matches!(report.outcome, RunOutcome::Retry { .. }), "attempt {attempt}: {:?}", report.outcome);
     }
     let report = runtime.run(&flaky, &context(3, 3), &payload, StopSignal::new()).await;
-    assert_eq!(output(&report.outcome), &json!({"succeeded_on_attempt": 3}));
+    assert_eq!(output(&report.outcome), json!({"succeeded_on_attempt": 3}));
     assert_eq!(flaky.config.max_attempts, 5);
 }
 
@@ -238,9 +235,9 @@ async fn fanout_buffers_children_and_reports_progress() {
 
     // With the fleet's job types known, an unknown one is an error the guest sees.
     runtime.set_child_check(std::sync::Arc::new(|probe: jobhost::component::ChildProbe| {
-        Box::pin(
-            async move { if probe.job == "hello" { Ok(()) } else { Err(format!("unknown job type {:?}", probe.job)) } },
-        )
+        Box::pin(async move {
+            if probe.job == "hello" { Ok(None) } else { Err(format!("unknown job type {:?}", probe.job)) }
+        })
     }));
     let checked = run(&runtime, &fanout, json!({"count": 1})).await;
     let out = output(&checked.outcome);
@@ -285,5 +282,97 @@ async fn runs_in_parallel_do_not_share_state() {
         assert_eq!(output(&report.outcome)["greeting"], format!("hello, {i}"));
         assert_eq!(report.effects.stdout, format!("attempt 1 of job {i}\n"));
         assert_eq!(report.effects.logs.len(), 1);
+    }
+}
+
+// --- A hostile guest's reach is bounded by its run's limits. ---
+
+/// A runtime whose runs have a budget of `budget` bytes and outputs of at
+/// most `max_output`.
+fn bounded_runtime(budget: usize, max_output: usize) -> (Runtime, tempfile::TempDir) {
+    let cache = tempfile::tempdir().unwrap();
+    let config =
+        RuntimeConfig { run_budget_bytes: budget, max_output_bytes: max_output, ..common::runtime_config(&cache) };
+    (Runtime::new(config).unwrap(), cache)
+}
+
+#[tokio::test]
+async fn an_output_over_the_limit_fails_the_run_with_its_size() {
+    let (runtime, _cache) = runtime();
+    let hostile = load(&runtime, "hostile").await;
+    let report = run(&runtime, &hostile, json!({"output_bytes": 3_000_000})).await;
+    let RunOutcome::Crashed { crash } = &report.outcome else { panic!("{:.200}", format!("{:?}", report.outcome)) };
+    assert_eq!(crash, &Crash::OutputTooLarge { bytes: 3_000_000, limit_bytes: 1 << 20 });
+    assert_eq!(crash.to_string(), "output is 3000000 bytes, more than the limit of 1048576 bytes");
+    assert!(crash.is_deterministic(), "the same run would return the same output: no retry");
+
+    let fits = run(&runtime, &hostile, json!({"output_bytes": 500_000})).await;
+    let RunOutcome::Completed { output: Some(text) } = &fits.outcome else { panic!("{:?}", fits.outcome.kind()) };
+    assert_eq!(text.len(), 500_000, "kept as the text the guest returned");
+    assert_eq!(output(&fits.outcome)["report"]["enqueued"], 0);
+}
+
+#[tokio::test]
+async fn children_past_the_run_budget_are_refused_and_the_guest_sees_why() {
+    let (runtime, _cache) = runtime();
+    let hostile = load(&runtime, "hostile").await;
+    let report = run(&runtime, &hostile, json!({"children": 100, "child_bytes": 1_000_000})).await;
+    let out = output(&report.outcome);
+    // 16 MiB holds 16 children of 1,000,007 bytes (type name and payload).
+    assert_eq!(out["enqueued"], 16, "{out}");
+    assert_eq!(report.effects.children.len(), 16);
+    let error = out["enqueue_error"].as_str().unwrap();
+    assert!(error.contains("more than the 777104 bytes left of the run's budget of 16777216 bytes"), "{error}");
+}
+
+#[tokio::test]
+async fn log_lines_and_stdout_past_the_run_budget_are_dropped_and_flagged() {
+    let (runtime, _cache) = bounded_runtime((256 << 10) + 100, 64 << 10);
+    let hostile = load(&runtime, "hostile").await;
+    let report = run(&runtime, &hostile, json!({"log_bytes": 1 << 20, "stdout_bytes": 64 << 10})).await;
+    let kept: usize = report.effects.logs.iter().map(|line| line.message.len()).sum();
+    assert_eq!(report.effects.logs.len(), 64, "64 of the 256 lines of 4 KiB fit");
+    assert_eq!(kept, 256 << 10);
+    assert_eq!(report.effects.stdout.len(), 100, "stdout kept what the lines left");
+    assert!(report.effects.truncated);
+    assert!(
+        matches!(report.outcome, RunOutcome::Crashed { crash: Crash::OverBudget { left_bytes: 0, .. } }),
+        "nothing was left for the output: {:?}",
+        report.outcome
+    );
+}
+
+#[tokio::test]
+async fn an_output_past_what_the_budget_left_fails_the_run() {
+    let (runtime, _cache) = bounded_runtime(256 << 10, 128 << 10);
+    let hostile = load(&runtime, "hostile").await;
+    let report = run(&runtime, &hostile, json!({"log_bytes": 200 << 10, "output_bytes": 100_000})).await;
+    let crash = Crash::OverBudget { bytes: 100_000, left_bytes: (256 - 200) << 10, budget_bytes: 256 << 10 };
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: crash.clone() });
+    assert_eq!(
+        crash.to_string(),
+        "output is 100000 bytes, more than the 57344 bytes left of the run's budget of 262144 bytes"
+    );
+}
+
+/// The check a guest's `enqueue` makes is given counts per (type, key), not
+/// every earlier child: its cost does not grow with the children before it.
+#[tokio::test]
+async fn each_enqueue_check_carries_counts_per_key_not_earlier_children() {
+    let (runtime, _cache) = runtime();
+    let hostile = load(&runtime, "hostile").await;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    runtime.set_child_check(std::sync::Arc::new(move |probe: jobhost::component::ChildProbe| {
+        record.lock().unwrap().push((probe.earlier.len(), probe.earlier.count(&probe.job, "one-key")));
+        Box::pin(async { Ok(Some("one-key".to_string())) })
+    }));
+    let report = run(&runtime, &hostile, json!({"children": 200, "child_bytes": 100})).await;
+    assert_eq!(output(&report.outcome)["enqueued"], 200);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 200, "one check per call");
+    for (i, (entries, same_key)) in seen.iter().enumerate() {
+        assert!(*entries <= 1, "call {i} carried {entries} entries");
+        assert_eq!(*same_key as usize, i, "call {i} knows the {i} children of its key before it");
     }
 }

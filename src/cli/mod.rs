@@ -190,6 +190,14 @@ struct RuntimeArgs {
     /// Compile every component afresh instead of using the cache.
     #[arg(long)]
     no_cache: bool,
+    /// The largest output a run may return, as JSON text (e.g. 4MiB); a
+    /// larger one fails the job without retry [default: 1MiB].
+    #[arg(long, env = "JOBHOST_MAX_OUTPUT", value_parser = parse_bytes)]
+    max_output: Option<u64>,
+    /// The most bytes one run may make the host hold: children's payloads,
+    /// log lines, kept stdout and stderr, and the output [default: 16MiB].
+    #[arg(long, env = "JOBHOST_RUN_BUDGET", value_parser = parse_bytes)]
+    run_budget: Option<u64>,
 }
 
 impl RuntimeArgs {
@@ -206,6 +214,12 @@ impl RuntimeArgs {
         }
         if self.no_cache {
             config.cache_dir = None;
+        }
+        if let Some(bytes) = self.max_output {
+            config.max_output_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        if let Some(bytes) = self.run_budget {
+            config.run_budget_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
         config
     }

@@ -1,12 +1,14 @@
-//! A guest's stdout or stderr, kept in memory up to a bound. Output past the
-//! bound is dropped and flagged, never an error: a chatty guest must not fail
-//! because of its logging.
+//! A guest's stdout or stderr, kept in memory up to a bound and within the
+//! run's byte budget. Output past either is dropped and flagged, never an
+//! error: a chatty guest must not fail because of its logging.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+
+use crate::component::budget::RunBudget;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
@@ -22,13 +24,14 @@ pub struct CapturedOutput {
 struct Buffer {
     bytes: Vec<u8>,
     limit: usize,
+    budget: RunBudget,
     truncated: bool,
 }
 
 impl CapturedOutput {
-    /// An empty capture that keeps at most `limit` bytes.
-    pub fn new(limit: usize) -> Self {
-        CapturedOutput { inner: Arc::new(Mutex::new(Buffer { bytes: Vec::new(), limit, truncated: false })) }
+    /// An empty capture that keeps at most `limit` bytes, each taken from `budget`.
+    pub fn new(limit: usize, budget: RunBudget) -> Self {
+        CapturedOutput { inner: Arc::new(Mutex::new(Buffer { bytes: Vec::new(), limit, budget, truncated: false })) }
     }
 
     /// What was kept, as text (invalid UTF-8 replaced), and whether more was written.
@@ -40,10 +43,11 @@ impl CapturedOutput {
     fn append(&self, data: &[u8]) {
         let mut buffer = self.lock();
         let room = buffer.limit.saturating_sub(buffer.bytes.len());
-        if data.len() > room {
+        let kept = buffer.budget.take_up_to(data.len().min(room));
+        if data.len() > kept {
             buffer.truncated = true;
         }
-        buffer.bytes.extend_from_slice(&data[..data.len().min(room)]);
+        buffer.bytes.extend_from_slice(&data[..kept]);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
@@ -110,7 +114,7 @@ mod tests {
 
     #[test]
     fn keeps_up_to_the_limit_and_flags_the_rest() {
-        let mut out = CapturedOutput::new(5);
+        let mut out = CapturedOutput::new(5, RunBudget::new(100));
         out.write(Bytes::from_static(b"abc")).unwrap();
         out.write(Bytes::from_static(b"defg")).unwrap();
         assert_eq!(out.contents(), ("abcde".to_string(), true));
@@ -118,8 +122,18 @@ mod tests {
 
     #[test]
     fn under_the_limit_is_not_truncated() {
-        let mut out = CapturedOutput::new(64);
+        let mut out = CapturedOutput::new(64, RunBudget::new(100));
         out.write(Bytes::from_static(b"hi\n")).unwrap();
         assert_eq!(out.contents(), ("hi\n".to_string(), false));
+    }
+
+    #[test]
+    fn keeps_no_more_than_the_runs_budget_leaves() {
+        let budget = RunBudget::new(4);
+        assert!(budget.try_take(1));
+        let mut out = CapturedOutput::new(64, budget.clone());
+        out.write(Bytes::from_static(b"abcdef")).unwrap();
+        assert_eq!(out.contents(), ("abc".to_string(), true));
+        assert_eq!(budget.left(), 0);
     }
 }

@@ -4,6 +4,7 @@
 //! names wasmtime.
 
 mod bindings;
+mod budget;
 mod cache;
 mod capture;
 mod engine;
@@ -22,10 +23,10 @@ use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
 
 use crate::config::{ConfigError, RuntimeConfig};
-use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
+use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use registry::{Registry, RegistryEvent};
-pub use sandbox::{ChildCheck, ChildProbe};
+pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
@@ -200,6 +201,8 @@ impl Runtime {
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
             max_payload_bytes: self.inner.config.max_payload_bytes,
+            max_output_bytes: self.inner.config.max_output_bytes,
+            budget_bytes: self.inner.config.run_budget_bytes,
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
@@ -229,12 +232,14 @@ impl Runtime {
             output_limit_bytes: self.inner.config.output_limit_bytes,
             log_line_limit: self.inner.config.log_line_limit,
             max_payload_bytes: self.inner.config.max_payload_bytes,
+            max_output_bytes: self.inner.config.max_output_bytes,
+            budget_bytes: self.inner.config.run_budget_bytes,
         };
         let child_check = self.inner.child_check.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, child_check);
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
-            CallEnd::Returned(Ok(output)) => completed(output),
+            CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),
             CallEnd::Returned(Err(wit::JobError::Retry(reason))) => RunOutcome::Retry { reason },
             CallEnd::Returned(Err(wit::JobError::Fail(reason))) => RunOutcome::Failed { reason },
             CallEnd::Returned(Err(wit::JobError::Snooze(seconds))) => RunOutcome::Snooze { seconds },
@@ -265,14 +270,4 @@ impl Inner {
 /// registry and the database.
 pub fn digest_of(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-fn completed(output: Option<String>) -> RunOutcome {
-    match output.map(|text| serde_json::from_str(&text)) {
-        None => RunOutcome::Completed { output: None },
-        Some(Ok(value)) => RunOutcome::Completed { output: Some(value) },
-        Some(Err(error)) => RunOutcome::Crashed {
-            crash: Crash::InvalidResult { message: format!("output is not valid JSON: {error}") },
-        },
-    }
 }

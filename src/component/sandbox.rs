@@ -2,6 +2,8 @@
 //! with nothing of the host's, the host imports, and the classification of
 //! how the run ended. Nothing survives a run but its [`RunReport`].
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -9,10 +11,11 @@ use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::component::bindings::{self, EnqueueOptions, Job, JobPre, Level, wit};
+use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::stop::StopSignal;
-use crate::types::{ChildJob, Crash, LogLine, RunEffects, tail};
+use crate::types::{ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
 
 /// Longest message kept from one `log` call.
 const LOG_MESSAGE_LIMIT: usize = 4 << 10;
@@ -24,6 +27,9 @@ const HOST_LOG_BYTES_PER_RUN: usize = 64 << 10;
 const CHILD_LIMIT: usize = 10_000;
 /// Stderr kept in a trap's message: enough for a panic message.
 const TRAP_STDERR_TAIL: usize = 2 << 10;
+/// What one table element costs the host, counted against the memory cap:
+/// a pointer, with room for the metadata a future element type may carry.
+const TABLE_ELEMENT_BYTES: usize = 16;
 
 /// Per-run limits.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +46,10 @@ pub struct RunLimits {
     pub log_line_limit: usize,
     /// The largest child payload, as JSON text.
     pub max_payload_bytes: usize,
+    /// The largest output, as JSON text.
+    pub max_output_bytes: usize,
+    /// The most bytes the run may make the host hold, all told.
+    pub budget_bytes: usize,
 }
 
 /// Why the host ended a run before the guest returned.
@@ -61,6 +71,10 @@ pub struct SandboxState {
     signal: StopSignal,
     stopped_by: Option<HostStop>,
     child_check: Option<ChildCheck>,
+    /// The children enqueued so far, counted per (type, key) as the check rendered them.
+    child_keys: ChildKeyCounts,
+    /// What the run may still make the host hold.
+    budget: RunBudget,
     /// Bytes of log lines echoed into the host's log so far.
     host_log_bytes: usize,
 }
@@ -72,16 +86,48 @@ pub struct ChildProbe {
     pub job: String,
     /// Its payload.
     pub payload: serde_json::Value,
-    /// The payloads of the children of the same type this run enqueued before.
-    pub earlier: Vec<serde_json::Value>,
+    /// How many children of each (type, key) this run enqueued before.
+    pub earlier: ChildKeyCounts,
+}
+
+/// How many children a run has enqueued per (job type, rendered key): what a
+/// check needs to know of the earlier ones, at a constant cost per call
+/// however many there were. Clones share the map until it changes, and it
+/// changes only between calls, when the probe holding it has been dropped.
+#[derive(Debug, Clone, Default)]
+pub struct ChildKeyCounts(Arc<HashMap<(String, String), u32>>);
+
+impl ChildKeyCounts {
+    /// The children of type `job` and key `key` enqueued so far.
+    pub fn count(&self, job: &str, key: &str) -> u32 {
+        // A tuple of `String`s cannot be looked up by `&str`s; a key is short.
+        self.0.get(&(job.to_string(), key.to_string())).copied().unwrap_or(0)
+    }
+
+    /// How many (type, key) pairs are counted: what a probe carries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True before any limited child was enqueued.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn add(&mut self, job: String, key: String) {
+        *Arc::make_mut(&mut self.0).entry((job, key)).or_insert(0) += 1;
+    }
 }
 
 /// Checks a child against the fleet when the guest enqueues it (its type
 /// exists; a `raise` limit has room for it), so the guest gets the error
-/// at the call instead of its run failing at completion. An `Err` is the
-/// message the guest receives.
+/// at the call instead of its run failing at completion. `Ok` carries the
+/// child's rendered concurrency key, if its type has one, for the counts
+/// later probes carry; an `Err` is the message the guest receives.
 pub type ChildCheck = std::sync::Arc<
-    dyn Fn(ChildProbe) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> + Send + Sync,
+    dyn Fn(ChildProbe) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send>>
+        + Send
+        + Sync,
 >;
 
 impl WasiView for SandboxState {
@@ -90,25 +136,51 @@ impl WasiView for SandboxState {
     }
 }
 
-/// Enforces the run's memory cap and remembers that it was hit, so an
-/// allocation failure is reported as what it is rather than as whatever
-/// trap the guest turned it into.
+/// Enforces the run's memory cap over all its memories and tables together
+/// (a component may have several of each, and each alone may be under the
+/// cap), and remembers that it was hit, so an allocation failure is reported
+/// as what it is rather than as whatever trap the guest turned it into.
 struct MemoryCap {
     limit: usize,
+    /// Sum of the current sizes of the run's memories, in bytes.
+    memories: usize,
+    /// Sum of the run's table elements, in bytes.
+    tables: usize,
     hit: bool,
 }
 
-impl ResourceLimiter for MemoryCap {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.limit {
+impl MemoryCap {
+    fn new(limit: usize) -> Self {
+        MemoryCap { limit, memories: 0, tables: 0, hit: false }
+    }
+
+    /// Whether `more` bytes fit beside what the run holds already.
+    fn admits(&mut self, more: usize) -> bool {
+        let total = self.memories.saturating_add(self.tables).saturating_add(more);
+        if total > self.limit {
             self.hit = true;
+            return false;
+        }
+        true
+    }
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        if !self.admits(more) {
             return Ok(false);
         }
+        self.memories += more;
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        // The pool's per-table element limit bounds tables already.
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current).saturating_mul(TABLE_ELEMENT_BYTES);
+        if !self.admits(more) {
+            return Ok(false);
+        }
+        self.tables += more;
         Ok(true)
     }
 }
@@ -129,8 +201,9 @@ pub fn new_store(
     signal: StopSignal,
     child_check: Option<ChildCheck>,
 ) -> Store<SandboxState> {
-    let stdout = CapturedOutput::new(limits.output_limit_bytes);
-    let stderr = CapturedOutput::new(limits.output_limit_bytes);
+    let budget = RunBudget::new(limits.budget_bytes);
+    let stdout = CapturedOutput::new(limits.output_limit_bytes, budget.clone());
+    let stderr = CapturedOutput::new(limits.output_limit_bytes, budget.clone());
     // No preopened directories, environment, arguments or network: a job
     // sees only its payload and the host imports.
     let wasi = WasiCtxBuilder::new()
@@ -143,7 +216,7 @@ pub fn new_store(
     let state = SandboxState {
         wasi,
         table: ResourceTable::new(),
-        memory: MemoryCap { limit: usize::try_from(limits.memory_limit_bytes).unwrap_or(usize::MAX), hit: false },
+        memory: MemoryCap::new(usize::try_from(limits.memory_limit_bytes).unwrap_or(usize::MAX)),
         stdout,
         stderr,
         effects: RunEffects::default(),
@@ -151,6 +224,8 @@ pub fn new_store(
         signal,
         stopped_by: None,
         child_check,
+        child_keys: ChildKeyCounts::default(),
+        budget,
         host_log_bytes: 0,
     };
     let mut store = Store::new(engine, state);
@@ -258,6 +333,31 @@ pub fn crash_of(state: &SandboxState, error: wasmtime::Error) -> Crash {
     Crash::Trap { message }
 }
 
+/// How a run that returned success ended: completed with its output, or
+/// failed when the output is not JSON, is larger than the host accepts, or
+/// is larger than what is left of the run's budget. The output stays text.
+pub fn completed(state: &SandboxState, output: Option<String>) -> RunOutcome {
+    let Some(text) = output else {
+        return RunOutcome::Completed { output: None };
+    };
+    let bytes = text.len();
+    let crash = if bytes > state.limits.max_output_bytes {
+        Crash::OutputTooLarge { bytes: bytes as u64, limit_bytes: state.limits.max_output_bytes as u64 }
+    } else if !state.budget.try_take(bytes) {
+        Crash::OverBudget {
+            bytes: bytes as u64,
+            left_bytes: state.budget.left() as u64,
+            budget_bytes: state.budget.limit() as u64,
+        }
+    } else {
+        match JsonText::parse(text) {
+            Ok(output) => return RunOutcome::Completed { output: Some(output) },
+            Err(error) => Crash::InvalidResult { message: format!("output is not valid JSON: {error}") },
+        }
+    };
+    RunOutcome::Crashed { crash }
+}
+
 /// The crash for a run the host abandoned in a host call.
 pub fn abandoned_crash(state: &SandboxState) -> Crash {
     match &state.stopped_by {
@@ -306,6 +406,10 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         }
         let (message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
         self.effects.truncated |= cut;
+        if !self.budget.try_take(message.len()) {
+            self.effects.truncated = true;
+            return Ok(());
+        }
         let echoed = self.host_log_bytes;
         self.host_log_bytes = echoed.saturating_add(message.len());
         if self.host_log_bytes <= HOST_LOG_BYTES_PER_RUN {
@@ -342,19 +446,23 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         payload: String,
         options: EnqueueOptions,
     ) -> wasmtime::Result<Result<(), String>> {
+        let held = job.len() + payload.len();
         let child = match self.child_of(job, payload, options) {
             Ok(child) => child,
             Err(error) => return Ok(Err(error)),
         };
         if let Some(check) = self.child_check.clone() {
-            let earlier =
-                self.effects.children.iter().filter(|c| c.job == child.job).map(|c| c.payload.clone()).collect();
+            let earlier = self.child_keys.clone();
             let probe = ChildProbe { job: child.job.clone(), payload: child.payload.clone(), earlier };
-            if let Err(error) = check(probe).await {
-                return Ok(Err(error));
+            match check(probe).await {
+                Ok(Some(key)) => self.child_keys.add(child.job.clone(), key),
+                Ok(None) => {}
+                Err(error) => return Ok(Err(error)),
             }
         }
-        // Held for the completion transaction.
+        // Held for the completion transaction; its budget was checked in
+        // `child_of` and nothing else took any since.
+        self.budget.try_take(held);
         self.effects.children.push(child);
         Ok(Ok(()))
     }
@@ -362,10 +470,14 @@ impl bindings::jobhost::job::host::Host for SandboxState {
 
 impl SandboxState {
     /// Checks what a guest enqueues on its own terms: the run's child limit,
-    /// the names, and the payload's JSON.
+    /// its byte budget, the names, and the payload's JSON.
     fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
         if self.effects.children.len() >= CHILD_LIMIT {
             return Err(format!("a run may enqueue at most {CHILD_LIMIT} jobs"));
+        }
+        let held = job.len() + payload.len();
+        if held > self.budget.left() {
+            return Err(self.budget.refusal("this child", held));
         }
         metadata::check_name(&job).map_err(|reason| format!("job name {reason}"))?;
         if let Some(queue) = &options.queue {
@@ -381,5 +493,40 @@ impl SandboxState {
         let payload: serde_json::Value =
             serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;
         Ok(ChildJob { job, payload, queue: options.queue, priority: options.priority, delay_ms: options.delay_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Building a component with several memories from Rust is impractical
+    // (the toolchains emit one), so the limiter is tested on its own.
+    #[test]
+    fn the_memory_cap_holds_over_all_memories_together() {
+        let mut cap = MemoryCap::new(100);
+        assert!(cap.memory_growing(0, 60, None).unwrap(), "a first memory of 60 fits");
+        assert!(!cap.memory_growing(0, 60, None).unwrap(), "a second of 60 would make 120");
+        assert!(cap.memory_growing(0, 40, None).unwrap(), "a second of 40 makes exactly 100");
+        assert!(!cap.memory_growing(40, 41, None).unwrap(), "and cannot grow by a byte");
+        assert!(cap.hit);
+    }
+
+    #[test]
+    fn a_memory_grows_by_the_difference_only() {
+        let mut cap = MemoryCap::new(100);
+        assert!(cap.memory_growing(0, 50, None).unwrap());
+        assert!(cap.memory_growing(50, 100, None).unwrap(), "growing 50 to 100 adds 50");
+        assert!(!cap.hit);
+    }
+
+    #[test]
+    fn tables_count_against_the_same_cap() {
+        let mut cap = MemoryCap::new(100 * TABLE_ELEMENT_BYTES);
+        assert!(cap.memory_growing(0, 90 * TABLE_ELEMENT_BYTES, None).unwrap());
+        assert!(cap.table_growing(0, 10, None).unwrap(), "10 elements fill the cap");
+        assert!(!cap.table_growing(10, 11, None).unwrap(), "one more element does not fit");
+        assert!(!cap.memory_growing(90 * TABLE_ELEMENT_BYTES, 90 * TABLE_ELEMENT_BYTES + 1, None).unwrap());
+        assert!(cap.hit);
     }
 }

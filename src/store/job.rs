@@ -159,10 +159,11 @@ pub struct FetchedJob {
 pub enum FinishOutcome {
     /// Archive as completed, with the output, and enqueue the children.
     Completed {
-        /// The guest's output document.
-        output: Option<serde_json::Value>,
-        /// Jobs the run enqueued.
-        children: Vec<ChildJob>,
+        /// The guest's output document, as its text: shared, not copied,
+        /// by the clones a retried write makes.
+        output: Option<crate::types::JsonText>,
+        /// Jobs the run enqueued, shared by the clones a retried write makes.
+        children: std::sync::Arc<[ChildJob]>,
     },
     /// Back to scheduled after a backoff, keeping the error.
     Retry {

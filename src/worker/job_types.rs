@@ -35,8 +35,9 @@ impl KnownJobTypes {
 
     /// The check for the sandbox: the type is registered in the fleet or
     /// loaded here, and a `raise` limit has a free slot for the child's key
-    /// after the children of that key this run enqueued before. The gate
-    /// still decides when the run completes; this only answers early.
+    /// after the children of that key this run enqueued before (the probe
+    /// counts them per key; it returns the key it rendered for that count).
+    /// The gate still decides when the run completes; this only answers early.
     pub fn check(&self, registry: Arc<Registry>, store: Arc<dyn Store>) -> ChildCheck {
         let configs = self.configs.clone();
         Arc::new(move |probe: ChildProbe| {
@@ -65,25 +66,26 @@ impl KnownJobTypes {
 }
 
 /// Refuses a child of a limited type whose key cannot be rendered from its
-/// payload, or of a `raise` type whose key has no slot left for it.
-async fn room_under_limit(store: &dyn Store, config: &JobConfig, probe: &ChildProbe) -> Result<(), String> {
+/// payload, or of a `raise` type whose key has no slot left for it. Returns
+/// the rendered key of a limited type.
+async fn room_under_limit(store: &dyn Store, config: &JobConfig, probe: &ChildProbe) -> Result<Option<String>, String> {
     let Some(limit) = &config.concurrency else {
-        return Ok(());
+        return Ok(None);
     };
     let key = limit.key.render(&probe.payload).map_err(|e| format!("job {:?}: {e}", probe.job))?;
     if limit.on_conflict != OnConflict::Raise {
-        return Ok(());
+        return Ok(Some(key));
     }
-    let earlier = probe.earlier.iter().filter(|p| limit.key.render(p).is_ok_and(|k| k == key)).count() as i64;
+    let earlier = i64::from(probe.earlier.count(&probe.job, &key));
     match store.slots_free(&probe.job, &key).await {
         Ok(free) if free <= earlier => Err(format!(
             "job {:?} refused: concurrency limit reached: all {} slots of key {key:?} are taken",
             probe.job, limit.limit
         )),
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(Some(key)),
         Err(error) => {
             tracing::warn!(%error, job = probe.job, "cannot check a limit at enqueue; the completion's gate decides");
-            Ok(())
+            Ok(Some(key))
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Turns a sandbox's report into what the store records.
 
 use crate::store::{FetchedJob, Finish, FinishOutcome};
-use crate::types::{Crash, JobConfig, RunOutcome, RunReport, head, tail};
+use crate::types::{Crash, JobConfig, JsonText, RunOutcome, RunReport, head, tail};
 
 use super::backoff::retry_delay_ms;
 
@@ -11,6 +11,10 @@ const LOG_TAIL_BYTES: usize = 8 << 10;
 /// Bytes of an attempt's error reason kept with the job: a guest may return
 /// a reason of any size, and every failed attempt's is stored.
 pub const ERROR_REASON_BYTES: usize = 8 << 10;
+
+/// The shortest snooze: a job that snoozes for 0 seconds would be leased
+/// again at once, forever, and spin its host.
+pub const MIN_SNOOZE_SECS: u32 = 1;
 
 /// The store's record of how a run ended. A failure on the last attempt
 /// fails the job; a run the host stopped (shutdown, lost lease) gives its
@@ -29,12 +33,15 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     let RunReport { outcome, mut effects, elapsed_us } = report;
     let outcome = match outcome {
         RunOutcome::Completed { output } => {
-            FinishOutcome::Completed { output, children: std::mem::take(&mut effects.children) }
+            FinishOutcome::Completed { output, children: std::mem::take(&mut effects.children).into() }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
         RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
-        RunOutcome::Snooze { seconds } => FinishOutcome::Snooze { delay_ms: u64::from(seconds) * 1000 },
+        RunOutcome::Snooze { seconds } => {
+            FinishOutcome::Snooze { delay_ms: u64::from(seconds.max(MIN_SNOOZE_SECS)) * 1000 }
+        }
         RunOutcome::Crashed { crash: Crash::Interrupted { reason } } => FinishOutcome::Release { reason },
+        RunOutcome::Crashed { crash } if crash.is_deterministic() => FinishOutcome::Failed { error: crash.to_string() },
         RunOutcome::Crashed { crash } => retry_or_fail(crash.to_string()),
     };
     let log = serde_json::json!({
@@ -71,6 +78,18 @@ fn without_nul(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
+/// An output without U+0000: JSON text holds one only as the escape
+/// `\u0000`, so only an output containing that is parsed and rewritten.
+fn output_without_nul(output: JsonText) -> JsonText {
+    if !output.get().contains("\\u0000") {
+        return output;
+    }
+    match output.to_value() {
+        Ok(value) => JsonText::from(&without_nul(value)),
+        Err(_) => output,
+    }
+}
+
 fn without_nul_text(text: String) -> String {
     if text.contains('\0') { text.replace('\0', "\u{FFFD}") } else { text }
 }
@@ -78,7 +97,7 @@ fn without_nul_text(text: String) -> String {
 fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
     match outcome {
         FinishOutcome::Completed { output, children } => {
-            FinishOutcome::Completed { output: output.map(without_nul), children }
+            FinishOutcome::Completed { output: output.map(output_without_nul), children }
         }
         FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
         FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },
@@ -145,7 +164,8 @@ mod tests {
 
     #[test]
     fn nul_characters_never_reach_the_database() {
-        let mut report = report(RunOutcome::Completed { output: Some(serde_json::json!({"a\0": ["x\0y"]})) });
+        let output = JsonText::from(&serde_json::json!({"a\0": ["x\0y"]}));
+        let mut report = report(RunOutcome::Completed { output: Some(output) });
         report.effects.stdout = "before\0after".into();
         let finish = finish_of(&job(1, 3), &config(), report);
         let text = format!("{:?} {}", finish.outcome, finish.log);
@@ -169,5 +189,19 @@ mod tests {
     fn snooze_waits_in_milliseconds() {
         let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 2 }));
         assert_eq!(finish.outcome, FinishOutcome::Snooze { delay_ms: 2000 });
+    }
+
+    #[test]
+    fn a_snooze_of_nothing_waits_the_minimum() {
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 0 }));
+        assert_eq!(finish.outcome, FinishOutcome::Snooze { delay_ms: u64::from(MIN_SNOOZE_SECS) * 1000 });
+    }
+
+    #[test]
+    fn an_output_too_large_fails_at_once_with_attempts_left() {
+        let crash = Crash::OutputTooLarge { bytes: 2048, limit_bytes: 1024 };
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Crashed { crash }));
+        let error = "output is 2048 bytes, more than the limit of 1024 bytes".to_string();
+        assert_eq!(finish.outcome, FinishOutcome::Failed { error });
     }
 }

@@ -187,5 +187,14 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
 
 /// A successful run with no children.
 pub fn completed() -> jobhost::store::FinishOutcome {
-    jobhost::store::FinishOutcome::Completed { output: Some(serde_json::json!({"ok": true})), children: Vec::new() }
+    let output = jobhost::types::JsonText::from(&serde_json::json!({"ok": true}));
+    jobhost::store::FinishOutcome::Completed { output: Some(output), children: Vec::new().into() }
+}
+
+/// The output of a run that completed with one, parsed.
+pub fn completed_output(outcome: &jobhost::types::RunOutcome) -> serde_json::Value {
+    match outcome {
+        jobhost::types::RunOutcome::Completed { output: Some(output) } => output.to_value().expect("output is JSON"),
+        other => panic!("expected completion with output, got {other:?}"),
+    }
 }

@@ -12,6 +12,7 @@ use crate::store::{
     Cancel, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter,
     JobRow, JobState, LockedKeys, Result, Stats,
 };
+use crate::types::JsonText;
 
 /// Enqueues inside the caller's transaction: all or none.
 pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams], limits: &EnqueueLimits) -> Result<Vec<i64>> {
@@ -113,7 +114,7 @@ struct FinishRows {
     archive_ids: Vec<i64>,
     archive_tokens: Vec<i64>,
     archive_states: Vec<&'static str>,
-    outputs: Vec<Option<Json<serde_json::Value>>>,
+    outputs: Vec<Option<Json<JsonText>>>,
     archive_errors: Vec<Option<Json<serde_json::Value>>>,
     logs: Vec<Json<serde_json::Value>>,
     archive_progress: Vec<Option<Json<serde_json::Value>>>,
@@ -215,7 +216,7 @@ impl FinishRows {
         &mut self,
         f: &Finish,
         state: &'static str,
-        output: Option<serde_json::Value>,
+        output: Option<JsonText>,
         error: Option<&str>,
         progress: Option<Json<serde_json::Value>>,
     ) {

@@ -19,6 +19,7 @@ use crate::store::{
     EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
     JobState, Result, Stats,
 };
+use crate::types::JsonText;
 
 /// One row of insert.sql's input.
 #[derive(Serialize)]
@@ -151,7 +152,7 @@ struct Ending<'a> {
     lease_token: i64,
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    output: Option<&'a serde_json::Value>,
+    output: Option<&'a JsonText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<serde_json::Value>,
     log: &'a serde_json::Value,

@@ -52,7 +52,8 @@ pub async fn expire(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>)
     let ids_where = |spent: bool| json_list(&expired.iter().filter(|e| e.1 == spent).map(|e| e.0).collect::<Vec<_>>());
     let (spent, requeue) = (ids_where(true), ids_where(false));
     let note = "json_insert(errors, '$[#]', json_object('attempt', attempt, 'at', $2,
-                'error', 'lease expired: host ' || host_id || ' stopped heartbeating'
+                'error', 'lease expired: host ' || host_id || ' stopped during the run, attempt '
+                         || attempt || ' of ' || max_attempts
                          || iif(cancel_requested_at IS NULL, '', '; cancelled by an operator while running')))";
     // Built from constants only; every value is a bound parameter.
     let failed: Vec<(String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(

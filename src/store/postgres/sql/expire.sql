@@ -21,7 +21,8 @@ noted AS (
            j.cancel_requested_at IS NOT NULL AS cancelled,
            j.errors || jsonb_build_array(jsonb_build_object(
                'attempt', j.attempt, 'at', now(),
-               'error', format('lease expired: host %s stopped heartbeating', j.host_id)
+               'error', format('lease expired: host %s stopped during the run, attempt %s of %s',
+                               j.host_id, j.attempt, j.max_attempts)
                         || CASE WHEN j.cancel_requested_at IS NOT NULL
                                 THEN '; cancelled by an operator while running' ELSE '' END)) AS errors
     FROM jobhost.jobs j JOIN expired x ON x.id = j.id
