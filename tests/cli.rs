@@ -9,17 +9,8 @@ use std::time::Duration;
 use jobhost::store::{EnqueueParams, FetchParams, Finish, FinishOutcome};
 use serde_json::{Value, json};
 
-use common::db::{TestDb, on_both_backends};
+use common::db::{TestDb, jobhost, on_both_backends};
 use common::job_config;
-
-fn jobhost(db: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jobhost"))
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "error")
-        .output()
-        .expect("run jobhost")
-}
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()

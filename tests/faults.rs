@@ -127,6 +127,15 @@ fn complete_lines(path: &Path) -> String {
     text
 }
 
+/// A host connected through `proxy`, logging at debug level to `log`.
+fn host_via_proxy(db: &TestDb, proxy: &Proxy, components: &Path, cache: &Path, log: &Path) -> Host {
+    Host::start(
+        host_command(&url_via(&db.url, proxy.port()), components, cache)
+            .env("RUST_LOG", "warn,jobhost=debug")
+            .stderr(std::fs::File::create(log).expect("create the host's log")),
+    )
+}
+
 /// Guarantee 6, end to end: a host that cannot reach the database (a cut
 /// cable: its connections neither answer nor close) stops its guests
 /// before their leases expire, so no run overlaps the job's next owner's
@@ -386,11 +395,7 @@ async fn a_result_whose_reply_is_lost_is_written_once() {
     let proxy = Proxy::start(server_address()).await;
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("host.log");
-    let mut host = Host::start(
-        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
-            .env("RUST_LOG", "warn,jobhost=debug")
-            .stderr(std::fs::File::create(&log).expect("create the host's log")),
-    );
+    let mut host = host_via_proxy(&db, &proxy, components.path(), cache.path(), &log);
     wait_serving(&db, &[&host], 1).await;
     let jobs: Vec<_> = (0..JOBS)
         .map(|i| EnqueueParams::new("serial", json!({"key": format!("k{}", i % KEYS), "ms": MS, "i": i})))
@@ -518,11 +523,7 @@ async fn jobs_leased_as_a_host_stops_are_handed_back() {
     let proxy = Proxy::start(server_address()).await;
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("host.log");
-    let mut host = Host::start(
-        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
-            .env("RUST_LOG", "warn,jobhost=debug")
-            .stderr(std::fs::File::create(&log).expect("create the host's log")),
-    );
+    let mut host = host_via_proxy(&db, &proxy, components.path(), cache.path(), &log);
     wait_serving(&db, &[&host], 1).await;
     db.store.job_enqueue(&(0..400).map(|i| sleep(i, 50)).collect::<Vec<_>>()).await.expect("enqueue");
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await >= 20 }).await;

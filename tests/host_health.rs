@@ -7,27 +7,17 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use jobhost::store::{EnqueueParams, HostInfo};
 use serde_json::{Value, json};
 
-use common::db::{TestDb, on_both_backends};
+use common::db::{TestDb, jobhost, on_both_backends};
 use common::fleet::{Host, ONE_FLEET, components, host_command, wait_serving};
 use common::pg_server::PgServer;
 use common::{TestHost, eventually, guest, job_config};
 
 const WITHIN: Duration = Duration::from_secs(60);
-
-fn jobhost(db: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jobhost"))
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "error")
-        .output()
-        .expect("run jobhost")
-}
 
 /// The digest stored for a job type.
 async fn registered_digest(db: &TestDb, job: &str) -> Option<String> {

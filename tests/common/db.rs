@@ -217,3 +217,13 @@ macro_rules! on_both_backends {
 }
 #[allow(unused_imports)]
 pub(crate) use on_both_backends;
+
+/// Runs the `jobhost` binary with `args` on `db`, quiet but for errors.
+pub fn jobhost(db: &TestDb, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run jobhost")
+}
