@@ -189,11 +189,11 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host(db: T
 on_both_backends!(limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host);
 
 /// `jobhost run` with one run slot and one job leased ahead of it, which
-/// may wait half a second for the slot.
-fn one_slot_host(db: &TestDb, components: &std::path::Path, cache: &std::path::Path) -> Host {
+/// may wait `prefetch_wait` for the slot.
+fn one_slot_host(db: &TestDb, components: &std::path::Path, cache: &std::path::Path, prefetch_wait: &str) -> Host {
     Host::start(
         std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"))
-            .args(["run", "--no-migrate", "--concurrency", "1", "--prefetch", "1", "--prefetch-wait", "500ms"])
+            .args(["run", "--no-migrate", "--concurrency", "1", "--prefetch", "1", "--prefetch-wait", prefetch_wait])
             .args(["--heartbeat", "250ms", "--lease", "5s", "--poll", "200ms", "--maintenance-interval", "100ms"])
             .args(["--grace", "1s", "--components"])
             .arg(components)
@@ -216,7 +216,7 @@ async fn a_job_leased_behind_a_long_run_goes_to_an_idle_host() {
     let db = TestDb::postgres().await;
     let components = components(&["sleep"]);
     let cache = tempfile::tempdir().unwrap();
-    let mut busy = one_slot_host(&db, components.path(), cache.path());
+    let mut busy = one_slot_host(&db, components.path(), cache.path(), "500ms");
     common::fleet::wait_serving(&db, &[&busy], 1).await;
 
     let long = EnqueueParams::new("sleep", json!({"ms": 30_000, "i": 0}));
@@ -234,7 +234,7 @@ async fn a_job_leased_behind_a_long_run_goes_to_an_idle_host() {
     ids.extend(db.store.job_enqueue(&[short]).await.unwrap());
     eventually(WITHIN, || async { db.scalar(leased_to_busy(ids[1])).await == 1 }).await;
 
-    let mut idle = one_slot_host(&db, components.path(), cache.path());
+    let mut idle = one_slot_host(&db, components.path(), cache.path(), "500ms");
     let short_done = format!("SELECT count(*) FROM jobhost.archive WHERE id = {} AND state = 'completed'", ids[1]);
     eventually(WITHIN, || async { db.scalar(&short_done).await == 1 }).await;
     let long_running = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {} AND state = 'running'", ids[0]);
@@ -247,4 +247,37 @@ async fn a_job_leased_behind_a_long_run_goes_to_an_idle_host() {
     assert!(host.contains(&format!("-{}-", idle.pid())), "the idle host ran it, not {host}");
     idle.stop().await;
     busy.stop().await;
+}
+
+/// A job that waited on its host for the run slot has the time its guest
+/// started as `started_at`, not the time it was leased: it starts after the
+/// run before it ended, by that run's own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_waited_for_a_run_slot_started_when_its_guest_did() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut host = one_slot_host(&db, components.path(), cache.path(), "30s");
+    common::fleet::wait_serving(&db, &[&host], 1).await;
+    let running = |id: i64| format!("SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running'");
+    let first = db.store.job_enqueue(&[EnqueueParams::new("sleep", json!({"ms": 1000, "i": 0}))]).await.unwrap()[0];
+    eventually(WITHIN, || async { db.scalar(running(first)).await == 1 }).await;
+    let second = db.store.job_enqueue(&[EnqueueParams::new("sleep", json!({"ms": 0, "i": 1}))]).await.unwrap()[0];
+    eventually(WITHIN, || async { db.scalar(running(second)).await == 1 }).await;
+    let done = format!("SELECT count(*) FROM jobhost.archive WHERE id IN ({first}, {second})");
+    eventually(WITHIN, || async { db.scalar(&done).await == 2 }).await;
+    host.stop().await;
+
+    let (started_us, first_ended_us) = db
+        .rows::<(i64, i64)>(format!(
+            "SELECT (extract(epoch FROM s.started_at) * 1e6)::bigint, (f.output->>'ended_us')::bigint
+             FROM jobhost.archive s, jobhost.archive f WHERE s.id = {second} AND f.id = {first}"
+        ))
+        .await
+        .remove(0);
+    assert!(
+        started_us >= first_ended_us,
+        "the second job's started_at ({started_us} us) is after the first run ended ({first_ended_us} us), not when it was leased"
+    );
 }

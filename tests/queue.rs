@@ -120,6 +120,25 @@ async fn fetch_follows_priority_then_time_and_serves_only_loaded_types(db: TestD
     assert_eq!(next[0].payload["n"], 0);
 }
 
+/// A run's `started_at` is set again when its guest starts late, through
+/// its current lease only.
+async fn a_late_start_is_recorded_for_the_current_run_only(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
+    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let job = db.store.job_fetch(&fetch_params("host", &["mail"], 1)).await.unwrap().remove(0);
+    db.execute(db.dialect(
+        "UPDATE jobhost.jobs SET started_at = started_at - interval '1 hour'",
+        "UPDATE jobs SET started_at = started_at - 3600000",
+    ))
+    .await;
+    let started_before_enqueued = "SELECT count(*) FROM jobhost.jobs WHERE started_at < enqueued_at";
+    let stale = RunId { job_id: job.id, lease_token: job.lease_token + 1 };
+    db.store.lease_started(stale).await.unwrap();
+    assert_eq!(db.scalar(started_before_enqueued).await, 1, "another lease token changes nothing");
+    db.store.lease_started(RunId { job_id: job.id, lease_token: job.lease_token }).await.unwrap();
+    assert_eq!(db.scalar(started_before_enqueued).await, 0, "the current run's start is now");
+}
+
 async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
@@ -679,6 +698,7 @@ async fn stores_migrating_a_new_file_together_all_succeed() {
 
 on_both_backends!(
     a_bulk_enqueue_returns_ids_in_input_order,
+    a_late_start_is_recorded_for_the_current_run_only,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
     graceful_shutdown_hands_running_jobs_back,
     a_snooze_of_nothing_waits_at_least_a_second,

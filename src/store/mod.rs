@@ -331,6 +331,11 @@ pub trait Store: Send + Sync + 'static {
         locked: LockedKeys,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)>;
 
+    /// Records that a run's guest has started now: for a job that waited on
+    /// its host for a run slot after its lease, whose `started_at` the fetch
+    /// set to the lease time. A run no longer current changes nothing.
+    async fn lease_started(&self, run: RunId) -> Result<()>;
+
     /// Renews the leases a host still holds, in one statement that never
     /// waits on a row lock: says which runs were renewed and which are no
     /// longer this host's (see [`LeaseRenewal`]).

@@ -328,6 +328,8 @@ impl Worker {
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
         let prefetch = self.prefetch.clone();
+        let (store, supervisor) = (self.store.clone(), self.supervisor.clone());
+        let note_deadline = self.config.heartbeat_deadline();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         self.supervisor.spawn(
@@ -336,6 +338,7 @@ impl Worker {
                 // A prefetched job waits here for a run slot. A stop (lost
                 // lease), a shutdown or a wait past `prefetch_wait` hands it
                 // back unrun.
+                let waiting_since = Instant::now();
                 let running = tokio::select! {
                     biased;
                     () = signal.stopped() => None,
@@ -351,6 +354,16 @@ impl Worker {
                         None
                     }
                 };
+                if running.is_some() && waiting_since.elapsed() >= STARTED_AT_SLACK {
+                    // The fetch set `started_at` to the lease time; the job
+                    // starts only now. Off the run's path, best effort.
+                    let store = store.clone();
+                    supervisor.spawn("start time", async move {
+                        if let Ok(Err(error)) = tokio::time::timeout(note_deadline, store.lease_started(run)).await {
+                            tracing::debug!(%error, "cannot record when the run started");
+                        }
+                    });
+                }
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {
                         let context = JobContext {
@@ -394,6 +407,10 @@ impl Worker {
         );
     }
 }
+
+/// How long a leased job may wait for a run slot before its `started_at` is
+/// set again when its guest starts: shorter waits are not worth a write.
+const STARTED_AT_SLACK: Duration = Duration::from_millis(50);
 
 /// A job handed back unrun: to `available` at once, its attempt given back.
 fn release_of(job: &FetchedJob, reason: &str) -> Finish {

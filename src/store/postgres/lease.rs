@@ -5,6 +5,16 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::store::{LeaseRenewal, Result, RunId};
 
+/// Sets a current run's `started_at` to now. Locks: the job's row.
+pub async fn started(pool: &PgPool, run: RunId) -> Result<()> {
+    sqlx::query("UPDATE jobhost.jobs SET started_at = now() WHERE id = $1 AND lease_token = $2 AND state = 'running'")
+        .bind(run.job_id)
+        .bind(run.lease_token)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Renews every running job of this host in one statement. Locks: the
 /// renewed rows, briefly, taken with `SKIP LOCKED` so a renewal never waits
 /// behind another transaction (this host's own result write stuck on a

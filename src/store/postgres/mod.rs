@@ -191,6 +191,10 @@ impl Store for PgStore {
         Ok((finished.results, finished.leased))
     }
 
+    async fn lease_started(&self, run: RunId) -> Result<()> {
+        lease::started(&self.pool, run).await
+    }
+
     async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
         lease::renew(&self.pool, host_id, runs).await
     }

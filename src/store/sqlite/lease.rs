@@ -7,6 +7,17 @@ use super::{iso, json_list};
 use crate::store::Slots;
 use crate::store::{LeaseRenewal, Result, RunId};
 
+/// Sets a current run's `started_at` to `now` (ms since the epoch).
+pub async fn started(conn: &mut SqliteConnection, run: RunId, now: i64) -> Result<()> {
+    sqlx::query("UPDATE jobs SET started_at = $3 WHERE id = $1 AND lease_token = $2 AND state = 'running'")
+        .bind(run.job_id)
+        .bind(run.lease_token)
+        .bind(now)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Renews in the caller's write transaction. Writers take the file's lock
 /// one at a time, so no row is ever locked by another writer here: a run
 /// is either renewed or no longer this host's.

@@ -396,6 +396,13 @@ impl Store for SqliteStore {
         Ok((finished.results, finished.leased))
     }
 
+    async fn lease_started(&self, run: RunId) -> Result<()> {
+        let mut tx = self.write().await?;
+        lease::started(&mut tx, run, now_ms()).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
         if runs.is_empty() {
             return Ok(LeaseRenewal::default());
