@@ -63,7 +63,8 @@ impl JobState {
 
 impl std::fmt::Display for JobState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, not `write_str`, so a table's column width applies.
+        f.pad(self.as_str())
     }
 }
 
@@ -385,6 +386,11 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_fills_its_table_column() {
+        assert_eq!(format!("{:<10}|{:<10}|", JobState::Failed, JobState::Completed), "failed    |completed |");
+    }
 
     #[test]
     fn state_names_round_trip() {
