@@ -448,7 +448,7 @@ async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_d
     assert!(enqueued.status.success(), "{}", stderr(&enqueued));
     let id = stdout(&enqueued).trim().to_string();
     let listed = bare(&["jobs"]);
-    assert!(stdout(&listed).contains(&format!("{id}  available mail")), "{}", stdout(&listed));
+    assert!(stdout(&listed).contains(&format!("{id}  available  mail")), "{}", stdout(&listed));
     assert!(stdout(&bare(&["stats"])).contains("available  1"));
     assert!(bare(&["concurrency"]).status.success());
     let job = jobhost::store::Store::job_get(&store, id.parse().unwrap()).await.unwrap().unwrap();
