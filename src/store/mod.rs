@@ -1,11 +1,23 @@
 //! Everything durable, and all SQL. The rest of the host speaks to storage
-//! only through the [`Store`] trait; each backend lives in a submodule.
+//! only through the [`Store`] trait.
 //!
-//! One file per entity: [`job`] (enqueue, fetch, finish, operate),
-//! [`lease`] (heartbeats and expiry), [`host`] (fleet membership and job types),
-//! [`concurrency`] (per-key slots and parked jobs).
+//! Two layers. Above, the job rules, decided once for both backends:
+//! [`enqueue`] (defaults, checks, the concurrency key: a [`PreparedJob`])
+//! and [`finish`] (current runs, each run's fate, its children: a
+//! [`FinishPlan`]). Below, the [`Backend`] each of [`postgres`] and
+//! [`sqlite`] implements, which only reads configurations and writes what
+//! the rules prepared, plus the operations that are a statement or two of
+//! SQL with no rule to share (fetch, leases, sweeps, operator commands).
+//!
+//! The vocabulary, one file per entity: [`job`] (states, enqueue and fetch
+//! parameters, results, listings), [`lease`] (runs and renewals), [`host`]
+//! (fleet membership and job types), [`concurrency`] (per-key slots and
+//! blocked jobs).
 
+mod backend;
 pub mod concurrency;
+pub mod enqueue;
+pub mod finish;
 pub mod host;
 pub mod job;
 pub mod lease;
@@ -19,11 +31,14 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use backend::Backend;
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
+pub use enqueue::{EnqueueLimits, PreparedJob};
+pub use finish::FinishPlan;
 pub use host::HostInfo;
 pub use job::{
-    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
-    JobFilter, JobRow, JobState, LockedKeys, Stats,
+    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
+    JobState, LockedKeys, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
 
@@ -94,6 +109,11 @@ pub enum Error {
     /// `on_conflict` is `raise`: nothing was enqueued.
     #[error("{0}")]
     LimitReached(String),
+    /// A row the database returned does not read as the store expects (an
+    /// unknown state name, a missing result row): the schema and this
+    /// binary disagree.
+    #[error("unreadable database row: {0}")]
+    Decode(String),
     /// A stored configuration could not be read back.
     #[error("stored job type {name:?} has an unreadable configuration: {reason}")]
     CorruptJobType {
@@ -261,9 +281,11 @@ async fn open_as(
 /// Shorthand for store results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The durable queue, as every other module sees it.
+/// The durable queue, as every other module sees it. Enqueue and finish are
+/// the shared rules over the backend's [`Backend`] writer; the rest each
+/// backend implements.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: Backend + 'static {
     /// Brings the schema up to date.
     async fn migrate(&self) -> Result<()>;
 
@@ -279,7 +301,9 @@ pub trait Store: Send + Sync + 'static {
     async fn job_types_names(&self) -> Result<Vec<String>>;
 
     /// The registered configuration of each named job type that exists.
-    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, crate::types::JobConfig>>;
+    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, crate::types::JobConfig>> {
+        self.configs_read(names).await
+    }
 
     /// Adds or refreshes this host's row (fleet membership, job types served).
     async fn host_upsert(&self, host: &HostInfo) -> Result<()>;
@@ -292,17 +316,18 @@ pub trait Store: Send + Sync + 'static {
     async fn host_prune(&self, silent_secs: f64) -> Result<u64>;
 
     /// Enqueues jobs, all or none, returning their ids in order.
-    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>>;
+    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        enqueue::enqueue(self, jobs).await
+    }
 
     /// Leases up to `limit` available jobs to a host, each with a fresh token.
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>>;
 
     /// Ends or reschedules runs, each matched on its lease token, in one
     /// transaction with the children of those that completed. Superseded
-    /// results are taken out here, once for both backends.
+    /// results are taken out first ([`finish::current_runs`]).
     async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
-        let (runs, order) = job::current_runs(finishes);
-        Ok(order.results(&self.finish_runs(runs, None, LockedKeys::Wait).await?.0))
+        Ok(finish::finish(self, finishes, None, LockedKeys::Wait).await?.0)
     }
 
     /// [`Store::job_finish`], then leases up to `next.limit` jobs to the
@@ -315,21 +340,8 @@ pub trait Store: Send + Sync + 'static {
         finishes: Vec<Finish>,
         next: &FetchParams,
     ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let (runs, order) = job::current_runs(finishes);
-        let (written, leased) = self.finish_runs(runs, Some(next), LockedKeys::Defer).await?;
-        Ok((order.results(&written), leased))
+        finish::finish(self, finishes, Some(next), LockedKeys::Defer).await
     }
-
-    /// Writes the results of runs of distinct jobs (see
-    /// [`job::current_runs`]) with the children of those that completed,
-    /// then leases the jobs `next` asks for, in one transaction. Returns one
-    /// result per run, in order.
-    async fn finish_runs(
-        &self,
-        runs: Vec<Finish>,
-        next: Option<&FetchParams>,
-        locked: LockedKeys,
-    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)>;
 
     /// Records that a run's guest has started now: for a job that waited on
     /// its host for a run slot after its lease, whose `started_at` the fetch

@@ -1,12 +1,40 @@
 //! The PostgreSQL backend: a fleet of hosts shares one database. Fetches use
 //! `FOR UPDATE SKIP LOCKED`; idle hosts wake on `LISTEN/NOTIFY`.
+//!
+//! Modules: [`job`] (insert, fetch, due jobs, quarantine, prune), [`finish`]
+//! (a finish plan in one call), [`lease`], [`concurrency`] (the gate's
+//! sweeps and reports), [`host`] (hosts and job types), [`operate`]
+//! (listings and operator commands). Queries over ~15 lines are in `sql/`.
+//!
+//! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
+//! one round trip and so applications can enqueue from SQL. Where each is
+//! defined now (`migrations/postgres/`; a later migration replaces an
+//! earlier definition):
+//!
+//! | Function | Migration | Does |
+//! |---|---|---|
+//! | `notify_available` | 0001_queue | trigger: wakes idle hosts on insert |
+//! | `render_key` | 0002_sql_enqueue | a key template over a payload |
+//! | `enqueue` | 0005_fault_tolerance (first 0002, then 0004) | the SQL enqueue |
+//! | `fetch` | 0003_fetch_function | leases available jobs (a pinned plan) |
+//! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
+//! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
+//! | `promote_parked`, `release_slots` | 0004_concurrency | slots given back, blocked jobs promoted |
+//! | `promotable_keys`, `repair_semaphores` | 0004_concurrency | maintenance sweeps |
+//! | `promote_due` | 0004_concurrency | due jobs through the gate |
+//! | `finish_runs` | 0004_concurrency | a batch of results, and the next fetch |
+//! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
+//! | `unpaused` | 0005_fault_tolerance | the queues not paused |
+//! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
+//! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
 
 mod concurrency;
+mod finish;
 mod host;
 mod job;
 mod lease;
+mod operate;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,9 +44,11 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
+use super::enqueue::{Configs, PreparedJob};
+use super::finish::{FinishPlan, Written};
 use super::{
-    Cancel, EnqueueLimits, EnqueueParams, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
-    JobFilter, JobRow, KeyStatus, LeaseRenewal, LockedKeys, Result, RunId, SemaphoreFix, Stats, Store,
+    Backend, Cancel, EnqueueLimits, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
+    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -112,6 +142,34 @@ impl PgStore {
 }
 
 #[async_trait]
+impl Backend for PgStore {
+    fn limits(&self) -> &EnqueueLimits {
+        &self.limits
+    }
+
+    async fn configs_read(&self, names: &[String]) -> Result<Configs> {
+        host::job_types_get(&self.pool, names).await
+    }
+
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let ids = job::insert(&mut tx, &jobs).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
+        let (written, any_available) = finish::write(&self.pool, plan, next).await?;
+        if any_available {
+            // This host's own idle fetch loop need not wait for the
+            // notification's round trip through the server.
+            self.wake.notify_one();
+        }
+        Ok(written)
+    }
+}
+
+#[async_trait]
 impl Store for PgStore {
     fn location(&self) -> String {
         let o = &self.options;
@@ -149,10 +207,6 @@ impl Store for PgStore {
         Ok(sqlx::query_scalar("SELECT name FROM jobhost.job_types").fetch_all(&self.pool).await?)
     }
 
-    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, JobConfig>> {
-        host::job_types_get(&self.pool, names).await
-    }
-
     async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
         host::host_upsert(&self.pool, info).await
     }
@@ -165,30 +219,8 @@ impl Store for PgStore {
         host::host_prune(&self.pool, silent_secs).await
     }
 
-    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
-        let mut tx = self.pool.begin().await?;
-        let ids = job::enqueue(&mut tx, jobs, &self.limits).await?;
-        tx.commit().await?;
-        Ok(ids)
-    }
-
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
         job::fetch(&self.pool, params).await
-    }
-
-    async fn finish_runs(
-        &self,
-        runs: Vec<Finish>,
-        next: Option<&FetchParams>,
-        locked: LockedKeys,
-    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let finished = job::finish(&self.pool, runs, next, locked, &self.limits).await?;
-        if finished.any_available {
-            // This host's own idle fetch loop need not wait for the
-            // notification's round trip through the server.
-            self.wake.notify_one();
-        }
-        Ok((finished.results, finished.leased))
     }
 
     async fn lease_started(&self, run: RunId) -> Result<()> {
@@ -248,15 +280,15 @@ impl Store for PgStore {
     }
 
     async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        job::list(&self.pool, filter).await
+        operate::list(&self.pool, filter).await
     }
 
     async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
-        job::get(&self.pool, id).await
+        operate::get(&self.pool, id).await
     }
 
     async fn stats(&self) -> Result<Stats> {
-        let mut stats = job::stats(&self.pool).await?;
+        let mut stats = operate::stats(&self.pool).await?;
         (stats.watchers_down, stats.mixed_components) =
             crate::store::host::fleet_warnings(host::host_health(&self.pool).await?);
         Ok(stats)
@@ -268,11 +300,11 @@ impl Store for PgStore {
     }
 
     async fn job_retry(&self, id: i64) -> Result<()> {
-        job::retry(&self.pool, id).await
+        operate::retry(&self.pool, id).await
     }
 
     async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        job::cancel(&self.pool, id).await
+        operate::cancel(&self.pool, id).await
     }
 
     async fn queue_pause(&self, queue: &str) -> Result<bool> {

@@ -308,7 +308,7 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
     rows.into_iter()
         .map(|KeyRow { job, key, limit, holders, holding, parked, oldest }| {
             let holding: Vec<Holder> = serde_json::from_str(&holding)
-                .map_err(|e| Error::JobState { id: 0, reason: format!("unreadable holders of key {key}: {e}") })?;
+                .map_err(|e| Error::Decode(format!("unreadable holders of key {key}: {e}")))?;
             Ok(KeyStatus {
                 job,
                 key,

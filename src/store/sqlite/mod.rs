@@ -22,11 +22,12 @@
 
 mod commits;
 mod concurrency;
+mod finish;
 mod host;
 mod job;
 mod lease;
+mod operate;
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -38,9 +39,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
+use super::enqueue::{Configs, PreparedJob};
+use super::finish::{FinishPlan, Written};
 use super::{
-    Cancel, EnqueueLimits, EnqueueParams, Error, FetchParams, FetchedJob, Finish, FinishResult, HostInfo, JobDetail,
-    JobFilter, JobRow, KeyStatus, LeaseRenewal, LockedKeys, Result, RunId, SemaphoreFix, Stats, Store,
+    Backend, Cancel, EnqueueLimits, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
+    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -288,6 +291,33 @@ fn json_list<T: serde::Serialize>(items: &[T]) -> String {
 }
 
 #[async_trait]
+impl Backend for SqliteStore {
+    fn limits(&self) -> &EnqueueLimits {
+        &self.limits
+    }
+
+    async fn configs_read(&self, names: &[String]) -> Result<Configs> {
+        host::job_types_get(&self.reader, names).await
+    }
+
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
+        let mut tx = self.write().await?;
+        let ids = job::insert(&mut tx, &jobs, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(!ids.is_empty());
+        Ok(ids)
+    }
+
+    async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
+        let mut tx = self.write().await?;
+        let (written, any_available) = finish::write(&mut tx, plan, next, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(any_available);
+        Ok(written)
+    }
+}
+
+#[async_trait]
 impl Store for SqliteStore {
     fn location(&self) -> String {
         let file = self.options.get_filename();
@@ -336,10 +366,6 @@ impl Store for SqliteStore {
         Ok(sqlx::query_scalar("SELECT name FROM job_types ORDER BY name").fetch_all(&self.reader).await?)
     }
 
-    async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, JobConfig>> {
-        host::job_types_get(&self.reader, names).await
-    }
-
     async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
         let mut tx = self.write().await?;
         host::host_upsert(&mut tx, info).await?;
@@ -359,14 +385,6 @@ impl Store for SqliteStore {
         Ok(pruned)
     }
 
-    async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
-        let mut tx = self.write().await?;
-        let ids = job::enqueue(&mut tx, jobs, &self.limits, now_ms()).await?;
-        tx.commit().await?;
-        self.announce(!ids.is_empty());
-        Ok(ids)
-    }
-
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
         // Taking the write lock only when there is something to take keeps
         // idle hosts from queueing behind busy ones.
@@ -377,23 +395,6 @@ impl Store for SqliteStore {
         let jobs = job::fetch(&mut tx, params, now_ms()).await?;
         tx.commit().await?;
         Ok(jobs)
-    }
-
-    /// Writers take the file's lock one at a time and hold no row locks, so
-    /// no result is ever deferred here.
-    async fn finish_runs(
-        &self,
-        mut runs: Vec<Finish>,
-        next: Option<&FetchParams>,
-        _locked: LockedKeys,
-    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
-        let configs = host::job_types_get(&self.reader, &super::job::child_types(&runs)).await?;
-        super::job::fail_parents_of_unfit_children(&mut runs, &configs, &self.limits);
-        let mut tx = self.write().await?;
-        let finished = job::finish(&mut tx, &runs, next, &self.limits).await?;
-        tx.commit().await?;
-        self.announce(finished.any_available);
-        Ok((finished.results, finished.leased))
     }
 
     async fn lease_started(&self, run: RunId) -> Result<()> {
@@ -524,16 +525,16 @@ impl Store for SqliteStore {
     }
 
     async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        job::list(&self.reader, filter).await
+        operate::list(&self.reader, filter).await
     }
 
     async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
-        job::get(&self.reader, id).await
+        operate::get(&self.reader, id).await
     }
 
     async fn stats(&self) -> Result<Stats> {
         let now = now_ms();
-        let mut stats = job::stats(&self.reader, now).await?;
+        let mut stats = operate::stats(&self.reader, now).await?;
         (stats.watchers_down, stats.mixed_components) =
             crate::store::host::fleet_warnings(host::host_health(&self.reader, now).await?);
         Ok(stats)
@@ -546,7 +547,7 @@ impl Store for SqliteStore {
 
     async fn job_retry(&self, id: i64) -> Result<()> {
         let mut tx = self.write().await?;
-        job::retry(&mut tx, id, now_ms()).await?;
+        operate::retry(&mut tx, id, now_ms()).await?;
         tx.commit().await?;
         self.announce(true);
         Ok(())
@@ -554,7 +555,7 @@ impl Store for SqliteStore {
 
     async fn job_cancel(&self, id: i64) -> Result<Cancel> {
         let mut tx = self.write().await?;
-        let promoted = job::cancel(&mut tx, id, now_ms()).await?;
+        let promoted = operate::cancel(&mut tx, id, now_ms()).await?;
         tx.commit().await?;
         self.announce(promoted.is_some_and(|n| n > 0));
         Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })

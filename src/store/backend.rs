@@ -1,0 +1,33 @@
+//! What the shared job rules need from a backend: the configurations they
+//! apply, and a writer for what they decided. The rules themselves live
+//! above, in [`super::enqueue`] and [`super::finish`]; a backend never
+//! decides a key, a default or a job's fate, it only writes.
+
+use async_trait::async_trait;
+
+use super::Result;
+use super::enqueue::{Configs, EnqueueLimits, PreparedJob};
+use super::finish::{FinishPlan, Written};
+use super::job::FetchParams;
+
+/// The narrow interface each backend implements under the shared rules.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// What every enqueue through this store may carry.
+    fn limits(&self) -> &EnqueueLimits;
+
+    /// The registered configuration of each named job type that exists.
+    async fn configs_read(&self, names: &[String]) -> Result<Configs>;
+
+    /// Inserts prepared jobs in one transaction, all or none, each passing
+    /// the concurrency gate as it becomes due. Returns their ids in order.
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>>;
+
+    /// Writes a plan in one transaction: each run whose lease token still
+    /// matches ends or goes back to wait, gives back its slot (blocked jobs
+    /// are promoted into it), and has its children inserted; then, when
+    /// `next` asks for any, jobs are leased to the writing host. A backend
+    /// that can tell another transaction holds a key's semaphore leaves the
+    /// plan's deferrable runs of that key out instead of waiting.
+    async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written>;
+}

@@ -1,0 +1,232 @@
+//! The enqueue rules, decided once for every backend and every enqueuer
+//! (the CLI, the Rust client, a completing run's children, a guest's
+//! `enqueue` call): a job type's defaults applied, the payload and the
+//! overrides checked, the concurrency key rendered. A backend only writes
+//! the [`PreparedJob`]s this module hands it ([`super::Backend::jobs_write`]).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use super::job::EnqueueParams;
+use super::{Backend, Error, Result};
+use crate::types::{ChildJob, JobConfig};
+
+/// Enqueues `jobs`, all or none: reads their types' configurations,
+/// prepares each, and has the backend write them in one transaction.
+/// Returns their ids in input order.
+///
+/// # Errors
+/// An unregistered type, what [`prepare`] refuses, or the database failing.
+pub async fn enqueue(backend: &(impl Backend + ?Sized), jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let configs = backend.configs_read(&job_names(jobs.iter().map(|j| j.job.as_str()))).await?;
+    let prepared = jobs
+        .iter()
+        .map(|job| {
+            let config = configs.get(&job.job).ok_or_else(|| Error::UnknownJobType(job.job.clone()))?;
+            prepare(job.clone(), config, backend.limits())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    backend.jobs_write(prepared).await
+}
+
+/// An enqueue with the job type's defaults applied and every check passed,
+/// ready for any backend to insert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedJob {
+    /// The job type.
+    pub job: String,
+    /// The queue.
+    pub queue: String,
+    /// The priority.
+    pub priority: i16,
+    /// The payload object.
+    pub payload: serde_json::Value,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// An absolute due time, if the enqueuer gave one.
+    pub run_at: Option<DateTime<Utc>>,
+    /// A delay from the enqueue's commit, in milliseconds (0 for none).
+    pub delay_ms: i64,
+    /// The rendered concurrency key, for a limited job type.
+    pub concurrency_key: Option<String>,
+    /// The job that enqueued it.
+    pub parent_id: Option<i64>,
+}
+
+/// What one enqueue may carry, applied by every enqueue through a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueLimits {
+    /// The largest payload, as JSON text, in bytes.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for EnqueueLimits {
+    fn default() -> Self {
+        EnqueueLimits { max_payload_bytes: crate::types::DEFAULT_MAX_PAYLOAD_BYTES }
+    }
+}
+
+/// The length of a JSON document's text, without keeping the text.
+pub fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Applies the job type's configuration to an enqueue and checks it.
+///
+/// # Errors
+/// The payload is not a JSON object or is larger than `limits` allow, an
+/// override is invalid, or the concurrency key cannot be rendered from the
+/// payload.
+pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits) -> Result<PreparedJob> {
+    if !params.payload.is_object() {
+        return Err(Error::PayloadNotObject { job: params.job.clone(), kind: json_kind(&params.payload) });
+    }
+    let bytes = json_len(&params.payload);
+    if bytes > limits.max_payload_bytes {
+        return Err(Error::PayloadTooLarge { job: params.job.clone(), bytes, max: limits.max_payload_bytes });
+    }
+    let queue = params.queue.clone().unwrap_or_else(|| config.queue.clone());
+    crate::types::check_name(&queue).map_err(|reason| Error::InvalidEnqueue(format!("queue {reason}")))?;
+    if params.run_at.is_some() && params.delay_ms.is_some() {
+        return Err(Error::InvalidEnqueue("give a delay or a time to run at, not both".into()));
+    }
+    let delay_ms =
+        i64::try_from(params.delay_ms.unwrap_or(0)).map_err(|_| Error::InvalidEnqueue("delay is too long".into()))?;
+    let concurrency_key = match &config.concurrency {
+        None => None,
+        Some(limit) => Some(
+            limit
+                .key
+                .render(&params.payload)
+                .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: {e}", params.job)))?,
+        ),
+    };
+    Ok(PreparedJob {
+        job: params.job,
+        queue,
+        priority: params.priority.unwrap_or(config.priority),
+        payload: params.payload,
+        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
+        run_at: params.run_at,
+        delay_ms,
+        concurrency_key,
+        parent_id: params.parent_id,
+    })
+}
+
+/// A child a run asks to enqueue, prepared as its parent's completion
+/// will write it: the one set of child rules, applied both when the guest
+/// calls `enqueue` (so it learns of a refusal at the call) and when the
+/// completion is planned.
+///
+/// # Errors
+/// What [`prepare`] refuses.
+pub fn prepare_child(
+    parent_id: i64,
+    child: ChildJob,
+    config: &JobConfig,
+    limits: &EnqueueLimits,
+) -> Result<PreparedJob> {
+    prepare(EnqueueParams::child(parent_id, child), config, limits)
+}
+
+/// Distinct job type names, sorted: what one configuration read asks for.
+pub fn job_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut names: Vec<String> = names.map(str::to_string).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The configurations `names` asks for, as [`enqueue`] reads them.
+pub type Configs = HashMap<String, JobConfig>;
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod prepare_tests {
+    use super::*;
+    use crate::types::{Backoff, ConcurrencyConfig, JobConfig, OnConflict};
+    use serde_json::json;
+
+    fn config() -> JobConfig {
+        JobConfig {
+            name: "mail".into(),
+            queue: "default".into(),
+            priority: 3,
+            max_attempts: 7,
+            backoff: Backoff { base_ms: 1, cap_ms: 2 },
+            timeout_ms: 1000,
+            memory_limit_bytes: 1 << 20,
+            concurrency: Some(ConcurrencyConfig {
+                limit: 1,
+                key: crate::template::KeyTemplate::parse("acct:{account}").unwrap(),
+                duration_secs: 10,
+                on_conflict: OnConflict::Block,
+            }),
+            unique: None,
+            schedule: None,
+        }
+    }
+
+    #[test]
+    fn applies_defaults_and_renders_the_key() {
+        let prepared =
+            prepare(EnqueueParams::new("mail", json!({"account": 9})), &config(), &EnqueueLimits::default()).unwrap();
+        assert_eq!((prepared.queue.as_str(), prepared.priority, prepared.max_attempts), ("default", 3, 7));
+        assert_eq!(prepared.concurrency_key.as_deref(), Some("acct:9"));
+    }
+
+    #[test]
+    fn refuses_payloads_that_are_not_objects() {
+        // A double-encoded payload is a string: refused, never stored (guarantee 8).
+        let encoded = json!(json!({"account": 9}).to_string());
+        let error = prepare(EnqueueParams::new("mail", encoded), &config(), &EnqueueLimits::default()).unwrap_err();
+        assert!(error.to_string().contains("must be a JSON object, got a string"), "{error}");
+    }
+
+    #[test]
+    fn refuses_a_payload_without_the_key_field() {
+        let error = prepare(EnqueueParams::new("mail", json!({})), &config(), &EnqueueLimits::default()).unwrap_err();
+        assert!(error.to_string().contains("account"), "{error}");
+    }
+
+    #[test]
+    fn refuses_bad_overrides() {
+        let bad_queue =
+            EnqueueParams { queue: Some("Bad Queue".into()), ..EnqueueParams::new("mail", json!({"account": 1})) };
+        assert!(prepare(bad_queue, &config(), &EnqueueLimits::default()).is_err());
+        let both = EnqueueParams {
+            run_at: Some(Utc::now()),
+            delay_ms: Some(5),
+            ..EnqueueParams::new("mail", json!({"account": 1}))
+        };
+        assert!(prepare(both, &config(), &EnqueueLimits::default()).is_err());
+    }
+}

@@ -1,0 +1,374 @@
+//! The finish rules, decided once for every backend: which results of a
+//! batch are current, what each run's end does to its job (archived, or
+//! back to wait, and with which error), which children are enqueued with
+//! it, and which runs may be deferred. The outcome is a [`FinishPlan`]; a
+//! backend only writes it ([`super::Backend::plan_write`]), matching each
+//! run on its lease token.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_child};
+use super::job::{FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
+use super::{Backend, Error, Result, RunId};
+use crate::types::{ChildJob, JsonText};
+
+/// Writes a batch of results and, when `next` asks for any, leases jobs to
+/// the writing host in the same transaction. Returns one result per input,
+/// in order, and the leased jobs.
+///
+/// # Errors
+/// The database failing; the batch is then not written at all.
+pub async fn finish(
+    backend: &(impl Backend + ?Sized),
+    finishes: Vec<Finish>,
+    next: Option<&FetchParams>,
+    locked: LockedKeys,
+) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+    let (runs, order) = current_runs(finishes);
+    let names = child_names(&runs);
+    let configs = if names.is_empty() { Configs::new() } else { backend.configs_read(&names).await? };
+    let plan = FinishPlan::new(runs, &configs, backend.limits(), locked);
+    let written = backend.plan_write(&plan, next).await?;
+    if !written.deferred.is_empty() {
+        tracing::debug!(
+            results = written.deferred.len(),
+            "results deferred: their keys are locked by another transaction"
+        );
+    }
+    Ok((order.results(&plan.results(&written)), written.leased))
+}
+
+/// What a backend writes for one batch of results: every run's end, and
+/// the children of the completed ones. Each entry names its run; a run
+/// whose lease token no longer matches is written as nothing at all.
+#[derive(Debug)]
+pub struct FinishPlan {
+    /// Runs that end for good: to the archive.
+    pub endings: Vec<Ending>,
+    /// Runs whose jobs go back to wait: scheduled, or available at once.
+    pub requeues: Vec<Requeue>,
+    /// The children of the completed runs, each naming its parent: written
+    /// in the same transaction, and only for a parent whose ending was
+    /// (guarantee 9).
+    pub children: Vec<PreparedJob>,
+    /// Runs holding a concurrency key whose write is left out while another
+    /// transaction holds that key's semaphore ([`LockedKeys::Defer`]); empty
+    /// when the batch waits instead.
+    pub deferrable: Vec<RunId>,
+    /// Every run's job, in the order results are reported.
+    order: Vec<i64>,
+}
+
+/// A run that ends for good.
+#[derive(Debug, Serialize)]
+pub struct Ending {
+    /// The job.
+    pub id: i64,
+    /// The run's lease token: the job is moved only while it still matches.
+    pub lease_token: i64,
+    /// `completed`, `failed` or `cancelled`.
+    pub state: JobState,
+    /// The guest's output, for a completed run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<JsonText>,
+    /// The error added to the job's errors, for a run that did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorEntry>,
+    /// The attempt's log, kept with the archived job.
+    pub log: serde_json::Value,
+    /// The latest progress; the job's earlier one stays when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<serde_json::Value>,
+}
+
+/// A run whose job goes back to wait.
+#[derive(Debug, Serialize)]
+pub struct Requeue {
+    /// The job.
+    pub id: i64,
+    /// The run's lease token: the job is moved only while it still matches.
+    pub lease_token: i64,
+    /// How long it waits: scheduled after this, available at once for 0.
+    pub delay_ms: i64,
+    /// 1 when the attempt is given back (a snooze, a hand-back), else 0.
+    pub refund: i32,
+    /// The error added to the job's errors, for a retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorEntry>,
+    /// The latest progress; the job's earlier one stays when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<serde_json::Value>,
+}
+
+/// One attempt's error as a job keeps it. The backend adds the time (`at`)
+/// from the clock it writes with.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorEntry {
+    /// The attempt that failed.
+    pub attempt: i32,
+    /// Why.
+    pub error: String,
+    /// The attempt's log lines and captured output.
+    pub log: serde_json::Value,
+}
+
+/// What a backend wrote of a [`FinishPlan`].
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The jobs whose run was written: its lease still matched.
+    pub written: HashSet<i64>,
+    /// The jobs whose run was left out because another transaction holds
+    /// its key (only among [`FinishPlan::deferrable`]).
+    pub deferred: HashSet<i64>,
+    /// The jobs leased to the writing host in the same transaction.
+    pub leased: Vec<FetchedJob>,
+}
+
+impl FinishPlan {
+    /// Plans the current runs of a batch (see [`current_runs`]). `configs`
+    /// holds the registered types of their children ([`child_names`]).
+    pub fn new(runs: Vec<Finish>, configs: &Configs, limits: &EnqueueLimits, locked: LockedKeys) -> FinishPlan {
+        let mut plan = FinishPlan {
+            endings: Vec::new(),
+            requeues: Vec::new(),
+            children: Vec::new(),
+            deferrable: Vec::new(),
+            order: Vec::with_capacity(runs.len()),
+        };
+        for run in runs {
+            plan.order.push(run.id);
+            if locked == LockedKeys::Defer && run.concurrency_key.is_some() {
+                plan.deferrable.push(run.run());
+            }
+            plan.push(run, configs, limits);
+        }
+        plan
+    }
+
+    /// The archive-or-requeue decision for one run.
+    fn push(&mut self, run: Finish, configs: &Configs, limits: &EnqueueLimits) {
+        let Finish { id, lease_token, attempt, outcome, log, progress, .. } = run;
+        let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
+        let (delay_ms, refund, error) = match outcome {
+            FinishOutcome::Completed { output, children } => {
+                let (state, output, error) = match prepare_children(id, &children, configs, limits) {
+                    Ok(prepared) => {
+                        self.children.extend(prepared);
+                        (JobState::Completed, output, None)
+                    }
+                    Err(problem) => (JobState::Failed, None, Some(entry(problem, &log))),
+                };
+                self.endings.push(Ending { id, lease_token, state, output, error, log, progress });
+                return;
+            }
+            FinishOutcome::Failed { error } => {
+                let error = Some(entry(error, &log));
+                self.endings.push(Ending {
+                    id,
+                    lease_token,
+                    state: JobState::Failed,
+                    output: None,
+                    error,
+                    log,
+                    progress,
+                });
+                return;
+            }
+            FinishOutcome::Cancelled { reason } => {
+                let error = Some(entry(reason, &log));
+                let state = JobState::Cancelled;
+                self.endings.push(Ending { id, lease_token, state, output: None, error, log, progress });
+                return;
+            }
+            FinishOutcome::Retry { error, delay_ms } => (delay_ms, 0, Some(entry(error, &log))),
+            FinishOutcome::Snooze { delay_ms } => (delay_ms, 1, None),
+            FinishOutcome::Release { .. } => (0, 1, None),
+        };
+        let delay_ms = i64::try_from(delay_ms).unwrap_or(i64::MAX / 2);
+        self.requeues.push(Requeue { id, lease_token, delay_ms, refund, error, progress });
+    }
+
+    /// The children of the runs whose ending was written.
+    pub fn children_of(&self, written: &HashSet<i64>) -> Vec<PreparedJob> {
+        self.children.iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).cloned().collect()
+    }
+
+    /// One result per planned run, in order.
+    fn results(&self, written: &Written) -> Vec<FinishResult> {
+        self.order
+            .iter()
+            .map(|id| match () {
+                () if written.deferred.contains(id) => FinishResult::Deferred,
+                () if written.written.contains(id) => FinishResult::Done,
+                () => FinishResult::Duplicate,
+            })
+            .collect()
+    }
+}
+
+/// Prepares a completed run's children. A child that cannot be enqueued
+/// (unknown type, bad payload) would fail the whole transaction; instead
+/// its parent fails with the reason, and nothing is lost: the parent can be
+/// retried once the type exists.
+fn prepare_children(
+    parent_id: i64,
+    children: &[ChildJob],
+    configs: &Configs,
+    limits: &EnqueueLimits,
+) -> Result<Vec<PreparedJob>, String> {
+    children
+        .iter()
+        .map(|child| {
+            let config = configs.get(&child.job).ok_or_else(|| Error::UnknownJobType(child.job.clone()))?;
+            prepare_child(parent_id, child.clone(), config, limits)
+        })
+        .collect::<Result<_>>()
+        .map_err(|problem| format!("could not enqueue a child job: {problem}"))
+}
+
+/// The job types of every child that the completed runs among `runs`
+/// enqueue, each once.
+pub fn child_names(runs: &[Finish]) -> Vec<String> {
+    job_names(runs.iter().flat_map(|f| match &f.outcome {
+        FinishOutcome::Completed { children, .. } => children.iter().map(|c| c.job.as_str()).collect(),
+        _ => Vec::new(),
+    }))
+}
+
+/// Takes the superseded results out of a batch: a host whose result writes
+/// kept failing while its lease ran out may lease the job again and end up
+/// holding both runs' results. Lease tokens only grow, so only the run with
+/// a job's newest token can still hold its lease; older runs (and repeats
+/// of one run) are duplicates without being written. Returns the runs to
+/// write, in input order, and where each input's result will be.
+pub fn current_runs(finishes: Vec<Finish>) -> (Vec<Finish>, InputOrder) {
+    let mut newest: HashMap<i64, i64> = HashMap::new();
+    for f in &finishes {
+        let token = newest.entry(f.id).or_insert(f.lease_token);
+        *token = (*token).max(f.lease_token);
+    }
+    let mut runs = Vec::with_capacity(finishes.len());
+    let positions = finishes
+        .into_iter()
+        .map(|f| {
+            if newest.get(&f.id) != Some(&f.lease_token) {
+                return None;
+            }
+            // Taken out, so a repeat of this run is a duplicate.
+            newest.remove(&f.id);
+            runs.push(f);
+            Some(runs.len() - 1)
+        })
+        .collect();
+    (runs, InputOrder(positions))
+}
+
+/// Per input of a batch, its index among the runs written, or `None` where
+/// [`current_runs`] found it superseded.
+pub struct InputOrder(Vec<Option<usize>>);
+
+impl InputOrder {
+    /// The results of the runs written, spread back over the inputs.
+    pub fn results(&self, written: &[FinishResult]) -> Vec<FinishResult> {
+        self.0.iter().map(|p| p.map_or(FinishResult::Duplicate, |i| written[i])).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Backoff, JobConfig};
+    use std::sync::Arc;
+
+    fn run(id: i64, lease_token: i64) -> Finish {
+        Finish {
+            concurrency_key: None,
+            id,
+            lease_token,
+            attempt: 1,
+            outcome: FinishOutcome::Failed { error: "x".into() },
+            log: serde_json::Value::Null,
+            progress: None,
+        }
+    }
+
+    #[test]
+    fn keeps_each_jobs_newest_lease_once_and_spreads_results_back_in_input_order() {
+        // Job 1 leased under 10 then 30; job 2 once, its result repeated; job 3 once.
+        let (runs, order) = current_runs(vec![run(1, 10), run(2, 20), run(1, 30), run(2, 20), run(3, 5)]);
+        let kept: Vec<_> = runs.iter().map(|r| (r.id, r.lease_token)).collect();
+        assert_eq!(kept, [(2, 20), (1, 30), (3, 5)]);
+        let written = [FinishResult::Done, FinishResult::Done, FinishResult::Duplicate];
+        use FinishResult::{Done, Duplicate};
+        assert_eq!(order.results(&written), [Duplicate, Done, Done, Duplicate, Duplicate]);
+    }
+
+    fn completed(id: i64, children: Vec<ChildJob>) -> Finish {
+        let outcome = FinishOutcome::Completed { output: None, children: Arc::from(children) };
+        Finish { outcome, concurrency_key: Some("k".into()), ..run(id, id * 10) }
+    }
+
+    fn child(job: &str, payload: serde_json::Value) -> ChildJob {
+        ChildJob { job: job.into(), payload, queue: None, priority: None, delay_ms: None }
+    }
+
+    fn configs() -> Configs {
+        let config = JobConfig {
+            name: "mail".into(),
+            queue: "default".into(),
+            priority: 0,
+            max_attempts: 3,
+            backoff: Backoff { base_ms: 1, cap_ms: 2 },
+            timeout_ms: 1000,
+            memory_limit_bytes: 1 << 20,
+            concurrency: None,
+            unique: None,
+            schedule: None,
+        };
+        Configs::from([("mail".to_string(), config)])
+    }
+
+    #[test]
+    fn a_parent_whose_child_cannot_be_enqueued_fails_with_the_reason_and_enqueues_none() {
+        let runs = vec![
+            completed(1, vec![child("mail", serde_json::json!({})), child("ghost", serde_json::json!({}))]),
+            completed(2, vec![child("mail", serde_json::json!({"n": 1}))]),
+        ];
+        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Wait);
+        let states: Vec<_> = plan.endings.iter().map(|e| (e.id, e.state)).collect();
+        assert_eq!(states, [(1, JobState::Failed), (2, JobState::Completed)]);
+        let reason = &plan.endings[0].error.as_ref().unwrap().error;
+        assert!(reason.starts_with("could not enqueue a child job: unknown job type \"ghost\""), "{reason}");
+        assert_eq!(plan.children.len(), 1);
+        assert_eq!(plan.children[0].parent_id, Some(2));
+        assert!(plan.deferrable.is_empty(), "a batch that waits defers nothing");
+    }
+
+    #[test]
+    fn only_the_children_of_written_parents_are_written() {
+        let runs = vec![completed(1, vec![child("mail", serde_json::json!({}))]), completed(2, vec![])];
+        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Defer);
+        assert_eq!(plan.deferrable.len(), 2);
+        assert!(plan.children_of(&HashSet::from([2])).is_empty());
+        assert_eq!(plan.children_of(&HashSet::from([1])).len(), 1);
+    }
+
+    #[test]
+    fn a_snooze_and_a_hand_back_refund_the_attempt_and_a_retry_keeps_its_error() {
+        let snooze = Finish { outcome: FinishOutcome::Snooze { delay_ms: 5 }, ..run(1, 1) };
+        let release = Finish { outcome: FinishOutcome::Release { reason: "stop".into() }, ..run(2, 1) };
+        let retry = Finish { outcome: FinishOutcome::Retry { error: "boom".into(), delay_ms: 7 }, ..run(3, 1) };
+        let plan =
+            FinishPlan::new(vec![snooze, release, retry], &Configs::new(), &EnqueueLimits::default(), LockedKeys::Wait);
+        let requeues: Vec<_> = plan
+            .requeues
+            .iter()
+            .map(|r| (r.id, r.delay_ms, r.refund, r.error.as_ref().map(|e| e.error.as_str())))
+            .collect();
+        assert_eq!(requeues, [(1, 5, 1, None), (2, 0, 1, None), (3, 7, 0, Some("boom"))]);
+        let written = Written { written: HashSet::from([1, 3]), deferred: HashSet::from([2]), leased: Vec::new() };
+        assert_eq!(plan.results(&written), [FinishResult::Done, FinishResult::Deferred, FinishResult::Done]);
+    }
+}

@@ -1,0 +1,139 @@
+//! Writes a [`FinishPlan`] in PostgreSQL: one call of `jobhost.finish_runs`
+//! (or `jobhost.finish_runs_unless_locked`) ends the runs, gives back their
+//! slots, promotes blocked jobs into them and leases the next jobs, in one
+//! round trip; a plan with children adds their insert in the same
+//! transaction.
+
+use std::collections::HashSet;
+
+use sqlx::types::Json;
+use sqlx::{PgPool, Row};
+
+use crate::store::finish::{ErrorEntry, FinishPlan, Written};
+use crate::store::{Error, FetchParams, Result};
+use crate::types::JsonText;
+
+/// Writes `plan`; returns what was written and whether any job became
+/// available (requeued at once, or promoted into a freed slot).
+pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<(Written, bool)> {
+    let rows = FinishRows::of(plan);
+    // Children must commit with their parent's completion (guarantee 9),
+    // so a plan with children is one transaction. Otherwise the plan is
+    // one statement.
+    if plan.children.is_empty() {
+        return rows.write(pool, next).await;
+    }
+    let mut tx = pool.begin().await?;
+    let work = async {
+        let (written, any_available) = rows.write(&mut *tx, next).await?;
+        let children = plan.children_of(&written.written);
+        let enqueued = super::job::insert(&mut tx, &children).await?;
+        Ok((written, any_available || !enqueued.is_empty()))
+    }
+    .await;
+    super::commit_or_roll_back(tx, work).await
+}
+
+/// The columns of `jobhost.finish_runs`: runs that end for good, and runs
+/// that go back to wait, borrowed from the plan.
+#[derive(Default)]
+struct FinishRows<'a> {
+    keyed_ids: Vec<i64>,
+    keyed_tokens: Vec<i64>,
+    archive_ids: Vec<i64>,
+    archive_tokens: Vec<i64>,
+    archive_states: Vec<&'static str>,
+    outputs: Vec<Option<Json<&'a JsonText>>>,
+    archive_errors: Vec<Option<Json<&'a ErrorEntry>>>,
+    logs: Vec<Json<&'a serde_json::Value>>,
+    archive_progress: Vec<Option<Json<&'a serde_json::Value>>>,
+    requeue_ids: Vec<i64>,
+    requeue_tokens: Vec<i64>,
+    delays: Vec<i64>,
+    refunds: Vec<i32>,
+    requeue_errors: Vec<Option<Json<&'a ErrorEntry>>>,
+    requeue_progress: Vec<Option<Json<&'a serde_json::Value>>>,
+}
+
+impl<'a> FinishRows<'a> {
+    fn of(plan: &'a FinishPlan) -> FinishRows<'a> {
+        let mut rows = FinishRows::default();
+        for run in &plan.deferrable {
+            rows.keyed_ids.push(run.job_id);
+            rows.keyed_tokens.push(run.lease_token);
+        }
+        for e in &plan.endings {
+            rows.archive_ids.push(e.id);
+            rows.archive_tokens.push(e.lease_token);
+            rows.archive_states.push(e.state.as_str());
+            rows.outputs.push(e.output.as_ref().map(Json));
+            rows.archive_errors.push(e.error.as_ref().map(Json));
+            rows.logs.push(Json(&e.log));
+            rows.archive_progress.push(e.progress.as_ref().map(Json));
+        }
+        for r in &plan.requeues {
+            rows.requeue_ids.push(r.id);
+            rows.requeue_tokens.push(r.lease_token);
+            rows.delays.push(r.delay_ms);
+            rows.refunds.push(r.refund);
+            rows.requeue_errors.push(r.error.as_ref().map(Json));
+            rows.requeue_progress.push(r.progress.as_ref().map(Json));
+        }
+        rows
+    }
+
+    /// Writes the rows whose lease still matches (see jobhost.finish_runs in
+    /// 0004_concurrency.sql, through jobhost.finish_runs_unless_locked in
+    /// 0005_fault_tolerance.sql), leasing the jobs `next` asks for.
+    async fn write(&self, executor: impl sqlx::PgExecutor<'_>, next: Option<&FetchParams>) -> Result<(Written, bool)> {
+        let next = next.filter(|n| n.limit > 0 && !n.job_types.is_empty() && !n.queues.is_empty());
+        let (names, leases): (Vec<&str>, Vec<i32>) =
+            next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
+        // A batch with no run holding a key has nothing to defer: it skips
+        // the wrapper's extra function frame on the hot path.
+        let query = if self.keyed_ids.is_empty() {
+            sqlx::query(include_str!("sql/finish_runs.sql"))
+        } else {
+            sqlx::query(include_str!("sql/finish_runs_unless_locked.sql"))
+                .bind(&self.keyed_ids)
+                .bind(&self.keyed_tokens)
+        };
+        let rows = query
+            .bind(&self.archive_ids)
+            .bind(&self.archive_tokens)
+            .bind(&self.archive_states)
+            .bind(&self.outputs)
+            .bind(&self.archive_errors)
+            .bind(&self.logs)
+            .bind(&self.archive_progress)
+            .bind(&self.requeue_ids)
+            .bind(&self.requeue_tokens)
+            .bind(&self.delays)
+            .bind(&self.refunds)
+            .bind(&self.requeue_errors)
+            .bind(&self.requeue_progress)
+            .bind(next.map(|n| n.queues.clone()).unwrap_or_default())
+            .bind(names)
+            .bind(leases)
+            .bind(next.map_or(0, |n| n.limit))
+            .bind(next.map_or("", |n| n.host_id.as_str()))
+            .fetch_all(executor)
+            .await?;
+        let first = rows.first().ok_or_else(|| Error::Decode("jobhost.finish_runs returned no row".into()))?;
+        let written: Vec<i64> = first.try_get("written")?;
+        let deferred: Vec<i64> = first.try_get::<Option<Vec<i64>>, _>("deferred")?.unwrap_or_default();
+        let any_available: bool = first.try_get("any_available")?;
+        let mut leased = Vec::new();
+        for row in &rows {
+            if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                leased.push(super::job::leased_job(row)?);
+            }
+        }
+        let written = Written {
+            written: written.into_iter().collect(),
+            deferred: deferred.into_iter().collect::<HashSet<_>>(),
+            leased,
+        };
+        Ok((written, any_available))
+    }
+}

@@ -1,0 +1,189 @@
+//! The operator's view of jobs and commands on them, in PostgreSQL:
+//! listings, one job in full, the stats, retry and cancel.
+
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result, Stats};
+
+/// The columns shared by listings of live and archived jobs.
+const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
+    errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
+    priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id";
+const PARKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL::jsonb AS output,
+    errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
+    priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, NULL::timestamptz AS run_at,
+    NULL::text AS host_id, parent_id";
+const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
+    errors -> -1 ->> 'error' AS error, enqueued_at, started_at, finished_at,
+    priority, payload, max_attempts, errors, log, progress, NULL::timestamptz AS run_at, host_id, parent_id";
+
+fn row_of(row: &sqlx::postgres::PgRow) -> Result<JobRow> {
+    let state: String = row.try_get("state")?;
+    Ok(JobRow {
+        id: row.try_get("id")?,
+        job: row.try_get("job")?,
+        queue: row.try_get("queue")?,
+        state: JobState::parse(&state).ok_or_else(|| Error::Decode(format!("unknown job state {state:?}")))?,
+        attempts: row.try_get("attempt")?,
+        concurrency_key: row.try_get("concurrency_key")?,
+        output: row.try_get::<Option<Json<serde_json::Value>>, _>("output")?.map(|j| j.0),
+        error: row.try_get("error")?,
+        enqueued_at: row.try_get("enqueued_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
+    let state = filter.state.map(JobState::as_str);
+    // Built from constants only; every value is a bound parameter.
+    let sql = format!(
+        "SELECT * FROM (
+             SELECT {LIVE_COLUMNS} FROM jobhost.jobs
+             UNION ALL
+             SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs
+             UNION ALL
+             SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
+         ) all_jobs
+         WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job = $2)
+         ORDER BY id DESC LIMIT $3"
+    );
+    let rows =
+        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(state).bind(&filter.job).bind(filter.limit).fetch_all(pool).await?;
+    rows.iter().map(row_of).collect()
+}
+
+pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
+    // Built from constants only; every value is a bound parameter.
+    let sql = format!(
+        "SELECT {LIVE_COLUMNS} FROM jobhost.jobs WHERE id = $1
+         UNION ALL
+         SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs WHERE id = $1
+         UNION ALL
+         SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive WHERE id = $1"
+    );
+    let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id).fetch_optional(pool).await? else {
+        return Ok(None);
+    };
+    Ok(Some(JobDetail {
+        row: row_of(&row)?,
+        priority: row.try_get("priority")?,
+        payload: row.try_get::<Json<serde_json::Value>, _>("payload")?.0,
+        max_attempts: row.try_get("max_attempts")?,
+        errors: row.try_get::<Json<serde_json::Value>, _>("errors")?.0,
+        log: row.try_get::<Option<Json<serde_json::Value>>, _>("log")?.map(|j| j.0),
+        progress: row.try_get::<Option<Json<serde_json::Value>>, _>("progress")?.map(|j| j.0),
+        run_at: row.try_get("run_at")?,
+        host_id: row.try_get("host_id")?,
+        parent_id: row.try_get("parent_id")?,
+    }))
+}
+
+pub async fn stats(pool: &PgPool) -> Result<Stats> {
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT state, queue, count(*) FROM jobhost.jobs GROUP BY 1, 2
+         UNION ALL
+         SELECT 'blocked', queue, count(*) FROM jobhost.blocked_jobs GROUP BY 1, 2
+         UNION ALL
+         SELECT state, queue, count(*) FROM jobhost.archive GROUP BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await?;
+    let oldest: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(run_at))::float8 FROM jobhost.jobs WHERE state = 'available'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let hosts: Vec<(String, f64, i64)> = sqlx::query_as(
+        "SELECT id, extract(epoch FROM now() - last_seen_at)::float8, heartbeat_ms::bigint FROM jobhost.hosts ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let paused: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM jobhost.queue_pauses ORDER BY name").fetch_all(pool).await?;
+    Ok(Stats::from_counts(counts, oldest, hosts, paused))
+}
+
+pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    // A scheduled job runs now, or a finished job that did not complete
+    // comes back with a fresh budget; either way it passes the gate, as a
+    // new enqueue would. Locks: that row.
+    let due = sqlx::query("UPDATE jobhost.jobs SET run_at = now() WHERE id = $1 AND state = 'scheduled'")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let revived = if due > 0 {
+        0
+    } else {
+        sqlx::query(
+            "WITH revived AS (
+                 DELETE FROM jobhost.archive WHERE id = $1 AND state IN ('failed', 'discarded', 'cancelled')
+                 RETURNING *)
+             INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at,
+                                       enqueued_at, concurrency_key, batch_id, parent_id, errors, progress)
+             SELECT id, job, queue, priority, payload, 'scheduled', 0, max_attempts, now(),
+                    enqueued_at, concurrency_key, batch_id, parent_id, errors, progress
+             FROM revived",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+    };
+    if due + revived == 0 {
+        return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "retried").await? });
+    }
+    super::concurrency::admit(&mut tx, &[id]).await?;
+    super::notify_available(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
+    let mut tx = pool.begin().await?;
+    // A waiting or available job, or a parked one, goes to the archive; an
+    // available limited job gives its slot back in the same transaction.
+    // Locks: the job's row, then its semaphore.
+    let cancelled: Option<(String, Option<String>)> =
+        sqlx::query_as(include_str!("sql/cancel.sql")).bind(id).fetch_optional(&mut *tx).await?;
+    let Some((job, key)) = cancelled else {
+        // A running job: its host stops it and archives it (see Cancel::Requested).
+        let requested = sqlx::query(
+            "UPDATE jobhost.jobs SET cancel_requested_at = coalesce(cancel_requested_at, now())
+             WHERE id = $1 AND state = 'running'",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if requested == 1 {
+            tx.commit().await?;
+            return Ok(Cancel::Requested);
+        }
+        return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "cancelled").await? });
+    };
+    let mut slots = crate::store::Slots::default();
+    slots.push(&job, key.as_deref());
+    super::concurrency::release(&mut tx, &slots).await?;
+    tx.commit().await?;
+    Ok(Cancel::Cancelled)
+}
+
+/// Explains why an operator action did not apply to a job.
+async fn state_reason(conn: &mut PgConnection, id: i64, action: &str) -> Result<String> {
+    let state: Option<(String,)> = sqlx::query_as(
+        "SELECT state FROM jobhost.jobs WHERE id = $1
+         UNION ALL SELECT state FROM jobhost.archive WHERE id = $1
+         UNION ALL SELECT 'blocked' FROM jobhost.blocked_jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(match state {
+        None => "does not exist".to_string(),
+        Some((state,)) => format!("is {state} and cannot be {action}"),
+    })
+}
