@@ -13,7 +13,7 @@ use crate::maintenance::{Maintenance, MaintenanceConfig};
 use crate::registration::Registrar;
 use crate::store::{EnqueueLimits, Store};
 use crate::supervisor::{Supervisor, TaskPanic};
-use crate::worker::{Worker, WorkerConfig};
+use crate::worker::{KnownJobTypes, Worker, WorkerConfig};
 
 /// Everything a host needs to run.
 #[derive(Debug, Clone)]
@@ -73,12 +73,19 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
         max_payload_bytes: config.limits.max_payload_bytes,
         ..config.runtime.clone()
     };
-    let runtime = Runtime::new(runtime_config)?;
+    // Checked before the wait for the database: a bad setting fails at once.
+    runtime_config.validate()?;
     let Some(store) = open_store(&config, &shutdown).await? else {
         tracing::info!("shutdown requested while waiting for the database");
         return Ok(());
     };
     let registry = Arc::new(Registry::new());
+    // A guest's enqueue is checked against the fleet's job types with the
+    // rules its completion will apply.
+    let known = KnownJobTypes::default();
+    known.refresh(store.as_ref()).await;
+    let runtime =
+        Runtime::with_child_check(runtime_config, known.check(registry.clone(), store.clone(), config.limits))?;
     let mut watcher = DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(&config.components))?;
     // The startup scan may compile many components; a shutdown stops it.
     tokio::select! {
@@ -106,13 +113,17 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
     let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?;
     let sweeping = supervisor.spawn("maintenance", maintenance.run(background.clone()));
+    let refreshing = supervisor.spawn(
+        "job type refresh",
+        known.refresh_loop(store.clone(), config.worker.heartbeat_interval, background.clone()),
+    );
 
     let worker = Worker::new(store, runtime, registry, config.worker.clone())?.with_supervisor(supervisor.clone());
     tracing::info!(host_id = worker.host_id(), "worker running");
     worker.run(stop).await;
 
     background.cancel();
-    let _ = tokio::join!(watching, registering, sweeping);
+    let _ = tokio::join!(watching, registering, sweeping, refreshing);
     if let Some(panic) = supervisor.failure() {
         tracing::error!(%panic, "host stopped after a task panicked");
         return Err(HostError::TaskPanicked(panic));

@@ -456,6 +456,23 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only(d
     host.stop().await;
 }
 
+/// A child the enqueue rules refuse is refused at the guest's call, with the
+/// reason the completion would give: the guest sees it (fanout fails its run
+/// with it) instead of its parent failing after the run.
+async fn a_child_the_enqueue_rules_refuse_is_refused_at_the_guests_call(db: TestDb) {
+    let host = TestHost::start(&db, &["fanout", "hello"], |_| {}).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let id = client.enqueue("fanout", json!({"count": 1, "child": "not an object"})).await.unwrap();
+    let archived = format!("SELECT count(*) FROM jobhost.archive WHERE id = {id}");
+    eventually(WITHIN, || async { db.scalar(archived.as_str()).await == 1 }).await;
+    let job = db.dyn_store().job_get(id).await.unwrap().unwrap();
+    assert_eq!(job.row.state, JobState::Failed);
+    let error = job.row.error.unwrap();
+    assert!(error.contains("payload of job \"hello\" must be a JSON object, got a string"), "{error}");
+    assert!(!error.contains("could not enqueue a child job"), "refused at the call, not at completion: {error}");
+    host.stop().await;
+}
+
 /// A job that snoozes for 0 seconds waits the minimum snooze instead of
 /// being leased again at once, forever: compared on the stored timestamps.
 async fn a_snooze_of_nothing_waits_at_least_a_second(db: TestDb) {
@@ -700,6 +717,7 @@ on_both_backends!(
     a_bulk_enqueue_returns_ids_in_input_order,
     a_late_start_is_recorded_for_the_current_run_only,
     a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only,
+    a_child_the_enqueue_rules_refuse_is_refused_at_the_guests_call,
     graceful_shutdown_hands_running_jobs_back,
     a_snooze_of_nothing_waits_at_least_a_second,
     a_host_that_loses_a_lease_stops_the_guest,

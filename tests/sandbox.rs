@@ -234,11 +234,18 @@ async fn fanout_buffers_children_and_reports_progress() {
     assert_eq!(report.effects.heartbeats, 3);
 
     // With the fleet's job types known, an unknown one is an error the guest sees.
-    runtime.set_child_check(std::sync::Arc::new(|probe: jobhost::component::ChildProbe| {
-        Box::pin(async move {
-            if probe.job == "hello" { Ok(None) } else { Err(format!("unknown job type {:?}", probe.job)) }
-        })
-    }));
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = Runtime::with_child_check(
+        common::runtime_config(&cache),
+        std::sync::Arc::new(|probe: jobhost::component::ChildProbe| {
+            Box::pin(async move {
+                let job = probe.child.job;
+                if job == "hello" { Ok(None) } else { Err(format!("unknown job type {job:?}")) }
+            })
+        }),
+    )
+    .unwrap();
+    let fanout = load(&runtime, "fanout").await;
     let checked = run(&runtime, &fanout, json!({"count": 1})).await;
     let out = output(&checked.outcome);
     assert!(out["unknown_type_error"].as_str().unwrap().contains("unknown job type \"no-such-job\""), "{out}");
@@ -359,14 +366,15 @@ async fn an_output_past_what_the_budget_left_fails_the_run() {
 /// every earlier child: its cost does not grow with the children before it.
 #[tokio::test]
 async fn each_enqueue_check_carries_counts_per_key_not_earlier_children() {
-    let (runtime, _cache) = runtime();
-    let hostile = load(&runtime, "hostile").await;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = seen.clone();
-    runtime.set_child_check(std::sync::Arc::new(move |probe: jobhost::component::ChildProbe| {
-        record.lock().unwrap().push((probe.earlier.len(), probe.earlier.count(&probe.job, "one-key")));
-        Box::pin(async { Ok(Some("one-key".to_string())) })
-    }));
+    let cache = tempfile::tempdir().unwrap();
+    let check = std::sync::Arc::new(move |probe: jobhost::component::ChildProbe| {
+        record.lock().unwrap().push((probe.earlier.len(), probe.earlier.count(&probe.child.job, "one-key")));
+        Box::pin(async { Ok(Some("one-key".to_string())) }) as _
+    });
+    let runtime = Runtime::with_child_check(common::runtime_config(&cache), check).unwrap();
+    let hostile = load(&runtime, "hostile").await;
     let report = run(&runtime, &hostile, json!({"children": 200, "child_bytes": 100})).await;
     assert_eq!(output(&report.outcome)["enqueued"], 200);
     let seen = seen.lock().unwrap();

@@ -130,15 +130,29 @@ struct Inner {
     load_slots: Semaphore,
     /// What a guest may enqueue beyond well-formed names and JSON; anything
     /// when unset (a runtime without a queue, as in `jobhost exec`).
-    child_check: std::sync::RwLock<Option<ChildCheck>>,
+    child_check: Option<ChildCheck>,
 }
 
 impl Runtime {
-    /// Starts the engine and its epoch thread.
+    /// Starts the engine and its epoch thread, for runs whose children are
+    /// checked only for well-formed names and JSON (`jobhost exec`, tests).
     ///
     /// # Errors
     /// Invalid settings, or an engine this machine cannot provide.
     pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
+        Self::build(config, None)
+    }
+
+    /// [`Runtime::new`], with every guest's `enqueue` refusing the children
+    /// `check` refuses.
+    ///
+    /// # Errors
+    /// As [`Runtime::new`].
+    pub fn with_child_check(config: RuntimeConfig, check: ChildCheck) -> Result<Self, RuntimeError> {
+        Self::build(config, Some(check))
+    }
+
+    fn build(config: RuntimeConfig, child_check: Option<ChildCheck>) -> Result<Self, RuntimeError> {
         config.validate()?;
         let engine = engine::build(&config).map_err(RuntimeError::Engine)?;
         engine::start_epoch_ticker(&engine, config.epoch_tick).map_err(RuntimeError::Thread)?;
@@ -147,13 +161,7 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        let child_check = std::sync::RwLock::new(None);
         Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, child_check }) })
-    }
-
-    /// Makes a guest's `enqueue` refuse the children `check` refuses.
-    pub fn set_child_check(&self, check: ChildCheck) {
-        *self.inner.child_check.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(check);
     }
 
     /// The settings the runtime was started with.
@@ -235,8 +243,7 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let child_check = self.inner.child_check.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, child_check);
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, self.inner.child_check.clone());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),

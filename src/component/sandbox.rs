@@ -82,10 +82,9 @@ pub struct SandboxState {
 /// A child job a guest asks to enqueue, as the [`ChildCheck`] sees it.
 #[derive(Debug, Clone)]
 pub struct ChildProbe {
-    /// Its job type.
-    pub job: String,
-    /// Its payload.
-    pub payload: serde_json::Value,
+    /// The child, with its options: the check applies the same rules as
+    /// the completion that will enqueue it.
+    pub child: ChildJob,
     /// How many children of each (type, key) this run enqueued before.
     pub earlier: ChildKeyCounts,
 }
@@ -120,8 +119,9 @@ impl ChildKeyCounts {
 }
 
 /// Checks a child against the fleet when the guest enqueues it (its type
-/// exists; a `raise` limit has room for it), so the guest gets the error
-/// at the call instead of its run failing at completion. `Ok` carries the
+/// exists, its payload and options pass the enqueue rules, a `raise` limit
+/// has room for it), so the guest gets the error at the call instead of its
+/// run failing at completion. `Ok` carries the
 /// child's rendered concurrency key, if its type has one, for the counts
 /// later probes carry; an `Err` is the message the guest receives.
 pub type ChildCheck = std::sync::Arc<
@@ -453,7 +453,7 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         };
         if let Some(check) = self.child_check.clone() {
             let earlier = self.child_keys.clone();
-            let probe = ChildProbe { job: child.job.clone(), payload: child.payload.clone(), earlier };
+            let probe = ChildProbe { child: child.clone(), earlier };
             match check(probe).await {
                 Ok(Some(key)) => self.child_keys.add(child.job.clone(), key),
                 Ok(None) => {}

@@ -1,8 +1,9 @@
 //! The job types registered anywhere in the fleet, with their
-//! configurations, so a guest's `enqueue` is checked at the call: an unknown
-//! type, a key its payload cannot render, or a `raise` limit with no room
-//! returns an error to the guest at once. Refreshed from the database every
-//! heartbeat; a type this host has loaded is always known.
+//! configurations, so a guest's `enqueue` is checked at the call with the
+//! rules its completion will apply ([`crate::store::enqueue::prepare_child`]):
+//! an unknown type, a payload or option the enqueue refuses, or a `raise`
+//! limit with no room returns an error to the guest at once. Refreshed from
+//! the database every heartbeat; a type this host has loaded is always known.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -11,7 +12,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{ChildCheck, ChildProbe, Registry};
-use crate::store::Store;
+use crate::store::enqueue::prepare_child;
+use crate::store::{EnqueueLimits, Error, Store};
 use crate::types::{JobConfig, OnConflict};
 
 /// The fleet's job types, as last read.
@@ -34,21 +36,24 @@ impl KnownJobTypes {
     }
 
     /// The check for the sandbox: the type is registered in the fleet or
-    /// loaded here, and a `raise` limit has a free slot for the child's key
-    /// after the children of that key this run enqueued before (the probe
-    /// counts them per key; it returns the key it rendered for that count).
-    /// The gate still decides when the run completes; this only answers early.
-    pub fn check(&self, registry: Arc<Registry>, store: Arc<dyn Store>) -> ChildCheck {
+    /// loaded here, the child passes the enqueue rules, and a `raise` limit
+    /// has a free slot for the child's key after the children of that key
+    /// this run enqueued before (the probe counts them per key; it returns
+    /// the key it rendered for that count). The gate still decides when the
+    /// run completes; this only answers early.
+    pub fn check(&self, registry: Arc<Registry>, store: Arc<dyn Store>, limits: EnqueueLimits) -> ChildCheck {
         let configs = self.configs.clone();
         Arc::new(move |probe: ChildProbe| {
-            let fleet = configs.read().unwrap_or_else(|p| p.into_inner()).get(&probe.job).cloned();
-            let config = fleet.or_else(|| registry.get(&probe.job).map(|c| c.config.clone()));
+            let job = &probe.child.job;
+            let fleet = configs.read().unwrap_or_else(|p| p.into_inner()).get(job).cloned();
+            let config = fleet.or_else(|| registry.get(job).map(|c| c.config.clone()));
             let store = store.clone();
             Box::pin(async move {
-                let Some(config) = config else {
-                    return Err(format!("unknown job type {:?}: no host has loaded a component for it", probe.job));
-                };
-                room_under_limit(store.as_ref(), &config, &probe).await
+                let config = config.ok_or_else(|| Error::UnknownJobType(probe.child.job.clone()).to_string())?;
+                // The parent's id is not known to the guest's call; the
+                // rules do not depend on it.
+                let prepared = prepare_child(0, probe.child.clone(), &config, &limits).map_err(|e| e.to_string())?;
+                room_under_limit(store.as_ref(), &config, prepared.concurrency_key, &probe).await
             })
         })
     }
@@ -65,26 +70,30 @@ impl KnownJobTypes {
     }
 }
 
-/// Refuses a child of a limited type whose key cannot be rendered from its
-/// payload, or of a `raise` type whose key has no slot left for it. Returns
-/// the rendered key of a limited type.
-async fn room_under_limit(store: &dyn Store, config: &JobConfig, probe: &ChildProbe) -> Result<Option<String>, String> {
-    let Some(limit) = &config.concurrency else {
+/// Refuses a child of a `raise` type whose key has no slot left for it.
+/// Returns the child's rendered key, for a limited type.
+async fn room_under_limit(
+    store: &dyn Store,
+    config: &JobConfig,
+    key: Option<String>,
+    probe: &ChildProbe,
+) -> Result<Option<String>, String> {
+    let (Some(limit), Some(key)) = (&config.concurrency, key) else {
         return Ok(None);
     };
-    let key = limit.key.render(&probe.payload).map_err(|e| format!("job {:?}: {e}", probe.job))?;
     if limit.on_conflict != OnConflict::Raise {
         return Ok(Some(key));
     }
-    let earlier = i64::from(probe.earlier.count(&probe.job, &key));
-    match store.slots_free(&probe.job, &key).await {
+    let job = &probe.child.job;
+    let earlier = i64::from(probe.earlier.count(job, &key));
+    match store.slots_free(job, &key).await {
         Ok(free) if free <= earlier => Err(format!(
-            "job {:?} refused: concurrency limit reached: all {} slots of key {key:?} are taken",
-            probe.job, limit.limit
+            "job {job:?} refused: concurrency limit reached: all {} slots of key {key:?} are taken",
+            limit.limit
         )),
         Ok(_) => Ok(Some(key)),
         Err(error) => {
-            tracing::warn!(%error, job = probe.job, "cannot check a limit at enqueue; the completion's gate decides");
+            tracing::warn!(%error, job, "cannot check a limit at enqueue; the completion's gate decides");
             Ok(Some(key))
         }
     }

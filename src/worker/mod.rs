@@ -28,6 +28,7 @@ use health::WriteHealth;
 use prefetch::Prefetch;
 
 pub use config::WorkerConfig;
+pub use job_types::KnownJobTypes;
 pub use leases::Leases;
 
 /// One host's worker.
@@ -95,13 +96,6 @@ impl Worker {
         if let Err(error) = self.store.host_upsert(&host_now()).await {
             tracing::warn!(%error, "cannot register this host in the fleet");
         }
-        let known = job_types::KnownJobTypes::default();
-        known.refresh(self.store.clone().as_ref()).await;
-        self.runtime.set_child_check(known.check(self.registry.clone(), self.store.clone()));
-        let refreshing = self.supervisor.spawn(
-            "job type refresh",
-            known.refresh_loop(self.store.clone(), self.config.heartbeat_interval, stop_heartbeat.clone()),
-        );
         let heartbeat = self.supervisor.spawn(
             "heartbeat",
             leases::heartbeat_loop(
@@ -184,7 +178,7 @@ impl Worker {
         }
         self.hand_back(late).await;
         stop_heartbeat.cancel();
-        let _ = tokio::join!(heartbeat, refreshing, fencing);
+        let _ = tokio::join!(heartbeat, fencing);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
