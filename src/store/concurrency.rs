@@ -64,6 +64,7 @@ impl Slots {
         self.0.iter().map(|(job, key)| (job.as_str(), key.as_str()))
     }
 
+    /// True when no slot was freed: the release has nothing to do.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
