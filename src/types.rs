@@ -179,7 +179,7 @@ pub struct ConcurrencyConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnConflict {
-    /// Park the job until a slot frees.
+    /// Block the job until a slot frees.
     Block,
     /// Archive the job as discarded.
     Discard,

@@ -70,7 +70,7 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Cancel a job: at once when scheduled, available or parked; a running
+    /// Cancel a job: at once when scheduled, available or blocked; a running
     /// one is stopped by its host within two heartbeats and archived as cancelled.
     Cancel {
         /// The job's id.
@@ -85,7 +85,7 @@ enum Command {
         action: QueueAction,
     },
     /// Per concurrency key: its limit, the jobs holding its slots (and their
-    /// hosts), how many jobs are parked and how long the oldest has waited.
+    /// hosts), how many jobs are blocked and how long the oldest has waited.
     Concurrency {
         /// One JSON object per key, one per line.
         #[arg(long)]

@@ -469,14 +469,14 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
                 None => format!("{} ({})", h.id, h.state),
             })
             .collect();
-        let oldest = key.oldest_parked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
+        let oldest = key.oldest_blocked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
         println!(
-            "{} {:?}: {}/{limit} slots [{}], {} parked{oldest}",
+            "{} {:?}: {}/{limit} slots [{}], {} blocked{oldest}",
             key.job,
             key.key,
             key.holders,
             holding.join(", "),
-            key.parked
+            key.blocked
         );
     }
     ExitCode::SUCCESS

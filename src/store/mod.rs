@@ -3,7 +3,7 @@
 //!
 //! One file per entity: [`job`] (enqueue, fetch, finish, operate),
 //! [`lease`] (heartbeats and expiry), [`host`] (fleet membership and job types),
-//! [`concurrency`] (per-key slots and parked jobs).
+//! [`concurrency`] (per-key slots and blocked jobs).
 
 pub mod concurrency;
 pub mod host;
@@ -365,19 +365,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// Moves a live job that maintenance cannot process to the archive as
     /// failed, with `reason` as its last error, so the sweeps go on without
-    /// it and operators see it (guarantee 13). A parked job is never
+    /// it and operators see it (guarantee 13). A blocked job is never
     /// quarantined (guarantee 2). Returns whether the job was there.
     async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool>;
 
-    /// Promotes parked jobs of up to `max_keys` keys that can take a slot
-    /// now, the keys with the oldest parked job first. Returns how many jobs.
+    /// Promotes blocked jobs of up to `max_keys` keys that can take a slot
+    /// now, the keys with the oldest blocked job first. Returns how many jobs.
     async fn parked_promote(&self, max_keys: i64) -> Result<u64>;
 
     /// Corrects semaphores whose holder count disagrees with the live jobs
     /// holding their slots; returns what it changed.
     async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>>;
 
-    /// Every key with holders or parked jobs.
+    /// Every key with holders or blocked jobs.
     async fn concurrency(&self) -> Result<Vec<KeyStatus>>;
 
     /// Slots of a key free right now (the limit minus its holders; at most
@@ -405,7 +405,7 @@ pub trait Store: Send + Sync + 'static {
     /// or a scheduled one now.
     async fn job_retry(&self, id: i64) -> Result<()>;
 
-    /// Cancels a job: at once when it is waiting, available or parked; a
+    /// Cancels a job: at once when it is waiting, available or blocked; a
     /// running one through its host (see [`Cancel::Requested`]).
     async fn job_cancel(&self, id: i64) -> Result<Cancel>;
 

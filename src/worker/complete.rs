@@ -55,7 +55,7 @@ pub(super) struct Writes {
 
 /// Writes finished runs back in batches: whatever has arrived since the last
 /// write. With each batch it leases up to one job per fetch slot the batch's
-/// runs held, so the jobs the batch made room for, a parked job promoted
+/// runs held, so the jobs the batch made room for, a blocked job promoted
 /// into a freed slot among them, start without another round trip; slots it
 /// cannot fill go back to the fetch loop once the batch is written.
 ///

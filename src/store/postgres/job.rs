@@ -25,7 +25,7 @@ pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams], limits: &E
 }
 
 /// One set-based insert for the whole batch, then the gate for the limited
-/// jobs due now; ids come back in input order (a parked or discarded job
+/// jobs due now; ids come back in input order (a blocked or discarded job
 /// keeps its id). Keys are rendered by `jobhost.render_key`, the one renderer
 /// of stored keys, so the SQL enqueue and this one store the same key.
 async fn insert(conn: &mut PgConnection, jobs: &[PreparedJob]) -> Result<Vec<i64>> {
@@ -153,7 +153,7 @@ pub async fn finish(
     // Children must commit with their parent's completion (guarantee 9),
     // so a batch with children is one transaction. Otherwise the batch is
     // one statement: it ends the runs (but those whose key another
-    // transaction holds), gives back their slots, promotes parked jobs into
+    // transaction holds), gives back their slots, promotes blocked jobs into
     // them and leases the next jobs, in one round trip.
     let has_children = !crate::store::job::child_types(&finishes).is_empty();
     let (written, any_available, leased, deferred) = if !has_children {
@@ -559,7 +559,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
 
 pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     let mut tx = pool.begin().await?;
-    // A waiting or available job, or a parked one, goes to the archive; an
+    // A waiting or available job, or a blocked one, goes to the archive; an
     // available limited job gives its slot back in the same transaction.
     // Locks: the job's row, then its semaphore.
     let cancelled: Option<(String, Option<String>)> = sqlx::query_as(

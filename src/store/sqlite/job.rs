@@ -51,7 +51,7 @@ pub async fn enqueue(
 }
 
 /// One insert for the whole batch, then the gate for the limited jobs due
-/// now; ids come back in input order (a parked or discarded job keeps its id).
+/// now; ids come back in input order (a blocked or discarded job keeps its id).
 async fn insert(conn: &mut SqliteConnection, jobs: &[PreparedJob], now: i64) -> Result<Vec<i64>> {
     let rows: Vec<NewJob> = jobs
         .iter()
@@ -182,7 +182,7 @@ pub struct Finished {
 
 /// Writes a batch of results in the caller's transaction: the runs whose
 /// lease still matches end or go back to wait, their slots are given back
-/// and parked jobs promoted into them, the children of completed runs are
+/// and blocked jobs promoted into them, the children of completed runs are
 /// enqueued (guarantee 9), and then, when `next` asks for any, jobs are
 /// leased to the writing host. Parents whose children cannot be enqueued
 /// must have been failed already
@@ -373,7 +373,7 @@ pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs
     Ok(pruned)
 }
 
-/// The columns shared by listings of live, parked and archived jobs.
+/// The columns shared by listings of live, blocked and archived jobs.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at,
     priority, payload, max_attempts, errors, NULL AS log, progress, run_at, host_id, parent_id";
@@ -425,7 +425,7 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     // index; `+id` keeps SQLite from walking the rows in id order instead.
     let all = Some(String::new());
     let only = |state: JobState| Some(format!("AND state = '{}'", state.as_str()));
-    let (live, parked, archived) = match filter.state {
+    let (live, blocked, archived) = match filter.state {
         None => (all.clone(), all.clone(), all),
         Some(JobState::Blocked) => (None, all, None),
         Some(state @ (JobState::Scheduled | JobState::Available | JobState::Running)) => (only(state), None, None),
@@ -433,7 +433,7 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     };
     let order = if filter.state.is_some() { "+id" } else { "id" };
     let job = if filter.job.is_some() { "AND job = $2" } else { "" };
-    let picks: Vec<String> = [("jobs", live), ("blocked_jobs", parked), ("archive", archived)]
+    let picks: Vec<String> = [("jobs", live), ("blocked_jobs", blocked), ("archive", archived)]
         .into_iter()
         .filter_map(|(table, state)| {
             let state = state?;
@@ -556,10 +556,9 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
     Ok(())
 }
 
-/// Cancels a waiting, available or parked job; an available limited job
-/// gives its slot back. Returns how many parked jobs took the slot.
-/// Returns how many parked jobs the freed slot promoted, or `None` when the
-/// job is running and its cancel was requested.
+/// Cancels a waiting, available or blocked job; an available limited job
+/// gives its slot back. Returns how many blocked jobs the freed slot
+/// promoted, or `None` when the job is running and its cancel was requested.
 pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Option<u64>> {
     let live: Option<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT state, job, concurrency_key FROM jobs WHERE id = $1 AND state IN ('scheduled', 'available')",
