@@ -3,9 +3,15 @@
 //! component that does not load, a payload that is not JSON, an unknown job
 //! type) or a host error (a host task that panicked among them), 130 a host
 //! stopped by a second SIGINT or SIGTERM.
+//!
+//! Flags shared by several commands are defined here; the commands live in
+//! `host` (`run`, the one that runs jobs), `operator` (the commands that
+//! read or change the database and exit) and `components` (the commands
+//! that work on component files without a database).
 
 mod components;
-mod queue;
+mod host;
+mod operator;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,13 +47,13 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a host: serve the components in a directory from the database's queues.
-    Run(queue::RunArgs),
+    Run(host::RunArgs),
     /// Apply database migrations and exit.
     Migrate(DbArgs),
     /// Enqueue a job (or, with --file, one job per line of JSON payloads); prints the ids.
-    Enqueue(queue::EnqueueArgs),
+    Enqueue(operator::EnqueueArgs),
     /// List jobs, newest first.
-    Jobs(queue::JobsArgs),
+    Jobs(operator::JobsArgs),
     /// Show one job: payload, attempts and errors, log, output.
     Job {
         /// The job's id.
@@ -249,17 +255,19 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => queue::run(args).await,
-            Command::Migrate(db) => queue::migrate(&db).await,
-            Command::Enqueue(args) => queue::enqueue(args).await,
-            Command::Jobs(args) => queue::jobs(args).await,
-            Command::Job { id, db } => queue::job(id, &db).await,
-            Command::Stats { json, db } => queue::stats(json, &db).await,
-            Command::Retry { id, db } => queue::retry(id, &db).await,
-            Command::Cancel { id, db } => queue::cancel(id, &db).await,
-            Command::Queue { action: QueueAction::Pause { name, db } } => queue::queue_pause(&name, true, &db).await,
-            Command::Queue { action: QueueAction::Resume { name, db } } => queue::queue_pause(&name, false, &db).await,
-            Command::Concurrency { json, db } => queue::concurrency(json, &db).await,
+            Command::Run(args) => host::run(args).await,
+            Command::Migrate(db) => operator::migrate(&db).await,
+            Command::Enqueue(args) => operator::enqueue(args).await,
+            Command::Jobs(args) => operator::jobs(args).await,
+            Command::Job { id, db } => operator::job(id, &db).await,
+            Command::Stats { json, db } => operator::stats(json, &db).await,
+            Command::Retry { id, db } => operator::retry(id, &db).await,
+            Command::Cancel { id, db } => operator::cancel(id, &db).await,
+            Command::Queue { action: QueueAction::Pause { name, db } } => operator::queue_pause(&name, true, &db).await,
+            Command::Queue { action: QueueAction::Resume { name, db } } => {
+                operator::queue_pause(&name, false, &db).await
+            }
+            Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec { file, payload, attempt, json, runtime } => {
                 components::exec(file, &payload, attempt, json, &runtime).await
