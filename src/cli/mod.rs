@@ -113,21 +113,7 @@ enum Command {
     },
     /// Run one job in a sandbox, without a queue: its output on stdout, its
     /// logs and how it went on stderr; non-zero exit unless it completed.
-    Exec {
-        /// The component file (.wasm).
-        file: PathBuf,
-        /// The job's payload, a JSON document.
-        #[arg(long, default_value = "{}")]
-        payload: String,
-        /// The attempt number the job is told it is on.
-        #[arg(long, default_value_t = 1)]
-        attempt: u32,
-        /// Print the full report (outcome, output, logs, children) as one JSON object on stdout.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        runtime: RuntimeArgs,
-    },
+    Exec(components::ExecArgs),
     /// Follow a directory of components, printing what loads, reloads, fails
     /// and unloads, until interrupted.
     Watch {
@@ -269,9 +255,7 @@ pub fn main(cli: Cli) -> ExitCode {
             }
             Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
-            Command::Exec { file, payload, attempt, json, runtime } => {
-                components::exec(file, &payload, attempt, json, &runtime).await
-            }
+            Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,
         }
     });
