@@ -121,6 +121,9 @@ impl<'de> Deserialize<'de> for JsonText {
     }
 }
 
+/// A job type as its component declares it in `describe()`, validated and
+/// with the host's defaults filled in: what the queue applies to every job of
+/// the type when it enqueues, runs, limits and retries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobConfig {
     /// The job type's name, unique among loaded components.
