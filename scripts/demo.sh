@@ -3,7 +3,7 @@
 # handlers and the host, then runs a host on the embedded backend (a SQLite
 # file; no server) on sample components and jobs and shows what happened:
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
-# nosy guest, and concurrency limits parking jobs and refusing one.
+# nosy guest, and concurrency limits blocking jobs and refusing one.
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,7 @@ step "$jobhost" enqueue sleep --payload '{"ms": 100}' --delay 2s
 step "$jobhost" enqueue snoop --payload '{}'
 step "$jobhost" enqueue nosuchjob --payload '{}' || true
 
-# One run at a time per key: the first runs, the other two park.
+# One run at a time per key: the first runs, the other two are blocked.
 for _ in 1 2 3; do "$jobhost" enqueue serial --payload '{"key": "acct-7", "ms": 500}' > /dev/null; done
 step "$jobhost" concurrency
 # Two slots per key, and a third enqueue is refused (exit code 3).

@@ -20,6 +20,8 @@
 //! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
 //! - [`cli`]: the `jobhost` command line.
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod client;
 pub mod component;

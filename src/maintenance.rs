@@ -1,6 +1,6 @@
 //! The sweeps every host runs, safe when several run at once (each locks
 //! what it works on with `SKIP LOCKED`, or one key at a time): due scheduled
-//! jobs pass the gate, expired leases are rescued, parked jobs of keys with
+//! jobs pass the gate, expired leases are rescued, blocked jobs of keys with
 //! a free slot are promoted, semaphores that disagree with their jobs are
 //! repaired, old archive rows and the rows of hosts long gone are pruned.
 //!
@@ -29,8 +29,8 @@ pub struct MaintenanceConfig {
     /// A host not seen for this long is dropped from the fleet's records
     /// (its jobs were rescued long before, when their leases expired).
     pub host_silence: Duration,
-    /// Keys whose parked jobs are promoted per pass at most, the keys with
-    /// the oldest parked job first.
+    /// Keys whose blocked jobs are promoted per pass at most, the keys with
+    /// the oldest blocked job first.
     pub promote_keys: i64,
     /// Time between semaphore repairs (they lock every idle semaphore briefly).
     pub repair_interval: Duration,
@@ -77,8 +77,8 @@ pub struct PassReport {
     pub requeued: u64,
     /// Jobs with expired leases failed (their last attempt).
     pub failed: u64,
-    /// Parked jobs promoted into free slots.
-    pub unparked: u64,
+    /// Blocked jobs promoted into free slots.
+    pub unblocked: u64,
     /// Semaphores whose holder count was corrected.
     pub repaired: u64,
     /// Archive rows deleted.
@@ -94,7 +94,7 @@ impl PassReport {
         self.promoted += other.promoted;
         self.requeued += other.requeued;
         self.failed += other.failed;
-        self.unparked += other.unparked;
+        self.unblocked += other.unblocked;
         self.repaired += other.repaired;
         self.pruned += other.pruned;
         self.hosts_pruned += other.hosts_pruned;
@@ -159,7 +159,7 @@ impl Maintenance {
             self.store
                 .parked_promote(self.config.promote_keys)
                 .await
-                .map(|unparked| PassReport { unparked, ..Default::default() }),
+                .map(|unblocked| PassReport { unblocked, ..Default::default() }),
         );
         let retention_secs = self.config.retention.as_secs_f64();
         record(

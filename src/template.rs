@@ -42,7 +42,7 @@ pub enum TemplateError {
 }
 
 /// The longest a rendered key may be, in bytes. Keys are indexed (the
-/// semaphores, parked jobs and holders are found by key), and an index entry
+/// semaphores, blocked jobs and holders are found by key), and an index entry
 /// has a size limit: a key past it would be stored at enqueue and then fail
 /// every statement that indexes it, so it is refused at every enqueue path.
 pub const MAX_KEY_BYTES: usize = 1024;

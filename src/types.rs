@@ -121,6 +121,9 @@ impl<'de> Deserialize<'de> for JsonText {
     }
 }
 
+/// A job type as its component declares it in `describe()`, validated and
+/// with the host's defaults filled in: what the queue applies to every job of
+/// the type when it enqueues, runs, limits and retries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobConfig {
     /// The job type's name, unique among loaded components.
@@ -179,7 +182,7 @@ pub struct ConcurrencyConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnConflict {
-    /// Park the job until a slot frees.
+    /// Block the job until a slot frees.
     Block,
     /// Archive the job as discarded.
     Discard,

@@ -418,7 +418,7 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb
         (later["key"].as_str(), later["limit"].as_i64(), later["holders"].as_i64()),
         (Some("acct:7"), Some(1), Some(1))
     );
-    assert_eq!(later["parked"], 1);
+    assert_eq!(later["blocked"], 1);
     assert_eq!(later["holding"][0]["state"], "available");
     let human = jobhost(&db, &["concurrency"]);
     assert!(stdout(&human).contains("sync_later \"acct:7\": 1/1 slots"), "{}", stdout(&human));

@@ -307,7 +307,7 @@ async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_key
     let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 100, ..Default::default() };
     let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
     let report = sweep.run_once(None).await.unwrap();
-    assert_eq!(report.unparked, 1);
+    assert_eq!(report.unblocked, 1);
     assert_eq!(state_of(&db, parked).await, JobState::Available, "promoted in the first pass");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
 }
@@ -403,7 +403,7 @@ async fn the_repair_sweep_restores_hand_edited_semaphores(db: TestDb) {
     assert_eq!(holders(&db, "lim", "b").await, 1);
     assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing left to fix");
     // The repaired row keeps the key at its limit: the parked job stays parked.
-    assert_eq!(maintenance(&db).run_once(None).await.unwrap().unparked, 0);
+    assert_eq!(maintenance(&db).run_once(None).await.unwrap().unblocked, 0);
 }
 
 async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job(db: TestDb) {
@@ -432,10 +432,10 @@ async fn the_concurrency_view_lists_holders_and_parked_jobs(db: TestDb) {
     let keys = db.store.concurrency().await.unwrap();
     assert_eq!(keys.len(), 1);
     let key = &keys[0];
-    assert_eq!((key.job.as_str(), key.key.as_str(), key.limit, key.holders, key.parked), ("lim", "k", Some(1), 1, 1));
+    assert_eq!((key.job.as_str(), key.key.as_str(), key.limit, key.holders, key.blocked), ("lim", "k", Some(1), 1, 1));
     assert_eq!(key.holding.len(), 1);
     assert_eq!((key.holding[0].id, key.holding[0].host_id.as_deref()), (holder, Some("h")));
-    assert!(key.oldest_parked_secs.is_some());
+    assert!(key.oldest_blocked_secs.is_some());
 }
 
 async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {

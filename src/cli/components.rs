@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{RuntimeArgs, fail, start_runtime};
@@ -33,11 +34,29 @@ pub async fn inspect(files: Vec<PathBuf>, pretty: bool, args: &RuntimeArgs) -> E
     code
 }
 
-pub async fn exec(file: PathBuf, payload: &str, attempt: u32, json: bool, args: &RuntimeArgs) -> ExitCode {
-    if let Err(error) = serde_json::from_str::<serde_json::Value>(payload) {
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The component file (.wasm).
+    file: PathBuf,
+    /// The job's payload, a JSON document.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+    /// The attempt number the job is told it is on.
+    #[arg(long, default_value_t = 1)]
+    attempt: u32,
+    /// Print the full report (outcome, output, logs, children) as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+pub async fn exec(args: ExecArgs) -> ExitCode {
+    let ExecArgs { file, payload, attempt, json, runtime } = args;
+    if let Err(error) = serde_json::from_str::<serde_json::Value>(&payload) {
         return fail(format!("--payload is not valid JSON: {error}"));
     }
-    let runtime = match start_runtime(args) {
+    let runtime = match start_runtime(&runtime) {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
@@ -63,7 +82,7 @@ pub async fn exec(file: PathBuf, payload: &str, attempt: u32, json: bool, args: 
             interrupt.stop("interrupted from the terminal");
         }
     });
-    let report = runtime.run(&component, &context, payload, signal).await;
+    let report = runtime.run(&component, &context, &payload, signal).await;
     if json {
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {

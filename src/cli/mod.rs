@@ -3,9 +3,15 @@
 //! component that does not load, a payload that is not JSON, an unknown job
 //! type) or a host error (a host task that panicked among them), 130 a host
 //! stopped by a second SIGINT or SIGTERM.
+//!
+//! Flags shared by several commands are defined here; the commands live in
+//! `host` (`run`, the one that runs jobs), `operator` (the commands that
+//! read or change the database and exit) and `components` (the commands
+//! that work on component files without a database).
 
 mod components;
-mod queue;
+mod host;
+mod operator;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,13 +47,13 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a host: serve the components in a directory from the database's queues.
-    Run(queue::RunArgs),
+    Run(host::RunArgs),
     /// Apply database migrations and exit.
     Migrate(DbArgs),
     /// Enqueue a job (or, with --file, one job per line of JSON payloads); prints the ids.
-    Enqueue(queue::EnqueueArgs),
+    Enqueue(operator::EnqueueArgs),
     /// List jobs, newest first.
-    Jobs(queue::JobsArgs),
+    Jobs(operator::JobsArgs),
     /// Show one job: payload, attempts and errors, log, output.
     Job {
         /// The job's id.
@@ -70,7 +76,7 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Cancel a job: at once when scheduled, available or parked; a running
+    /// Cancel a job: at once when scheduled, available or blocked; a running
     /// one is stopped by its host within two heartbeats and archived as cancelled.
     Cancel {
         /// The job's id.
@@ -85,7 +91,7 @@ enum Command {
         action: QueueAction,
     },
     /// Per concurrency key: its limit, the jobs holding its slots (and their
-    /// hosts), how many jobs are parked and how long the oldest has waited.
+    /// hosts), how many jobs are blocked and how long the oldest has waited.
     Concurrency {
         /// One JSON object per key, one per line.
         #[arg(long)]
@@ -107,21 +113,7 @@ enum Command {
     },
     /// Run one job in a sandbox, without a queue: its output on stdout, its
     /// logs and how it went on stderr; non-zero exit unless it completed.
-    Exec {
-        /// The component file (.wasm).
-        file: PathBuf,
-        /// The job's payload, a JSON document.
-        #[arg(long, default_value = "{}")]
-        payload: String,
-        /// The attempt number the job is told it is on.
-        #[arg(long, default_value_t = 1)]
-        attempt: u32,
-        /// Print the full report (outcome, output, logs, children) as one JSON object on stdout.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        runtime: RuntimeArgs,
-    },
+    Exec(components::ExecArgs),
     /// Follow a directory of components, printing what loads, reloads, fails
     /// and unloads, until interrupted.
     Watch {
@@ -249,21 +241,21 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => queue::run(args).await,
-            Command::Migrate(db) => queue::migrate(&db).await,
-            Command::Enqueue(args) => queue::enqueue(args).await,
-            Command::Jobs(args) => queue::jobs(args).await,
-            Command::Job { id, db } => queue::job(id, &db).await,
-            Command::Stats { json, db } => queue::stats(json, &db).await,
-            Command::Retry { id, db } => queue::retry(id, &db).await,
-            Command::Cancel { id, db } => queue::cancel(id, &db).await,
-            Command::Queue { action: QueueAction::Pause { name, db } } => queue::queue_pause(&name, true, &db).await,
-            Command::Queue { action: QueueAction::Resume { name, db } } => queue::queue_pause(&name, false, &db).await,
-            Command::Concurrency { json, db } => queue::concurrency(json, &db).await,
-            Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
-            Command::Exec { file, payload, attempt, json, runtime } => {
-                components::exec(file, &payload, attempt, json, &runtime).await
+            Command::Run(args) => host::run(args).await,
+            Command::Migrate(db) => operator::migrate(&db).await,
+            Command::Enqueue(args) => operator::enqueue(args).await,
+            Command::Jobs(args) => operator::jobs(args).await,
+            Command::Job { id, db } => operator::job(id, &db).await,
+            Command::Stats { json, db } => operator::stats(json, &db).await,
+            Command::Retry { id, db } => operator::retry(id, &db).await,
+            Command::Cancel { id, db } => operator::cancel(id, &db).await,
+            Command::Queue { action: QueueAction::Pause { name, db } } => operator::queue_pause(&name, true, &db).await,
+            Command::Queue { action: QueueAction::Resume { name, db } } => {
+                operator::queue_pause(&name, false, &db).await
             }
+            Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
+            Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
+            Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,
         }
     });

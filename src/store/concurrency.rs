@@ -1,4 +1,4 @@
-//! Per-key concurrency: what operators see of slots and parked jobs, and
+//! Per-key concurrency: what operators see of slots and blocked jobs, and
 //! what the repair sweep reports. The gate itself is SQL, in the backends.
 
 use serde::Serialize;
@@ -16,10 +16,10 @@ pub struct KeyStatus {
     pub holders: i32,
     /// The live jobs holding those slots.
     pub holding: Vec<Holder>,
-    /// Jobs parked until a slot frees.
-    pub parked: i64,
-    /// Seconds the oldest parked job has waited.
-    pub oldest_parked_secs: Option<f64>,
+    /// Jobs blocked until a slot frees.
+    pub blocked: i64,
+    /// Seconds the oldest blocked job has waited.
+    pub oldest_blocked_secs: Option<f64>,
 }
 
 /// A job holding a slot.

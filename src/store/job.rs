@@ -18,7 +18,7 @@ pub enum JobState {
     Available,
     /// Held by a host under a lease.
     Running,
-    /// Parked until its concurrency key has a free slot.
+    /// Blocked until its concurrency key has a free slot.
     Blocked,
     /// Finished successfully.
     Completed,
@@ -229,7 +229,7 @@ impl Finish {
 /// What an operator's cancel did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cancel {
-    /// The job was waiting, available or parked: it is archived as cancelled.
+    /// The job was waiting, available or blocked: it is archived as cancelled.
     Cancelled,
     /// The job is running: its host learns of the cancel at its next lease
     /// renewal, stops the guest and archives the job as cancelled, giving

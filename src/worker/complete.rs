@@ -23,7 +23,8 @@ pub(super) struct Done {
     pub(super) fetch_slot: Option<OwnedSemaphorePermit>,
 }
 
-/// A job leased along with a batch of results, on its way to be started.
+/// A leased job on its way to be started: leased by the fetch loop, or by
+/// the completer along with a batch of results.
 pub(super) struct Handoff {
     pub(super) job: FetchedJob,
     /// The fetch slot it holds.
@@ -48,14 +49,26 @@ pub(super) struct NextJobs {
 
 /// How the completer writes: the most results in one transaction, and how
 /// long one write may go unanswered before it is abandoned and sent again.
+#[derive(Clone, Copy)]
 pub(super) struct Writes {
     pub(super) batch: usize,
     pub(super) deadline: Duration,
 }
 
+/// What writing results takes: the database, the leases to forget once
+/// their results are written, the health each write reports to, and how
+/// writes are made.
+#[derive(Clone)]
+pub(super) struct Writer {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) leases: Leases,
+    pub(super) health: WriteHealth,
+    pub(super) writes: Writes,
+}
+
 /// Writes finished runs back in batches: whatever has arrived since the last
 /// write. With each batch it leases up to one job per fetch slot the batch's
-/// runs held, so the jobs the batch made room for, a parked job promoted
+/// runs held, so the jobs the batch made room for, a blocked job promoted
 /// into a freed slot among them, start without another round trip; slots it
 /// cannot fill go back to the fetch loop once the batch is written.
 ///
@@ -64,16 +77,14 @@ pub(super) struct Writes {
 /// the database refuses is written one result at a time, and one that keeps
 /// failing while the database answers is split, so one unstorable result
 /// fails its own job and cannot hold back the others. While writes fail,
-/// `health` counts how long; see [`WriteHealth`].
+/// the writer's health counts how long; see [`WriteHealth`].
 pub(super) async fn complete_loop(
-    store: Arc<dyn Store>,
-    leases: Leases,
+    writer: Writer,
     mut done: mpsc::UnboundedReceiver<Done>,
     next: NextJobs,
-    writes: Writes,
-    health: WriteHealth,
     give_up: CancellationToken,
 ) {
+    let Writer { store, leases, health, writes } = &writer;
     let batch = writes.batch;
     let mut pending: Vec<Done> = Vec::new();
     // Sends of `pending` in a row that failed without a refusal.
@@ -141,16 +152,15 @@ pub(super) async fn complete_loop(
                 }
                 if !deferred.is_empty() {
                     tracing::info!(jobs = deferred.len(), "results wait for a key another transaction holds");
-                    let (store, leases, health, give_up) =
-                        (store.clone(), leases.clone(), health.clone(), give_up.clone());
                     let writes = Writes { batch, deadline: writes.deadline * 30 };
-                    waiting_on_keys.spawn(write_waiting_on_keys(store, leases, health, deferred, writes, give_up));
+                    let writer = Writer { writes, ..writer.clone() };
+                    waiting_on_keys.spawn(write_waiting_on_keys(writer, deferred, give_up.clone()));
                 }
                 continue;
             }
             Ok(Err(error)) if error.is_refusal() && !give_up.is_cancelled() => {
                 tracing::warn!(%error, jobs = pending.len(), "the database refused a batch of results; writing one by one");
-                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
+                pending = writer.write_one_by_one(pending).await;
                 continue;
             }
             Ok(Err(error)) => error.to_string(),
@@ -162,7 +172,7 @@ pub(super) async fn complete_loop(
         }
         failed_sends += 1;
         health.failed();
-        pending = retry_or_split(store.as_ref(), &leases, pending, &failure, failed_sends, writes.deadline).await;
+        pending = writer.retry_or_split(pending, &failure, failed_sends).await;
         if pending.is_empty() {
             failed_sends = 0;
         } else {
@@ -179,25 +189,19 @@ pub(super) async fn complete_loop(
 /// each write waits for its keys, off the completer's loop, so other keys'
 /// results and unlimited jobs' go on meanwhile. The deadline is long, as
 /// such a transaction may be; a write abandoned at it is sent again.
-async fn write_waiting_on_keys(
-    store: Arc<dyn Store>,
-    leases: Leases,
-    health: WriteHealth,
-    mut pending: Vec<Done>,
-    writes: Writes,
-    give_up: CancellationToken,
-) {
+async fn write_waiting_on_keys(writer: Writer, mut pending: Vec<Done>, give_up: CancellationToken) {
+    let Writer { store, health, writes, .. } = &writer;
     let mut failed_sends = 0;
     while !pending.is_empty() {
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let failure = match tokio::time::timeout(writes.deadline, store.job_finish(finishes)).await {
             Ok(Ok(results)) => {
                 health.succeeded();
-                release_written(&leases, &pending, &results);
+                writer.release_written(&pending, &results);
                 return;
             }
             Ok(Err(error)) if error.is_refusal() => {
-                pending = write_one_by_one(store.as_ref(), &leases, pending).await;
+                pending = writer.write_one_by_one(pending).await;
                 continue;
             }
             Ok(Err(error)) => error.to_string(),
@@ -212,7 +216,7 @@ async fn write_waiting_on_keys(
         }
         failed_sends += 1;
         health.failed();
-        pending = retry_or_split(store.as_ref(), &leases, pending, &failure, failed_sends, writes.deadline).await;
+        pending = writer.retry_or_split(pending, &failure, failed_sends).await;
         tokio::time::sleep(retry_delay(failed_sends)).await;
     }
 }
@@ -228,106 +232,136 @@ fn retry_delay(failed_sends: u32) -> Duration {
     Duration::from_millis(200u64 << failed_sends.saturating_sub(1).min(5)).min(Duration::from_secs(5))
 }
 
-/// After a failed send: logs it, and once the same batch has failed
-/// [`SENDS_BEFORE_SPLITTING`] times while the database answers, splits it
-/// (see [`write_splitting`]). Returns what is still to be sent.
-async fn retry_or_split(
-    store: &dyn Store,
-    leases: &Leases,
-    pending: Vec<Done>,
-    failure: &str,
-    failed_sends: u32,
-    deadline: Duration,
-) -> Vec<Done> {
-    if failed_sends < SENDS_BEFORE_SPLITTING || !answers(store, deadline).await {
-        tracing::warn!(%failure, jobs = pending.len(), failed_sends, "cannot write results; retrying");
-        return pending;
+impl Writer {
+    /// After a failed send: logs it, and once the same batch has failed
+    /// [`SENDS_BEFORE_SPLITTING`] times while the database answers, splits
+    /// it (see [`Writer::write_splitting`]). Returns what is still to be sent.
+    async fn retry_or_split(&self, pending: Vec<Done>, failure: &str, failed_sends: u32) -> Vec<Done> {
+        if failed_sends < SENDS_BEFORE_SPLITTING || !self.answers().await {
+            tracing::warn!(%failure, jobs = pending.len(), failed_sends, "cannot write results; retrying");
+            return pending;
+        }
+        tracing::warn!(
+            %failure,
+            jobs = pending.len(),
+            failed_sends,
+            "a batch of results keeps failing while the database answers; splitting it to find the results it will not take"
+        );
+        self.write_splitting(pending).await
     }
-    tracing::warn!(
-        %failure,
-        jobs = pending.len(),
-        failed_sends,
-        "a batch of results keeps failing while the database answers; splitting it to find the results it will not take"
-    );
-    write_splitting(store, leases, pending, deadline).await
-}
 
-/// Whether the database answers a trivial statement in time.
-async fn answers(store: &dyn Store, deadline: Duration) -> bool {
-    matches!(tokio::time::timeout(deadline, store.ping()).await, Ok(Ok(())))
-}
+    /// Whether the database answers a trivial statement in time.
+    async fn answers(&self) -> bool {
+        matches!(tokio::time::timeout(self.writes.deadline, self.store.ping()).await, Ok(Ok(())))
+    }
 
-/// Halves a batch that keeps failing until each failing part is a single
-/// result, and fails that result's job with the reason, so one result the
-/// database will not take (a statement that times out, children too large
-/// to send) cannot hold back the host's other results. Stops at the first
-/// sign that the database itself is down and returns what it did not write.
-async fn write_splitting(store: &dyn Store, leases: &Leases, batch: Vec<Done>, deadline: Duration) -> Vec<Done> {
-    let mut parts = vec![batch];
-    let mut unwritten = Vec::new();
-    while let Some(mut part) = parts.pop() {
-        let finishes: Vec<Finish> = part.iter().map(|d| d.finish.clone()).collect();
-        let failure = match tokio::time::timeout(deadline, store.job_finish(finishes)).await {
-            Ok(Ok(results)) => {
-                release_written(leases, &part, &results);
+    /// Halves a batch that keeps failing until each failing part is a single
+    /// result, and fails that result's job with the reason, so one result the
+    /// database will not take (a statement that times out, children too large
+    /// to send) cannot hold back the host's other results. Stops at the first
+    /// sign that the database itself is down and returns what it did not write.
+    async fn write_splitting(&self, batch: Vec<Done>) -> Vec<Done> {
+        let deadline = self.writes.deadline;
+        let mut parts = vec![batch];
+        let mut unwritten = Vec::new();
+        while let Some(mut part) = parts.pop() {
+            let finishes: Vec<Finish> = part.iter().map(|d| d.finish.clone()).collect();
+            let failure = match tokio::time::timeout(deadline, self.store.job_finish(finishes)).await {
+                Ok(Ok(results)) => {
+                    self.release_written(&part, &results);
+                    continue;
+                }
+                Ok(Err(error)) if error.is_refusal() => {
+                    unwritten.extend(self.write_one_by_one(part).await);
+                    continue;
+                }
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("no answer within {deadline:?}"),
+            };
+            if !self.answers().await {
+                unwritten.extend(part);
+                unwritten.extend(parts.into_iter().flatten());
+                break;
+            }
+            if part.len() > 1 {
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
                 continue;
             }
-            Ok(Err(error)) if error.is_refusal() => {
-                unwritten.extend(write_one_by_one(store, leases, part).await);
-                continue;
+            for done in part {
+                self.fail_unwritable(done, &failure).await;
             }
-            Ok(Err(error)) => error.to_string(),
-            Err(_) => format!("no answer within {deadline:?}"),
+        }
+        unwritten
+    }
+
+    /// Ends the job of a result the database would not take as failed, with
+    /// the reason and without the result's output, children or log. If even
+    /// that cannot be written, the result is dropped: its lease is no longer
+    /// renewed, so the job is redelivered when it expires.
+    async fn fail_unwritable(&self, done: Done, failure: &str) {
+        let (id, run) = (done.finish.id, done.finish.run());
+        tracing::error!(job_id = id, %failure, "a result could not be written; failing the job with the reason");
+        let failed = Finish {
+            outcome: FinishOutcome::Failed { error: format!("the run's result could not be written: {failure}") },
+            log: serde_json::Value::Null,
+            progress: None,
+            ..done.finish
         };
-        if !answers(store, deadline).await {
-            unwritten.extend(part);
-            unwritten.extend(parts.into_iter().flatten());
-            break;
+        match tokio::time::timeout(self.writes.deadline, self.store.job_finish(vec![failed])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::error!(job_id = id, %error, "cannot record the failure either; the job will be redelivered");
+            }
+            Err(_) => tracing::error!(job_id = id, "recording the failure got no answer; the job will be redelivered"),
         }
-        if part.len() > 1 {
-            let second = part.split_off(part.len() / 2);
-            parts.push(second);
-            parts.push(part);
-            continue;
-        }
-        for done in part {
-            fail_unwritable(store, leases, done, &failure, deadline).await;
+        self.leases.release(run);
+    }
+
+    /// Forgets the leases of written results, saying which were found already
+    /// written or taken over.
+    fn release_written(&self, written: &[Done], results: &[FinishResult]) {
+        for (done, result) in written.iter().zip(results) {
+            if *result == FinishResult::Duplicate {
+                log_duplicate(done);
+            }
+            self.leases.release(done.finish.run());
         }
     }
-    unwritten
-}
 
-/// Ends the job of a result the database would not take as failed, with
-/// the reason and without the result's output, children or log. If even
-/// that cannot be written, the result is dropped: its lease is no longer
-/// renewed, so the job is redelivered when it expires.
-async fn fail_unwritable(store: &dyn Store, leases: &Leases, done: Done, failure: &str, deadline: Duration) {
-    let (id, run) = (done.finish.id, done.finish.run());
-    tracing::error!(job_id = id, %failure, "a result could not be written; failing the job with the reason");
-    let failed = Finish {
-        outcome: FinishOutcome::Failed { error: format!("the run's result could not be written: {failure}") },
-        log: serde_json::Value::Null,
-        progress: None,
-        ..done.finish
-    };
-    match tokio::time::timeout(deadline, store.job_finish(vec![failed])).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(error)) => {
-            tracing::error!(job_id = id, %error, "cannot record the failure either; the job will be redelivered");
+    /// Writes results singly; one the database refuses becomes a failure of its
+    /// job that says why. Returns the results that could not be written at all.
+    async fn write_one_by_one(&self, pending: Vec<Done>) -> Vec<Done> {
+        let mut unwritten = Vec::new();
+        for done in pending {
+            let (id, run) = (done.finish.id, done.finish.run());
+            let written = match self.store.job_finish(vec![done.finish.clone()]).await {
+                Err(error) if error.is_refusal() => {
+                    tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
+                    let failed = Finish {
+                        outcome: FinishOutcome::Failed {
+                            error: format!("the run's result could not be stored: {error}"),
+                        },
+                        log: serde_json::Value::Null,
+                        progress: None,
+                        ..done.finish.clone()
+                    };
+                    self.store.job_finish(vec![failed]).await
+                }
+                other => other,
+            };
+            match written {
+                Ok(_) => self.leases.release(run),
+                // Refused twice: give up on it; its lease expires and it is redelivered.
+                Err(error) if error.is_refusal() => {
+                    tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
+                    self.leases.release(run);
+                }
+                Err(_) => unwritten.push(done),
+            }
         }
-        Err(_) => tracing::error!(job_id = id, "recording the failure got no answer; the job will be redelivered"),
-    }
-    leases.release(run);
-}
-
-/// Forgets the leases of written results, saying which were found already
-/// written or taken over.
-fn release_written(leases: &Leases, written: &[Done], results: &[FinishResult]) {
-    for (done, result) in written.iter().zip(results) {
-        if *result == FinishResult::Duplicate {
-            log_duplicate(done);
-        }
-        leases.release(done.finish.run());
+        unwritten
     }
 }
 
@@ -336,36 +370,4 @@ fn log_duplicate(done: &Done) {
         job_id = done.finish.id,
         "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
     );
-}
-
-/// Writes results singly; one the database refuses becomes a failure of its
-/// job that says why. Returns the results that could not be written at all.
-async fn write_one_by_one(store: &dyn Store, leases: &Leases, pending: Vec<Done>) -> Vec<Done> {
-    let mut unwritten = Vec::new();
-    for done in pending {
-        let (id, run) = (done.finish.id, done.finish.run());
-        let written = match store.job_finish(vec![done.finish.clone()]).await {
-            Err(error) if error.is_refusal() => {
-                tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
-                let failed = Finish {
-                    outcome: FinishOutcome::Failed { error: format!("the run's result could not be stored: {error}") },
-                    log: serde_json::Value::Null,
-                    progress: None,
-                    ..done.finish.clone()
-                };
-                store.job_finish(vec![failed]).await
-            }
-            other => other,
-        };
-        match written {
-            Ok(_) => leases.release(run),
-            // Refused twice: give up on it; its lease expires and it is redelivered.
-            Err(error) if error.is_refusal() => {
-                tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");
-                leases.release(run);
-            }
-            Err(_) => unwritten.push(done),
-        }
-    }
-    unwritten
 }

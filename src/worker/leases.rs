@@ -184,18 +184,25 @@ pub async fn fence_loop(leases: Leases, shutdown: CancellationToken) {
     }
 }
 
+/// What the heartbeat renews, where, and when it must not.
+pub struct Heartbeat<H> {
+    pub store: Arc<dyn Store>,
+    pub leases: Leases,
+    /// This host's row as of now, read at each heartbeat: the job types it
+    /// serves change as components load and unload.
+    pub host: H,
+    /// Whether results get written: while they cannot be, leases are not
+    /// renewed, so the rest of the fleet runs this host's jobs.
+    pub health: WriteHealth,
+    pub config: WorkerConfig,
+}
+
 /// Renews leases and the host's row every heartbeat, until `shutdown`. Each
 /// statement has a deadline of the fence margin: one not answered by then
 /// is abandoned (the fence task stops what it must meanwhile) and the next
 /// heartbeat sends a fresh one.
-pub async fn heartbeat_loop(
-    store: Arc<dyn Store>,
-    leases: Leases,
-    host: impl Fn() -> HostInfo + Send,
-    health: WriteHealth,
-    config: WorkerConfig,
-    shutdown: CancellationToken,
-) {
+pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, shutdown: CancellationToken) {
+    let Heartbeat { store, leases, host, health, config } = heartbeat;
     let margin = config.fence_margin();
     let deadline = config.heartbeat_deadline();
     let mut tick = tokio::time::interval(config.heartbeat_interval);

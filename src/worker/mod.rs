@@ -14,7 +14,7 @@ mod prefetch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -87,8 +87,12 @@ impl Worker {
         // its fetch until its result is written (and the completer may lease
         // the next job into it). Run slots bound what runs at once.
         let capacity = Arc::new(Semaphore::new(self.fetch_slots()));
-        let run_slots = Arc::new(Semaphore::new(self.config.concurrency));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
+        let launch = Launch {
+            run_slots: Arc::new(Semaphore::new(self.config.concurrency)),
+            done: done_tx,
+            shutdown: shutdown.clone(),
+        };
         let stop_heartbeat = CancellationToken::new();
         let registry = self.registry.clone();
         let host = self.host.clone();
@@ -99,11 +103,13 @@ impl Worker {
         let heartbeat = self.supervisor.spawn(
             "heartbeat",
             leases::heartbeat_loop(
-                self.store.clone(),
-                self.leases.clone(),
-                host_now,
-                self.health.clone(),
-                self.config.clone(),
+                leases::Heartbeat {
+                    store: self.store.clone(),
+                    leases: self.leases.clone(),
+                    host: host_now,
+                    health: self.health.clone(),
+                    config: self.config.clone(),
+                },
                 stop_heartbeat.clone(),
             ),
         );
@@ -113,8 +119,15 @@ impl Worker {
         let completer = self.supervisor.spawn(
             "completer",
             complete::complete_loop(
-                self.store.clone(),
-                self.leases.clone(),
+                complete::Writer {
+                    store: self.store.clone(),
+                    leases: self.leases.clone(),
+                    health: self.health.clone(),
+                    writes: complete::Writes {
+                        batch: self.config.completion_batch,
+                        deadline: self.config.write_deadline(),
+                    },
+                },
                 done_rx,
                 complete::NextJobs {
                     spec: self.fetch_spec(),
@@ -124,13 +137,11 @@ impl Worker {
                     handoff: handoff_tx,
                     shutdown: shutdown.clone(),
                 },
-                complete::Writes { batch: self.config.completion_batch, deadline: self.config.write_deadline() },
-                self.health.clone(),
                 give_up.clone(),
             ),
         );
 
-        self.fetch_loop(&capacity, &run_slots, &done_tx, &mut handoffs, &shutdown).await;
+        self.fetch_loop(&capacity, &mut handoffs, &launch).await;
 
         tracing::info!(running = self.leases.count(), "stopping: no new jobs will be fetched");
         let all = self.fetch_slots() as u32;
@@ -140,7 +151,7 @@ impl Worker {
             loop {
                 tokio::select! {
                     _ = capacity.acquire_many(all) => return,
-                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, &run_slots, &done_tx, &shutdown),
+                    Some(handoff) = handoffs.recv() => self.start(handoff, &launch),
                 }
             }
         })
@@ -149,7 +160,9 @@ impl Worker {
             tracing::warn!(running = self.leases.count(), "grace period over; interrupting and handing back");
             self.leases.stop_all("host shutting down");
         }
-        drop(done_tx);
+        // The completer ends once this and every run's sender are gone, that
+        // is once every result is in.
+        drop(launch);
         // Every run ends soon after its stop signal and its result is written,
         // unless the database is unreachable: then, after one more grace
         // period, results are abandoned. Their leases expire and the jobs are
@@ -209,20 +222,21 @@ impl Worker {
         }
     }
 
+    /// Leases jobs into free fetch slots and starts them, and starts the
+    /// jobs the completer leased, until shutdown.
     async fn fetch_loop(
         &self,
         capacity: &Arc<Semaphore>,
-        run_slots: &Arc<Semaphore>,
-        done: &mpsc::UnboundedSender<Done>,
         handoffs: &mut mpsc::UnboundedReceiver<Handoff>,
-        shutdown: &CancellationToken,
+        launch: &Launch,
     ) {
         let spec = self.fetch_spec();
+        let shutdown = &launch.shutdown;
         loop {
             let first = tokio::select! {
                 () = shutdown.cancelled() => return,
                 Some(handoff) = handoffs.recv() => {
-                    self.start_handoff(handoff, run_slots, done, shutdown);
+                    self.start(handoff, launch);
                     continue;
                 }
                 permit = capacity.clone().acquire_owned() => match permit {
@@ -250,7 +264,7 @@ impl Worker {
                 drop(slots);
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, run_slots, done, shutdown),
+                    Some(handoff) = handoffs.recv() => self.start(handoff, launch),
                     () = self.prefetch.changed() => {}
                     () = tokio::time::sleep(self.config.poll_interval) => {}
                 }
@@ -270,13 +284,13 @@ impl Worker {
             for job in jobs {
                 // One slot per job; the rest go back when `slots` drops.
                 let slot = slots.pop().expect("the fetch returns at most `limit` jobs");
-                self.start(job, slot, run_slots.clone(), sent_at, done.clone(), shutdown.clone());
+                self.start(Handoff { job, slot, sent_at }, launch);
             }
             drop(slots);
             if idle {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    Some(handoff) = handoffs.recv() => self.start_handoff(handoff, run_slots, done, shutdown),
+                    Some(handoff) = handoffs.recv() => self.start(handoff, launch),
                     () = self.store.wait_available(self.config.poll_interval) => {}
                 }
             }
@@ -294,27 +308,11 @@ impl Worker {
         }
     }
 
-    /// Starts a job the completer leased along with a batch of results.
-    fn start_handoff(
-        &self,
-        handoff: Handoff,
-        run_slots: &Arc<Semaphore>,
-        done: &mpsc::UnboundedSender<Done>,
-        shutdown: &CancellationToken,
-    ) {
-        let Handoff { job, slot, sent_at } = handoff;
-        self.start(job, slot, run_slots.clone(), sent_at, done.clone(), shutdown.clone());
-    }
-
-    fn start(
-        &self,
-        job: FetchedJob,
-        slot: OwnedSemaphorePermit,
-        run_slots: Arc<Semaphore>,
-        sent_at: Instant,
-        done: mpsc::UnboundedSender<Done>,
-        shutdown: CancellationToken,
-    ) {
+    /// Starts a leased job: it waits for a run slot, runs, and sends its
+    /// result to the completer.
+    fn start(&self, leased: Handoff, launch: &Launch) {
+        let Handoff { job, slot, sent_at } = leased;
+        let Launch { run_slots, done, shutdown } = launch.clone();
         let signal = StopSignal::new();
         let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
         let run = RunId { job_id: job.id, lease_token: job.lease_token };
@@ -400,6 +398,15 @@ impl Worker {
             .instrument(span),
         );
     }
+}
+
+/// What every job this host starts shares with the others: the run slots it
+/// waits for, where its result goes, and the host's shutdown.
+#[derive(Clone)]
+struct Launch {
+    run_slots: Arc<Semaphore>,
+    done: mpsc::UnboundedSender<Done>,
+    shutdown: CancellationToken,
 }
 
 /// How long a leased job may wait for a run slot before its `started_at` is

@@ -26,7 +26,7 @@ pub fn limit_reached(error: sqlx::Error) -> Error {
     }
 }
 
-/// Gives back freed slots and promotes parked jobs into them, in the
+/// Gives back freed slots and promotes blocked jobs into them, in the
 /// caller's transaction (the one that ended the holders' hold).
 pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
     if slots.is_empty() {
@@ -44,7 +44,7 @@ pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
         .await?;
     // One transaction per key: a key's promotion locks only that key, so the
     // sweep never holds one semaphore while waiting for another, and a key
-    // the database refuses to promote stays parked (guarantee 2) without
+    // the database refuses to promote stays blocked (guarantee 2) without
     // holding back the keys after it (guarantee 13).
     let mut promoted = 0;
     for (job, key) in keys {
@@ -57,13 +57,13 @@ pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
         match moved {
             Ok(moved) => promoted += moved as u64,
             Err(error) if error.is_refusal() => {
-                tracing::error!(job, key, %error, "cannot promote this key's parked jobs; they stay parked");
+                tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
             }
             Err(error) => return Err(error),
         }
     }
     if promoted > 0 {
-        tracing::info!(promoted, "promoted parked jobs into free slots");
+        tracing::info!(promoted, "promoted blocked jobs into free slots");
     }
     Ok(promoted)
 }
@@ -139,8 +139,8 @@ pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {
             limit: r.limit,
             holders: r.holders,
             holding: r.holding.0,
-            parked: r.parked,
-            oldest_parked_secs: r.oldest_parked_secs,
+            blocked: r.parked,
+            oldest_blocked_secs: r.oldest_parked_secs,
         })
         .collect())
 }

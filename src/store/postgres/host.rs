@@ -28,13 +28,13 @@ pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) ->
     .bind(&digests)
     .fetch_all(&mut *tx)
     .await?;
-    // A raised limit (or one removed) frees slots at once: parked jobs of a
+    // A raised limit (or one removed) frees slots at once: blocked jobs of a
     // changed type take them now. A lowered limit only admits nothing more
     // until the key is under it; running holders are never interrupted.
     let promoted = super::concurrency::promote_parked_of_types(&mut tx, &changed).await?;
     tx.commit().await?;
     if promoted > 0 {
-        tracing::info!(promoted, job_types = ?changed, "a new limit promoted parked jobs");
+        tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
     }
     Ok(())
 }

@@ -67,7 +67,7 @@ async fn set_holders(conn: &mut SqliteConnection, job: &str, key: &str, holders:
 /// become runnable now. A job without a key becomes available. For each
 /// key, its free slots (limit minus holders) go to its jobs in priority
 /// then arrival order; the rest meet the type's `on_conflict`: `block`
-/// parks them, `discard` archives them as discarded, `raise` fails the
+/// blocks them, `discard` archives them as discarded, `raise` fails the
 /// caller's transaction with [`Error::LimitReached`] when an enqueuer is
 /// waiting for the answer, and discards them otherwise (a delayed job coming
 /// due has nobody to tell). Returns how many jobs became available.
@@ -119,7 +119,7 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
     Ok(admitted)
 }
 
-/// Moves jobs to the parked table, keeping each payload document as it is.
+/// Moves jobs to `blocked_jobs`, keeping each payload document as it is.
 async fn park(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()> {
     let list = json_list(ids);
     sqlx::query(
@@ -159,8 +159,8 @@ async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i6
 }
 
 /// Gives back one slot per entry of `slots` and hands the freed slots to
-/// parked jobs, in the transaction that ended the holders' hold (guarantees
-/// 1, 4 and 7). Returns how many parked jobs were promoted.
+/// blocked jobs, in the transaction that ended the holders' hold (guarantees
+/// 1, 4 and 7). Returns how many blocked jobs were promoted.
 pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<u64> {
     let mut freed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slot in slots.iter() {
@@ -174,7 +174,7 @@ pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Re
 }
 
 /// Gives back `freed` slots of one key (zero for a sweep), then promotes
-/// parked jobs, highest priority then oldest, into whatever slots are free,
+/// blocked jobs, highest priority then oldest, into whatever slots are free,
 /// and records the holders. Returns how many jobs it promoted.
 pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64, now: i64) -> Result<u64> {
     let state = key_state(conn, job, key).await?;
@@ -212,7 +212,7 @@ pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64,
     Ok(moved.len() as u64)
 }
 
-/// Keys that have parked jobs and could take a slot now, oldest parked job
+/// Keys that have blocked jobs and could take a slot now, oldest blocked job
 /// first, so a crowd of full keys cannot starve one with a free slot.
 pub async fn promotable_keys(pool: &SqlitePool, max_keys: i64) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as(
@@ -231,7 +231,8 @@ pub async fn promotable_keys(pool: &SqlitePool, max_keys: i64) -> Result<Vec<(St
     .await?)
 }
 
-/// The parked keys of some job types, for promotion after their limits changed.
+/// The keys with blocked jobs of some job types, for promotion after their
+/// limits changed.
 pub async fn parked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as(
         "SELECT DISTINCT job, concurrency_key FROM blocked_jobs
@@ -249,7 +250,7 @@ pub async fn slots_free(conn: &mut SqliteConnection, job: &str, key: &str) -> Re
 
 /// Sets each semaphore's holder count to the number of live jobs holding
 /// its slots where the two disagree (after rows were changed or deleted by
-/// hand), recreating missing rows, then promotes parked jobs into any slot
+/// hand), recreating missing rows, then promotes blocked jobs into any slot
 /// a fix freed. Returns what it changed.
 pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<SemaphoreFix>> {
     let fixes: Vec<(String, String, i64, i64)> = sqlx::query_as(
@@ -315,8 +316,8 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
                 limit: limit.map(|l| l as i32),
                 holders: holders as i32,
                 holding,
-                parked,
-                oldest_parked_secs: oldest.map(|s| s.max(0.0)),
+                blocked: parked,
+                oldest_blocked_secs: oldest.map(|s| s.max(0.0)),
             })
         })
         .collect()

@@ -12,7 +12,7 @@ use crate::types::JobConfig;
 
 /// Records loaded configurations, in the caller's write transaction; the
 /// latest loaded version's configuration wins. Returns the types whose
-/// configuration changed and how many parked jobs a raised (or removed)
+/// configuration changed and how many blocked jobs a raised (or removed)
 /// limit promoted. A lowered limit only admits nothing more until the key
 /// is under it; running holders are never interrupted.
 pub async fn job_types_register(

@@ -356,7 +356,7 @@ impl Store for SqliteStore {
         let (changed, promoted) = host::job_types_register(&mut tx, types).await?;
         tx.commit().await?;
         if promoted > 0 {
-            tracing::info!(promoted, job_types = ?changed, "a new limit promoted parked jobs");
+            tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
         }
         self.announce(promoted > 0);
         Ok(())
@@ -470,7 +470,7 @@ impl Store for SqliteStore {
         let keys = concurrency::promotable_keys(&self.reader, max_keys).await?;
         let mut promoted = 0;
         // One transaction per key keeps each hold of the write lock short.
-        // A key the database refuses to promote stays parked (guarantee 2)
+        // A key the database refuses to promote stays blocked (guarantee 2)
         // without holding back the keys after it (guarantee 13).
         for (job, key) in keys {
             let mut tx = self.write().await?;
@@ -480,13 +480,13 @@ impl Store for SqliteStore {
                     promoted += moved;
                 }
                 Err(error) if error.is_refusal() => {
-                    tracing::error!(job, key, %error, "cannot promote this key's parked jobs; they stay parked");
+                    tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
                 }
                 Err(error) => return Err(error),
             }
         }
         if promoted > 0 {
-            tracing::info!(promoted, "promoted parked jobs into free slots");
+            tracing::info!(promoted, "promoted blocked jobs into free slots");
         }
         self.announce(promoted > 0);
         Ok(promoted)

@@ -1,0 +1,137 @@
+//! The host command, `jobhost run`: turns its flags into a
+//! [`HostConfig`](crate::HostConfig), runs the host until SIGINT or SIGTERM,
+//! and stops at once on a second signal. The commands that only read or
+//! change the database are in [`super::operator`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{DbArgs, RuntimeArgs, fail};
+use crate::maintenance::MaintenanceConfig;
+use crate::worker::WorkerConfig;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The directory of components to serve.
+    #[arg(long, env = "JOBHOST_COMPONENTS")]
+    components: PathBuf,
+    #[command(flatten)]
+    db: DbArgs,
+    /// Jobs run at once on this host.
+    #[arg(long, default_value_t = 10)]
+    concurrency: usize,
+    /// The most jobs leased ahead of free run slots [default: the concurrency].
+    #[arg(long)]
+    prefetch: Option<usize>,
+    /// How long a job leased ahead may wait for a run slot before it is
+    /// handed back; fewer are leased ahead while runs are long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    prefetch_wait: Duration,
+    /// The queues to serve, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    queues: Vec<String>,
+    /// How often leases are renewed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    heartbeat: Duration,
+    /// Lease of a job whose type declares no concurrency duration.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    lease: Duration,
+    /// At shutdown, how long running jobs may take before they are handed back.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    grace: Duration,
+    /// How long an idle host waits for a notification before polling.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    poll: Duration,
+    /// Time between maintenance passes (due jobs, expired leases, retention).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    maintenance_interval: Duration,
+    /// How long finished jobs stay in the archive.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    retention: Duration,
+    /// Do not apply migrations at start.
+    #[arg(long)]
+    no_migrate: bool,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+pub async fn run(args: RunArgs) -> ExitCode {
+    let limits = args.db.limits();
+    let config = crate::HostConfig {
+        database_url: args.db.database_url,
+        components: args.components,
+        migrate: !args.no_migrate,
+        runtime: args.runtime.config(),
+        worker: WorkerConfig {
+            concurrency: args.concurrency,
+            prefetch: args.prefetch.unwrap_or(args.concurrency),
+            prefetch_wait: args.prefetch_wait,
+            queues: args.queues,
+            heartbeat_interval: args.heartbeat,
+            default_lease: args.lease,
+            poll_interval: args.poll,
+            shutdown_grace: args.grace,
+            ..WorkerConfig::default()
+        },
+        maintenance: MaintenanceConfig {
+            interval: args.maintenance_interval,
+            retention: args.retention,
+            ..MaintenanceConfig::default()
+        },
+        limits,
+    };
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        let mut signals = match Signals::new() {
+            Ok(signals) => signals,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGINT and SIGTERM; stop this host with SIGKILL");
+                return;
+            }
+        };
+        signals.next().await;
+        tracing::info!("shutdown requested; a second SIGINT or SIGTERM stops at once");
+        trigger.cancel();
+        signals.next().await;
+        // Running jobs are not handed back: their leases expire and other
+        // hosts run them again, as after a crash.
+        tracing::error!("second signal: exiting at once without waiting for running jobs");
+        eprintln!("error: stopped by a second signal before the graceful shutdown ended");
+        std::process::exit(FORCED_EXIT);
+    });
+    match crate::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+/// The exit code of a host stopped by a second signal: 128 + SIGINT, as a
+/// shell reports a process interrupted by Ctrl-C.
+const FORCED_EXIT: i32 = 130;
+
+/// SIGINT and SIGTERM, listened for from start to exit: once a handler is
+/// installed the signals no longer end the process by themselves.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
