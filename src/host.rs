@@ -152,7 +152,7 @@ async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result
         let opening = async {
             let store = crate::store::open_with(&config.database_url, max_connections, config.limits).await?;
             if config.migrate {
-                store.migrate().await?;
+                store.schema_migrate().await?;
             }
             Ok::<_, crate::store::Error>(store)
         };

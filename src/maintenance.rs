@@ -150,14 +150,14 @@ impl Maintenance {
         if repair {
             record(
                 self.store
-                    .semaphores_repair()
+                    .semaphore_repair()
                     .await
                     .map(|f| PassReport { repaired: f.len() as u64, ..Default::default() }),
             );
         }
         record(
             self.store
-                .parked_promote(self.config.promote_keys)
+                .blocked_promote(self.config.promote_keys)
                 .await
                 .map(|unblocked| PassReport { unblocked, ..Default::default() }),
         );

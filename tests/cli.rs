@@ -289,7 +289,7 @@ async fn an_older_binary_refuses_a_database_a_newer_one_migrated(db: TestDb) {
     );
     assert!(stderr(&refused).contains(&expected), "{}", stderr(&refused));
     assert!(matches!(
-        db.store.migrate().await,
+        db.store.schema_migrate().await,
         Err(jobhost::store::Error::SchemaTooNew { database, known: k }) if database == newer && k == known
     ));
 }
@@ -433,7 +433,7 @@ async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_d
     let dir = tempfile::tempdir().unwrap();
     let default_file = format!("sqlite://{}", dir.path().join("jobhost.db").display());
     let store = jobhost::store::sqlite::SqliteStore::open(&default_file, 2).await.unwrap();
-    jobhost::store::Store::migrate(&store).await.unwrap();
+    jobhost::store::Store::schema_migrate(&store).await.unwrap();
     jobhost::store::Store::job_types_register(&store, &[(job_config("mail"), "d".into())]).await.unwrap();
     let bare = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_jobhost"))

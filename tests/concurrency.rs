@@ -395,13 +395,13 @@ async fn the_repair_sweep_restores_hand_edited_semaphores(db: TestDb) {
     db.execute("UPDATE jobhost.semaphores SET holders = 2 WHERE key = 'b'").await;
     db.execute("DELETE FROM jobhost.semaphores WHERE key = 'a'").await;
 
-    let mut fixes = db.store.semaphores_repair().await.unwrap();
+    let mut fixes = db.store.semaphore_repair().await.unwrap();
     fixes.sort_by(|x, y| x.key.cmp(&y.key));
     let summary: Vec<(&str, i32, i32)> = fixes.iter().map(|f| (f.key.as_str(), f.recorded, f.actual)).collect();
     assert_eq!(summary, vec![("a", 0, 2), ("b", 2, 1)]);
     assert_eq!(holders(&db, "lim", "a").await, 2);
     assert_eq!(holders(&db, "lim", "b").await, 1);
-    assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing left to fix");
+    assert!(db.store.semaphore_repair().await.unwrap().is_empty(), "nothing left to fix");
     // The repaired row keeps the key at its limit: the parked job stays parked.
     assert_eq!(maintenance(&db).run_once(None).await.unwrap().unblocked, 0);
 }
@@ -429,7 +429,7 @@ async fn the_concurrency_view_lists_holders_and_parked_jobs(db: TestDb) {
     let holder = enqueue(&db, "lim", "k").await;
     enqueue(&db, "lim", "k").await;
     fetch(&db, "lim", 1).await;
-    let keys = db.store.concurrency().await.unwrap();
+    let keys = db.store.semaphore_list().await.unwrap();
     assert_eq!(keys.len(), 1);
     let key = &keys[0];
     assert_eq!((key.job.as_str(), key.key.as_str(), key.limit, key.holders, key.blocked), ("lim", "k", Some(1), 1, 1));

@@ -64,7 +64,7 @@ async fn operator_reads_skip_the_payloads_of_rows_they_do_not_show() {
     let budget = (300 * size / 10) as u64;
 
     let before = bytes_read();
-    let stats = db.store.stats().await.unwrap();
+    let stats = db.store.job_stats().await.unwrap();
     let read = bytes_read() - before;
     assert_eq!((stats.states["completed"], stats.states["failed"], stats.states["available"]), (134, 66, 100));
     assert!(read < budget, "stats read {read} bytes");
@@ -130,7 +130,7 @@ async fn the_log_is_cut_back_after_a_long_read_ends() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("jobhost.db");
     let store = SqliteStore::open(&format!("sqlite://{}", file.display()), 2).await.unwrap();
-    store.migrate().await.unwrap();
+    store.schema_migrate().await.unwrap();
     store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
     let pool = store.pool().clone();
     let limit: i64 = sqlx::query_scalar("PRAGMA journal_size_limit").fetch_one(&pool).await.unwrap();

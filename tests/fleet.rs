@@ -182,7 +182,7 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host(db: T
     );
     assert_eq!(accepted + raised, EXTRA as i64);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot held without a live job");
-    assert!(db.store.semaphores_repair().await.unwrap().is_empty(), "nothing for the repair to fix");
+    assert!(db.store.semaphore_repair().await.unwrap().is_empty(), "nothing for the repair to fix");
     both_failures_redone_and_survivors_exit(&db, hosts, freeze).await;
 }
 

@@ -66,7 +66,7 @@ async fn an_old_host_loading_another_component_keeps_the_newer_settings(db: Test
     assert_eq!(registered_digest(&db, "hello").await, v2, "v1's host did not reset the type");
     assert_eq!(registered_priority(&db, "hello").await, -1);
 
-    eventually(WITHIN, || async { db.store.stats().await.unwrap().mixed_components.len() == 1 }).await;
+    eventually(WITHIN, || async { db.store.job_stats().await.unwrap().mixed_components.len() == 1 }).await;
     let output = jobhost(&db, &["stats"]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("warning: type hello is served with 2 different components"), "{text}");
@@ -112,7 +112,7 @@ async fn stats_report_live_hosts_watchers_and_components(db: TestDb) {
     b.digests.insert("mail".into(), "2222222222222222".into());
     db.store.host_upsert(&a).await.unwrap();
     db.store.host_upsert(&b).await.unwrap();
-    let stats = db.store.stats().await.unwrap();
+    let stats = db.store.job_stats().await.unwrap();
     assert_eq!(stats.watchers_down.len(), 1);
     assert_eq!(stats.watchers_down[0].host, "b");
     assert_eq!(stats.mixed_components.len(), 1);
@@ -122,7 +122,7 @@ async fn stats_report_live_hosts_watchers_and_components(db: TestDb) {
     b.watcher_error = None;
     b.digests.insert("mail".into(), "1111111111111111".into());
     db.store.host_upsert(&b).await.unwrap();
-    let stats = db.store.stats().await.unwrap();
+    let stats = db.store.job_stats().await.unwrap();
     assert!(stats.watchers_down.is_empty() && stats.mixed_components.is_empty(), "{stats:?}");
 }
 

@@ -85,11 +85,11 @@ async fn a_paused_queue_is_leased_by_no_host(db: TestDb) {
         .unwrap();
     eventually(WITHIN, || async { state_of(&db, witness).await == JobState::Completed }).await;
     assert_eq!(state_of(&db, waiting).await, JobState::Available, "a paused queue's job waits");
-    assert_eq!(db.store.stats().await.unwrap().paused_queues, ["default"]);
+    assert_eq!(db.store.job_stats().await.unwrap().paused_queues, ["default"]);
 
     assert!(db.store.queue_resume("default").await.unwrap());
     eventually(WITHIN, || async { state_of(&db, waiting).await == JobState::Completed }).await;
-    assert!(db.store.stats().await.unwrap().paused_queues.is_empty());
+    assert!(db.store.job_stats().await.unwrap().paused_queues.is_empty());
     assert!(!db.store.queue_resume("default").await.unwrap(), "not paused");
     host.stop().await;
 }
@@ -102,7 +102,7 @@ async fn hosts_are_judged_alive_by_their_own_heartbeat(db: TestDb) {
     let slow = HostInfo { id: "slow".into(), ..HostInfo::current(vec![], Duration::from_secs(3600)) };
     db.store.host_upsert(&fast).await.unwrap();
     db.store.host_upsert(&slow).await.unwrap();
-    assert_eq!(db.store.stats().await.unwrap().hosts_alive, 2);
+    assert_eq!(db.store.job_stats().await.unwrap().hosts_alive, 2);
     // Both last seen ten seconds ago: a hundred of fast's heartbeats, a
     // fraction of slow's.
     db.execute(match db.backend {
@@ -110,7 +110,7 @@ async fn hosts_are_judged_alive_by_their_own_heartbeat(db: TestDb) {
         Backend::Sqlite => "UPDATE hosts SET last_seen_at = last_seen_at - 10000",
     })
     .await;
-    let stats = db.store.stats().await.unwrap();
+    let stats = db.store.job_stats().await.unwrap();
     assert_eq!(stats.hosts_alive, 1);
     let silent: Vec<&str> = stats.hosts_silent.iter().map(|h| h.id.as_str()).collect();
     assert_eq!(silent, ["fast"]);

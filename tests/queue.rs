@@ -388,7 +388,7 @@ async fn operators_retry_cancel_list_and_prune(db: TestDb) {
     assert_eq!((detail.row.state, detail.row.attempts), (JobState::Available, 0));
     assert!(db.store.job_retry(ids[1]).await.is_err(), "an available job has nothing to retry");
 
-    let stats = db.store.stats().await.unwrap();
+    let stats = db.store.job_stats().await.unwrap();
     assert_eq!(stats.states["available"], 2);
     assert_eq!(stats.states.len(), JobState::ALL.len());
 
@@ -699,7 +699,9 @@ async fn stores_migrating_a_new_file_together_all_succeed() {
         let migrations: Vec<_> = (0..4)
             .map(|_| {
                 let url = url.clone();
-                tokio::spawn(async move { jobhost::store::sqlite::SqliteStore::open(&url, 2).await?.migrate().await })
+                tokio::spawn(
+                    async move { jobhost::store::sqlite::SqliteStore::open(&url, 2).await?.schema_migrate().await },
+                )
             })
             .collect();
         for migration in migrations {

@@ -23,7 +23,7 @@ pub async fn fresh_db() -> (Arc<PgStore>, String) {
     sqlx::query("CREATE DATABASE jobhost_bench").execute(&admin).await.unwrap();
     let url = format!("{}/jobhost_bench", server());
     let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-    store.migrate().await.unwrap();
+    store.schema_migrate().await.unwrap();
     (store, url)
 }
 
@@ -71,7 +71,7 @@ impl BenchDb {
             .unwrap();
         let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
         let store = Arc::new(SqliteStore::open(&url, 8).await.unwrap());
-        store.migrate().await.unwrap();
+        store.schema_migrate().await.unwrap();
         BenchDb::Sqlite { store, url, _dir: dir }
     }
 

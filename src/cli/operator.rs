@@ -34,7 +34,7 @@ pub async fn migrate(db: &DbArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
-    match store.migrate().await {
+    match store.schema_migrate().await {
         Ok(()) => {
             println!("migrations applied");
             ExitCode::SUCCESS
@@ -216,7 +216,7 @@ pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
-    let stats = match store.stats().await {
+    let stats = match store.job_stats().await {
         Ok(stats) => stats,
         Err(error) => return fail(error),
     };
@@ -328,7 +328,7 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
-    let keys = match store.concurrency().await {
+    let keys = match store.semaphore_list().await {
         Ok(keys) => keys,
         Err(error) => return fail(error),
     };

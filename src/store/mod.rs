@@ -287,7 +287,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[async_trait]
 pub trait Store: Backend + 'static {
     /// Brings the schema up to date.
-    async fn migrate(&self) -> Result<()>;
+    async fn schema_migrate(&self) -> Result<()>;
 
     /// Where the data lives, for logs: a file's absolute path, or a
     /// server's host, port and database (never a password).
@@ -377,24 +377,24 @@ pub trait Store: Backend + 'static {
 
     /// Moves a live job that maintenance cannot process to the archive as
     /// failed, with `reason` as its last error, so the sweeps go on without
-    /// it and operators see it (guarantee 13). A parked job is never
+    /// it and operators see it (guarantee 13). A blocked job is never
     /// quarantined (guarantee 2). Returns whether the job was there.
     async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool>;
 
-    /// Promotes parked jobs of up to `max_keys` keys that can take a slot
-    /// now, the keys with the oldest parked job first. Returns how many jobs.
-    async fn parked_promote(&self, max_keys: i64) -> Result<u64>;
+    /// Promotes blocked jobs of up to `max_keys` keys that can take a slot
+    /// now, the keys with the oldest blocked job first. Returns how many jobs.
+    async fn blocked_promote(&self, max_keys: i64) -> Result<u64>;
 
     /// Corrects semaphores whose holder count disagrees with the live jobs
     /// holding their slots; returns what it changed.
-    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>>;
+    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>>;
 
-    /// Every key with holders or parked jobs.
-    async fn concurrency(&self) -> Result<Vec<KeyStatus>>;
+    /// Every key with holders or blocked jobs.
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>>;
 
     /// Slots of a key free right now (the limit minus its holders; at most
     /// zero when a lowered limit left it over). A snapshot, not a claim.
-    async fn slots_free(&self, job: &str, key: &str) -> Result<i64>;
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64>;
 
     /// Deletes archived jobs that finished more than `retention_secs` before
     /// `now` (the database's clock by default), at most `limit`.
@@ -407,17 +407,17 @@ pub trait Store: Backend + 'static {
     async fn job_get(&self, id: i64) -> Result<Option<JobDetail>>;
 
     /// Counts by state and queue, the oldest wait, and live hosts.
-    async fn stats(&self) -> Result<Stats>;
+    async fn job_stats(&self) -> Result<Stats>;
 
     /// Answers when the database does: tells a write the database will not
     /// take from a database that is down.
-    async fn ping(&self) -> Result<()>;
+    async fn database_ping(&self) -> Result<()>;
 
     /// Runs a failed, discarded or cancelled job again (a new attempt budget),
     /// or a scheduled one now.
     async fn job_retry(&self, id: i64) -> Result<()>;
 
-    /// Cancels a job: at once when it is waiting, available or parked; a
+    /// Cancels a job: at once when it is waiting, available or blocked; a
     /// running one through its host (see [`Cancel::Requested`]).
     async fn job_cancel(&self, id: i64) -> Result<Cancel>;
 
@@ -429,5 +429,5 @@ pub trait Store: Backend + 'static {
     async fn queue_resume(&self, queue: &str) -> Result<bool>;
 
     /// Waits until jobs may be available (a notification), or `timeout`.
-    async fn wait_available(&self, timeout: std::time::Duration);
+    async fn job_wait_available(&self, timeout: std::time::Duration);
 }

@@ -252,7 +252,7 @@ impl Writer {
 
     /// Whether the database answers a trivial statement in time.
     async fn answers(&self) -> bool {
-        matches!(tokio::time::timeout(self.writes.deadline, self.store.ping()).await, Ok(Ok(())))
+        matches!(tokio::time::timeout(self.writes.deadline, self.store.database_ping()).await, Ok(Ok(())))
     }
 
     /// Halves a batch that keeps failing until each failing part is a single

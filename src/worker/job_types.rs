@@ -86,7 +86,7 @@ async fn room_under_limit(
     }
     let job = &probe.child.job;
     let earlier = i64::from(probe.earlier.count(job, &key));
-    match store.slots_free(job, &key).await {
+    match store.semaphore_free_slots(job, &key).await {
         Ok(free) if free <= earlier => Err(format!(
             "job {job:?} refused: concurrency limit reached: all {} slots of key {key:?} are taken",
             limit.limit

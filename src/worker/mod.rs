@@ -291,7 +291,7 @@ impl Worker {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     Some(handoff) = handoffs.recv() => self.start(handoff, launch),
-                    () = self.store.wait_available(self.config.poll_interval) => {}
+                    () = self.store.job_wait_available(self.config.poll_interval) => {}
                 }
             }
         }

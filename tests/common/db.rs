@@ -70,7 +70,7 @@ impl TestDb {
         admin.close().await;
         let url = format!("{server}/{name}");
         let store = PgStore::connect(&url, 20).await.expect("connect to the test database");
-        store.migrate().await.expect("migrations apply");
+        store.schema_migrate().await.expect("migrations apply");
         let options: PgConnectOptions = url.parse().expect("a PostgreSQL URL");
         let pool = PgPoolOptions::new()
             .max_connections(5)
@@ -90,7 +90,7 @@ impl TestDb {
     pub async fn sqlite_in(dir: tempfile::TempDir) -> TestDb {
         let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
         let store = SqliteStore::open(&url, 8).await.expect("open the test database");
-        store.migrate().await.expect("migrations apply");
+        store.schema_migrate().await.expect("migrations apply");
         let pool = store.pool().clone();
         TestDb { backend: Backend::Sqlite, url, store: Arc::new(store), raw: Raw::Sqlite { pool, _dir: dir } }
     }

@@ -243,7 +243,7 @@ pub async fn nothing_left(db: &TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0, "no job left queued or running");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0, "no job left parked");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot held without a live job");
-    let fixes = db.store.semaphores_repair().await.expect("semaphore repair runs");
+    let fixes = db.store.semaphore_repair().await.expect("semaphore repair runs");
     assert!(fixes.is_empty(), "nothing for the repair to fix: {fixes:?}");
 }
 

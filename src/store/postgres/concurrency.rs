@@ -37,7 +37,7 @@ pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
     Ok(())
 }
 
-pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
+pub async fn promote_blocked(pool: &PgPool, max_keys: i64) -> Result<u64> {
     let keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.promotable_keys($1)")
         .bind(max_keys as i32)
         .fetch_all(pool)
@@ -68,7 +68,7 @@ pub async fn promote_parked(pool: &PgPool, max_keys: i64) -> Result<u64> {
     Ok(promoted)
 }
 
-pub async fn promote_parked_of_types(conn: &mut PgConnection, job_types: &[String]) -> Result<u64> {
+pub async fn promote_blocked_of_types(conn: &mut PgConnection, job_types: &[String]) -> Result<u64> {
     if job_types.is_empty() {
         return Ok(0);
     }
@@ -84,7 +84,7 @@ pub async fn promote_parked_of_types(conn: &mut PgConnection, job_types: &[Strin
     Ok(promoted.unwrap_or(0) as u64)
 }
 
-pub async fn slots_free(pool: &PgPool, job: &str, key: &str) -> Result<i64> {
+pub async fn free_slots(pool: &PgPool, job: &str, key: &str) -> Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT jobhost.slot_limit($1)::bigint
                 - coalesce((SELECT holders FROM jobhost.semaphores WHERE job = $1 AND key = $2), 0)",
@@ -121,10 +121,10 @@ pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {
                               WHERE j.job = k.job AND j.concurrency_key = k.key
                                 AND j.state IN ('available', 'running')), '[]') AS holding,
                     (SELECT count(*) FROM jobhost.blocked_jobs b
-                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS parked,
+                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS blocked,
                     (SELECT extract(epoch FROM now() - min(b.parked_at))::float8
                      FROM jobhost.blocked_jobs b
-                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest_parked_secs
+                     WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest_blocked_secs
              FROM keys k
              LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
              ORDER BY k.job, k.key",
@@ -139,8 +139,8 @@ pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {
             limit: r.limit,
             holders: r.holders,
             holding: r.holding.0,
-            blocked: r.parked,
-            oldest_blocked_secs: r.oldest_parked_secs,
+            blocked: r.blocked,
+            oldest_blocked_secs: r.oldest_blocked_secs,
         })
         .collect())
 }
@@ -152,6 +152,6 @@ struct KeyRow {
     limit: Option<i32>,
     holders: i32,
     holding: sqlx::types::Json<Vec<Holder>>,
-    parked: i64,
-    oldest_parked_secs: Option<f64>,
+    blocked: i64,
+    oldest_blocked_secs: Option<f64>,
 }

@@ -31,7 +31,7 @@ pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) ->
     // A raised limit (or one removed) frees slots at once: blocked jobs of a
     // changed type take them now. A lowered limit only admits nothing more
     // until the key is under it; running holders are never interrupted.
-    let promoted = super::concurrency::promote_parked_of_types(&mut tx, &changed).await?;
+    let promoted = super::concurrency::promote_blocked_of_types(&mut tx, &changed).await?;
     tx.commit().await?;
     if promoted > 0 {
         tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");

@@ -9,7 +9,10 @@
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is
 //! defined now (`migrations/postgres/`; a later migration replaces an
-//! earlier definition):
+//! earlier definition). The schema's own names keep the older word "park"
+//! for a blocked job (`park`, `promote_parked`, `blocked_jobs.parked_at`):
+//! renaming a function every enqueue from SQL calls is not worth a
+//! migration.
 //!
 //! | Function | Migration | Does |
 //! |---|---|---|
@@ -110,7 +113,7 @@ impl PgStore {
         &self.pool
     }
 
-    /// Starts the LISTEN task once; notifications wake `wait_available`.
+    /// Starts the LISTEN task once; notifications wake `job_wait_available`.
     async fn listen(&self) {
         let started = self
             .listening
@@ -176,7 +179,7 @@ impl Store for PgStore {
         format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
     }
 
-    async fn migrate(&self) -> Result<()> {
+    async fn schema_migrate(&self) -> Result<()> {
         // One connection whose search path keeps the migrator's bookkeeping
         // table in the jobhost schema. The migrator takes an advisory lock,
         // so hosts starting together apply each migration once.
@@ -259,20 +262,20 @@ impl Store for PgStore {
         job::promote_due(&self.pool, now).await
     }
 
-    async fn parked_promote(&self, max_keys: i64) -> Result<u64> {
-        concurrency::promote_parked(&self.pool, max_keys).await
+    async fn blocked_promote(&self, max_keys: i64) -> Result<u64> {
+        concurrency::promote_blocked(&self.pool, max_keys).await
     }
 
-    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>> {
+    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
         concurrency::repair(&self.pool).await
     }
 
-    async fn concurrency(&self) -> Result<Vec<KeyStatus>> {
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
         concurrency::status(&self.pool).await
     }
 
-    async fn slots_free(&self, job: &str, key: &str) -> Result<i64> {
-        concurrency::slots_free(&self.pool, job, key).await
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
+        concurrency::free_slots(&self.pool, job, key).await
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
@@ -287,14 +290,14 @@ impl Store for PgStore {
         operate::get(&self.pool, id).await
     }
 
-    async fn stats(&self) -> Result<Stats> {
+    async fn job_stats(&self) -> Result<Stats> {
         let mut stats = operate::stats(&self.pool).await?;
         (stats.watchers_down, stats.mixed_components) =
             crate::store::host::fleet_warnings(host::host_health(&self.pool).await?);
         Ok(stats)
     }
 
-    async fn ping(&self) -> Result<()> {
+    async fn database_ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
@@ -325,7 +328,7 @@ impl Store for PgStore {
         Ok(resumed.rows_affected() == 1)
     }
 
-    async fn wait_available(&self, timeout: Duration) {
+    async fn job_wait_available(&self, timeout: Duration) {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
     }

@@ -10,7 +10,7 @@ use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
     priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id";
-const PARKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL::jsonb AS output,
+const BLOCKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
     priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, NULL::timestamptz AS run_at,
     NULL::text AS host_id, parent_id";
@@ -42,7 +42,7 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
         "SELECT * FROM (
              SELECT {LIVE_COLUMNS} FROM jobhost.jobs
              UNION ALL
-             SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs
+             SELECT {BLOCKED_COLUMNS} FROM jobhost.blocked_jobs
              UNION ALL
              SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
          ) all_jobs
@@ -59,7 +59,7 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
     let sql = format!(
         "SELECT {LIVE_COLUMNS} FROM jobhost.jobs WHERE id = $1
          UNION ALL
-         SELECT {PARKED_COLUMNS} FROM jobhost.blocked_jobs WHERE id = $1
+         SELECT {BLOCKED_COLUMNS} FROM jobhost.blocked_jobs WHERE id = $1
          UNION ALL
          SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive WHERE id = $1"
     );
@@ -144,7 +144,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
 
 pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     let mut tx = pool.begin().await?;
-    // A waiting or available job, or a parked one, goes to the archive; an
+    // A waiting or available job, or a blocked one, goes to the archive; an
     // available limited job gives its slot back in the same transaction.
     // Locks: the job's row, then its semaphore.
     let cancelled: Option<(String, Option<String>)> =

@@ -113,14 +113,14 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
         match on_conflict.as_str() {
             "raise" if enqueuer_waiting => return Err(Error::LimitReached(format!("job \"{job}\" refused: {reason}"))),
             "discard" | "raise" => discard(conn, refused, &reason, now).await?,
-            _ => park(conn, refused, now).await?,
+            _ => block(conn, refused, now).await?,
         }
     }
     Ok(admitted)
 }
 
 /// Moves jobs to `blocked_jobs`, keeping each payload document as it is.
-async fn park(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()> {
+async fn block(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()> {
     let list = json_list(ids);
     sqlx::query(
         "INSERT INTO blocked_jobs (id, job, queue, priority, payload, attempt, max_attempts, enqueued_at, started_at,
@@ -233,7 +233,7 @@ pub async fn promotable_keys(pool: &SqlitePool, max_keys: i64) -> Result<Vec<(St
 
 /// The keys with blocked jobs of some job types, for promotion after their
 /// limits changed.
-pub async fn parked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -> Result<Vec<(String, String)>> {
+pub async fn blocked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as(
         "SELECT DISTINCT job, concurrency_key FROM blocked_jobs
          WHERE job IN (SELECT value FROM json_each($1)) ORDER BY 1, 2",
@@ -243,7 +243,7 @@ pub async fn parked_keys_of(conn: &mut SqliteConnection, job_types: &[String]) -
     .await?)
 }
 
-pub async fn slots_free(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
+pub async fn free_slots(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<i64> {
     let state = key_state(conn, job, key).await?;
     Ok(state.limit - state.holders)
 }
@@ -296,7 +296,7 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
                  FROM (SELECT j.id, j.state, j.host_id FROM jobs j
                        WHERE j.job = k.job AND j.concurrency_key = k.key AND j.state IN ('available', 'running')
                        ORDER BY j.id) h) AS holding,
-                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key) AS parked,
+                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key) AS blocked,
                 (SELECT ($1 - min(b.parked_at)) / 1000.0 FROM blocked_jobs b
                  WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest
          FROM keys k
@@ -307,7 +307,7 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|KeyRow { job, key, limit, holders, holding, parked, oldest }| {
+        .map(|KeyRow { job, key, limit, holders, holding, blocked, oldest }| {
             let holding: Vec<Holder> = serde_json::from_str(&holding)
                 .map_err(|e| Error::Decode(format!("unreadable holders of key {key}: {e}")))?;
             Ok(KeyStatus {
@@ -316,7 +316,7 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
                 limit: limit.map(|l| l as i32),
                 holders: holders as i32,
                 holding,
-                blocked: parked,
+                blocked,
                 oldest_blocked_secs: oldest.map(|s| s.max(0.0)),
             })
         })
@@ -331,6 +331,6 @@ struct KeyRow {
     limit: Option<i64>,
     holders: i64,
     holding: String,
-    parked: i64,
+    blocked: i64,
     oldest: Option<f64>,
 }

@@ -38,7 +38,7 @@ pub async fn job_types_register(
         changed.extend(name);
     }
     let mut promoted = 0;
-    for (job, key) in super::concurrency::parked_keys_of(conn, &changed).await? {
+    for (job, key) in super::concurrency::blocked_keys_of(conn, &changed).await? {
         promoted += super::concurrency::fill(conn, &job, &key, 0, now).await?;
     }
     Ok((changed, promoted))

@@ -88,7 +88,7 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// One connection whose `data_version` shows other connections' commits.
     watch: SqlitePool,
-    /// The data version `wait_available` last saw.
+    /// The data version `job_wait_available` last saw.
     seen_version: Arc<AtomicI64>,
     /// This process's writes that made jobs available, after their commit.
     wake: Arc<Notify>,
@@ -325,7 +325,7 @@ impl Store for SqliteStore {
         format!("sqlite://{}", file.display())
     }
 
-    async fn migrate(&self) -> Result<()> {
+    async fn schema_migrate(&self) -> Result<()> {
         // Processes starting on one file may try the same migration at
         // once; the loser's fails on what the winner made, and a later run
         // finds it recorded as applied. Each migration can be lost once, so
@@ -466,7 +466,7 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn parked_promote(&self, max_keys: i64) -> Result<u64> {
+    async fn blocked_promote(&self, max_keys: i64) -> Result<u64> {
         let keys = concurrency::promotable_keys(&self.reader, max_keys).await?;
         let mut promoted = 0;
         // One transaction per key keeps each hold of the write lock short.
@@ -492,7 +492,7 @@ impl Store for SqliteStore {
         Ok(promoted)
     }
 
-    async fn semaphores_repair(&self) -> Result<Vec<SemaphoreFix>> {
+    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
         let mut tx = self.write().await?;
         let fixes = concurrency::repair(&mut tx, now_ms()).await?;
         tx.commit().await?;
@@ -508,13 +508,13 @@ impl Store for SqliteStore {
         Ok(fixes)
     }
 
-    async fn concurrency(&self) -> Result<Vec<KeyStatus>> {
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
         concurrency::status(&self.reader, now_ms()).await
     }
 
-    async fn slots_free(&self, job: &str, key: &str) -> Result<i64> {
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
         let mut conn = self.reader.acquire().await?;
-        concurrency::slots_free(&mut conn, job, key).await
+        concurrency::free_slots(&mut conn, job, key).await
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
@@ -532,7 +532,7 @@ impl Store for SqliteStore {
         operate::get(&self.reader, id).await
     }
 
-    async fn stats(&self) -> Result<Stats> {
+    async fn job_stats(&self) -> Result<Stats> {
         let now = now_ms();
         let mut stats = operate::stats(&self.reader, now).await?;
         (stats.watchers_down, stats.mixed_components) =
@@ -540,7 +540,7 @@ impl Store for SqliteStore {
         Ok(stats)
     }
 
-    async fn ping(&self) -> Result<()> {
+    async fn database_ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
@@ -581,7 +581,7 @@ impl Store for SqliteStore {
         Ok(resumed.rows_affected() == 1)
     }
 
-    async fn wait_available(&self, timeout: Duration) {
+    async fn job_wait_available(&self, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut look_closely_until = None;
         if self.seen_version.load(Ordering::Relaxed) == UNSEEN {

@@ -13,7 +13,7 @@ use crate::store::{Error, JobDetail, JobFilter, JobRow, JobState, Result, Slots,
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at,
     priority, payload, max_attempts, errors, NULL AS log, progress, run_at, host_id, parent_id";
-const PARKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
+const BLOCKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at,
     priority, payload, max_attempts, errors, NULL AS log, progress, NULL AS run_at, NULL AS host_id, parent_id";
 const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
@@ -46,7 +46,7 @@ fn row_of(row: &SqliteRow) -> Result<JobRow> {
 /// listed pay for them.
 const LIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
-const PARKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
+const BLOCKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
 const ARCHIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, finished_at";
@@ -61,7 +61,7 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     // index; `+id` keeps SQLite from walking the rows in id order instead.
     let all = Some(String::new());
     let only = |state: JobState| Some(format!("AND state = '{}'", state.as_str()));
-    let (live, parked, archived) = match filter.state {
+    let (live, blocked, archived) = match filter.state {
         None => (all.clone(), all.clone(), all),
         Some(JobState::Blocked) => (None, all, None),
         Some(state @ (JobState::Scheduled | JobState::Available | JobState::Running)) => (only(state), None, None),
@@ -69,7 +69,7 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     };
     let order = if filter.state.is_some() { "+id" } else { "id" };
     let job = if filter.job.is_some() { "AND job = $2" } else { "" };
-    let picks: Vec<String> = [("jobs", live), ("blocked_jobs", parked), ("archive", archived)]
+    let picks: Vec<String> = [("jobs", live), ("blocked_jobs", blocked), ("archive", archived)]
         .into_iter()
         .filter_map(|(table, state)| {
             let state = state?;
@@ -83,7 +83,7 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
         "WITH picked AS ({} ORDER BY id DESC LIMIT $1)
          SELECT {LIVE_LIST_COLUMNS} FROM jobs WHERE id IN picked
          UNION ALL
-         SELECT {PARKED_LIST_COLUMNS} FROM blocked_jobs WHERE id IN picked
+         SELECT {BLOCKED_LIST_COLUMNS} FROM blocked_jobs WHERE id IN picked
          UNION ALL
          SELECT {ARCHIVE_LIST_COLUMNS} FROM archive WHERE id IN picked
          ORDER BY id DESC",
@@ -102,7 +102,7 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
     let sql = format!(
         "SELECT {LIVE_COLUMNS} FROM jobs WHERE id = $1
          UNION ALL
-         SELECT {PARKED_COLUMNS} FROM blocked_jobs WHERE id = $1
+         SELECT {BLOCKED_COLUMNS} FROM blocked_jobs WHERE id = $1
          UNION ALL
          SELECT {ARCHIVE_COLUMNS} FROM archive WHERE id = $1"
     );
@@ -192,10 +192,9 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
     Ok(())
 }
 
-/// Cancels a waiting, available or parked job; an available limited job
-/// gives its slot back. Returns how many parked jobs took the slot.
-/// Returns how many parked jobs the freed slot promoted, or `None` when the
-/// job is running and its cancel was requested.
+/// Cancels a waiting, available or blocked job; an available limited job
+/// gives its slot back. Returns how many blocked jobs the freed slot
+/// promoted, or `None` when the job is running and its cancel was requested.
 pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Option<u64>> {
     let live: Option<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT state, job, concurrency_key FROM jobs WHERE id = $1 AND state IN ('scheduled', 'available')",
