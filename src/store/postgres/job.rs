@@ -26,23 +26,20 @@ pub async fn enqueue(conn: &mut PgConnection, jobs: &[EnqueueParams], limits: &E
 
 /// One set-based insert for the whole batch, then the gate for the limited
 /// jobs due now; ids come back in input order (a parked or discarded job
-/// keeps its id). Keys are rendered by `jobhost.render_key`, the one renderer
-/// of stored keys, so the SQL enqueue and this one store the same key.
+/// keeps its id). Keys are the ones `prepare` rendered: its canonical text is
+/// what `jobhost.render_key` gives for the stored document, so the SQL
+/// enqueue and this one store the same key (docs/concurrency.md, "Keys").
 async fn insert(conn: &mut PgConnection, jobs: &[PreparedJob]) -> Result<Vec<i64>> {
     let rows: Vec<(i64, bool)> = sqlx::query_as(
         "INSERT INTO jobhost.jobs (job, queue, priority, payload, state, max_attempts, run_at, concurrency_key, parent_id)
          SELECT job, queue, priority, payload,
                 CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END,
-                max_attempts, greatest(due, now()),
-                CASE WHEN limited THEN jobhost.render_key(
-                    (SELECT t.config -> 'concurrency' ->> 'key' FROM jobhost.job_types t WHERE t.name = job), payload)
-                END,
-                parent_id
+                max_attempts, greatest(due, now()), concurrency_key, parent_id
          FROM (
              SELECT u.*, coalesce(u.at, now() + u.delay_ms * interval '1 millisecond') AS due
              FROM unnest($1::text[], $2::text[], $3::smallint[], $4::jsonb[], $5::int[], $6::timestamptz[],
-                         $7::bigint[], $8::bool[], $9::bigint[])
-                 WITH ORDINALITY AS u(job, queue, priority, payload, max_attempts, at, delay_ms, limited,
+                         $7::bigint[], $8::text[], $9::bigint[])
+                 WITH ORDINALITY AS u(job, queue, priority, payload, max_attempts, at, delay_ms, concurrency_key,
                                       parent_id, ord)
              ORDER BY u.ord
          ) input
@@ -55,7 +52,7 @@ async fn insert(conn: &mut PgConnection, jobs: &[PreparedJob]) -> Result<Vec<i64
     .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.concurrency_key.is_some()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
