@@ -1,6 +1,8 @@
 //! Greets the payload's `name`: the smallest useful handler. An optional
 //! `delay_ms` keeps a run in flight, for tests that swap versions under it;
-//! `log_times` logs the greeting that many times (default once).
+//! `log_times` logs the greeting that many times (default once); an `echo`
+//! field comes back in the output as it arrived, for tests that follow a
+//! value from enqueue to output.
 
 use jobhost_guest::{JobConfig, JobContext, JobError, host};
 
@@ -22,7 +24,10 @@ impl jobhost_guest::Guest for Hello {
             host::log(host::Level::Info, &format!("greeting {name}"));
         }
         println!("attempt {} of job {}", ctx.attempt, ctx.job_id);
-        let output = serde_json::json!({ "greeting": format!("hello, {name}"), "job_id": ctx.job_id });
+        let mut output = serde_json::json!({ "greeting": format!("hello, {name}"), "job_id": ctx.job_id });
+        if let Some(echo) = payload.get("echo") {
+            output["echo"] = echo.clone();
+        }
         Ok(Some(output.to_string()))
     }
 }

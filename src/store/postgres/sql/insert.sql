@@ -1,7 +1,8 @@
 -- Inserts a batch of prepared jobs in input order: scheduled when due
 -- later, available otherwise. The concurrency key ($8) was rendered by the
--- shared enqueue rules, so every enqueuer stores the same key for the same
--- payload. Returns each id, and whether the job must pass the gate now (a
+-- shared enqueue rules; its canonical text is what jobhost.render_key gives
+-- for the stored document, so the SQL enqueue and this one store the same
+-- key for the same payload (docs/concurrency.md, "Keys"). Returns each id, and whether the job must pass the gate now (a
 -- limited job due at once).
 INSERT INTO jobhost.jobs (job, queue, priority, payload, state, max_attempts, run_at, concurrency_key, parent_id)
 SELECT job, queue, priority, payload,
