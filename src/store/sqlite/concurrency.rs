@@ -253,23 +253,8 @@ pub async fn free_slots(conn: &mut SqliteConnection, job: &str, key: &str) -> Re
 /// hand), recreating missing rows, then promotes blocked jobs into any slot
 /// a fix freed. Returns what it changed.
 pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<SemaphoreFix>> {
-    let fixes: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "SELECT job, key, recorded, actual FROM (
-             SELECT s.job, s.key, s.holders AS recorded,
-                    (SELECT count(*) FROM jobs j
-                     WHERE j.job = s.job AND j.concurrency_key = s.key
-                       AND j.state IN ('available', 'running')) AS actual
-             FROM semaphores s)
-         WHERE recorded <> actual
-         UNION ALL
-         SELECT j.job, j.concurrency_key, 0, count(*) FROM jobs j
-         WHERE j.concurrency_key IS NOT NULL AND j.state IN ('available', 'running')
-           AND NOT EXISTS (SELECT 1 FROM semaphores s WHERE s.job = j.job AND s.key = j.concurrency_key)
-         GROUP BY 1, 2
-         ORDER BY 1, 2",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let fixes: Vec<(String, String, i64, i64)> =
+        sqlx::query_as(include_str!("sql/semaphore_repair.sql")).fetch_all(&mut *conn).await?;
     for (job, key, _, actual) in &fixes {
         set_holders(conn, job, key, *actual, now).await?;
         fill(conn, job, key, 0, now).await?;
@@ -281,31 +266,7 @@ pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<Semapho
 }
 
 pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
-    let rows: Vec<KeyRow> = sqlx::query_as(
-        "WITH keys AS (
-             SELECT job, key FROM semaphores
-             UNION
-             SELECT job, concurrency_key FROM blocked_jobs
-         )
-         SELECT k.job, k.key,
-                (SELECT json_extract(t.config, '$.concurrency.limit') FROM job_types t WHERE t.name = k.job)
-                    AS \"limit\",
-                coalesce(s.holders, 0) AS holders,
-                (SELECT coalesce(json_group_array(json_object('id', h.id, 'state', h.state, 'host_id', h.host_id)),
-                                 '[]')
-                 FROM (SELECT j.id, j.state, j.host_id FROM jobs j
-                       WHERE j.job = k.job AND j.concurrency_key = k.key AND j.state IN ('available', 'running')
-                       ORDER BY j.id) h) AS holding,
-                (SELECT count(*) FROM blocked_jobs b WHERE b.job = k.job AND b.concurrency_key = k.key) AS blocked,
-                (SELECT ($1 - min(b.parked_at)) / 1000.0 FROM blocked_jobs b
-                 WHERE b.job = k.job AND b.concurrency_key = k.key) AS oldest
-         FROM keys k
-         LEFT JOIN semaphores s ON s.job = k.job AND s.key = k.key
-         ORDER BY k.job, k.key",
-    )
-    .bind(now)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<KeyRow> = sqlx::query_as(include_str!("sql/semaphore_list.sql")).bind(now).fetch_all(pool).await?;
     rows.into_iter()
         .map(|KeyRow { job, key, limit, holders, holding, blocked, oldest }| {
             let holding: Vec<Holder> = serde_json::from_str(&holding)
