@@ -1,6 +1,9 @@
 //! Key templates: `"account:{account_id}"` rendered from a payload's
 //! top-level fields. Concurrency and uniqueness keys both use them, and every
-//! enqueuer must render them identically, so there is exactly one renderer.
+//! enqueuer must render them identically: every Rust enqueuer goes through
+//! this renderer, and the SQL enqueue's `jobhost.render_key` gives the same
+//! text for every value (the canonical forms below; `tests/keys.rs` holds
+//! the two to it).
 
 use std::fmt;
 

@@ -221,7 +221,7 @@ impl Runtime {
     }
 
     /// Runs one attempt of a job in a fresh sandbox. Never fails: a trap,
-    /// a timeout, a memory overrun or a stop is reported as a [`Crash`].
+    /// a timeout, a memory overrun or a stop is reported as a [`crate::types::Crash`].
     pub async fn run(
         &self,
         component: &LoadedComponent,

@@ -12,7 +12,7 @@ use super::job::FetchParams;
 
 /// The narrow interface each backend implements under the shared rules.
 #[async_trait]
-pub trait Backend: Send + Sync {
+pub(crate) trait Backend: Send + Sync {
     /// What every enqueue through this store may carry.
     fn limits(&self) -> &EnqueueLimits;
 

@@ -2,7 +2,7 @@
 //! (the CLI, the Rust client, a completing run's children, a guest's
 //! `enqueue` call): a job type's defaults applied, the payload and the
 //! overrides checked, the concurrency key rendered. A backend only writes
-//! the [`PreparedJob`]s this module hands it ([`super::Backend::jobs_write`]).
+//! the [`PreparedJob`]s this module hands it (`Backend::jobs_write`).
 
 use std::collections::HashMap;
 
@@ -18,17 +18,18 @@ use crate::types::{ChildJob, JobConfig};
 ///
 /// # Errors
 /// An unregistered type, what [`prepare`] refuses, or the database failing.
-pub async fn enqueue(backend: &(impl Backend + ?Sized), jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+pub(crate) async fn enqueue(backend: &(impl Backend + ?Sized), jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
+    // Read before the write transaction, as the SQL enqueue reads them in a
+    // statement of its own: a registration committing in between orders the
+    // enqueue before it (the job keeps the configuration it was prepared
+    // with), which is what an enqueue a moment earlier would have done.
     let configs = backend.configs_read(&job_names(jobs.iter().map(|j| j.job.as_str()))).await?;
     let prepared = jobs
         .iter()
-        .map(|job| {
-            let config = configs.get(&job.job).ok_or_else(|| Error::UnknownJobType(job.job.clone()))?;
-            prepare(job.clone(), config, backend.limits())
-        })
+        .map(|job| prepare_registered(job.clone(), &configs, backend.limits()))
         .collect::<Result<Vec<_>>>()?;
     backend.jobs_write(prepared).await
 }
@@ -131,6 +132,15 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
     })
 }
 
+/// [`prepare`] against the registered configuration of its type in `configs`.
+///
+/// # Errors
+/// An unregistered type, or what [`prepare`] refuses.
+pub fn prepare_registered(params: EnqueueParams, configs: &Configs, limits: &EnqueueLimits) -> Result<PreparedJob> {
+    let config = configs.get(&params.job).ok_or_else(|| Error::UnknownJobType(params.job.clone()))?;
+    prepare(params, config, limits)
+}
+
 /// A child a run asks to enqueue, prepared as its parent's completion
 /// will write it: the one set of child rules, applied both when the guest
 /// calls `enqueue` (so it learns of a refusal at the call) and when the
@@ -155,7 +165,7 @@ pub fn job_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
     names
 }
 
-/// The configurations `names` asks for, as [`enqueue`] reads them.
+/// The configurations `names` asks for, as `enqueue` reads them.
 pub type Configs = HashMap<String, JobConfig>;
 
 fn json_kind(value: &serde_json::Value) -> &'static str {

@@ -2,16 +2,16 @@
 //! batch are current, what each run's end does to its job (archived, or
 //! back to wait, and with which error), which children are enqueued with
 //! it, and which runs may be deferred. The outcome is a [`FinishPlan`]; a
-//! backend only writes it ([`super::Backend::plan_write`]), matching each
+//! backend only writes it (`Backend::plan_write`), matching each
 //! run on its lease token.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
-use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_child};
-use super::job::{FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
-use super::{Backend, Error, Result, RunId};
+use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_registered};
+use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
+use super::{Backend, Result, RunId};
 use crate::types::{ChildJob, JsonText};
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
@@ -20,7 +20,7 @@ use crate::types::{ChildJob, JsonText};
 ///
 /// # Errors
 /// The database failing; the batch is then not written at all.
-pub async fn finish(
+pub(crate) async fn finish(
     backend: &(impl Backend + ?Sized),
     finishes: Vec<Finish>,
     next: Option<&FetchParams>,
@@ -220,10 +220,7 @@ fn prepare_children(
 ) -> Result<Vec<PreparedJob>, String> {
     children
         .iter()
-        .map(|child| {
-            let config = configs.get(&child.job).ok_or_else(|| Error::UnknownJobType(child.job.clone()))?;
-            prepare_child(parent_id, child.clone(), config, limits)
-        })
+        .map(|child| prepare_registered(EnqueueParams::child(parent_id, child.clone()), configs, limits))
         .collect::<Result<_>>()
         .map_err(|problem| format!("could not enqueue a child job: {problem}"))
 }

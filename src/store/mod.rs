@@ -4,7 +4,7 @@
 //! Two layers. Above, the job rules, decided once for both backends:
 //! [`enqueue`] (defaults, checks, the concurrency key: a [`PreparedJob`])
 //! and [`finish`] (current runs, each run's fate, its children: a
-//! [`FinishPlan`]). Below, the [`Backend`] each of [`postgres`] and
+//! [`FinishPlan`]). Below, the `Backend` each of [`postgres`] and
 //! [`sqlite`] implements, which only reads configurations and writes what
 //! the rules prepared, plus the operations that are a statement or two of
 //! SQL with no rule to share (fetch, leases, sweeps, operator commands).
@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-pub use backend::Backend;
+pub(crate) use backend::Backend;
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
@@ -282,9 +282,11 @@ async fn open_as(
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The durable queue, as every other module sees it. Enqueue and finish are
-/// the shared rules over the backend's [`Backend`] writer; the rest each
-/// backend implements.
+/// the shared rules over the backend's `Backend` writer, which is private to
+/// this crate so that nothing outside can write a job the rules did not
+/// prepare; the rest each backend implements.
 #[async_trait]
+#[allow(private_bounds)]
 pub trait Store: Backend + 'static {
     /// Brings the schema up to date.
     async fn schema_migrate(&self) -> Result<()>;

@@ -49,7 +49,10 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker for the components in `registry`.
+    /// A worker for the components in `registry`. What its guests may
+    /// enqueue is checked by `runtime`'s child check, given to the runtime
+    /// when it was built ([`crate::component::Runtime::with_child_check`];
+    /// [`crate::host::run`] builds one from the fleet's job types).
     ///
     /// # Errors
     /// Invalid settings.

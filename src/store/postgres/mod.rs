@@ -1,10 +1,10 @@
 //! The PostgreSQL backend: a fleet of hosts shares one database. Fetches use
 //! `FOR UPDATE SKIP LOCKED`; idle hosts wake on `LISTEN/NOTIFY`.
 //!
-//! Modules: [`job`] (insert, fetch, due jobs, quarantine, prune), [`finish`]
-//! (a finish plan in one call), [`lease`], [`concurrency`] (the gate's
-//! sweeps and reports), [`host`] (hosts and job types), [`operate`]
-//! (listings and operator commands). Queries over ~15 lines are in `sql/`.
+//! Modules: `job` (insert, fetch, due jobs, quarantine, prune), `finish`
+//! (a finish plan in one call), `lease`, `concurrency` (the gate's sweeps
+//! and reports), `host` (hosts and job types), `operate` (listings and
+//! operator commands). Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is

@@ -12,7 +12,7 @@
 //!   read-then-write code: nothing can change under them.
 //! - **Wake-ups.** Writes that make jobs available wake this process's
 //!   fetch loop directly. Other processes' commits wake it through the file
-//!   system's report of a write to the `-wal` file ([`commits`]), after which
+//!   system's report of a write to the `-wal` file (`commits`), after which
 //!   it waits for `PRAGMA data_version` to show the commit; where the file
 //!   system reports nothing, an idle host reads `data_version` every 100 ms
 //!   on a connection of its own.
