@@ -12,7 +12,9 @@
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
 //! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
-//!   trait (an embedded SQLite file by default; PostgreSQL for fleets).
+//!   trait: the job rules decided once ([`store::enqueue`],
+//!   [`store::finish`]) over one writer per backend (an embedded SQLite
+//!   file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
 //! - [`registration`]: job types recorded in the database as components load.
