@@ -121,22 +121,24 @@ async fn fetch_follows_priority_then_time_and_serves_only_loaded_types(db: TestD
 }
 
 /// A run's `started_at` is set again when its guest starts late, through
-/// its current lease only.
+/// its current lease only: one batch of notes, each matched on its run.
 async fn a_late_start_is_recorded_for_the_current_run_only(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
-    db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
-    let job = db.store.job_fetch(&fetch_params("host", &["mail"], 1)).await.unwrap().remove(0);
+    let two = [EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))];
+    db.store.job_enqueue(&two).await.unwrap();
+    let jobs = db.store.job_fetch(&fetch_params("host", &["mail"], 2)).await.unwrap();
+    let run = |job: &jobhost::store::FetchedJob| RunId { job_id: job.id, lease_token: job.lease_token };
     db.execute(db.dialect(
         "UPDATE jobhost.jobs SET started_at = started_at - interval '1 hour'",
         "UPDATE jobs SET started_at = started_at - 3600000",
     ))
     .await;
     let started_before_enqueued = "SELECT count(*) FROM jobhost.jobs WHERE started_at < enqueued_at";
-    let stale = RunId { job_id: job.id, lease_token: job.lease_token + 1 };
-    db.store.lease_started(stale).await.unwrap();
+    let stale = RunId { lease_token: jobs[0].lease_token + 1, ..run(&jobs[0]) };
+    db.store.lease_started(&[stale, run(&jobs[1])]).await.unwrap();
     assert_eq!(db.scalar(started_before_enqueued).await, 1, "another lease token changes nothing");
-    db.store.lease_started(RunId { job_id: job.id, lease_token: job.lease_token }).await.unwrap();
-    assert_eq!(db.scalar(started_before_enqueued).await, 0, "the current run's start is now");
+    db.store.lease_started(&[run(&jobs[0])]).await.unwrap();
+    assert_eq!(db.scalar(started_before_enqueued).await, 0, "each current run's start is now");
 }
 
 async fn a_stale_lease_token_completes_nothing(db: TestDb) {

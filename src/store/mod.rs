@@ -345,10 +345,11 @@ pub trait Store: Backend + 'static {
         finish::finish(self, finishes, Some(next), LockedKeys::Defer).await
     }
 
-    /// Records that a run's guest has started now: for a job that waited on
-    /// its host for a run slot after its lease, whose `started_at` the fetch
-    /// set to the lease time. A run no longer current changes nothing.
-    async fn lease_started(&self, run: RunId) -> Result<()>;
+    /// Records that the guests of `runs` have started now: for jobs that
+    /// waited on their host for a run slot after their lease, whose
+    /// `started_at` the fetch set to the lease time. A run no longer current
+    /// changes nothing. One statement for all of them.
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()>;
 
     /// Renews the leases a host still holds, in one statement that never
     /// waits on a row lock: says which runs were renewed and which are no

@@ -10,6 +10,7 @@ mod job_types;
 mod leases;
 mod outcome;
 mod prefetch;
+mod start_notes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use crate::types::JobContext;
 use complete::{Done, Handoff};
 use health::WriteHealth;
 use prefetch::Prefetch;
+use start_notes::StartNotes;
 
 pub use config::WorkerConfig;
 pub use job_types::KnownJobTypes;
@@ -91,10 +93,13 @@ impl Worker {
         // the next job into it). Run slots bound what runs at once.
         let capacity = Arc::new(Semaphore::new(self.fetch_slots()));
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
+        let (started, writing_starts) = StartNotes::new(self.store.clone(), self.config.heartbeat_deadline());
+        let writing_starts = self.supervisor.spawn("start times", writing_starts);
         let launch = Launch {
             run_slots: Arc::new(Semaphore::new(self.config.concurrency)),
             done: done_tx,
             shutdown: shutdown.clone(),
+            started,
         };
         let stop_heartbeat = CancellationToken::new();
         let registry = self.registry.clone();
@@ -194,7 +199,7 @@ impl Worker {
         }
         self.hand_back(late).await;
         stop_heartbeat.cancel();
-        let _ = tokio::join!(heartbeat, fencing);
+        let _ = tokio::join!(heartbeat, fencing, writing_starts);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
@@ -315,7 +320,7 @@ impl Worker {
     /// result to the completer.
     fn start(&self, leased: Handoff, launch: &Launch) {
         let Handoff { job, slot, sent_at } = leased;
-        let Launch { run_slots, done, shutdown } = launch.clone();
+        let Launch { run_slots, done, shutdown, started } = launch.clone();
         let signal = StopSignal::new();
         let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
         let run = RunId { job_id: job.id, lease_token: job.lease_token };
@@ -323,8 +328,6 @@ impl Worker {
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
         let prefetch = self.prefetch.clone();
-        let (store, supervisor) = (self.store.clone(), self.supervisor.clone());
-        let note_deadline = self.config.heartbeat_deadline();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         self.supervisor.spawn(
@@ -351,13 +354,8 @@ impl Worker {
                 };
                 if running.is_some() && waiting_since.elapsed() >= STARTED_AT_SLACK {
                     // The fetch set `started_at` to the lease time; the job
-                    // starts only now. Off the run's path, best effort.
-                    let store = store.clone();
-                    supervisor.spawn("start time", async move {
-                        if let Ok(Err(error)) = tokio::time::timeout(note_deadline, store.lease_started(run)).await {
-                            tracing::debug!(%error, "cannot record when the run started");
-                        }
-                    });
+                    // starts only now. Off the run's path, in a batch.
+                    started.note(run);
                 }
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {
@@ -404,12 +402,15 @@ impl Worker {
 }
 
 /// What every job this host starts shares with the others: the run slots it
-/// waits for, where its result goes, and the host's shutdown.
+/// waits for, where its result goes, the host's shutdown, and where a late
+/// start is noted.
 #[derive(Clone)]
 struct Launch {
     run_slots: Arc<Semaphore>,
     done: mpsc::UnboundedSender<Done>,
     shutdown: CancellationToken,
+    /// Where runs that waited for a slot note their real start.
+    started: StartNotes,
 }
 
 /// How long a leased job may wait for a run slot before its `started_at` is

@@ -5,13 +5,22 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::store::{LeaseRenewal, Result, RunId};
 
-/// Sets a current run's `started_at` to now. Locks: the job's row.
-pub async fn started(pool: &PgPool, run: RunId) -> Result<()> {
-    sqlx::query("UPDATE jobhost.jobs SET started_at = now() WHERE id = $1 AND lease_token = $2 AND state = 'running'")
-        .bind(run.job_id)
-        .bind(run.lease_token)
-        .execute(pool)
-        .await?;
+/// Sets the `started_at` of the current runs among `runs` to now. Locks:
+/// those jobs' rows.
+pub async fn started(pool: &PgPool, runs: &[RunId]) -> Result<()> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
+    sqlx::query(
+        "UPDATE jobhost.jobs j SET started_at = now()
+         FROM unnest($1::bigint[], $2::bigint[]) AS r(id, lease_token)
+         WHERE j.id = r.id AND j.lease_token = r.lease_token AND j.state = 'running'",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -226,8 +226,8 @@ impl Store for PgStore {
         job::fetch(&self.pool, params).await
     }
 
-    async fn lease_started(&self, run: RunId) -> Result<()> {
-        lease::started(&self.pool, run).await
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
+        lease::started(&self.pool, runs).await
     }
 
     async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {

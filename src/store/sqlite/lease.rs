@@ -7,14 +7,19 @@ use super::{iso, json_list};
 use crate::store::Slots;
 use crate::store::{LeaseRenewal, Result, RunId};
 
-/// Sets a current run's `started_at` to `now` (ms since the epoch).
-pub async fn started(conn: &mut SqliteConnection, run: RunId, now: i64) -> Result<()> {
-    sqlx::query("UPDATE jobs SET started_at = $3 WHERE id = $1 AND lease_token = $2 AND state = 'running'")
-        .bind(run.job_id)
-        .bind(run.lease_token)
-        .bind(now)
-        .execute(conn)
-        .await?;
+/// Sets the `started_at` of the current runs among `runs` to `now` (ms
+/// since the epoch).
+pub async fn started(conn: &mut SqliteConnection, runs: &[RunId], now: i64) -> Result<()> {
+    let pairs: Vec<(i64, i64)> = runs.iter().map(|r| (r.job_id, r.lease_token)).collect();
+    sqlx::query(
+        "UPDATE jobs SET started_at = $2
+         FROM json_each($1) l
+         WHERE jobs.id = l.value ->> 0 AND jobs.lease_token = l.value ->> 1 AND jobs.state = 'running'",
+    )
+    .bind(json_list(&pairs))
+    .bind(now)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

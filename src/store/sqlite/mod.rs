@@ -397,9 +397,12 @@ impl Store for SqliteStore {
         Ok(jobs)
     }
 
-    async fn lease_started(&self, run: RunId) -> Result<()> {
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
         let mut tx = self.write().await?;
-        lease::started(&mut tx, run, now_ms()).await?;
+        lease::started(&mut tx, runs, now_ms()).await?;
         tx.commit().await?;
         Ok(())
     }
