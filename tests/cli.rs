@@ -394,10 +394,10 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb
         duration_secs: 30,
         on_conflict: jobhost::types::OnConflict::Raise,
     });
-    let mut parking = config.clone();
-    parking.name = "sync_later".into();
-    parking.concurrency.as_mut().unwrap().on_conflict = jobhost::types::OnConflict::Block;
-    db.store.job_types_register(&[(config, "a".into()), (parking, "b".into())]).await.unwrap();
+    let mut blocking = config.clone();
+    blocking.name = "sync_later".into();
+    blocking.concurrency.as_mut().unwrap().on_conflict = jobhost::types::OnConflict::Block;
+    db.store.job_types_register(&[(config, "a".into()), (blocking, "b".into())]).await.unwrap();
 
     let first = jobhost(&db, &["enqueue", "sync", "--payload", r#"{"id": 7}"#]);
     assert!(first.status.success(), "{}", stderr(&first));
@@ -406,8 +406,8 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb
     assert!(stderr(&refused).contains("slots of key \"acct:7\" are taken"), "{}", stderr(&refused));
 
     jobhost(&db, &["enqueue", "sync_later", "--payload", r#"{"id": 7}"#]);
-    let parked = jobhost(&db, &["enqueue", "sync_later", "--payload", r#"{"id": 7}"#]);
-    let parked_id = stdout(&parked).trim().to_string();
+    let blocked = jobhost(&db, &["enqueue", "sync_later", "--payload", r#"{"id": 7}"#]);
+    let blocked_id = stdout(&blocked).trim().to_string();
 
     let listed = jobhost(&db, &["concurrency", "--json"]);
     assert!(listed.status.success(), "{}", stderr(&listed));
@@ -423,7 +423,7 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb
     let human = jobhost(&db, &["concurrency"]);
     assert!(stdout(&human).contains("sync_later \"acct:7\": 1/1 slots"), "{}", stdout(&human));
 
-    let cancelled = jobhost(&db, &["cancel", &parked_id]);
+    let cancelled = jobhost(&db, &["cancel", &blocked_id]);
     assert!(cancelled.status.success(), "{}", stderr(&cancelled));
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0);
 }

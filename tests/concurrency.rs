@@ -1,4 +1,4 @@
-//! Per-key concurrency limits against a real PostgreSQL: the gate, parking,
+//! Per-key concurrency limits against a real PostgreSQL: the gate, blocking,
 //! promotion, the sweep and the repair (DESIGN.md guarantees 1-4 and 7), one
 //! test per bug class the job systems we descend from shipped.
 
@@ -51,14 +51,14 @@ fn maintenance(db: &TestDb) -> jobhost::maintenance::Maintenance {
     jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap()
 }
 
-async fn a_parked_job_is_promoted_however_long_it_waited(db: TestDb) {
+async fn a_blocked_job_is_promoted_however_long_it_waited(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     enqueue(&db, "lim", "k").await;
-    let parked = enqueue(&db, "lim", "k").await;
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    let blocked = enqueue(&db, "lim", "k").await;
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
     let holder = fetch(&db, "lim", 10).await.remove(0);
 
-    // Parked for a day, a thousand times its key's duration: sweeps pass over it.
+    // Blocked for a day, a thousand times its key's duration: sweeps pass over it.
     db.execute(db.dialect(
         "UPDATE jobhost.blocked_jobs SET parked_at = now() - interval '1 day', enqueued_at = now() - interval '1 day'",
         "UPDATE blocked_jobs SET parked_at = parked_at - 86400000, enqueued_at = enqueued_at - 86400000",
@@ -67,10 +67,10 @@ async fn a_parked_job_is_promoted_however_long_it_waited(db: TestDb) {
     for _ in 0..3 {
         maintenance(&db).run_once(None).await.unwrap();
     }
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "still parked while the holder runs");
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "still blocked while the holder runs");
 
     db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
-    assert_eq!(state_of(&db, parked).await, JobState::Available, "promoted by the holder's completion");
+    assert_eq!(state_of(&db, blocked).await, JobState::Available, "promoted by the holder's completion");
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
@@ -108,7 +108,7 @@ async fn stagger() {
     }
 }
 
-async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
+async fn blocks_racing_finishing_holders_strand_nothing(db: TestDb) {
     const ROUNDS: usize = 300;
     const KEYS: usize = 4;
     const LIMIT: usize = 2;
@@ -116,9 +116,9 @@ async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
     limited_type(&db, "lim", LIMIT as u32, OnConflict::Block, "v1").await;
 
     // Each round fills every key, then ends one of each key's holders at the
-    // same moment as a new job for that key arrives, so a park races a
+    // same moment as a new job for that key arrives, so blocking a job races a
     // release on every key. Once both sides have returned, a key with a
-    // parked job and a free slot has stranded it: nothing is running that
+    // blocked job and a free slot has stranded it: nothing is running that
     // would promote it (the other holder still runs, on purpose: when it
     // ends, its release would promote the stranded job and hide the bug).
     for round in 0..ROUNDS {
@@ -140,11 +140,11 @@ async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
                 let done = finisher_db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
                 assert_eq!(done, vec![FinishResult::Done]);
             }));
-            let (parker_db, parker_start) = (db.clone(), start.clone());
+            let (blocker_db, blocker_start) = (db.clone(), start.clone());
             racing.push(tokio::spawn(async move {
-                parker_start.wait().await;
+                blocker_start.wait().await;
                 stagger().await;
-                enqueue(&parker_db, "lim", &key).await;
+                enqueue(&blocker_db, "lim", &key).await;
             }));
         }
         for task in racing {
@@ -157,7 +157,7 @@ async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
                  WHERE coalesce(s.holders, 0) < 2",
             )
             .await;
-        assert_eq!(stranded, 0, "round {round}: a parked job waits beside a free slot");
+        assert_eq!(stranded, 0, "round {round}: a blocked job waits beside a free slot");
         loop {
             let running = fetch(&db, "lim", 100).await;
             let still_held = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await;
@@ -180,14 +180,14 @@ async fn parks_racing_finishing_holders_strand_nothing(db: TestDb) {
 async fn a_stale_lease_tokens_completion_releases_nothing(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     enqueue(&db, "lim", "k").await;
-    let parked = enqueue(&db, "lim", "k").await;
+    let blocked = enqueue(&db, "lim", "k").await;
     let first = fetch(&db, "lim", 1).await.remove(0);
 
     // The first host goes silent: its lease expires and the job is
-    // redelivered with its slot still held; the parked job stays parked.
+    // redelivered with its slot still held; the blocked job stays blocked.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0));
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
     let second = fetch(&db, "lim", 1).await.remove(0);
     assert_eq!(second.id, first.id);
 
@@ -195,20 +195,20 @@ async fn a_stale_lease_tokens_completion_releases_nothing(db: TestDb) {
     let stale = db.store.job_finish(vec![finish(&first, completed())]).await.unwrap();
     assert_eq!(stale, vec![FinishResult::Duplicate]);
     assert_eq!(holders(&db, "lim", "k").await, 1);
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "the stale completion promoted nothing");
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "the stale completion promoted nothing");
 
     db.store.job_finish(vec![finish(&second, completed())]).await.unwrap();
-    assert_eq!(state_of(&db, parked).await, JobState::Available);
+    assert_eq!(state_of(&db, blocked).await, JobState::Available);
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
-async fn every_parked_payload_is_a_json_object(db: TestDb) {
+async fn every_blocked_payload_is_a_json_object(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     db.store.job_types_register(&[(job_config("parent"), "v1".into())]).await.unwrap();
     enqueue(&db, "lim", "k").await;
     let holder = fetch(&db, "lim", 1).await.remove(0);
 
-    // Parked through every path: a single enqueue, a bulk one, the SQL
+    // Blocked through every path: a single enqueue, a bulk one, the SQL
     // function (PostgreSQL's own), a child written with its parent's
     // completion, and a retry that came due.
     enqueue(&db, "lim", "k").await;
@@ -231,21 +231,21 @@ async fn every_parked_payload_is_a_json_object(db: TestDb) {
         .job_finish(vec![finish(&holder, FinishOutcome::Retry { error: "again".into(), delay_ms: 1 })])
         .await
         .unwrap();
-    // The retry gave its slot back, so the first parked job took it; take
+    // The retry gave its slot back, so the first blocked job took it; take
     // that one too, so the retry finds the key busy when it comes due.
     let promoted = fetch(&db, "lim", 1).await;
     assert_eq!(promoted.len(), 1);
     let later = chrono::Utc::now() + chrono::Duration::minutes(1);
     db.store.job_promote_due(Some(later)).await.unwrap();
 
-    let parked = db.dialect("5", "4").parse::<i64>().unwrap();
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, parked);
+    let blocked = db.dialect("5", "4").parse::<i64>().unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, blocked);
     let not_object = db.dialect("jsonb_typeof(payload) <> 'object'", "json_type(payload) <> 'object'");
     assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.blocked_jobs WHERE {not_object}")).await, 0);
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload->>'key' = 'k'").await, parked);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE payload->>'key' = 'k'").await, blocked);
     let nested = db.dialect("payload #>> '{nested,a,1}' = '2'", "payload ->> '$.nested.a[1]' = 2");
     let nested = db.scalar(format!("SELECT count(*) FROM jobhost.blocked_jobs WHERE {nested}")).await;
-    assert_eq!(nested, 1, "nested documents survive parking");
+    assert_eq!(nested, 1, "nested documents survive blocking");
 }
 
 async fn a_waiting_job_holds_no_slot(db: TestDb) {
@@ -266,7 +266,7 @@ async fn a_waiting_job_holds_no_slot(db: TestDb) {
     let third = enqueue(&db, "lim", "k").await;
     assert_eq!(state_of(&db, third).await, JobState::Available);
 
-    // Both come due while the third holds the key: they pass the gate and park.
+    // Both come due while the third holds the key: they pass the gate and are blocked.
     let later = chrono::Utc::now() + chrono::Duration::hours(2);
     assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 2);
     assert_eq!(state_of(&db, delayed).await, JobState::Blocked);
@@ -278,13 +278,13 @@ async fn a_handed_back_job_keeps_its_slot(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let first = enqueue(&db, "lim", "k").await;
     let running = fetch(&db, "lim", 1).await.remove(0);
-    let parked = enqueue(&db, "lim", "k").await;
+    let blocked = enqueue(&db, "lim", "k").await;
     // A host shutting down hands the run back: the job is available again at
     // once, so nothing else may take its slot meanwhile.
     let release = FinishOutcome::Release { reason: "shutdown".into() };
     db.store.job_finish(vec![finish(&running, release)]).await.unwrap();
     assert_eq!(state_of(&db, first).await, JobState::Available);
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked, "the slot stayed with the handed-back job");
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "the slot stayed with the handed-back job");
     assert_eq!(holders(&db, "lim", "k").await, 1);
     let again = fetch(&db, "lim", 10).await;
     assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [first]);
@@ -293,13 +293,13 @@ async fn a_handed_back_job_keeps_its_slot(db: TestDb) {
 async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys(db: TestDb) {
     const BUSY: usize = 2_000;
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    // Every busy key: one holder and one parked job, parked before the free key's.
+    // Every busy key: one holder and one blocked job, blocked before the free key's.
     let busy: Vec<EnqueueParams> =
         (0..BUSY).flat_map(|i| [keyed("lim", &format!("busy-{i}")), keyed("lim", &format!("busy-{i}"))]).collect();
     db.store.job_enqueue(&busy).await.unwrap();
     enqueue(&db, "lim", "free").await;
-    let parked = enqueue(&db, "lim", "free").await;
-    // Its holder vanishes by hand (an operator's DELETE), leaving the parked
+    let blocked = enqueue(&db, "lim", "free").await;
+    // Its holder vanishes by hand (an operator's DELETE), leaving the blocked
     // job behind a free slot that no completion will hand over.
     db.execute("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").await;
     db.execute("DELETE FROM jobhost.semaphores WHERE key = 'free'").await;
@@ -308,7 +308,7 @@ async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_key
     let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
     let report = sweep.run_once(None).await.unwrap();
     assert_eq!(report.unblocked, 1);
-    assert_eq!(state_of(&db, parked).await, JobState::Available, "promoted in the first pass");
+    assert_eq!(state_of(&db, blocked).await, JobState::Available, "promoted in the first pass");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
 }
 
@@ -373,17 +373,17 @@ async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody(db:
     assert_eq!(state_of(&db, fourth).await, JobState::Available);
 }
 
-async fn cancel_works_on_parked_and_admitted_jobs(db: TestDb) {
+async fn cancel_works_on_blocked_and_admitted_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let holder = enqueue(&db, "lim", "k").await;
-    let first_parked = enqueue(&db, "lim", "k").await;
-    let second_parked = enqueue(&db, "lim", "k").await;
+    let first_blocked = enqueue(&db, "lim", "k").await;
+    let second_blocked = enqueue(&db, "lim", "k").await;
 
-    db.store.job_cancel(first_parked).await.unwrap();
-    assert_eq!(state_of(&db, first_parked).await, JobState::Cancelled);
+    db.store.job_cancel(first_blocked).await.unwrap();
+    assert_eq!(state_of(&db, first_blocked).await, JobState::Cancelled);
     db.store.job_cancel(holder).await.unwrap();
     assert_eq!(state_of(&db, holder).await, JobState::Cancelled);
-    assert_eq!(state_of(&db, second_parked).await, JobState::Available, "the cancelled holder's slot passed on");
+    assert_eq!(state_of(&db, second_blocked).await, JobState::Available, "the cancelled holder's slot passed on");
     assert_eq!(holders(&db, "lim", "k").await, 1);
     let error = db.store.job_cancel(holder).await.unwrap_err();
     assert!(error.to_string().contains("is cancelled and cannot be cancelled"), "{error}");
@@ -402,11 +402,11 @@ async fn the_repair_sweep_restores_hand_edited_semaphores(db: TestDb) {
     assert_eq!(holders(&db, "lim", "a").await, 2);
     assert_eq!(holders(&db, "lim", "b").await, 1);
     assert!(db.store.semaphore_repair().await.unwrap().is_empty(), "nothing left to fix");
-    // The repaired row keeps the key at its limit: the parked job stays parked.
+    // The repaired row keeps the key at its limit: the blocked job stays blocked.
     assert_eq!(maintenance(&db).run_once(None).await.unwrap().unblocked, 0);
 }
 
-async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job(db: TestDb) {
+async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_blocked_job(db: TestDb) {
     let mut config = job_config("lim");
     config.max_attempts = 1;
     config.concurrency = Some(ConcurrencyConfig {
@@ -417,14 +417,14 @@ async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job(db: Te
     });
     db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
     enqueue(&db, "lim", "k").await;
-    let parked = enqueue(&db, "lim", "k").await;
+    let blocked = enqueue(&db, "lim", "k").await;
     fetch(&db, "lim", 1).await;
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
-    assert_eq!(state_of(&db, parked).await, JobState::Available);
+    assert_eq!(state_of(&db, blocked).await, JobState::Available);
 }
 
-async fn the_concurrency_view_lists_holders_and_parked_jobs(db: TestDb) {
+async fn the_concurrency_view_lists_holders_and_blocked_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let holder = enqueue(&db, "lim", "k").await;
     enqueue(&db, "lim", "k").await;
@@ -468,19 +468,19 @@ async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {
 
 on_both_backends!(
     a_handed_back_job_keeps_its_slot,
-    a_parked_job_is_promoted_however_long_it_waited,
+    a_blocked_job_is_promoted_however_long_it_waited,
     a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself,
     a_stale_lease_tokens_completion_releases_nothing,
-    every_parked_payload_is_a_json_object,
+    every_blocked_payload_is_a_json_object,
     a_waiting_job_holds_no_slot,
     raise_and_discard_leave_no_semaphore_residue,
     a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody,
-    cancel_works_on_parked_and_admitted_jobs,
+    cancel_works_on_blocked_and_admitted_jobs,
     the_repair_sweep_restores_hand_edited_semaphores,
-    a_last_attempt_lost_with_its_host_gives_its_slot_to_a_parked_job,
-    the_concurrency_view_lists_holders_and_parked_jobs,
+    a_last_attempt_lost_with_its_host_gives_its_slot_to_a_blocked_job,
+    the_concurrency_view_lists_holders_and_blocked_jobs,
     a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call,
-    parks_racing_finishing_holders_strand_nothing,
+    blocks_racing_finishing_holders_strand_nothing,
     a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys,
 );
 
@@ -501,7 +501,7 @@ async fn an_applications_open_transaction_holds_back_only_its_own_key() {
 
     let mut application = db.pool().begin().await.unwrap();
     let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
-    let parked: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('serial', '{\"key\": \"a\", \"ms\": 0}')")
+    let blocked: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('serial', '{\"key\": \"a\", \"ms\": 0}')")
         .fetch_one(&mut *application)
         .await
         .unwrap();
@@ -521,7 +521,8 @@ async fn an_applications_open_transaction_holds_back_only_its_own_key() {
     assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.archive WHERE id = {holder}")).await, 0);
 
     application.commit().await.unwrap();
-    let done = format!("SELECT count(*) FROM jobhost.archive WHERE id IN ({holder}, {parked}) AND state = 'completed'");
+    let done =
+        format!("SELECT count(*) FROM jobhost.archive WHERE id IN ({holder}, {blocked}) AND state = 'completed'");
     eventually(WITHIN, || async { db.scalar(&done).await == 2 }).await;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "the slot was given back once");
     host.stop().await;

@@ -90,7 +90,7 @@ async fn operator_reads_skip_the_payloads_of_rows_they_do_not_show() {
     }
 }
 
-/// Listings still merge live, parked and archived jobs, newest first, and
+/// Listings still merge live, blocked and archived jobs, newest first, and
 /// filter by state and job type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_merge_every_table_newest_first() {

@@ -1,13 +1,13 @@
 //! Fault injection on a fleet of real `jobhost run` processes sharing one
 //! PostgreSQL database, serving a limited job type (`limited`: 2 runs at
-//! once per payload `key`, its 10 s `duration` as lease, parking on
+//! once per payload `key`, its 10 s `duration` as lease, blocking on
 //! conflict) and an unlimited one (`sleep`), or `serial` (1 run at once per
 //! key, a 1 s lease). The faults: one host cut off from the database past
 //! its leases, every database session terminated over and over, the server
 //! restarted, and the answer to a committed write of results lost on its
 //! way back. After each, from the database and the times the guests
 //! report: every job completed exactly once, no key ever ran more than its
-//! limit at once, nothing is left (no job, parked job or slot, nothing for
+//! limit at once, nothing is left (no job, blocked job or slot, nothing for
 //! the repair to fix), and while the fleet worked, every slot belonged to
 //! a live job.
 
@@ -73,7 +73,7 @@ async fn sample_for(db: &TestDb, span: Duration) {
     }
 }
 
-/// Jobs queued, running or parked.
+/// Jobs queued, running or blocked.
 async fn unfinished(db: &TestDb) -> i64 {
     db.scalar("SELECT (SELECT count(*) FROM jobhost.jobs) + (SELECT count(*) FROM jobhost.blocked_jobs)").await
 }
@@ -145,7 +145,7 @@ fn host_via_proxy(db: &TestDb, proxy: &Proxy, components: &Path, cache: &Path, l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
     // Two long runs per key take every slot, outlasting the lease (10 s) by
-    // far; two short ones per key park behind them.
+    // far; two short ones per key are blocked behind them.
     const KEYS: usize = 4;
     const LONG: usize = 2 * KEYS;
     const LONG_MS: u64 = 14_000;
@@ -383,7 +383,7 @@ async fn a_restarted_server_loses_nothing() {
 async fn a_result_whose_reply_is_lost_is_written_once() {
     // `serial` runs one job per key at once. Forty short jobs a key keep
     // every key busy well past a lease, so a job the lost write leased comes
-    // back while its key still has jobs parked: a second release would let
+    // back while its key still has jobs blocked: a second release would let
     // two run at once, which the guests' own times would show.
     const KEYS: usize = 3;
     const JOBS: usize = 40 * KEYS;

@@ -100,7 +100,7 @@ async fn limited_jobs_keep_their_limits_through_a_killed_and_a_frozen_host(db: T
     );
     eventually(WITHIN, || async { db.scalar(&serving).await == 3 }).await;
 
-    // Limit 2 per key, 20 keys: 40 admitted, the rest parked.
+    // Limit 2 per key, 20 keys: 40 admitted, the rest blocked.
     let limited: Vec<_> = (0..LIMITED)
         .map(|i| EnqueueParams::new("limited", json!({"key": format!("k{}", i % KEYS), "ms": 40, "i": i})))
         .collect();

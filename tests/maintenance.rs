@@ -76,11 +76,11 @@ async fn one_bad_row_never_stalls_a_sweep(db: TestDb) {
     let bad_running = enqueue(&db, EnqueueParams::new("mail", json!({"n": 3}))).await;
     let good_running = enqueue(&db, EnqueueParams::new("mail", json!({"n": 4}))).await;
     assert_eq!(db.store.job_fetch(&fetch_params("h", &["mail"], 10)).await.unwrap().len(), 2);
-    // A parked job whose key's holder vanished: the repair frees the slot
+    // A blocked job whose key's holder vanished: the repair frees the slot
     // and the sweep promotes it.
     let holder = enqueue(&db, EnqueueParams::new("lim", json!({"key": "b"}))).await;
-    let parked = enqueue(&db, EnqueueParams::new("lim", json!({"key": "b"}))).await;
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    let blocked = enqueue(&db, EnqueueParams::new("lim", json!({"key": "b"}))).await;
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
     db.execute(format!("DELETE FROM jobhost.jobs WHERE id = {holder}")).await;
     refuse_updates_of(&db, &[bad_due, bad_running]).await;
 
@@ -89,7 +89,7 @@ async fn one_bad_row_never_stalls_a_sweep(db: TestDb) {
     let report = maintenance.run_once(Some(later)).await.expect("no sweep fails for one row");
     assert_eq!(report.quarantined, 2, "{report:?}");
     assert_eq!((report.promoted, report.requeued, report.repaired), (2, 1, 1), "{report:?}");
-    for id in [good_due, limited_due, good_running, parked] {
+    for id in [good_due, limited_due, good_running, blocked] {
         assert_eq!(state_of(&db, id).await, JobState::Available, "job {id} was processed");
     }
     for id in [bad_due, bad_running] {

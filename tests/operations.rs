@@ -18,7 +18,7 @@ async fn state_of(db: &TestDb, id: i64) -> JobState {
 }
 
 /// A cancelled running job is stopped by its host and archived as cancelled
-/// in the transaction that gives back its slot, so the job parked behind it
+/// in the transaction that gives back its slot, so the job blocked behind it
 /// runs, and never beside it; children it enqueued before are not written.
 async fn a_running_job_is_cancelled_by_its_host(db: TestDb) {
     let host = TestHost::start(&db, &["serial", "fanout", "hello"], |_| {}).await;
@@ -26,28 +26,28 @@ async fn a_running_job_is_cancelled_by_its_host(db: TestDb) {
     let holder = client.enqueue("serial", json!({"key": "k", "ms": 600_000})).await.unwrap();
     let running = |id: i64| format!("SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running'");
     eventually(WITHIN, || async { db.scalar(running(holder)).await == 1 }).await;
-    let parked = client.enqueue("serial", json!({"key": "k", "ms": 0})).await.unwrap();
-    assert_eq!(state_of(&db, parked).await, JobState::Blocked);
+    let blocked = client.enqueue("serial", json!({"key": "k", "ms": 0})).await.unwrap();
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
     let parent = client.enqueue("fanout", json!({"count": 3, "sleep_ms": 600_000})).await.unwrap();
     eventually(WITHIN, || async { db.scalar(running(parent)).await == 1 }).await;
 
     assert_eq!(db.store.job_cancel(holder).await.unwrap(), Cancel::Requested);
     assert_eq!(db.store.job_cancel(parent).await.unwrap(), Cancel::Requested);
-    eventually(WITHIN, || async { state_of(&db, parked).await == JobState::Completed }).await;
+    eventually(WITHIN, || async { state_of(&db, blocked).await == JobState::Completed }).await;
     eventually(WITHIN, || async { state_of(&db, parent).await == JobState::Cancelled }).await;
     for id in [holder, parent] {
         let job = db.store.job_get(id).await.unwrap().unwrap();
         assert_eq!(job.row.state, JobState::Cancelled);
         assert!(job.row.error.unwrap_or_default().contains("cancelled by an operator"));
     }
-    // The parked job started only once the holder's slot was given back.
+    // The blocked job started only once the holder's slot was given back.
     let ran_after: i64 = db
         .scalar(format!(
             "SELECT count(*) FROM jobhost.archive p, jobhost.archive h
-             WHERE p.id = {parked} AND h.id = {holder} AND p.started_at >= h.finished_at"
+             WHERE p.id = {blocked} AND h.id = {holder} AND p.started_at >= h.finished_at"
         ))
         .await;
-    assert_eq!(ran_after, 1, "the parked job never ran beside the cancelled holder");
+    assert_eq!(ran_after, 1, "the blocked job never ran beside the cancelled holder");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'hello'").await, 0, "no children");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot left held");

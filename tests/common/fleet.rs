@@ -200,7 +200,7 @@ pub async fn assert_slots_match_jobs(db: &TestDb) {
     assert_eq!(over, 0, "no key has more live jobs than its limit");
 }
 
-/// Waits until no job is queued, running or parked, checking the slots
+/// Waits until no job is queued, running or blocked, checking the slots
 /// against the live jobs at every look.
 pub async fn drained(db: &TestDb, within: Duration) {
     eventually(within, || async {
@@ -237,11 +237,11 @@ pub async fn within_limits(db: &TestDb, job: &str) {
     }
 }
 
-/// Asserts that nothing is left behind: no job, no parked job, no slot, and
+/// Asserts that nothing is left behind: no job, no blocked job, no slot, and
 /// nothing for the semaphore repair to fix.
 pub async fn nothing_left(db: &TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0, "no job left queued or running");
-    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0, "no job left parked");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 0, "no job left blocked");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no slot held without a live job");
     let fixes = db.store.semaphore_repair().await.expect("semaphore repair runs");
     assert!(fixes.is_empty(), "nothing for the repair to fix: {fixes:?}");
