@@ -205,7 +205,11 @@ impl KeyTemplate {
 /// `0.001`); and zero has no sign (`-0` → `0`, `-0.0` → `0.0`). So `100` and
 /// `1e2` share a key, while `1` and `1.0` do not, on either backend.
 ///
-/// `number` is a number's JSON text, as `serde_json` keeps it.
+/// `number` is a number's JSON text, as `serde_json` keeps it. Written here
+/// rather than with `bigdecimal`: its plain text differs from `numeric`'s
+/// (`0e5` becomes `000000`), and a key needs the length known before the
+/// digits are written out; PostgreSQL's own output pins this one (the tests
+/// below, and `tests/keys.rs` against a live server).
 ///
 /// # Errors
 /// The text would be longer than any key may be ([`MAX_KEY_BYTES`]); the
