@@ -73,8 +73,9 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
         max_payload_bytes: config.limits.max_payload_bytes,
         ..config.runtime.clone()
     };
-    // Checked before the wait for the database: a bad setting fails at once.
-    runtime_config.validate()?;
+    // Started before the wait for the database: a bad setting, or an engine
+    // this machine cannot provide, fails at once.
+    let runtime = Runtime::new(runtime_config)?;
     let Some(store) = open_store(&config, &shutdown).await? else {
         tracing::info!("shutdown requested while waiting for the database");
         return Ok(());
@@ -84,8 +85,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     // rules its completion will apply.
     let known = KnownJobTypes::default();
     known.refresh(store.as_ref()).await;
-    let runtime =
-        Runtime::with_child_check(runtime_config, known.check(registry.clone(), store.clone(), config.limits))?;
+    let runtime = runtime.with_child_check(known.check(registry.clone(), store.clone(), config.limits));
     let mut watcher = DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(&config.components))?;
     // The startup scan may compile many components; a shutdown stops it.
     tokio::select! {

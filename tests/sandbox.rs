@@ -235,16 +235,14 @@ async fn fanout_buffers_children_and_reports_progress() {
 
     // With the fleet's job types known, an unknown one is an error the guest sees.
     let cache = tempfile::tempdir().unwrap();
-    let runtime = Runtime::with_child_check(
-        common::runtime_config(&cache),
-        std::sync::Arc::new(|probe: jobhost::component::ChildProbe| {
+    let runtime = Runtime::new(common::runtime_config(&cache)).unwrap().with_child_check(std::sync::Arc::new(
+        |probe: jobhost::component::ChildProbe| {
             Box::pin(async move {
                 let job = probe.child.job;
                 if job == "hello" { Ok(None) } else { Err(format!("unknown job type {job:?}")) }
             })
-        }),
-    )
-    .unwrap();
+        },
+    ));
     let fanout = load(&runtime, "fanout").await;
     let checked = run(&runtime, &fanout, json!({"count": 1})).await;
     let out = output(&checked.outcome);
@@ -373,7 +371,7 @@ async fn each_enqueue_check_carries_counts_per_key_not_earlier_children() {
         record.lock().unwrap().push((probe.earlier.len(), probe.earlier.count(&probe.child.job, "one-key")));
         Box::pin(async { Ok(Some("one-key".to_string())) }) as _
     });
-    let runtime = Runtime::with_child_check(common::runtime_config(&cache), check).unwrap();
+    let runtime = Runtime::new(common::runtime_config(&cache)).unwrap().with_child_check(check);
     let hostile = load(&runtime, "hostile").await;
     let report = run(&runtime, &hostile, json!({"children": 200, "child_bytes": 100})).await;
     assert_eq!(output(&report.outcome)["enqueued"], 200);

@@ -112,10 +112,15 @@ impl std::fmt::Debug for LoadedComponent {
 }
 
 /// The host's WebAssembly runtime: one engine, one linker, one artifact
-/// cache. Cheap to clone; clones share everything.
+/// cache, and the check a guest's `enqueue` passes. Cheap to clone; clones
+/// share everything.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
+    /// What a guest may enqueue beyond well-formed names and JSON; anything
+    /// when unset (a runtime without a queue, as in `jobhost exec`). Fixed
+    /// for this value and its clones: never changed under a running guest.
+    child_check: Option<ChildCheck>,
 }
 
 struct Inner {
@@ -128,31 +133,16 @@ struct Inner {
     run_slots: Semaphore,
     /// The same for loads, which instantiate to call `describe`.
     load_slots: Semaphore,
-    /// What a guest may enqueue beyond well-formed names and JSON; anything
-    /// when unset (a runtime without a queue, as in `jobhost exec`).
-    child_check: Option<ChildCheck>,
 }
 
 impl Runtime {
     /// Starts the engine and its epoch thread, for runs whose children are
-    /// checked only for well-formed names and JSON (`jobhost exec`, tests).
+    /// checked only for well-formed names and JSON (`jobhost exec`, tests)
+    /// until [`Runtime::with_child_check`] gives it a check.
     ///
     /// # Errors
     /// Invalid settings, or an engine this machine cannot provide.
     pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
-        Self::build(config, None)
-    }
-
-    /// [`Runtime::new`], with every guest's `enqueue` refusing the children
-    /// `check` refuses.
-    ///
-    /// # Errors
-    /// As [`Runtime::new`].
-    pub fn with_child_check(config: RuntimeConfig, check: ChildCheck) -> Result<Self, RuntimeError> {
-        Self::build(config, Some(check))
-    }
-
-    fn build(config: RuntimeConfig, child_check: Option<ChildCheck>) -> Result<Self, RuntimeError> {
         config.validate()?;
         let engine = engine::build(&config).map_err(RuntimeError::Engine)?;
         engine::start_epoch_ticker(&engine, config.epoch_tick).map_err(RuntimeError::Thread)?;
@@ -161,7 +151,16 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        Ok(Runtime { inner: Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, child_check }) })
+        let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots });
+        Ok(Runtime { inner, child_check: None })
+    }
+
+    /// This runtime, with every guest's `enqueue` refusing the children
+    /// `check` refuses. It takes the runtime by value: the check is part of
+    /// the runtime handed to the watcher and the worker, never swapped in
+    /// under runs already going (clones made earlier keep theirs).
+    pub fn with_child_check(self, check: ChildCheck) -> Self {
+        Runtime { child_check: Some(check), ..self }
     }
 
     /// The settings the runtime was started with.
@@ -243,7 +242,7 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, self.inner.child_check.clone());
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, self.child_check.clone());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),
