@@ -190,9 +190,10 @@ impl FinishPlan {
         self.requeues.push(Requeue { id, lease_token, delay_ms, refund, error, progress });
     }
 
-    /// The children of the runs whose ending was written.
-    pub fn children_of(&self, written: &HashSet<i64>) -> Vec<PreparedJob> {
-        self.children.iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).cloned().collect()
+    /// The children of the runs whose ending was written, borrowed: a
+    /// child's payload may be large, and the plan outlives the write.
+    pub fn children_of(&self, written: &HashSet<i64>) -> Vec<&PreparedJob> {
+        self.children.iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).collect()
     }
 
     /// One result per planned run, in order.
@@ -227,7 +228,7 @@ fn prepare_children(
 
 /// The job types of every child that the completed runs among `runs`
 /// enqueue, each once.
-pub fn child_names(runs: &[Finish]) -> Vec<String> {
+fn child_names(runs: &[Finish]) -> Vec<String> {
     job_names(runs.iter().flat_map(|f| match &f.outcome {
         FinishOutcome::Completed { children, .. } => children.iter().map(|c| c.job.as_str()).collect(),
         _ => Vec::new(),

@@ -156,7 +156,7 @@ impl Backend for PgStore {
 
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
         let mut tx = self.pool.begin().await?;
-        let ids = job::insert(&mut tx, &jobs).await?;
+        let ids = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>()).await?;
         tx.commit().await?;
         Ok(ids)
     }

@@ -30,7 +30,7 @@ struct NewJob<'a> {
 /// One insert for the whole batch, then the gate for the limited jobs due
 /// now, in the caller's transaction; ids come back in input order (a
 /// blocked or discarded job keeps its id).
-pub async fn insert(conn: &mut SqliteConnection, jobs: &[PreparedJob], now: i64) -> Result<Vec<i64>> {
+pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }

@@ -302,7 +302,7 @@ impl Backend for SqliteStore {
 
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
         let mut tx = self.write().await?;
-        let ids = job::insert(&mut tx, &jobs, now_ms()).await?;
+        let ids = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
         tx.commit().await?;
         self.announce(!ids.is_empty());
         Ok(ids)
