@@ -9,6 +9,7 @@
 //! - [`config`]: host settings, their defaults and validation.
 //! - [`types`]: the shared vocabulary (job configuration, run outcomes).
 //! - [`template`]: concurrency and uniqueness key templates.
+//! - [`schedule`]: cron expressions in a time zone, and their ticks.
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
 //! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
@@ -31,6 +32,7 @@ pub mod config;
 pub mod host;
 pub mod maintenance;
 pub mod registration;
+pub mod schedule;
 pub mod store;
 pub mod supervisor;
 pub mod template;

@@ -144,8 +144,9 @@ pub struct JobConfig {
     pub concurrency: Option<ConcurrencyConfig>,
     /// At most one job per rendered key at a time.
     pub unique: Option<UniqueConfig>,
-    /// A cron expression (UTC) on which the host enqueues this job.
-    pub schedule: Option<String>,
+    /// When the fleet enqueues this job by itself.
+    #[serde(default, deserialize_with = "schedule_either")]
+    pub schedule: Option<ScheduleConfig>,
 }
 
 impl JobConfig {
@@ -197,6 +198,9 @@ pub struct UniqueConfig {
     pub key: KeyTemplate,
     /// How long the claim on the key lasts.
     pub strategy: UniqueStrategy,
+    /// What a duplicate enqueue does.
+    #[serde(default)]
+    pub on_duplicate: OnDuplicate,
 }
 
 /// How long a uniqueness claim lasts.
@@ -207,6 +211,51 @@ pub enum UniqueStrategy {
     UntilExecuted,
     /// Only while the job runs.
     WhileExecuting,
+}
+
+/// What an enqueue does when its uniqueness key is claimed already.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDuplicate {
+    /// Store nothing and answer with the claiming job's id.
+    #[default]
+    Skip,
+    /// Replace a waiting claimant's payload and run time; skip a running one.
+    Replace,
+    /// Refuse the enqueue with an error.
+    Raise,
+}
+
+/// A recurring enqueue of a job type, decided by the fleet's database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleConfig {
+    /// A cron expression: five fields, or six with seconds first; checked.
+    pub cron: String,
+    /// The IANA time zone the expression is read in; checked.
+    pub time_zone: String,
+    /// Each job's payload, a JSON object, before the host adds `_tick`.
+    pub payload: serde_json::Map<String, serde_json::Value>,
+    /// How many missed ticks a host that starts after an outage enqueues.
+    pub backfill: u32,
+}
+
+impl ScheduleConfig {
+    /// A schedule with the defaults: UTC, an empty payload, one catch-up tick.
+    pub fn new(cron: &str) -> Self {
+        ScheduleConfig { cron: cron.to_string(), time_zone: "UTC".into(), payload: serde_json::Map::new(), backfill: 1 }
+    }
+}
+
+/// Reads a stored schedule in either form: an object, or the bare cron
+/// string hosts before WIT 0.2.0 registered (UTC, the defaults).
+fn schedule_either<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<ScheduleConfig>, D::Error> {
+    // Through a Value, not an untagged enum: serde's buffering loses numbers
+    // under serde_json's arbitrary_precision.
+    match Option::<serde_json::Value>::deserialize(deserializer)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(cron)) => Ok(Some(ScheduleConfig::new(&cron))),
+        Some(value) => serde_json::from_value(value).map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// What a run is told about its job.

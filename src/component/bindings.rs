@@ -1,20 +1,35 @@
-//! Rust bindings of the `jobhost:job` WIT world, generated at compile time
-//! from `wit/`, and the conversions between them and [`crate::types`].
+//! Rust bindings of the `jobhost:job` WIT worlds, generated at compile time
+//! from `wit/` (the current version) and `wit/archive/` (earlier versions a
+//! host still loads), and the conversions between them and [`crate::types`].
 
-wasmtime::component::bindgen!({
-    path: "wit",
-    world: "job",
-    // Host imports may trap (a guest flooding the log is a host-side limit).
-    // `enqueue` is async: it may ask the database whether a `raise` limit
-    // has room for the child.
-    imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
-    // Exports are called on the async executor so a guest blocked on a WASI
-    // clock or spinning (epoch yields) never holds a thread.
-    exports: { default: async },
-});
+/// The current world, `jobhost:job@0.2.0`.
+mod current {
+    wasmtime::component::bindgen!({
+        path: "wit",
+        world: "job",
+        // Host imports may trap (a guest flooding the log is a host-side limit).
+        // `enqueue` is async: it may ask the database whether a `raise` limit
+        // has room for the child.
+        imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
+        // Exports are called on the async executor so a guest blocked on a WASI
+        // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
 
-pub use self::jobhost::job::host::{EnqueueOptions, Level};
-pub use self::jobhost::job::types as wit;
+/// `jobhost:job@0.1.0`, for components built before 0.2.0 (see `legacy`).
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.1.0",
+        world: "job",
+        imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
+        exports: { default: async },
+    });
+}
+
+pub use current::jobhost::job::host::{EnqueueOptions, Level};
+pub use current::jobhost::job::types as wit;
+pub use current::{Job, JobPre, jobhost};
 
 use crate::types::{self, LogLevel};
 

@@ -4,7 +4,9 @@
 use crate::component::bindings::wit;
 use crate::config::RuntimeConfig;
 use crate::template::KeyTemplate;
-use crate::types::{Backoff, ConcurrencyConfig, JobConfig, OnConflict, UniqueConfig, UniqueStrategy};
+use crate::types::{
+    Backoff, ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, ScheduleConfig, UniqueConfig, UniqueStrategy,
+};
 
 /// Attempts a job gets when its component does not say.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
@@ -91,12 +93,15 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
                 wit::UniqueStrategy::UntilExecuted => UniqueStrategy::UntilExecuted,
                 wit::UniqueStrategy::WhileExecuting => UniqueStrategy::WhileExecuting,
             },
+            on_duplicate: match u.on_duplicate {
+                None | Some(wit::OnDuplicate::Skip) => OnDuplicate::Skip,
+                Some(wit::OnDuplicate::Replace) => OnDuplicate::Replace,
+                Some(wit::OnDuplicate::Raise) => OnDuplicate::Raise,
+            },
         }),
     };
 
-    if let Some(expression) = &declared.schedule {
-        check_schedule(expression).or_else(|reason| invalid("schedule", reason))?;
-    }
+    let schedule = declared.schedule.map(schedule).transpose()?;
 
     Ok(JobConfig {
         name: declared.name,
@@ -108,7 +113,7 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         memory_limit_bytes,
         concurrency,
         unique,
-        schedule: declared.schedule,
+        schedule,
     })
 }
 
@@ -141,16 +146,23 @@ fn concurrency(
     })
 }
 
-/// Checks a cron expression: five fields (minute precision) or six (with seconds), UTC.
-///
-/// # Errors
-/// The parser's reason.
-pub fn check_schedule(expression: &str) -> Result<(), String> {
-    // The parser's default takes seconds as an optional sixth field.
-    croner::parser::CronParser::new()
-        .parse(expression)
-        .map(|_| ())
-        .map_err(|e| format!("{expression:?} is not a cron expression: {e}"))
+fn schedule(declared: wit::Schedule) -> Result<ScheduleConfig, InvalidConfig> {
+    let payload = match declared.payload {
+        None => serde_json::Map::new(),
+        Some(text) => match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(object)) => object,
+            Ok(_) => return invalid("schedule.payload", "must be a JSON object"),
+            Err(e) => return invalid("schedule.payload", format!("not valid JSON: {e}")),
+        },
+    };
+    let config = ScheduleConfig {
+        cron: declared.cron,
+        time_zone: declared.time_zone.unwrap_or_else(|| "UTC".to_string()),
+        payload,
+        backfill: declared.backfill.unwrap_or(1),
+    };
+    crate::schedule::check(&config).or_else(|reason| invalid("schedule", reason))?;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -211,7 +223,9 @@ mod tests {
             field(wit::JobConfig { concurrency: limit(1, Some("{unclosed"), 10), ..declared("x") }),
             "concurrency.key"
         );
-        assert_eq!(field(wit::JobConfig { schedule: Some("every day".into()), ..declared("x") }), "schedule");
+        assert_eq!(field(wit::JobConfig { schedule: cron("every day"), ..declared("x") }), "schedule");
+        let payload = Some(wit::Schedule { payload: Some("[1]".into()), ..cron("* * * * *").unwrap() });
+        assert_eq!(field(wit::JobConfig { schedule: payload, ..declared("x") }), "schedule.payload");
     }
 
     /// Values that fit the WIT's `u32` but no 32-bit column are refused at
@@ -261,10 +275,13 @@ mod tests {
         assert_eq!(key.render(&serde_json::json!({"any": 1})).unwrap(), "report");
     }
 
+    fn cron(expression: &str) -> Option<wit::Schedule> {
+        Some(wit::Schedule { cron: expression.into(), time_zone: None, payload: None, backfill: None })
+    }
+
     #[test]
-    fn accepts_five_and_six_field_cron() {
-        assert!(check_schedule("*/5 * * * *").is_ok());
-        assert!(check_schedule("0 */5 * * * *").is_ok());
-        assert!(check_schedule("61 * * * *").is_err());
+    fn a_schedule_takes_the_defaults() {
+        let config = validate(wit::JobConfig { schedule: cron("0 */5 * * * *"), ..declared("x") }, &RuntimeConfig::default());
+        assert_eq!(config.unwrap().schedule, Some(ScheduleConfig::new("0 */5 * * * *")));
     }
 }

@@ -13,6 +13,7 @@ pub mod registry;
 mod sandbox;
 mod stop;
 pub mod watcher;
+mod world;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +31,8 @@ pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
-use bindings::{JobPre, wit};
+use bindings::wit;
+use world::WorldPre;
 use sandbox::{CallEnd, RunLimits, SandboxState};
 
 /// How long `describe()` may take when a component is loaded.
@@ -98,7 +100,7 @@ pub struct LoadedComponent {
     pub digest: String,
     /// Its validated configuration.
     pub config: JobConfig,
-    pre: JobPre<SandboxState>,
+    pre: WorldPre,
 }
 
 impl std::fmt::Debug for LoadedComponent {
@@ -198,7 +200,7 @@ impl Runtime {
             .inner
             .linker
             .instantiate_pre(&component)
-            .and_then(JobPre::new)
+            .and_then(WorldPre::new)
             .map_err(|e| fail(LoadErrorKind::World(format!("{e:#}"))))?;
 
         let limits = RunLimits {

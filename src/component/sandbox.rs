@@ -10,7 +10,8 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::component::bindings::{self, EnqueueOptions, Job, JobPre, Level, wit};
+use crate::component::bindings::{self, EnqueueOptions, Job, Level, v0_1, wit};
+use crate::component::world::WorldPre;
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
@@ -191,7 +192,8 @@ impl ResourceLimiter for MemoryCap {
 /// Only if two definitions collide, which is a host bug.
 pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
+    Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_1::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
 }
 
 /// A store for one run, with its limits, captured output and stop checks.
@@ -263,17 +265,14 @@ pub enum CallEnd {
 /// the stop signal even while the guest waits in a host call.
 pub async fn call_run(
     store: &mut Store<SandboxState>,
-    pre: &JobPre<SandboxState>,
+    pre: &WorldPre,
     context: &wit::JobContext,
     payload: &str,
 ) -> CallEnd {
     let deadline = tokio::time::Instant::from_std(store.data().limits.deadline);
     let signal = store.data().signal.clone();
     let outcome = {
-        let call = async {
-            let job = pre.instantiate_async(&mut *store).await?;
-            job.call_run(&mut *store, context, payload).await
-        };
+        let call = pre.run(&mut *store, context, payload);
         tokio::select! {
             result = call => Some(result),
             () = tokio::time::sleep_until(deadline) => None,
@@ -300,13 +299,10 @@ pub async fn call_run(
 /// The guest trapped, ran past the deadline or blocked in a host call.
 pub async fn call_describe(
     store: &mut Store<SandboxState>,
-    pre: &JobPre<SandboxState>,
+    pre: &WorldPre,
 ) -> Result<wit::JobConfig, String> {
     let deadline = tokio::time::Instant::from_std(store.data().limits.deadline);
-    let call = async {
-        let job = pre.instantiate_async(&mut *store).await?;
-        job.call_describe(&mut *store).await
-    };
+    let call = pre.describe(&mut *store);
     let result = tokio::time::timeout_at(deadline, call).await;
     match result {
         Ok(Ok(config)) => Ok(config),

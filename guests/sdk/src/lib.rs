@@ -20,7 +20,9 @@ pub mod bindings {
 }
 
 pub use bindings::jobhost::job::host;
-pub use bindings::jobhost::job::types::{Backoff, Concurrency, OnConflict, UniqueStrategy, Uniqueness};
+pub use bindings::jobhost::job::types::{
+    Backoff, Concurrency, OnConflict, OnDuplicate, Schedule, UniqueStrategy, Uniqueness,
+};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
 
 impl JobConfig {

@@ -1,0 +1,151 @@
+//! The `jobhost:job` world versions a component may implement: the current
+//! one and every earlier one a host still loads. A component of an earlier
+//! version is called through its own bindings, and what it returns is
+//! converted up to the current types, taking the defaults of every field
+//! added since; its host imports are the current ones under the old names.
+
+use wasmtime::Store;
+use wasmtime::component::InstancePre;
+
+use crate::component::bindings::{self, EnqueueOptions, JobPre, Level, v0_1, wit};
+use crate::component::sandbox::SandboxState;
+
+/// A linked component of one world version, ready to instantiate.
+pub enum WorldPre {
+    /// `jobhost:job@0.2.0`.
+    Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.1.0`.
+    V0_1(v0_1::JobPre<SandboxState>),
+}
+
+impl WorldPre {
+    /// Matches a linked component to the newest world whose exports it has.
+    ///
+    /// # Errors
+    /// It fits none: the current world's reason, which is the one to fix.
+    pub fn new(pre: InstancePre<SandboxState>) -> wasmtime::Result<Self> {
+        match JobPre::new(pre.clone()) {
+            Ok(current) => Ok(WorldPre::Current(current)),
+            Err(reason) => v0_1::JobPre::new(pre).map(WorldPre::V0_1).map_err(|_| reason),
+        }
+    }
+
+    /// Instantiates the component and calls `describe`.
+    pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
+        match self {
+            WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_1(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
+        }
+    }
+
+    /// Instantiates the component and calls `run`.
+    pub async fn run(
+        &self,
+        store: &mut Store<SandboxState>,
+        context: &wit::JobContext,
+        payload: &str,
+    ) -> wasmtime::Result<Result<Option<String>, wit::JobError>> {
+        match self {
+            WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_run(&mut *store, context, payload).await,
+            WorldPre::V0_1(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
+            }
+        }
+    }
+}
+
+use v0_1::jobhost::job::host as old_host;
+use v0_1::jobhost::job::types as old;
+
+impl From<old::JobConfig> for wit::JobConfig {
+    fn from(old: old::JobConfig) -> Self {
+        wit::JobConfig {
+            name: old.name,
+            queue: old.queue,
+            priority: old.priority,
+            max_attempts: old.max_attempts,
+            backoff: old.backoff.map(|b| wit::Backoff { base_ms: b.base_ms, cap_ms: b.cap_ms }),
+            timeout_ms: old.timeout_ms,
+            memory_limit_bytes: old.memory_limit_bytes,
+            concurrency: old.concurrency.map(|c| wit::Concurrency {
+                limit: c.limit,
+                key: c.key,
+                duration_secs: c.duration_secs,
+                on_conflict: match c.on_conflict {
+                    old::OnConflict::Block => wit::OnConflict::Block,
+                    old::OnConflict::Discard => wit::OnConflict::Discard,
+                    old::OnConflict::Raise => wit::OnConflict::Raise,
+                },
+            }),
+            unique: old.unique.map(|u| wit::Uniqueness {
+                key: u.key,
+                strategy: match u.strategy {
+                    old::UniqueStrategy::UntilExecuted => wit::UniqueStrategy::UntilExecuted,
+                    old::UniqueStrategy::WhileExecuting => wit::UniqueStrategy::WhileExecuting,
+                },
+                on_duplicate: None,
+            }),
+            schedule: old.schedule.map(|cron| wit::Schedule { cron, time_zone: None, payload: None, backfill: None }),
+        }
+    }
+}
+
+impl From<wit::JobContext> for old::JobContext {
+    fn from(ctx: wit::JobContext) -> Self {
+        old::JobContext {
+            job_id: ctx.job_id,
+            attempt: ctx.attempt,
+            queue: ctx.queue,
+            enqueued_at_ms: ctx.enqueued_at_ms,
+            batch_id: ctx.batch_id,
+            concurrency_key: ctx.concurrency_key,
+        }
+    }
+}
+
+impl From<old::JobError> for wit::JobError {
+    fn from(error: old::JobError) -> Self {
+        match error {
+            old::JobError::Retry(reason) => wit::JobError::Retry(reason),
+            old::JobError::Fail(reason) => wit::JobError::Fail(reason),
+            old::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
+        }
+    }
+}
+
+impl old::Host for SandboxState {}
+
+impl old_host::Host for SandboxState {
+    fn log(&mut self, level: old_host::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            old_host::Level::Trace => Level::Trace,
+            old_host::Level::Debug => Level::Debug,
+            old_host::Level::Info => Level::Info,
+            old_host::Level::Warn => Level::Warn,
+            old_host::Level::Error => Level::Error,
+        };
+        bindings::jobhost::job::host::Host::log(self, level, message)
+    }
+
+    fn heartbeat(&mut self) -> wasmtime::Result<()> {
+        bindings::jobhost::job::host::Host::heartbeat(self)
+    }
+
+    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+        bindings::jobhost::job::host::Host::progress(self, done, total)
+    }
+
+    async fn enqueue(
+        &mut self,
+        job: String,
+        payload: String,
+        options: old_host::EnqueueOptions,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
+        bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await
+    }
+}
