@@ -1,7 +1,8 @@
 //! What the shared job rules need from a backend: the configurations they
 //! apply, and a writer for what they decided. The rules themselves live
-//! above, in [`super::enqueue`] and [`super::finish`]; a backend never
-//! decides a key, a default or a job's fate, it only writes.
+//! above, in [`super::enqueue`], [`super::finish`] and [`super::schedule`];
+//! a backend never decides a key, a default, a job's fate or a tick's
+//! payload, it only writes.
 
 use async_trait::async_trait;
 
@@ -9,6 +10,7 @@ use super::Result;
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::job::FetchParams;
+use super::schedule::TickWrite;
 
 /// The narrow interface each backend implements under the shared rules.
 #[async_trait]
@@ -30,4 +32,12 @@ pub(crate) trait Backend: Send + Sync {
     /// that can tell another transaction holds a key's semaphore leaves the
     /// plan's deferrable runs of that key out instead of waiting.
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written>;
+
+    /// Moves a schedule's cursor from `write.expected` to `write.last_tick`
+    /// and inserts `write.jobs` (as [`Backend::jobs_write`] does), in one
+    /// transaction, only if the cursor of the calendar registered at
+    /// `write.since` is still `write.expected`. `None` when it is not:
+    /// another host wrote those ticks, or a registration changed the
+    /// calendar, and nothing was written.
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>>;
 }

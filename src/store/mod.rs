@@ -12,7 +12,7 @@
 //! The vocabulary, one file per entity: [`job`] (states, enqueue and fetch
 //! parameters, results, listings), [`lease`] (runs and renewals), [`host`]
 //! (fleet membership and job types), [`concurrency`] (per-key slots and
-//! blocked jobs).
+//! blocked jobs), [`schedule`] (cursors, and the jobs of ticks).
 
 mod backend;
 pub mod concurrency;
@@ -22,6 +22,7 @@ pub mod host;
 pub mod job;
 pub mod lease;
 pub mod postgres;
+pub mod schedule;
 mod schema;
 pub mod sqlite;
 mod timestamp;
@@ -41,6 +42,7 @@ pub use job::{
     JobState, LockedKeys, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
+pub use schedule::{Fired, ScheduleState, ScheduleStatus, Schedules, Tick};
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -433,4 +435,18 @@ pub trait Store: Backend + 'static {
 
     /// Waits until jobs may be available (a notification), or `timeout`.
     async fn job_wait_available(&self, timeout: std::time::Duration);
+
+    /// Every scheduled job type with its cursor and whether a live host
+    /// serves it, and the clock to read ticks by: the database's, or `now`
+    /// when a test gives one (hosts' liveness is judged by the database's
+    /// clock either way).
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules>;
+
+    /// Enqueues one job per tick of a schedule, moving its cursor past them
+    /// in the same transaction, unless another host moved it first; a tick
+    /// whose job the enqueue rules or the database refuse is skipped with
+    /// the reason. `ticks` are due ticks after the cursor, oldest first.
+    async fn schedule_fire(&self, state: &ScheduleState, ticks: &[DateTime<Utc>]) -> Result<Fired> {
+        schedule::fire(self, state, ticks).await
+    }
 }

@@ -4,7 +4,7 @@
 //! Modules: `job` (insert, fetch, due jobs, quarantine, prune), `finish`
 //! (a finish plan in one call), `lease`, `concurrency` (the gate's sweeps
 //! and reports), `host` (hosts and job types), `operate` (listings and
-//! operator commands). Queries over ~15 lines are in `sql/`.
+//! operator commands), `schedule` (cursors and ticks). Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is
@@ -30,6 +30,8 @@
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
 //! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
+//! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
+//! | `schedules_follow_registration` | 0008_schedules | trigger: a changed calendar restarts its schedule |
 
 mod concurrency;
 mod finish;
@@ -37,6 +39,7 @@ mod host;
 mod job;
 mod lease;
 mod operate;
+mod schedule;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +52,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
+use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, EnqueueLimits, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
     LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
@@ -169,6 +173,10 @@ impl Backend for PgStore {
             self.wake.notify_one();
         }
         Ok(written)
+    }
+
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>> {
+        schedule::write(&self.pool, write).await
     }
 }
 
@@ -326,6 +334,10 @@ impl Store for PgStore {
         notify_available(&mut tx).await?;
         tx.commit().await?;
         Ok(resumed.rows_affected() == 1)
+    }
+
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+        schedule::list(&self.pool, now).await
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

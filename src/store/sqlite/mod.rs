@@ -27,6 +27,7 @@ mod host;
 mod job;
 mod lease;
 mod operate;
+mod schedule;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use tokio::sync::Notify;
 
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
+use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, EnqueueLimits, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
     LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
@@ -315,6 +317,14 @@ impl Backend for SqliteStore {
         self.announce(any_available);
         Ok(written)
     }
+
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>> {
+        let mut tx = self.write().await?;
+        let ids = schedule::write(&mut tx, &write, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(ids.as_ref().is_some_and(|ids| !ids.is_empty()));
+        Ok(ids)
+    }
 }
 
 #[async_trait]
@@ -582,6 +592,11 @@ impl Store for SqliteStore {
         // Idle hosts wait for a wake-up; the queue's jobs are ready now.
         self.announce(true);
         Ok(resumed.rows_affected() == 1)
+    }
+
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+        let schedules = schedule::list(&self.reader, now_ms()).await?;
+        Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

@@ -1,0 +1,65 @@
+//! Schedules in PostgreSQL: reading them, and moving a cursor with its
+//! ticks' jobs.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::types::Json;
+
+use crate::store::host::MISSED_HEARTBEATS;
+use crate::store::schedule::{Schedules, TickWrite};
+use crate::store::{Error, Result};
+
+/// The clock, and a schedule's job, registration, cursor, configuration and
+/// whether it is served (all null but the clock when there is none).
+type Row = (
+    DateTime<Utc>,
+    Option<String>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<Json<serde_json::Value>>,
+    Option<bool>,
+);
+
+pub async fn list(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+    let rows: Vec<Row> =
+        sqlx::query_as(include_str!("sql/schedule_list.sql")).bind(now).bind(MISSED_HEARTBEATS).fetch_all(pool).await?;
+    let now =
+        rows.first().map(|row| row.0).ok_or_else(|| Error::Decode("the schedule listing returned no clock".into()))?;
+    let schedules = rows
+        .into_iter()
+        .filter_map(|(_, job, since, last_tick, config, served)| {
+            let (job, since, Json(config)) = (job?, since?, config?);
+            crate::store::schedule::state_of(job, config, since, last_tick, served.unwrap_or(false))
+        })
+        .collect();
+    Ok(Schedules { now, schedules })
+}
+
+/// Moves the cursor and inserts the jobs in one transaction, or writes
+/// nothing when the cursor is not `write.expected` any more.
+pub async fn write(pool: &PgPool, write: TickWrite) -> Result<Option<Vec<i64>>> {
+    let mut tx = pool.begin().await?;
+    // Locks the schedule's row until commit: another host writing the same
+    // ticks waits here, then (READ COMMITTED re-reads the row it waited
+    // for) finds the cursor moved and matches nothing.
+    let moved = sqlx::query(
+        "UPDATE jobhost.schedules SET last_tick = $4
+         WHERE job = $1 AND since = $2 AND last_tick IS NOT DISTINCT FROM $3",
+    )
+    .bind(&write.job)
+    .bind(write.since)
+    .bind(write.expected)
+    .bind(write.last_tick)
+    .execute(&mut *tx)
+    .await
+    .map(|done| done.rows_affected());
+    let written = match moved {
+        Ok(0) => {
+            super::commit_or_roll_back(tx, Ok(())).await?;
+            return Ok(None);
+        }
+        Ok(_) => super::job::insert(&mut tx, &write.jobs.iter().collect::<Vec<_>>()).await,
+        Err(error) => Err(error.into()),
+    };
+    super::commit_or_roll_back(tx, written).await.map(Some)
+}

@@ -1,0 +1,54 @@
+//! Schedules in SQLite: reading them, and moving a cursor with its ticks'
+//! jobs in the caller's write transaction.
+
+use sqlx::types::Json;
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::time_of;
+use crate::store::Result;
+use crate::store::host::MISSED_HEARTBEATS;
+use crate::store::schedule::{ScheduleState, TickWrite};
+
+/// A schedule's job, registration and cursor (ms), configuration, and
+/// whether a live host serves it.
+type Row = (String, i64, Option<i64>, Json<serde_json::Value>, bool);
+
+/// Every schedule, with whether a live host serves its type (it renewed its
+/// row within its last few heartbeats, by `now`, this machine's clock).
+pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<ScheduleState>> {
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT s.job, s.since, s.last_tick, t.config,
+                EXISTS (SELECT 1 FROM hosts h, json_each(h.job_types) j
+                        WHERE j.value = s.job AND h.last_seen_at >= $1 - $2 * h.heartbeat_ms)
+         FROM schedules s JOIN job_types t ON t.name = s.job
+         ORDER BY s.job",
+    )
+    .bind(now)
+    .bind(MISSED_HEARTBEATS)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(job, since, last_tick, Json(config), served)| {
+            crate::store::schedule::state_of(job, config, time_of(since), last_tick.map(time_of), served)
+        })
+        .collect())
+}
+
+/// Moves the cursor and inserts the jobs, or writes nothing when the cursor
+/// is not `write.expected` any more. The write lock held since the
+/// transaction began means nothing can move it in between.
+pub async fn write(conn: &mut SqliteConnection, write: &TickWrite, now: i64) -> Result<Option<Vec<i64>>> {
+    let moved = sqlx::query("UPDATE schedules SET last_tick = $4 WHERE job = $1 AND since = $2 AND last_tick IS $3")
+        .bind(&write.job)
+        .bind(write.since.timestamp_millis())
+        .bind(write.expected.map(|t| t.timestamp_millis()))
+        .bind(write.last_tick.timestamp_millis())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if moved == 0 {
+        return Ok(None);
+    }
+    Ok(Some(super::job::insert(conn, &write.jobs.iter().collect::<Vec<_>>(), now).await?))
+}
