@@ -102,6 +102,9 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
     };
 
     let schedule = declared.schedule.map(schedule).transpose()?;
+    if let (Some(schedule), Some(limit)) = (&schedule, &concurrency) {
+        ticks_render_key(schedule, limit)?;
+    }
 
     Ok(JobConfig {
         name: declared.name,
@@ -165,6 +168,17 @@ fn schedule(declared: wit::Schedule) -> Result<ScheduleConfig, InvalidConfig> {
     Ok(config)
 }
 
+/// Every tick's job renders its concurrency key from the schedule's
+/// payload (and `_tick`): a key it cannot render would refuse every tick.
+fn ticks_render_key(schedule: &ScheduleConfig, limit: &ConcurrencyConfig) -> Result<(), InvalidConfig> {
+    let mut payload = schedule.payload.clone();
+    payload.insert(crate::schedule::TICK_FIELD.into(), serde_json::Value::String("1970-01-01T00:00:00Z".into()));
+    match limit.key.render(&serde_json::Value::Object(payload)) {
+        Ok(_) => Ok(()),
+        Err(e) => invalid("schedule.payload", format!("every tick's job would be refused: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +240,20 @@ mod tests {
         assert_eq!(field(wit::JobConfig { schedule: cron("every day"), ..declared("x") }), "schedule");
         let payload = Some(wit::Schedule { payload: Some("[1]".into()), ..cron("* * * * *").unwrap() });
         assert_eq!(field(wit::JobConfig { schedule: payload, ..declared("x") }), "schedule.payload");
+        let keyless =
+            wit::JobConfig { schedule: cron("* * * * *"), concurrency: limit(1, Some("{k}"), 10), ..declared("x") };
+        assert_eq!(field(keyless), "schedule.payload", "a concurrency key the ticks' payload cannot render");
+        let keyed = Some(wit::Schedule { payload: Some(r#"{"k": 1}"#.into()), ..cron("* * * * *").unwrap() });
+        let tick_key =
+            wit::JobConfig { schedule: cron("* * * * *"), concurrency: limit(1, Some("{_tick}"), 10), ..declared("x") };
+        assert!(validate(tick_key, &runtime).is_ok(), "a key over the tick itself");
+        assert!(
+            validate(
+                wit::JobConfig { schedule: keyed, concurrency: limit(1, Some("{k}"), 10), ..declared("x") },
+                &runtime
+            )
+            .is_ok()
+        );
     }
 
     /// Values that fit the WIT's `u32` but no 32-bit column are refused at
