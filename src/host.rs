@@ -1,5 +1,6 @@
 //! A whole host: components from a watched directory, their job types
-//! registered fleet-wide, the worker and the maintenance sweeps, until shutdown.
+//! registered fleet-wide, the worker, the maintenance sweeps and the
+//! schedule loop, until shutdown.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use crate::component::{DirectoryWatcher, Registry, Runtime, WatcherConfig};
 use crate::config::RuntimeConfig;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
 use crate::registration::Registrar;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{EnqueueLimits, Store};
 use crate::supervisor::{Supervisor, TaskPanic};
 use crate::worker::{KnownJobTypes, Worker, WorkerConfig};
@@ -30,6 +32,8 @@ pub struct HostConfig {
     pub worker: WorkerConfig,
     /// The sweeps.
     pub maintenance: MaintenanceConfig,
+    /// The schedule loop.
+    pub schedules: SchedulerConfig,
     /// What an enqueue may carry: the children of this host's runs, checked
     /// at the guest's call and again when written.
     pub limits: EnqueueLimits,
@@ -113,6 +117,9 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
     let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?;
     let sweeping = supervisor.spawn("maintenance", maintenance.run(background.clone()));
+    // Stops with the worker: a host shutting down enqueues no more ticks.
+    let scheduler = Scheduler::new(store.clone(), config.schedules.clone())?;
+    let scheduling = supervisor.spawn("schedules", scheduler.run(stop.clone()));
     let refreshing = supervisor.spawn(
         "job type refresh",
         known.refresh_loop(store.clone(), config.worker.heartbeat_interval, background.clone()),
@@ -123,7 +130,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     worker.run(stop).await;
 
     background.cancel();
-    let _ = tokio::join!(watching, registering, sweeping, refreshing);
+    let _ = tokio::join!(watching, registering, sweeping, scheduling, refreshing);
     if let Some(panic) = supervisor.failure() {
         tracing::error!(%panic, "host stopped after a task panicked");
         return Err(HostError::TaskPanicked(panic));

@@ -18,6 +18,7 @@
 //!   file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
+//! - [`scheduler`]: the schedule loop, enqueueing each due tick's job once.
 //! - [`registration`]: job types recorded in the database as components load.
 //! - [`supervisor`]: background tasks whose panic stops the host.
 //! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
@@ -33,6 +34,7 @@ pub mod host;
 pub mod maintenance;
 pub mod registration;
 pub mod schedule;
+pub mod scheduler;
 pub mod store;
 pub mod supervisor;
 pub mod template;

@@ -82,6 +82,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
             retention: args.retention,
             ..MaintenanceConfig::default()
         },
+        schedules: Default::default(),
         limits,
     };
     let shutdown = CancellationToken::new();

@@ -127,6 +127,7 @@ impl TestHost {
                 interval: Duration::from_millis(50),
                 ..Default::default()
             },
+            schedules: Default::default(),
             limits: Default::default(),
         };
         tune(&mut config);

@@ -1,0 +1,225 @@
+//! The schedule loop every host runs: it looks at every scheduled job type
+//! that a live host serves, enqueues the jobs of the ticks that are due,
+//! and sleeps until the next tick (a second at most, so a registration that
+//! adds, changes or removes a schedule is seen within one).
+//!
+//! The database decides which ticks were enqueued (each schedule's cursor,
+//! moved with a compare-and-set in the transaction that inserts the jobs;
+//! see [`crate::store::schedule`]), so any number of hosts may look at once
+//! and each tick is enqueued once. The one thing a host keeps in memory is
+//! since when it has been looking at each schedule without a pause: a tick
+//! that came due since then is enqueued however late, and the ticks before
+//! it were missed while no host looked, of which only the schedule's
+//! `backfill` latest are enqueued ([`crate::schedule::due_ticks`]). A
+//! restart forgets it, which is what makes the gap of a restart count as
+//! missed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ConfigError;
+use crate::schedule::{Calendar, due_ticks};
+use crate::store::{Fired, Store, Tick};
+
+/// Settings of the schedule loop.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// The longest sleep between two looks: how soon a registration that
+    /// adds, changes or removes a schedule, or a host that starts or stops
+    /// serving one, is seen.
+    pub max_sleep: Duration,
+    /// The longest pause between two looks of this host after which it still
+    /// enqueues every tick that came due in between; after a longer one (the
+    /// host was frozen, or could not reach the database) those ticks count
+    /// as missed and only the latest `backfill` are enqueued.
+    pub max_pause: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { max_sleep: Duration::from_secs(1), max_pause: Duration::from_secs(10) }
+    }
+}
+
+impl SchedulerConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A zero sleep, or a pause no longer than the sleep (no host would ever
+    /// count as looking without a pause).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_sleep.is_zero() {
+            return Err(ConfigError { field: "max_sleep", reason: "must be positive".into() });
+        }
+        if self.max_pause <= self.max_sleep {
+            return Err(ConfigError { field: "max_pause", reason: "must be longer than max_sleep".into() });
+        }
+        Ok(())
+    }
+}
+
+/// What one look did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LookReport {
+    /// Ticks whose jobs this host enqueued, by job type.
+    pub enqueued: Vec<(String, DateTime<Utc>)>,
+    /// Ticks skipped because their job was refused, with the reason.
+    pub refused: Vec<(String, DateTime<Utc>, String)>,
+    /// Schedules whose due ticks another host enqueued first.
+    pub taken: Vec<String>,
+    /// The earliest tick after this look of a schedule a live host serves.
+    pub next_tick: Option<DateTime<Utc>>,
+    /// The clock the look read its ticks by.
+    pub now: Option<DateTime<Utc>>,
+}
+
+/// Sleeps shorter than this are rounded up: a tick a few milliseconds away
+/// is not worth a look of its own.
+const MIN_SLEEP: Duration = Duration::from_millis(5);
+
+/// The schedule loop of one host.
+pub struct Scheduler {
+    store: Arc<dyn Store>,
+    config: SchedulerConfig,
+    /// Per job type, the time of this host's last look that handled it,
+    /// while it keeps looking without a pause longer than `max_pause`.
+    looked: HashMap<String, DateTime<Utc>>,
+}
+
+impl Scheduler {
+    /// A loop over `store`.
+    ///
+    /// # Errors
+    /// Invalid settings.
+    pub fn new(store: Arc<dyn Store>, config: SchedulerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Scheduler { store, config, looked: HashMap::new() })
+    }
+
+    /// One look at every schedule: enqueues the due ticks of each one a live
+    /// host serves. `now` overrides the database's clock for the ticks, for
+    /// tests. A schedule whose ticks cannot be written now (the database
+    /// failing) stays due; the others go on.
+    ///
+    /// # Errors
+    /// The schedules could not be read.
+    pub async fn run_once(&mut self, now: Option<DateTime<Utc>>) -> crate::store::Result<LookReport> {
+        let listing = self.store.schedule_list(now).await?;
+        let now = listing.now;
+        let max_pause = TimeDelta::from_std(self.config.max_pause).unwrap_or(TimeDelta::MAX);
+        let mut report = LookReport { now: Some(now), ..LookReport::default() };
+        let mut looked = HashMap::new();
+        for state in listing.schedules.iter().filter(|state| state.served) {
+            let calendar = match Calendar::new(&state.schedule) {
+                Ok(calendar) => calendar,
+                Err(reason) => {
+                    // Validated when its component loaded; a row written some other way.
+                    tracing::warn!(job = state.job, reason, "a schedule cannot be read: it does not tick");
+                    continue;
+                }
+            };
+            let previous = self.looked.get(&state.job).copied();
+            let since = previous.filter(|at| now - *at <= max_pause);
+            let ticks = due_ticks(&calendar, state.cursor(), since, now, state.schedule.backfill);
+            let handled = if ticks.is_empty() {
+                true
+            } else {
+                match self.store.schedule_fire(state, &ticks).await {
+                    Ok(Fired::Done(done)) => {
+                        record(&mut report, &state.job, done);
+                        true
+                    }
+                    // Another host was first, perhaps to an earlier tick
+                    // than this look found due: this host keeps counting
+                    // from its previous look, so those ticks stay on time.
+                    Ok(Fired::Taken) => {
+                        report.taken.push(state.job.clone());
+                        false
+                    }
+                    Err(error) => {
+                        tracing::warn!(job = state.job, %error, "cannot enqueue a schedule's ticks; they stay due");
+                        false
+                    }
+                }
+            };
+            match (handled, previous) {
+                (true, _) => {
+                    looked.insert(state.job.clone(), now);
+                }
+                (false, Some(at)) => {
+                    looked.insert(state.job.clone(), at);
+                }
+                (false, None) => {}
+            }
+            if let Some(next) = calendar.next_after(now) {
+                report.next_tick = Some(report.next_tick.map_or(next, |earliest| earliest.min(next)));
+            }
+        }
+        // A schedule no live host serves (or that is gone) forgets its
+        // looks: its ticks are missed until one does.
+        self.looked = looked;
+        Ok(report)
+    }
+
+    /// Looks at the schedules until `shutdown`, sleeping until the next
+    /// tick between looks, by the clock the look read (the database's).
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let sleep = match self.run_once(None).await {
+                Ok(report) => self.sleep_after(&report),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the schedules; looking again shortly");
+                    self.config.max_sleep
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// How long to sleep after a look: until its next tick, within bounds.
+    fn sleep_after(&self, report: &LookReport) -> Duration {
+        let until_next = match (report.next_tick, report.now) {
+            (Some(next), Some(now)) => (next - now).to_std().unwrap_or(Duration::ZERO),
+            _ => self.config.max_sleep,
+        };
+        // Just past the tick, so the next look finds it due.
+        (until_next + MIN_SLEEP).clamp(MIN_SLEEP, self.config.max_sleep)
+    }
+}
+
+/// Adds what one schedule's fire did to the report, and logs refusals.
+fn record(report: &mut LookReport, job: &str, done: Vec<(DateTime<Utc>, Tick)>) {
+    for (tick, outcome) in done {
+        match outcome {
+            Tick::Enqueued(id) => {
+                tracing::debug!(job, %tick, id, "enqueued a scheduled tick");
+                report.enqueued.push((job.to_string(), tick));
+            }
+            Tick::Refused(reason) => {
+                tracing::error!(job, %tick, reason, "a scheduled tick's job was refused; the tick is skipped");
+                report.refused.push((job.to_string(), tick, reason));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_must_be_longer_than_a_sleep() {
+        assert!(SchedulerConfig::default().validate().is_ok());
+        let config = SchedulerConfig { max_pause: Duration::from_secs(1), ..SchedulerConfig::default() };
+        assert_eq!(config.validate().unwrap_err().field, "max_pause");
+        let config = SchedulerConfig { max_sleep: Duration::ZERO, ..SchedulerConfig::default() };
+        assert_eq!(config.validate().unwrap_err().field, "max_sleep");
+    }
+}
