@@ -99,6 +99,16 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Per scheduled job type: its cron expression and zone, the last tick
+    /// enqueued, the next tick, and whether a live host serves it (without
+    /// one it does not tick).
+    Schedules {
+        /// One JSON object per job type, one per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// Load components and print the validated configuration each declares,
     /// one JSON object per line.
     Inspect {
@@ -254,6 +264,7 @@ pub fn main(cli: Cli) -> ExitCode {
                 operator::queue_pause(&name, false, &db).await
             }
             Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
+            Command::Schedules { json, db } => operator::schedules(json, &db).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

@@ -1,5 +1,5 @@
 //! The operator commands: `migrate`, `enqueue`, `jobs`, `job`, `stats`,
-//! `retry`, `cancel`, `queue pause`/`resume` and `concurrency`. Each opens
+//! `retry`, `cancel`, `queue pause`/`resume`, `concurrency` and `schedules`. Each opens
 //! the database, does one thing and exits; none runs jobs (that is the host
 //! command, in [`super::host`]).
 
@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
 use super::{DbArgs, fail, fail_store};
-use crate::store::{Cancel, EnqueueParams, JobFilter, JobState, Store};
+use crate::store::{Cancel, EnqueueParams, JobFilter, JobState, ScheduleStatus, Store};
 
 /// Payload lines inserted per transaction by `enqueue --file`.
 const BULK_CHUNK: usize = 5_000;
@@ -355,6 +355,30 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
             holding.join(", "),
             key.blocked
         );
+    }
+    ExitCode::SUCCESS
+}
+
+pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open_existing(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let listing = match store.schedule_list(None).await {
+        Ok(listing) => listing,
+        Err(error) => return fail(error),
+    };
+    for state in &listing.schedules {
+        let status = ScheduleStatus::new(state, listing.now);
+        if json {
+            println!("{}", serde_json::to_string(&status).unwrap_or_default());
+            continue;
+        }
+        // Two lines per job type, so the times line up within 80 columns.
+        let served = if status.served { "served" } else { "not served by a live host: no ticks" };
+        println!("{} {:?} in {}, backfill {}, {served}", status.job, status.cron, status.time_zone, status.backfill);
+        let time = |t: Option<DateTime<Utc>>| t.map_or("none".into(), |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
+        println!("  last tick {:<20}  next tick {}", time(status.last_tick), time(status.next_tick));
     }
     ExitCode::SUCCESS
 }
