@@ -9,7 +9,7 @@ wit_bindgen::generate!({
 });
 
 use jobhost::job::host;
-use jobhost::job::types::{Uniqueness, UniqueStrategy};
+use jobhost::job::types::{UniqueStrategy, Uniqueness};
 
 struct Legacy;
 
