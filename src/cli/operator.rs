@@ -375,7 +375,7 @@ pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
             continue;
         }
         // Two lines per job type, so the times line up within 80 columns.
-        let served = if status.served { "served" } else { "not served by a live host: no ticks" };
+        let served = if status.served { "served" } else { "not served (no ticks)" };
         println!("{} {:?} in {}, backfill {}, {served}", status.job, status.cron, status.time_zone, status.backfill);
         let time = |t: Option<DateTime<Utc>>| t.map_or("none".into(), |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
         println!("  last tick {:<20}  next tick {}", time(status.last_tick), time(status.next_tick));

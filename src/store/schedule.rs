@@ -98,7 +98,7 @@ pub struct ScheduleStatus {
     /// The latest tick enqueued.
     #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub last_tick: Option<DateTime<Utc>>,
-    /// The first tick after now.
+    /// The first tick after now not enqueued yet.
     #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub next_tick: Option<DateTime<Utc>>,
     /// Whether a live host serves the job type: without one it does not tick.
@@ -115,7 +115,9 @@ impl ScheduleStatus {
             backfill: state.schedule.backfill,
             since: state.since,
             last_tick: state.last_tick,
-            next_tick: Calendar::new(&state.schedule).ok().and_then(|calendar| calendar.next_after(now)),
+            next_tick: Calendar::new(&state.schedule)
+                .ok()
+                .and_then(|calendar| calendar.next_after(now.max(state.cursor()))),
             served: state.served,
         }
     }
