@@ -39,15 +39,21 @@ impl Calendar {
 
     /// The first tick strictly after `after`, if the expression names any.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let local = after.with_timezone(&self.zone);
+        let local = whole_second(after).with_timezone(&self.zone);
         self.cron.find_next_occurrence(&local, false).ok().map(|t| t.with_timezone(&Utc))
     }
 
     /// The latest tick at or before `at`, if any.
     pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let local = at.with_timezone(&self.zone);
+        let local = whole_second(at).with_timezone(&self.zone);
         self.cron.find_previous_occurrence(&local, true).ok().map(|t| t.with_timezone(&Utc))
     }
+}
+
+/// `at` without its fraction of a second: ticks fall on whole seconds, and
+/// the parser keeps a fraction it is given.
+fn whole_second(at: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(at.timestamp(), 0).unwrap_or(at)
 }
 
 /// Checks a schedule as a component declared it.
@@ -83,6 +89,7 @@ mod tests {
         let every_second = Calendar::new(&ScheduleConfig::new("* * * * * *")).unwrap();
         assert_eq!(every_second.next_after(at("2026-01-01T00:00:00Z")), Some(at("2026-01-01T00:00:01Z")));
         assert_eq!(every_second.latest_at_or_before(at("2026-01-01T00:00:00.5Z")), Some(at("2026-01-01T00:00:00Z")));
+        assert_eq!(every_second.next_after(at("2026-01-01T00:00:00.5Z")), Some(at("2026-01-01T00:00:01Z")));
     }
 
     #[test]

@@ -281,7 +281,8 @@ mod tests {
 
     #[test]
     fn a_schedule_takes_the_defaults() {
-        let config = validate(wit::JobConfig { schedule: cron("0 */5 * * * *"), ..declared("x") }, &RuntimeConfig::default());
+        let config =
+            validate(wit::JobConfig { schedule: cron("0 */5 * * * *"), ..declared("x") }, &RuntimeConfig::default());
         assert_eq!(config.unwrap().schedule, Some(ScheduleConfig::new("0 */5 * * * *")));
     }
 }

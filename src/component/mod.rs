@@ -32,8 +32,8 @@ pub use stop::StopSignal;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
 use bindings::wit;
-use world::WorldPre;
 use sandbox::{CallEnd, RunLimits, SandboxState};
+use world::WorldPre;
 
 /// How long `describe()` may take when a component is loaded.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -11,11 +11,11 @@ use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::component::bindings::{self, EnqueueOptions, Job, Level, v0_1, wit};
-use crate::component::world::WorldPre;
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::stop::StopSignal;
+use crate::component::world::WorldPre;
 use crate::types::{ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
 
 /// Longest message kept from one `log` call.
@@ -297,10 +297,7 @@ pub async fn call_run(
 ///
 /// # Errors
 /// The guest trapped, ran past the deadline or blocked in a host call.
-pub async fn call_describe(
-    store: &mut Store<SandboxState>,
-    pre: &WorldPre,
-) -> Result<wit::JobConfig, String> {
+pub async fn call_describe(store: &mut Store<SandboxState>, pre: &WorldPre) -> Result<wit::JobConfig, String> {
     let deadline = tokio::time::Instant::from_std(store.data().limits.deadline);
     let call = pre.describe(&mut *store);
     let result = tokio::time::timeout_at(deadline, call).await;

@@ -48,7 +48,9 @@ impl WorldPre {
         payload: &str,
     ) -> wasmtime::Result<Result<Option<String>, wit::JobError>> {
         match self {
-            WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_run(&mut *store, context, payload).await,
+            WorldPre::Current(pre) => {
+                pre.instantiate_async(&mut *store).await?.call_run(&mut *store, context, payload).await
+            }
             WorldPre::V0_1(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
                 let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::Result;
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob};
 use super::finish::{FinishPlan, Written};
-use super::job::FetchParams;
+use super::job::{Enqueued, FetchParams};
 
 /// The narrow interface each backend implements under the shared rules.
 #[async_trait]
@@ -19,9 +19,11 @@ pub(crate) trait Backend: Send + Sync {
     /// The registered configuration of each named job type that exists.
     async fn configs_read(&self, names: &[String]) -> Result<Configs>;
 
-    /// Inserts prepared jobs in one transaction, all or none, each passing
-    /// the concurrency gate as it becomes due. Returns their ids in order.
-    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>>;
+    /// Inserts prepared jobs in one transaction, all or none: each unique
+    /// job claims its key first (a duplicate is not stored), and each job
+    /// passes the concurrency gate as it becomes due. Returns what became of
+    /// each, in order.
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>>;
 
     /// Writes a plan in one transaction: each run whose lease token still
     /// matches ends or goes back to wait, gives back its slot (blocked jobs

@@ -27,6 +27,7 @@ mod host;
 mod job;
 mod lease;
 mod operate;
+mod unique;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -42,8 +43,8 @@ use tokio::sync::Notify;
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::{
-    Backend, Cancel, EnqueueLimits, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
-    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    Backend, Cancel, EnqueueLimits, Enqueued, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
+    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -300,12 +301,12 @@ impl Backend for SqliteStore {
         host::job_types_get(&self.reader, names).await
     }
 
-    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {
         let mut tx = self.write().await?;
-        let ids = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
+        let enqueued = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
         tx.commit().await?;
-        self.announce(!ids.is_empty());
-        Ok(ids)
+        self.announce(enqueued.iter().any(|e| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_))));
+        Ok(enqueued)
     }
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
