@@ -3,7 +3,8 @@
 # handlers and the host, then runs a host on the embedded backend (a SQLite
 # file; no server) on sample components and jobs and shows what happened:
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
-# nosy guest, and concurrency limits blocking jobs and refusing one.
+# nosy guest, concurrency limits blocking jobs and refusing one, and a
+# duplicate of a unique job answered with the waiting job's id.
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest}.wasm "$components"
 step "$jobhost" migrate
 "$jobhost" run --components "$components" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
 host=$!
@@ -39,6 +40,11 @@ step "$jobhost" concurrency
 # Two slots per key, and a third enqueue is refused (exit code 3).
 for _ in 1 2; do "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' > /dev/null; done
 step "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' || echo "(exit code $?)"
+
+# One digest per account at a time: the second enqueue, while the first
+# waits, is a duplicate of it (exit code 0, nothing stored).
+step "$jobhost" enqueue digest --payload '{"account": "acct-7", "ms": 200}' --delay 1s
+step "$jobhost" enqueue digest --payload '{"account": "acct-7", "ms": 200}'
 
 waiting() { "$jobhost" jobs --state "$1" --limit 1 | grep -c . || true; }
 until [ "$(waiting scheduled)$(waiting available)$(waiting running)$(waiting blocked)" = 0000 ]; do sleep 0.2; done

@@ -2,11 +2,13 @@
 
 use std::sync::Arc;
 
-use crate::store::{EnqueueParams, Result, Store};
+use crate::store::{EnqueueParams, Enqueued, Result, Store};
 
 /// Enqueues jobs into a jobhost database through the same checks as the CLI
 /// and the hosts: registered job types, JSON-object payloads, their types'
-/// defaults and concurrency keys.
+/// defaults, concurrency keys and uniqueness. A duplicate of a unique job
+/// is not an error: its enqueue answers with the id of the job holding the
+/// key (see [`Client::enqueue_reporting`] to tell the two apart).
 #[derive(Clone)]
 pub struct Client {
     store: Arc<dyn Store>,
@@ -47,10 +49,21 @@ impl Client {
     ///
     /// # Errors
     /// An unknown job type, a payload that is not a JSON object, an invalid
-    /// option, a payload without a field its concurrency key needs, or a
-    /// database error. Nothing is enqueued then.
+    /// option, a payload without a field its concurrency or uniqueness key
+    /// needs, a duplicate whose type's `on_duplicate` is `raise`
+    /// ([`crate::store::Error::Duplicate`]), or a database error. Nothing is
+    /// enqueued then.
     pub async fn enqueue_many(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
         self.store.job_enqueue(jobs).await
+    }
+
+    /// [`Client::enqueue_many`], saying of each job whether it was stored
+    /// or was a duplicate of the job holding its uniqueness key.
+    ///
+    /// # Errors
+    /// See [`Client::enqueue_many`].
+    pub async fn enqueue_reporting(&self, jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
+        self.store.job_enqueue_outcomes(jobs).await
     }
 
     /// The store, for operator queries.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ConfigError;
 use crate::schedule::{Calendar, due_ticks};
-use crate::store::{Fired, Store, Tick};
+use crate::store::{Enqueued, Fired, Store, Tick};
 
 /// Settings of the schedule loop.
 #[derive(Debug, Clone)]
@@ -67,6 +67,10 @@ impl SchedulerConfig {
 pub struct LookReport {
     /// Ticks whose jobs this host enqueued, by job type.
     pub enqueued: Vec<(String, DateTime<Utc>)>,
+    /// Ticks of unique job types whose key a job (an earlier tick's, still
+    /// waiting or running) held: with the id of that job, which skipped the
+    /// tick or took its payload (`on_duplicate` `replace`).
+    pub duplicates: Vec<(String, DateTime<Utc>, i64)>,
     /// Ticks skipped because their job was refused, with the reason.
     pub refused: Vec<(String, DateTime<Utc>, String)>,
     /// Schedules whose due ticks another host enqueued first.
@@ -198,9 +202,13 @@ impl Scheduler {
 fn record(report: &mut LookReport, job: &str, done: Vec<(DateTime<Utc>, Tick)>) {
     for (tick, outcome) in done {
         match outcome {
-            Tick::Enqueued(id) => {
+            Tick::Written(Enqueued::New(id)) => {
                 tracing::debug!(job, %tick, id, "enqueued a scheduled tick");
                 report.enqueued.push((job.to_string(), tick));
+            }
+            Tick::Written(Enqueued::Duplicate(holder) | Enqueued::Replaced(holder)) => {
+                tracing::info!(job, %tick, holder, "a scheduled tick's key is held by an earlier job: not enqueued again");
+                report.duplicates.push((job.to_string(), tick, holder));
             }
             Tick::Refused(reason) => {
                 tracing::error!(job, %tick, reason, "a scheduled tick's job was refused; the tick is skipped");

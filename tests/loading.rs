@@ -111,3 +111,19 @@ async fn more_runs_than_pool_slots_wait_for_a_slot() {
         assert!(report.outcome.is_completed(), "{:?}", report.outcome);
     }
 }
+
+/// A component built against `jobhost:job@0.1.0` (before `on-duplicate`
+/// and the schedule record) loads, takes the defaults of what 0.2.0 added,
+/// logs through the old imports and runs.
+#[tokio::test]
+async fn a_component_of_the_first_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy").await;
+    let unique = legacy.config.unique.as_ref().expect("its uniqueness carried over");
+    assert_eq!(unique.strategy, jobhost::types::UniqueStrategy::UntilExecuted);
+    assert_eq!(unique.on_duplicate, jobhost::types::OnDuplicate::Skip, "the default of a field 0.1.0 lacks");
+    assert_eq!(legacy.config.max_attempts, 3);
+    let report = run(&runtime, &legacy, json!({"id": 7})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 7}));
+    assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.1.0 import");
+}

@@ -13,7 +13,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
 use super::{DbArgs, fail, fail_store};
-use crate::store::{Cancel, EnqueueParams, JobFilter, JobState, ScheduleStatus, Store};
+use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, ScheduleStatus, Store};
 
 /// Payload lines inserted per transaction by `enqueue --file`.
 const BULK_CHUNK: usize = 5_000;
@@ -104,13 +104,13 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
         Err(code) => return code,
     };
     for chunk in jobs.chunks(BULK_CHUNK) {
-        match store.job_enqueue(chunk).await {
-            Ok(ids) => {
-                for id in ids {
+        match store.job_enqueue_outcomes(chunk).await {
+            Ok(outcomes) => {
+                for outcome in outcomes {
                     if args.json {
-                        println!("{}", serde_json::json!({ "id": id }));
+                        println!("{}", enqueued_json(outcome));
                     } else {
-                        println!("{id}");
+                        println!("{}", enqueued_line(outcome));
                     }
                 }
             }
@@ -118,6 +118,24 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A new job is its bare id, so scripts can capture it; a duplicate (not
+/// an error: exit code 0) names the job that holds its key.
+fn enqueued_line(outcome: Enqueued) -> String {
+    match outcome {
+        Enqueued::New(id) => id.to_string(),
+        Enqueued::Duplicate(id) => format!("duplicate of {id}"),
+        Enqueued::Replaced(id) => format!("duplicate of {id} (its payload replaced)"),
+    }
+}
+
+fn enqueued_json(outcome: Enqueued) -> serde_json::Value {
+    match outcome {
+        Enqueued::New(id) => serde_json::json!({ "id": id }),
+        Enqueued::Duplicate(id) => serde_json::json!({ "id": id, "duplicate": true }),
+        Enqueued::Replaced(id) => serde_json::json!({ "id": id, "duplicate": true, "replaced": true }),
+    }
 }
 
 /// Every line a JSON payload; a bad line stops everything before anything

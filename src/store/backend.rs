@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use super::Result;
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob};
 use super::finish::{FinishPlan, Written};
-use super::job::FetchParams;
+use super::job::{Enqueued, FetchParams};
 use super::schedule::TickWrite;
 
 /// The narrow interface each backend implements under the shared rules.
@@ -21,9 +21,11 @@ pub(crate) trait Backend: Send + Sync {
     /// The registered configuration of each named job type that exists.
     async fn configs_read(&self, names: &[String]) -> Result<Configs>;
 
-    /// Inserts prepared jobs in one transaction, all or none, each passing
-    /// the concurrency gate as it becomes due. Returns their ids in order.
-    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>>;
+    /// Inserts prepared jobs in one transaction, all or none: each unique
+    /// job claims its key first (a duplicate is not stored), and each job
+    /// passes the concurrency gate as it becomes due. Returns what became of
+    /// each, in order.
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>>;
 
     /// Writes a plan in one transaction: each run whose lease token still
     /// matches ends or goes back to wait, gives back its slot (blocked jobs
@@ -34,10 +36,11 @@ pub(crate) trait Backend: Send + Sync {
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written>;
 
     /// Moves a schedule's cursor from `write.expected` to `write.last_tick`
-    /// and inserts `write.jobs` (as [`Backend::jobs_write`] does), in one
+    /// and writes `write.jobs` (as [`Backend::jobs_write`] does: a unique
+    /// job whose key is held is not stored), in one
     /// transaction, only if the cursor of the calendar registered at
     /// `write.since` is still `write.expected`. `None` when it is not:
     /// another host wrote those ticks, or a registration changed the
     /// calendar, and nothing was written.
-    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>>;
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>>;
 }

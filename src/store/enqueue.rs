@@ -8,17 +8,18 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::job::EnqueueParams;
+use super::job::{EnqueueParams, Enqueued};
 use super::{Backend, Error, Result};
-use crate::types::{ChildJob, JobConfig};
+use crate::types::{ChildJob, JobConfig, OnDuplicate, UniqueStrategy};
 
 /// Enqueues `jobs`, all or none: reads their types' configurations,
 /// prepares each, and has the backend write them in one transaction.
-/// Returns their ids in input order.
+/// Returns what became of each, in input order.
 ///
 /// # Errors
-/// An unregistered type, what [`prepare`] refuses, or the database failing.
-pub(crate) async fn enqueue(backend: &(impl Backend + ?Sized), jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+/// An unregistered type, what [`prepare`] refuses, a duplicate of a type
+/// whose `on_duplicate` is `raise`, or the database failing.
+pub(crate) async fn enqueue(backend: &(impl Backend + ?Sized), jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -54,8 +55,21 @@ pub struct PreparedJob {
     pub delay_ms: i64,
     /// The rendered concurrency key, for a limited job type.
     pub concurrency_key: Option<String>,
+    /// The rendered uniqueness key and its rules, for a unique job type.
+    pub unique: Option<PreparedUnique>,
     /// The job that enqueued it.
     pub parent_id: Option<i64>,
+}
+
+/// A unique job's claim, as its backend takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedUnique {
+    /// The rendered key.
+    pub key: String,
+    /// Claimed while a run holds it (`while_executing`), not from enqueue.
+    pub while_executing: bool,
+    /// What a duplicate of an `until_executed` claim does.
+    pub on_duplicate: OnDuplicate,
 }
 
 /// What one enqueue may carry, applied by every enqueue through a store.
@@ -119,6 +133,22 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
                 .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: {e}", params.job)))?,
         ),
     };
+    let unique = match &config.unique {
+        None => None,
+        Some(unique) => Some(PreparedUnique {
+            key: unique
+                .key
+                .render(&params.payload)
+                .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: unique {e}", params.job)))?,
+            while_executing: unique.strategy == UniqueStrategy::WhileExecuting,
+            // A child is written with its parent's result, which cannot be
+            // refused after the run: its duplicate is skipped instead.
+            on_duplicate: match (unique.on_duplicate, params.parent_id) {
+                (OnDuplicate::Raise, Some(_)) => OnDuplicate::Skip,
+                (chosen, _) => chosen,
+            },
+        }),
+    };
     Ok(PreparedJob {
         job: params.job,
         queue,
@@ -128,6 +158,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         run_at: params.run_at,
         delay_ms,
         concurrency_key,
+        unique,
         parent_id: params.parent_id,
     })
 }

@@ -70,6 +70,28 @@ impl std::fmt::Display for JobState {
     }
 }
 
+/// What an enqueue did with one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Stored as a new job with this id.
+    New(i64),
+    /// Not stored: the job with this id holds its uniqueness key.
+    Duplicate(i64),
+    /// Not stored: the waiting job with this id holds its uniqueness key and
+    /// took this enqueue's payload and time to run (`on_duplicate` `replace`).
+    Replaced(i64),
+}
+
+impl Enqueued {
+    /// The id of the job that stands for this enqueue: the new one, or the one
+    /// holding the key.
+    pub fn id(self) -> i64 {
+        match self {
+            Enqueued::New(id) | Enqueued::Duplicate(id) | Enqueued::Replaced(id) => id,
+        }
+    }
+}
+
 /// One job to enqueue. Unset options take the job type's configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueueParams {

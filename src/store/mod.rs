@@ -38,8 +38,8 @@ pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
 pub use host::HostInfo;
 pub use job::{
-    Cancel, EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail, JobFilter, JobRow,
-    JobState, LockedKeys, Stats,
+    Cancel, EnqueueParams, Enqueued, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
+    JobFilter, JobRow, JobState, LockedKeys, Stats,
 };
 pub use lease::{LeaseRenewal, RunId};
 pub use schedule::{Fired, ScheduleState, ScheduleStatus, Schedules, Tick};
@@ -111,6 +111,17 @@ pub enum Error {
     /// `on_conflict` is `raise`: nothing was enqueued.
     #[error("{0}")]
     LimitReached(String),
+    /// The job's uniqueness key is held by another job and its type's
+    /// `on_duplicate` is `raise`: nothing was enqueued.
+    #[error("job {job:?} with unique key {key:?} is a duplicate of job {claimant}")]
+    Duplicate {
+        /// The job type.
+        job: String,
+        /// The rendered key.
+        key: String,
+        /// The job holding the key.
+        claimant: i64,
+    },
     /// A row the database returned does not read as the store expects (an
     /// unknown state name, a missing result row): the schema and this
     /// binary disagree.
@@ -145,7 +156,7 @@ impl Error {
     /// a refusal: those say nothing about the statement.
     pub fn is_refusal(&self) -> bool {
         match self {
-            Error::LimitReached(_) => true,
+            Error::LimitReached(_) | Error::Duplicate { .. } => true,
             Error::Database(sqlx::Error::Database(_)) => match self.database_code() {
                 Some(DatabaseCode::Sqlite(code)) => !SQLITE_NOT_REFUSALS.contains(&code),
                 Some(DatabaseCode::Sqlstate(code)) => {
@@ -319,8 +330,15 @@ pub trait Store: Backend + 'static {
     /// never leave by themselves). Returns how many.
     async fn host_prune(&self, silent_secs: f64) -> Result<u64>;
 
-    /// Enqueues jobs, all or none, returning their ids in order.
+    /// Enqueues jobs, all or none, returning their ids in order: for a
+    /// duplicate of a unique job, the id of the job holding its key.
     async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        Ok(enqueue::enqueue(self, jobs).await?.into_iter().map(Enqueued::id).collect())
+    }
+
+    /// [`Store::job_enqueue`], saying of each job whether it was stored or
+    /// was a duplicate (and whether it replaced the waiting job's payload).
+    async fn job_enqueue_outcomes(&self, jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
         enqueue::enqueue(self, jobs).await
     }
 

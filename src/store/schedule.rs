@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::enqueue::{EnqueueLimits, PreparedJob, prepare};
-use super::{Backend, EnqueueParams, Result};
+use super::{Backend, EnqueueParams, Enqueued, Result};
 use crate::schedule::{Calendar, TICK_FIELD, tick_text};
 use crate::types::{JobConfig, ScheduleConfig};
 
@@ -125,7 +125,8 @@ impl ScheduleStatus {
 
 /// What a backend writes for one look at a schedule: the cursor moved from
 /// `expected` to `last_tick` (only if it is still `expected` for the
-/// calendar registered at `since`), and `jobs` inserted, in one transaction.
+/// calendar registered at `since`), and `jobs` written as any enqueue's, in
+/// one transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TickWrite {
     /// The job type.
@@ -143,8 +144,11 @@ pub struct TickWrite {
 /// What became of one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tick {
-    /// Its job was enqueued with this id.
-    Enqueued(i64),
+    /// Its job was written like any enqueue: stored as a new job, or, for a
+    /// unique job type whose key a job still holds (the job of an earlier
+    /// tick, still waiting or running), not stored (`Duplicate`: the tick
+    /// is skipped) or taken by that job if it waits (`Replaced`).
+    Written(Enqueued),
     /// The enqueue rules or the database refused its job (a payload they
     /// will not take, a `raise` limit with no free slot): the tick is
     /// skipped, for good, with the reason.
@@ -183,8 +187,10 @@ pub(crate) async fn fire(
             let write =
                 TickWrite { job: state.job.clone(), since: state.since, expected: state.last_tick, last_tick, jobs };
             match backend.ticks_write(write).await {
-                Ok(Some(ids)) => {
-                    return Ok(Fired::Done(ticks.iter().copied().zip(ids.into_iter().map(Tick::Enqueued)).collect()));
+                Ok(Some(written)) => {
+                    return Ok(Fired::Done(
+                        ticks.iter().copied().zip(written.into_iter().map(Tick::Written)).collect(),
+                    ));
                 }
                 Ok(None) => return Ok(Fired::Taken),
                 Err(error) if error.is_refusal() => error,
@@ -210,7 +216,7 @@ pub(crate) async fn fire(
                     jobs: vec![job],
                 };
                 match backend.ticks_write(write).await {
-                    Ok(Some(ids)) => Fired::Done(vec![(tick, Tick::Enqueued(ids[0]))]),
+                    Ok(Some(written)) => Fired::Done(ticks_written(tick, written)),
                     Ok(None) => Fired::Taken,
                     Err(error) if error.is_refusal() => skip(backend, state, expected, tick, error.to_string()).await?,
                     Err(error) => return Err(error),
@@ -227,6 +233,11 @@ pub(crate) async fn fire(
         expected = Some(tick);
     }
     Ok(Fired::Done(done))
+}
+
+/// One tick's outcome, from what its single job's write returned.
+fn ticks_written(tick: DateTime<Utc>, written: Vec<Enqueued>) -> Vec<(DateTime<Utc>, Tick)> {
+    written.into_iter().map(|enqueued| (tick, Tick::Written(enqueued))).collect()
 }
 
 /// Moves the cursor past a refused tick without a job.

@@ -5,16 +5,46 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::store::{FetchParams, FetchedJob, PreparedJob, Result};
+use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
 
 /// One set-based insert for the whole batch, then the gate for the limited
-/// jobs due now, in the caller's transaction; ids come back in input order
-/// (a blocked or discarded job keeps its id).
-pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<i64>> {
+/// jobs due now, in the caller's transaction; outcomes come back in input
+/// order (a blocked or discarded job keeps its id). A batch with unique jobs
+/// first takes its ids and claims its keys, so a duplicate is never stored.
+pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<(i64, bool)> = sqlx::query_as(include_str!("sql/insert.sql"))
+    if jobs.iter().all(|j| j.unique.is_none()) {
+        let rows = insert_rows(conn, jobs, None).await?;
+        admit_due(conn, &rows).await?;
+        return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
+    }
+    let ids = super::unique::allocate_ids(conn, jobs.len()).await?;
+    let decided = super::unique::claim(conn, jobs, &ids).await?;
+    let fresh: Vec<(i64, &PreparedJob)> =
+        decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
+    let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
+    let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
+    let rows = insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
+    // Before the gate, which may archive a job (discard), and the archive
+    // takes its key with it.
+    super::unique::record_keys(conn, &fresh).await?;
+    admit_due(conn, &rows).await?;
+    Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
+}
+
+/// Inserts the rows (with the given ids, or the sequence's). Returns each
+/// id, and whether the job must pass the gate now.
+async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<(i64, bool)>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Option<i64>> = match ids {
+        Some(ids) => ids.iter().copied().map(Some).collect(),
+        None => vec![None; jobs.len()],
+    };
+    Ok(sqlx::query_as(include_str!("sql/insert.sql"))
         .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
@@ -24,13 +54,18 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
+        .bind(ids)
         .fetch_all(&mut *conn)
-        .await?;
+        .await?)
+}
+
+/// The gate, for the inserted limited jobs that are due now.
+async fn admit_due(conn: &mut PgConnection, rows: &[(i64, bool)]) -> Result<()> {
     let gated: Vec<i64> = rows.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
     if !gated.is_empty() {
         super::concurrency::admit(conn, &gated).await?;
     }
-    Ok(rows.into_iter().map(|(id, _)| id).collect())
+    Ok(())
 }
 
 pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob>> {

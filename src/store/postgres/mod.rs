@@ -4,7 +4,8 @@
 //! Modules: `job` (insert, fetch, due jobs, quarantine, prune), `finish`
 //! (a finish plan in one call), `lease`, `concurrency` (the gate's sweeps
 //! and reports), `host` (hosts and job types), `operate` (listings and
-//! operator commands), `schedule` (cursors and ticks). Queries over ~15 lines are in `sql/`.
+//! operator commands), `unique` (uniqueness claims at enqueue), `schedule`
+//! (cursors and ticks). Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is
@@ -18,8 +19,8 @@
 //! |---|---|---|
 //! | `notify_available` | 0001_queue | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
-//! | `enqueue` | 0005_fault_tolerance (first 0002, then 0004) | the SQL enqueue |
-//! | `fetch` | 0003_fetch_function | leases available jobs (a pinned plan) |
+//! | `enqueue` | 0007_uniqueness (first 0002, then 0004, 0005) | the SQL enqueue |
+//! | `fetch` | 0007_uniqueness (first 0003) | leases available jobs (a pinned plan), with their `while_executing` claims |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
 //! | `promote_parked`, `release_slots` | 0004_concurrency | slots given back, blocked jobs promoted |
@@ -30,6 +31,8 @@
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
 //! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
+//! | `claim_unique`, `replace_waiting` | 0007_uniqueness | uniqueness claims at enqueue; `on_duplicate` `replace` |
+//! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0008_schedules | trigger: a changed calendar restarts its schedule |
 
@@ -40,6 +43,7 @@ mod job;
 mod lease;
 mod operate;
 mod schedule;
+mod unique;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,8 +58,8 @@ use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
-    Backend, Cancel, EnqueueLimits, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
-    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    Backend, Cancel, EnqueueLimits, Enqueued, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
+    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -158,11 +162,11 @@ impl Backend for PgStore {
         host::job_types_get(&self.pool, names).await
     }
 
-    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {
         let mut tx = self.pool.begin().await?;
-        let ids = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>()).await?;
+        let enqueued = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>()).await?;
         tx.commit().await?;
-        Ok(ids)
+        Ok(enqueued)
     }
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
@@ -175,7 +179,7 @@ impl Backend for PgStore {
         Ok(written)
     }
 
-    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>> {
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
         schedule::write(&self.pool, write).await
     }
 }

@@ -136,6 +136,9 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     if due + revived == 0 {
         return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "retried").await? });
     }
+    if revived > 0 {
+        sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
+    }
     super::concurrency::admit(&mut tx, &[id]).await?;
     super::notify_available(&mut tx).await?;
     tx.commit().await?;

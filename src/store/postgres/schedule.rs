@@ -7,7 +7,7 @@ use sqlx::types::Json;
 
 use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{Schedules, TickWrite};
-use crate::store::{Error, Result};
+use crate::store::{Enqueued, Error, Result};
 
 /// The clock, and a schedule's job, registration, cursor, configuration and
 /// whether it is served (all null but the clock when there is none).
@@ -37,7 +37,7 @@ pub async fn list(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<Schedules
 
 /// Moves the cursor and inserts the jobs in one transaction, or writes
 /// nothing when the cursor is not `write.expected` any more.
-pub async fn write(pool: &PgPool, write: TickWrite) -> Result<Option<Vec<i64>>> {
+pub async fn write(pool: &PgPool, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
     let mut tx = pool.begin().await?;
     // Locks the schedule's row until commit: another host writing the same
     // ticks waits here, then (READ COMMITTED re-reads the row it waited

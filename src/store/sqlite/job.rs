@@ -10,8 +10,10 @@ use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::concurrency;
+use super::unique::{self, Decision};
 use super::{json_list, time_of};
-use crate::store::{Error, FetchParams, FetchedJob, PreparedJob, Result};
+use crate::store::enqueue::PreparedUnique;
+use crate::store::{Enqueued, Error, FetchParams, FetchedJob, PreparedJob, Result};
 
 /// One row of insert.sql's input.
 #[derive(Serialize)]
@@ -28,9 +30,45 @@ struct NewJob<'a> {
 }
 
 /// One insert for the whole batch, then the gate for the limited jobs due
-/// now, in the caller's transaction; ids come back in input order (a
-/// blocked or discarded job keeps its id).
-pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<i64>> {
+/// now, in the caller's transaction; outcomes come back in input order (a
+/// blocked or discarded job keeps its id). Unique jobs are decided first, so
+/// a duplicate is never stored.
+pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<Enqueued>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let decisions = unique::decide(conn, jobs, now).await?;
+    let fresh: Vec<&PreparedJob> =
+        jobs.iter().zip(&decisions).filter(|(_, d)| **d == Decision::Insert).map(|(j, _)| *j).collect();
+    let inserted = insert_rows(conn, &fresh, now).await?;
+    let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
+    // Before the gate, which may archive a job (discard), and the archive
+    // takes its key with it.
+    let keyed: Vec<(i64, &str, &PreparedUnique)> = ids
+        .iter()
+        .zip(&fresh)
+        .filter_map(|(id, job)| job.unique.as_ref().map(|u| (*id, job.job.as_str(), u)))
+        .collect();
+    unique::record(conn, &keyed, now).await?;
+    let gated: Vec<i64> = inserted.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
+    if !gated.is_empty() {
+        concurrency::admit(conn, &gated, true, now).await?;
+    }
+    let mut fresh_ids = ids.into_iter();
+    let mut outcomes: Vec<Enqueued> = Vec::with_capacity(jobs.len());
+    for decision in decisions {
+        outcomes.push(match decision {
+            Decision::Insert => Enqueued::New(fresh_ids.next().ok_or_else(|| Error::Decode("an id short".into()))?),
+            Decision::Decided(outcome) => outcome,
+            Decision::DuplicateOf(earlier) => Enqueued::Duplicate(outcomes[earlier].id()),
+        });
+    }
+    Ok(outcomes)
+}
+
+/// Inserts the rows in input order. Returns each id, ascending, and whether
+/// the job must pass the gate now.
+async fn insert_rows(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<(i64, bool)>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -59,11 +97,7 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     if inserted.len() != jobs.len() {
         return Err(Error::InvalidEnqueue(format!("{} of {} jobs were inserted", inserted.len(), jobs.len())));
     }
-    let gated: Vec<i64> = inserted.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
-    if !gated.is_empty() {
-        concurrency::admit(conn, &gated, true, now).await?;
-    }
-    Ok(inserted.into_iter().map(|(id, _)| id).collect())
+    Ok(inserted)
 }
 
 /// Whether any job a fetch with `params` could take is available: a read
@@ -107,6 +141,8 @@ pub async fn fetch(conn: &mut SqliteConnection, params: &FetchParams, now: i64) 
         .await?;
     let mut jobs = rows.iter().map(leased_job).collect::<Result<Vec<_>>>()?;
     jobs.sort_by_key(|j| j.lease_token);
+    let runs: Vec<(i64, i64)> = jobs.iter().map(|j| (j.id, j.lease_token)).collect();
+    unique::claim_runs(conn, &runs, now).await?;
     Ok(jobs)
 }
 

@@ -28,6 +28,7 @@ mod job;
 mod lease;
 mod operate;
 mod schedule;
+mod unique;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -44,8 +45,8 @@ use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
-    Backend, Cancel, EnqueueLimits, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus,
-    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    Backend, Cancel, EnqueueLimits, Enqueued, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
+    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -302,12 +303,12 @@ impl Backend for SqliteStore {
         host::job_types_get(&self.reader, names).await
     }
 
-    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<i64>> {
+    async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {
         let mut tx = self.write().await?;
-        let ids = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
+        let enqueued = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
         tx.commit().await?;
-        self.announce(!ids.is_empty());
-        Ok(ids)
+        self.announce(enqueued.iter().any(|e| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_))));
+        Ok(enqueued)
     }
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
@@ -318,12 +319,13 @@ impl Backend for SqliteStore {
         Ok(written)
     }
 
-    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<i64>>> {
+    async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
         let mut tx = self.write().await?;
-        let ids = schedule::write(&mut tx, &write, now_ms()).await?;
+        let written = schedule::write(&mut tx, &write, now_ms()).await?;
         tx.commit().await?;
-        self.announce(ids.as_ref().is_some_and(|ids| !ids.is_empty()));
-        Ok(ids)
+        let available = |e: &Enqueued| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_));
+        self.announce(written.as_ref().is_some_and(|written| written.iter().any(available)));
+        Ok(written)
     }
 }
 

@@ -182,6 +182,7 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
         .rows_affected();
         if revived > 0 {
             sqlx::query("DELETE FROM archive WHERE id = $1").bind(id).execute(&mut *conn).await?;
+            super::unique::reclaim(conn, id, now).await?;
         }
         revived
     };

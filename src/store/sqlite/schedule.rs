@@ -5,9 +5,9 @@ use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::time_of;
-use crate::store::Result;
 use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{ScheduleState, TickWrite};
+use crate::store::{Enqueued, Result};
 
 /// A schedule's job, registration and cursor (ms), configuration, and
 /// whether a live host serves it.
@@ -38,7 +38,7 @@ pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<ScheduleState>> {
 /// Moves the cursor and inserts the jobs, or writes nothing when the cursor
 /// is not `write.expected` any more. The write lock held since the
 /// transaction began means nothing can move it in between.
-pub async fn write(conn: &mut SqliteConnection, write: &TickWrite, now: i64) -> Result<Option<Vec<i64>>> {
+pub async fn write(conn: &mut SqliteConnection, write: &TickWrite, now: i64) -> Result<Option<Vec<Enqueued>>> {
     let moved = sqlx::query("UPDATE schedules SET last_tick = $4 WHERE job = $1 AND since = $2 AND last_tick IS $3")
         .bind(&write.job)
         .bind(write.since.timestamp_millis())

@@ -3,17 +3,30 @@
 -- job types ($1, a JSON array of [name, lease_secs]) to host $5, in fetch
 -- order (priority, then run time, then id). The caller holds the write
 -- lock, so no other fetch can pick the same rows; tokens are $4 + 1, $4 + 2, ...
+-- The caller then claims the keys of the while_executing jobs leased.
 WITH types AS (
     SELECT t.value ->> 0 AS job, t.value ->> 1 AS lease_secs FROM json_each($1) t
 ),
-picked AS (
-    SELECT j.id, ty.lease_secs, row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS n
+candidates AS MATERIALIZED (
+    SELECT j.id, ty.lease_secs, j.priority, j.run_at, k.job AS exclusive_job, k.unique_key AS exclusive_key
     FROM jobs j
     JOIN types ty ON ty.job = j.job
+    LEFT JOIN unique_keys k ON k.job_id = j.id AND k.while_executing
     WHERE j.state = 'available' AND j.queue IN (SELECT q.value FROM json_each($2) q)
       AND j.queue NOT IN (SELECT p.name FROM queue_pauses p)
+      -- A while_executing job whose key a run holds is passed over, in place.
+      AND NOT EXISTS (SELECT 1 FROM unique_claims c WHERE c.job = k.job AND c.unique_key = k.unique_key)
     ORDER BY j.priority, j.run_at, j.id
     LIMIT $3
+),
+picked AS (
+    SELECT c.id, c.lease_secs, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS n
+    FROM candidates c
+    -- Of two while_executing jobs of one key, only the first is leased.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM candidates e
+        WHERE e.exclusive_job = c.exclusive_job AND e.exclusive_key = c.exclusive_key
+          AND (e.priority, e.run_at, e.id) < (c.priority, c.run_at, c.id))
 )
 UPDATE jobs
 SET state = 'running',

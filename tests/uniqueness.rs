@@ -1,0 +1,320 @@
+//! Uniqueness against real databases: claims taken in the enqueue's
+//! transaction, held through every waiting state, released only by the
+//! transaction that ends the job or, for `while_executing`, the run bound
+//! to the claim (docs/uniqueness.md).
+
+mod common;
+
+use std::time::Duration;
+
+use jobhost::store::{EnqueueParams, Enqueued, Error, FetchedJob, FinishOutcome, FinishResult, JobState};
+use jobhost::template::KeyTemplate;
+use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict, OnDuplicate, UniqueConfig, UniqueStrategy};
+use serde_json::json;
+
+use common::db::{Backend, TestDb, on_both_backends};
+use common::fleet::{self, Host};
+use common::{completed, eventually, fetch_params, finish, job_config};
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// Registers `name`, unique on its payload's `key`.
+async fn unique_type(db: &TestDb, name: &str, strategy: UniqueStrategy, on_duplicate: OnDuplicate) {
+    let mut config = job_config(name);
+    config.unique = Some(UniqueConfig { key: KeyTemplate::parse("{key}").unwrap(), strategy, on_duplicate });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+}
+
+fn keyed(job: &str, key: &str) -> EnqueueParams {
+    EnqueueParams::new(job, json!({ "key": key }))
+}
+
+async fn enqueue(db: &TestDb, params: EnqueueParams) -> Enqueued {
+    db.store.job_enqueue_outcomes(&[params]).await.unwrap().remove(0)
+}
+
+async fn fetch(db: &TestDb, job: &str, limit: i64) -> Vec<FetchedJob> {
+    db.store.job_fetch(&fetch_params("h", &[job], limit)).await.unwrap()
+}
+
+async fn state_of(db: &TestDb, id: i64) -> JobState {
+    db.store.job_get(id).await.unwrap().expect("job exists").row.state
+}
+
+async fn live_jobs(db: &TestDb, job: &str) -> i64 {
+    db.scalar(format!(
+        "SELECT (SELECT count(*) FROM jobhost.jobs WHERE job = '{job}')
+              + (SELECT count(*) FROM jobhost.blocked_jobs WHERE job = '{job}')"
+    ))
+    .await
+}
+
+async fn claims(db: &TestDb) -> i64 {
+    db.scalar("SELECT count(*) FROM jobhost.unique_claims").await
+}
+
+async fn eight_concurrent_enqueuers_of_one_key_store_one_job(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let enqueuers: Vec<_> = (0..8)
+        .map(|_| {
+            let store = db.dyn_store();
+            tokio::spawn(async move { store.job_enqueue_outcomes(&[keyed("once", "k")]).await.unwrap().remove(0) })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for enqueuer in enqueuers {
+        outcomes.push(enqueuer.await.unwrap());
+    }
+    let new: Vec<i64> =
+        outcomes.iter().filter_map(|o| if let Enqueued::New(id) = o { Some(*id) } else { None }).collect();
+    assert_eq!(new.len(), 1, "exactly one enqueue stored a job: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| *o == Enqueued::New(new[0]) || *o == Enqueued::Duplicate(new[0])),
+        "every other enqueue answered with the stored job's id: {outcomes:?}"
+    );
+    assert_eq!(live_jobs(&db, "once").await, 1);
+    // A different key, and a batch repeating one key, in one call.
+    let batch = db.store.job_enqueue_outcomes(&[keyed("once", "a"), keyed("once", "a"), keyed("once", "k")]).await;
+    let batch = batch.unwrap();
+    assert!(matches!(batch[0], Enqueued::New(_)));
+    assert_eq!(
+        batch[1],
+        Enqueued::Duplicate(batch[0].id()),
+        "the batch's second of one key is a duplicate of its first"
+    );
+    assert_eq!(batch[2], Enqueued::Duplicate(new[0]));
+    assert_eq!(live_jobs(&db, "once").await, 2);
+}
+
+async fn a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let first = enqueue(&db, keyed("once", "k")).await.id();
+    let run = fetch(&db, "once", 1).await.remove(0);
+    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "a running job holds its key");
+    let retry = FinishOutcome::Retry { error: "try later".into(), delay_ms: 3_600_000 };
+    assert_eq!(db.store.job_finish(vec![finish(&run, retry)]).await.unwrap(), vec![FinishResult::Done]);
+    assert_eq!(state_of(&db, first).await, JobState::Scheduled);
+    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "so does one waiting to retry");
+    db.store.job_retry(first).await.unwrap();
+    let run = fetch(&db, "once", 1).await.remove(0);
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+    assert_eq!(claims(&db).await, 0, "the transaction that completed the job gave its key back");
+    let second = enqueue(&db, keyed("once", "k")).await;
+    assert!(matches!(second, Enqueued::New(id) if id != first), "a completed job's key is free: {second:?}");
+    // Cancelled and discarded jobs give their keys back too.
+    db.store.job_cancel(second.id()).await.unwrap();
+    assert!(matches!(enqueue(&db, keyed("once", "k")).await, Enqueued::New(_)));
+}
+
+async fn uniqueness_is_checked_before_the_gate_and_survives_blocking(db: TestDb) {
+    // Unique per `id`, limited to one run per `key`.
+    let mut config = job_config("both");
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{id}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{key}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    let holder = enqueue(&db, EnqueueParams::new("both", json!({"id": 1, "key": "k"}))).await.id();
+    let blocked = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await.id();
+    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
+    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await;
+    assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a blocked job holds its unique key");
+    // The holder completes; the blocked job is promoted and still holds its key.
+    let run = fetch(&db, "both", 5).await.remove(0);
+    assert_eq!(run.id, holder);
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+    assert_eq!(state_of(&db, blocked).await, JobState::Available);
+    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await;
+    assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a promoted job still holds its unique key");
+}
+
+async fn raise_refuses_a_duplicate_and_stores_nothing(db: TestDb) {
+    unique_type(&db, "strict", UniqueStrategy::UntilExecuted, OnDuplicate::Raise).await;
+    let first = enqueue(&db, keyed("strict", "k")).await.id();
+    let refused = db.store.job_enqueue(&[keyed("strict", "other"), keyed("strict", "k")]).await.unwrap_err();
+    assert!(matches!(&refused, Error::Duplicate { claimant, .. } if *claimant == first), "{refused}");
+    assert!(refused.to_string().contains(&format!("duplicate of job {first}")), "{refused}");
+    assert_eq!(live_jobs(&db, "strict").await, 1, "all or none: the batch's other job was not stored either");
+}
+
+async fn replace_updates_a_waiting_job_and_never_a_running_one(db: TestDb) {
+    unique_type(&db, "latest", UniqueStrategy::UntilExecuted, OnDuplicate::Replace).await;
+    let later =
+        EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("latest", json!({"key": "k", "v": 1})) };
+    let first = enqueue(&db, later).await.id();
+    assert_eq!(state_of(&db, first).await, JobState::Scheduled);
+    let now = EnqueueParams::new("latest", json!({"key": "k", "v": 2}));
+    assert_eq!(enqueue(&db, now).await, Enqueued::Replaced(first));
+    let job = db.store.job_get(first).await.unwrap().unwrap();
+    assert_eq!(job.payload["v"], json!(2), "the waiting job took the duplicate's payload");
+    assert_eq!(job.row.state, JobState::Available, "and its time to run: now");
+    let run = fetch(&db, "latest", 1).await.remove(0);
+    let running = EnqueueParams::new("latest", json!({"key": "k", "v": 3}));
+    assert_eq!(enqueue(&db, running).await, Enqueued::Duplicate(first), "a running job is never replaced");
+    assert_eq!(db.store.job_get(first).await.unwrap().unwrap().payload["v"], json!(2));
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+}
+
+async fn while_executing_queues_duplicates_and_runs_one_at_a_time(db: TestDb) {
+    unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
+    let ids: Vec<i64> = db
+        .store
+        .job_enqueue_outcomes(&[keyed("solo", "k"), keyed("solo", "k"), keyed("solo", "k"), keyed("solo", "other")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|outcome| match outcome {
+            Enqueued::New(id) => id,
+            duplicate => panic!("while_executing duplicates may queue: {duplicate:?}"),
+        })
+        .collect();
+    let leased = fetch(&db, "solo", 10).await;
+    let leased_ids: Vec<i64> = leased.iter().map(|j| j.id).collect();
+    assert_eq!(leased_ids, vec![ids[0], ids[3]], "one of key k, and the job behind k's duplicates");
+    assert!(fetch(&db, "solo", 10).await.is_empty(), "k's duplicates wait while k runs");
+    let retry = FinishOutcome::Retry { error: "again".into(), delay_ms: 0 };
+    db.store.job_finish(vec![finish(&leased[0], retry)]).await.unwrap();
+    let next = fetch(&db, "solo", 10).await;
+    assert_eq!(next.len(), 1, "a run that ended gave its key back, and one job of k runs next");
+    db.store.job_finish(vec![finish(&next[0], completed()), finish(&leased[1], completed())]).await.unwrap();
+    assert_eq!(claims(&db).await, 0);
+}
+
+async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors_claim(db: TestDb) {
+    unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
+    let id = enqueue(&db, keyed("solo", "k")).await.id();
+    enqueue(&db, keyed("solo", "k")).await;
+    let stale = fetch(&db, "solo", 10).await.remove(0);
+    assert_eq!(stale.id, id);
+    // Its host goes silent; the lease expires and the job runs again.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    db.store.lease_expire(Some(later)).await.unwrap();
+    let successor = fetch(&db, "solo", 10).await;
+    assert_eq!(successor.len(), 1, "the expired run's claim went with its lease, and one job of k runs");
+    let successor = successor.into_iter().next().unwrap();
+    let held = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
+    assert_eq!(held, vec![(successor.id, successor.lease_token)]);
+    // The stale run reports, twice (a duplicate delivery): nothing changes.
+    for _ in 0..2 {
+        let result = db.store.job_finish(vec![finish(&stale, completed())]).await.unwrap();
+        assert_eq!(result, vec![FinishResult::Duplicate]);
+    }
+    let held_after = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
+    assert_eq!(held_after, held, "the successor's claim is untouched");
+    assert!(fetch(&db, "solo", 10).await.is_empty(), "and still keeps k's other job waiting");
+}
+
+async fn a_retried_archived_job_takes_its_key_again(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let first = enqueue(&db, keyed("once", "k")).await.id();
+    let run = fetch(&db, "once", 1).await.remove(0);
+    db.store.job_finish(vec![finish(&run, FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
+    let second = enqueue(&db, keyed("once", "k")).await.id();
+    let refused = db.store.job_retry(first).await.unwrap_err();
+    assert!(refused.to_string().contains(&second.to_string()), "refused while job {second} holds k: {refused}");
+    assert_eq!(state_of(&db, first).await, JobState::Failed, "and left in the archive");
+    db.store.job_cancel(second).await.unwrap();
+    db.store.job_retry(first).await.unwrap();
+    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "the retried job holds k");
+}
+
+async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Raise).await;
+    db.store.job_types_register(&[(job_config("parent"), "v1".to_string())]).await.unwrap();
+    let existing = enqueue(&db, keyed("once", "k")).await.id();
+    db.store.job_enqueue(&[EnqueueParams::new("parent", json!({}))]).await.unwrap();
+    let parent = fetch(&db, "parent", 1).await.remove(0);
+    let child = |key: &str| ChildJob {
+        job: "once".into(),
+        payload: json!({ "key": key }),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+    };
+    let children = vec![child("k"), child("fresh"), child("fresh")];
+    let outcome = FinishOutcome::Completed { output: None, children: children.into() };
+    assert_eq!(db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap(), vec![FinishResult::Done]);
+    assert_eq!(state_of(&db, parent.id).await, JobState::Completed, "a duplicate child never fails its parent");
+    assert_eq!(live_jobs(&db, "once").await, 2, "the existing job and one fresh child");
+    assert_eq!(state_of(&db, existing).await, JobState::Available);
+}
+
+on_both_backends!(
+    eight_concurrent_enqueuers_of_one_key_store_one_job,
+    a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends,
+    uniqueness_is_checked_before_the_gate_and_survives_blocking,
+    raise_refuses_a_duplicate_and_stores_nothing,
+    replace_updates_a_waiting_job_and_never_a_running_one,
+    while_executing_queues_duplicates_and_runs_one_at_a_time,
+    a_stale_run_finishing_after_its_successor_started_leaves_the_successors_claim,
+    a_retried_archived_job_takes_its_key_again,
+    a_duplicate_child_is_skipped_with_its_parents_completion,
+);
+
+/// The SQL enqueue applies the same rules: a duplicate returns the holder's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_enqueue_returns_the_holders_id_for_a_duplicate() {
+    let db = TestDb::new(Backend::Postgres).await;
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let first = db.scalar("SELECT jobhost.enqueue('once', '{\"key\": \"k\"}')").await;
+    assert_eq!(db.scalar("SELECT jobhost.enqueue('once', '{\"key\": \"k\"}')").await, first);
+    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first));
+    assert_eq!(live_jobs(&db, "once").await, 1);
+}
+
+/// A `while_executing` key never has two runs at once, through a holder
+/// SIGKILLed mid-run and its lease's expiry: by the guests' own clocks,
+/// runs of the key never overlap, and none began before the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_executing_never_overlaps_through_a_killed_holder() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let components = fleet::components(&["exclusive"]);
+    let cache = tempfile::tempdir().unwrap();
+    let start =
+        || Host::start(&mut fleet::host_command_beating(&db.url, components.path(), cache.path(), "200ms", "1s"));
+    let (mut doomed, mut survivor) = (start(), start());
+    fleet::wait_serving(&db, &[&doomed, &survivor], 1).await;
+    let long = EnqueueParams::new("exclusive", json!({"key": "k", "ms": 600_000}));
+    let held = db.store.job_enqueue(&[long]).await.unwrap()[0];
+    let running_held = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {held} AND state = 'running'");
+    eventually(WITHIN, || async { db.scalar(&running_held).await == 1 }).await;
+    // The test kills whichever host leased it.
+    let on_doomed =
+        format!("SELECT count(*) FROM jobhost.jobs WHERE id = {held} AND host_id LIKE '{}'", doomed.id_pattern());
+    if db.scalar(&on_doomed).await == 0 {
+        std::mem::swap(&mut doomed, &mut survivor);
+    }
+    let short: Vec<EnqueueParams> =
+        (0..4).map(|i| EnqueueParams::new("exclusive", json!({"key": "k", "ms": 100, "i": i}))).collect();
+    db.store.job_enqueue(&short).await.unwrap();
+    doomed.signal(libc::SIGKILL);
+    let killed_at_ms = chrono::Utc::now().timestamp_millis();
+    doomed.wait().await;
+    // Cancelled, the long job leaves at its lease's expiry instead of running again.
+    db.store.job_cancel(held).await.unwrap();
+    let running = "SELECT count(*) FROM jobhost.jobs WHERE job = 'exclusive' AND state = 'running'";
+    eventually(WITHIN, || async {
+        assert!(db.scalar(running).await <= 1, "never two runs of one while_executing key at a look");
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'exclusive' AND state = 'completed'").await == 4
+    })
+    .await;
+    assert_eq!(state_of(&db, held).await, JobState::Cancelled);
+    let runs: Vec<(i64, i64)> = db
+        .rows(
+            "SELECT (output->>'started_ms')::bigint, (output->>'ended_ms')::bigint
+             FROM jobhost.archive WHERE job = 'exclusive' AND state = 'completed'",
+        )
+        .await;
+    assert!(runs.iter().all(|(start, _)| *start > killed_at_ms), "none ran beside the killed holder: {runs:?}");
+    let runs: Vec<(u64, u64)> = runs.into_iter().map(|(start, end)| (start as u64, end as u64)).collect();
+    assert_eq!(fleet::most_at_once(runs.clone()), 1, "runs of k never overlapped: {runs:?}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_claims").await, 0, "and nothing holds k now");
+    survivor.stop().await;
+}
