@@ -102,8 +102,11 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
     };
 
     let schedule = declared.schedule.map(schedule).transpose()?;
-    if let (Some(schedule), Some(limit)) = (&schedule, &concurrency) {
-        ticks_render_key(schedule, limit)?;
+    if let Some(schedule) = &schedule {
+        let keys = concurrency.iter().map(|c| (&c.key, "concurrency")).chain(unique.iter().map(|u| (&u.key, "unique")));
+        for (key, which) in keys {
+            ticks_render_key(schedule, key, which)?;
+        }
     }
 
     Ok(JobConfig {
@@ -168,14 +171,15 @@ fn schedule(declared: wit::Schedule) -> Result<ScheduleConfig, InvalidConfig> {
     Ok(config)
 }
 
-/// Every tick's job renders its concurrency key from the schedule's
-/// payload (and `_tick`): a key it cannot render would refuse every tick.
-fn ticks_render_key(schedule: &ScheduleConfig, limit: &ConcurrencyConfig) -> Result<(), InvalidConfig> {
+/// Every tick's job renders its concurrency and uniqueness keys from the
+/// schedule's payload (and `_tick`): a key it cannot render would refuse
+/// every tick.
+fn ticks_render_key(schedule: &ScheduleConfig, key: &KeyTemplate, which: &str) -> Result<(), InvalidConfig> {
     let mut payload = schedule.payload.clone();
     payload.insert(crate::schedule::TICK_FIELD.into(), serde_json::Value::String("1970-01-01T00:00:00Z".into()));
-    match limit.key.render(&serde_json::Value::Object(payload)) {
+    match key.render(&serde_json::Value::Object(payload)) {
         Ok(_) => Ok(()),
-        Err(e) => invalid("schedule.payload", format!("every tick's job would be refused: {e}")),
+        Err(e) => invalid("schedule.payload", format!("every tick's job would be refused: its {which} key: {e}")),
     }
 }
 
@@ -243,6 +247,13 @@ mod tests {
         let keyless =
             wit::JobConfig { schedule: cron("* * * * *"), concurrency: limit(1, Some("{k}"), 10), ..declared("x") };
         assert_eq!(field(keyless), "schedule.payload", "a concurrency key the ticks' payload cannot render");
+        let unique = Some(wit::Uniqueness {
+            key: "{k}".into(),
+            strategy: wit::UniqueStrategy::UntilExecuted,
+            on_duplicate: None,
+        });
+        let unique_keyless = wit::JobConfig { schedule: cron("* * * * *"), unique, ..declared("x") };
+        assert_eq!(field(unique_keyless), "schedule.payload", "a uniqueness key the ticks' payload cannot render");
         let keyed = Some(wit::Schedule { payload: Some(r#"{"k": 1}"#.into()), ..cron("* * * * *").unwrap() });
         let tick_key =
             wit::JobConfig { schedule: cron("* * * * *"), concurrency: limit(1, Some("{_tick}"), 10), ..declared("x") };
