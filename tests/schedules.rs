@@ -6,7 +6,8 @@
 //! registration, missed ticks are caught up with the latest `backfill`
 //! only, two hosts looking at once enqueue each tick once, a changed
 //! calendar starts afresh, an unserved type does not tick, a refused tick
-//! is skipped. Fleet tests run real `jobhost run` processes serving the
+//! is skipped, a unique type's tick is skipped while an earlier tick's job
+//! holds its key. Fleet tests run real `jobhost run` processes serving the
 //! every-second `ticker` guest: three hosts on PostgreSQL with one killed
 //! (SIGKILL) leave exactly one job per tick and no gap; a restart of every
 //! host (on both backends) leaves no tick twice, and after the gap exactly
@@ -20,7 +21,9 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use jobhost::scheduler::{Scheduler, SchedulerConfig};
 use jobhost::store::{HostInfo, Store};
-use jobhost::types::{ConcurrencyConfig, JobConfig, OnConflict, ScheduleConfig};
+use jobhost::types::{
+    ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, ScheduleConfig, UniqueConfig, UniqueStrategy,
+};
 
 use common::db::{Backend, TestDb, jobhost, on_both_backends};
 use common::eventually;
@@ -191,6 +194,40 @@ async fn a_tick_the_enqueue_rules_refuse_is_skipped_not_retried(db: TestDb) {
     assert_eq!(cursor, Some(whole + seconds(5)), "the cursor moved past the refused ticks");
 }
 
+/// A unique type's tick whose key the job of an earlier tick still holds
+/// (it waits, or runs) is a duplicate: the tick is skipped, so slow jobs
+/// never pile up behind their schedule; once that job ends, ticks enqueue again.
+async fn a_unique_types_tick_is_skipped_while_an_earlier_ticks_job_holds_its_key(db: TestDb) {
+    let mut config = scheduled("report", 1, serde_json::json!({}));
+    config.unique = Some(UniqueConfig {
+        key: jobhost::template::KeyTemplate::parse("one-report").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    register(&db, &config, "d1").await;
+    serve(&db, &["report"]).await;
+    let whole = since(&db, "report").await.trunc_subsecs(0);
+    let mut looking = scheduler(db.dyn_store());
+    let first = looking.run_once(Some(whole + TimeDelta::milliseconds(1_500))).await.unwrap();
+    assert_eq!(first.enqueued, [("report".to_string(), whole + seconds(1))]);
+
+    // Ticks 2 and 3 come due while tick 1's job still waits: duplicates of it.
+    let look = looking.run_once(Some(whole + TimeDelta::milliseconds(3_500))).await.unwrap();
+    assert!(look.enqueued.is_empty(), "{look:?}");
+    let holders: Vec<i64> = look.duplicates.iter().map(|(_, _, holder)| *holder).collect();
+    let first_id = db.scalar("SELECT id FROM jobhost.jobs WHERE job = 'report'").await;
+    assert_eq!(holders, [first_id, first_id]);
+    assert_eq!(tick_texts(&db, "report").await, [text(whole + seconds(1))]);
+    let cursor = db.store.schedule_list(None).await.unwrap().schedules[0].last_tick;
+    assert_eq!(cursor, Some(whole + seconds(3)), "the skipped ticks are done with");
+
+    // Once it has run, the next tick is a job again.
+    let fetched = db.store.job_fetch(&common::fetch_params("worker", &["report"], 1)).await.unwrap();
+    db.store.job_finish(vec![common::finish(&fetched[0], common::completed())]).await.unwrap();
+    let look = looking.run_once(Some(whole + TimeDelta::milliseconds(4_500))).await.unwrap();
+    assert_eq!(look.enqueued, [("report".to_string(), whole + seconds(4))]);
+}
+
 async fn operators_list_schedules(db: TestDb) {
     register(&db, &scheduled("report", 2, serde_json::json!({})), "d1").await;
     let mut berlin = scheduled("digest", 1, serde_json::json!({}));
@@ -229,6 +266,7 @@ on_both_backends!(
     two_hosts_looking_at_once_enqueue_each_tick_once,
     a_changed_calendar_starts_afresh_and_an_unserved_type_does_not_tick,
     a_tick_the_enqueue_rules_refuse_is_skipped_not_retried,
+    a_unique_types_tick_is_skipped_while_an_earlier_ticks_job_holds_its_key,
     operators_list_schedules,
     a_restart_catches_up_with_the_latest_missed_ticks_and_repeats_none,
 );
