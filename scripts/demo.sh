@@ -3,8 +3,9 @@
 # handlers and the host, then runs a host on the embedded backend (a SQLite
 # file; no server) on sample components and jobs and shows what happened:
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
-# nosy guest, concurrency limits blocking jobs and refusing one, and a
-# duplicate of a unique job answered with the waiting job's id.
+# nosy guest, concurrency limits blocking jobs and refusing one, a
+# duplicate of a unique job answered with the waiting job's id, and a
+# schedule enqueueing a job every second once it is dropped in.
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,14 @@ until [ "$(waiting scheduled)$(waiting available)$(waiting running)$(waiting blo
 step "$jobhost" jobs
 step "$jobhost" job 2
 step "$jobhost" stats
+
+# A schedule: dropped into the directory, the ticker is enqueued once per
+# second (once per tick however many hosts run), its tick in its payload.
+cp guests/dist/ticker.wasm "$components"
+until [ "$("$jobhost" jobs --job ticker --state completed | grep -c .)" -ge 3 ]; do sleep 0.2; done
+step "$jobhost" schedules
+step "$jobhost" jobs --job ticker --limit 3
+step "$jobhost" job "$("$jobhost" jobs --job ticker --state completed --limit 1 --json | sed -E 's/^\{"id":([0-9]+).*/\1/')"
 kill -TERM "$host" && wait "$host"
 echo; echo "host log:"; cat "$components/host.log"
 
