@@ -286,7 +286,13 @@ pub fn due_ticks(
 /// # Errors
 /// The reason, naming the bad part.
 pub fn check(config: &ScheduleConfig) -> Result<(), String> {
-    Calendar::new(config)?;
+    let calendar = Calendar::new(config)?;
+    // From a fixed instant, so the check does not depend on when it runs:
+    // an expression such as `0 0 30 2 *` (30 February) never ticks, and
+    // would cost every look a fruitless search.
+    if calendar.next_after(DateTime::UNIX_EPOCH).is_none() {
+        return Err(format!("{:?} names no time that exists", config.cron));
+    }
     if config.backfill > MAX_BACKFILL {
         return Err(format!("backfill {} is more than the most allowed, {MAX_BACKFILL}", config.backfill));
     }
@@ -545,6 +551,7 @@ mod tests {
     #[test]
     fn refuses_bad_parts_by_name() {
         assert!(check(&ScheduleConfig::new("61 * * * *")).unwrap_err().contains("cron"));
+        assert!(check(&ScheduleConfig::new("0 0 30 2 *")).unwrap_err().contains("no time"));
         let zone = ScheduleConfig { time_zone: "Mars/Olympus".into(), ..ScheduleConfig::new("* * * * *") };
         assert!(check(&zone).unwrap_err().contains("time zone"));
         let backfill = ScheduleConfig { backfill: MAX_BACKFILL + 1, ..ScheduleConfig::new("* * * * *") };
