@@ -311,7 +311,15 @@ async fn ran_their_own_ticks(db: &TestDb) {
              FROM jobhost.archive WHERE job = 'ticker' AND state = 'completed'",
         )
         .await;
-    assert!(!rows.is_empty(), "ticker jobs ran");
+    if rows.is_empty() {
+        let states: Vec<(String, i64)> = db
+            .rows(
+                "SELECT state, count(*) FROM jobhost.jobs WHERE job = 'ticker' GROUP BY 1
+                 UNION ALL SELECT state, count(*) FROM jobhost.archive WHERE job = 'ticker' GROUP BY 1",
+            )
+            .await;
+        panic!("no ticker job completed; by state: {states:?}");
+    }
     for (tick, reported) in rows {
         let (reported_tick, started_ms) = reported.split_once(' ').unwrap();
         assert_eq!(reported_tick, tick);
