@@ -101,7 +101,7 @@ async fn a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends(db: Tes
     assert_eq!(claims(&db).await, 0, "the transaction that completed the job gave its key back");
     let second = enqueue(&db, keyed("once", "k")).await;
     assert!(matches!(second, Enqueued::New(id) if id != first), "a completed job's key is free: {second:?}");
-    // Cancelled and discarded jobs give their keys back too.
+    // A cancelled job gives its key back too.
     db.store.job_cancel(second.id()).await.unwrap();
     assert!(matches!(enqueue(&db, keyed("once", "k")).await, Enqueued::New(_)));
 }
@@ -190,25 +190,87 @@ async fn while_executing_queues_duplicates_and_runs_one_at_a_time(db: TestDb) {
 async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors_claim(db: TestDb) {
     unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
     let id = enqueue(&db, keyed("solo", "k")).await.id();
-    enqueue(&db, keyed("solo", "k")).await;
     let stale = fetch(&db, "solo", 10).await.remove(0);
-    assert_eq!(stale.id, id);
-    // Its host goes silent; the lease expires and the job runs again.
+    // Its host goes silent; the lease expires and the same job runs again.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     db.store.lease_expire(Some(later)).await.unwrap();
-    let successor = fetch(&db, "solo", 10).await;
-    assert_eq!(successor.len(), 1, "the expired run's claim went with its lease, and one job of k runs");
-    let successor = successor.into_iter().next().unwrap();
+    let successor = fetch(&db, "solo", 10).await.remove(0);
+    assert_eq!((successor.id, successor.attempt), (id, 2), "the expired run's claim went with its lease");
     let held = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
-    assert_eq!(held, vec![(successor.id, successor.lease_token)]);
-    // The stale run reports, twice (a duplicate delivery): nothing changes.
-    for _ in 0..2 {
-        let result = db.store.job_finish(vec![finish(&stale, completed())]).await.unwrap();
-        assert_eq!(result, vec![FinishResult::Duplicate]);
+    assert_eq!(held, vec![(id, successor.lease_token)], "bound to the successor's run");
+    // The stale run reports every way a run can end, each twice (a duplicate delivery).
+    let endings = [
+        completed(),
+        FinishOutcome::Retry { error: "late".into(), delay_ms: 0 },
+        FinishOutcome::Snooze { delay_ms: 0 },
+        FinishOutcome::Failed { error: "late".into() },
+    ];
+    for ending in endings {
+        for _ in 0..2 {
+            let result = db.store.job_finish(vec![finish(&stale, ending.clone())]).await.unwrap();
+            assert_eq!(result, vec![FinishResult::Duplicate]);
+        }
     }
     let held_after = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
     assert_eq!(held_after, held, "the successor's claim is untouched");
-    assert!(fetch(&db, "solo", 10).await.is_empty(), "and still keeps k's other job waiting");
+    enqueue(&db, keyed("solo", "k")).await;
+    assert!(fetch(&db, "solo", 10).await.is_empty(), "and still keeps k's next job waiting");
+    db.store.job_finish(vec![finish(&successor, completed())]).await.unwrap();
+    assert_eq!(fetch(&db, "solo", 10).await.len(), 1, "until the successor's run ends");
+}
+
+async fn replace_never_runs_the_gate_on_a_limited_job(db: TestDb) {
+    // Unique per `key` (replace), limited to one run per `c`, refusing the rest.
+    let mut config = job_config("both");
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{key}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Replace,
+    });
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{c}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Raise,
+    });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
+    let later = EnqueueParams {
+        delay_ms: Some(3_600_000),
+        ..EnqueueParams::new("both", json!({"key": "a", "c": "c", "v": 1}))
+    };
+    let waiting = enqueue(&db, later).await.id();
+    // Due now, while c's one slot is taken: the replace must not take the
+    // waiting job through the gate (which would refuse it).
+    let now = EnqueueParams::new("both", json!({"key": "a", "c": "c", "v": 2}));
+    assert_eq!(enqueue(&db, now).await, Enqueued::Replaced(waiting));
+    let job = db.store.job_get(waiting).await.unwrap().unwrap();
+    assert_eq!((job.payload["v"].clone(), job.row.state), (json!(2), JobState::Scheduled), "payload only");
+    let moved = EnqueueParams::new("both", json!({"key": "a", "c": "d", "v": 3}));
+    assert_eq!(enqueue(&db, moved).await, Enqueued::Duplicate(waiting), "a new concurrency key is not taken");
+    assert_eq!(db.store.job_get(waiting).await.unwrap().unwrap().payload["v"], json!(2));
+}
+
+async fn a_job_discarded_at_the_gate_gives_its_key_back(db: TestDb) {
+    let mut config = job_config("both");
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{key}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{c}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Discard,
+    });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
+    let discarded = enqueue(&db, EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
+    assert_eq!(state_of(&db, discarded.id()).await, JobState::Discarded);
+    let again = enqueue(&db, EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
+    assert!(matches!(again, Enqueued::New(id) if id != discarded.id()), "the discarded job held nothing: {again:?}");
+    assert_eq!(claims(&db).await, 1, "only x holds a claim");
 }
 
 async fn a_retried_archived_job_takes_its_key_again(db: TestDb) {
@@ -254,6 +316,8 @@ on_both_backends!(
     replace_updates_a_waiting_job_and_never_a_running_one,
     while_executing_queues_duplicates_and_runs_one_at_a_time,
     a_stale_run_finishing_after_its_successor_started_leaves_the_successors_claim,
+    replace_never_runs_the_gate_on_a_limited_job,
+    a_job_discarded_at_the_gate_gives_its_key_back,
     a_retried_archived_job_takes_its_key_again,
     a_duplicate_child_is_skipped_with_its_parents_completion,
 );

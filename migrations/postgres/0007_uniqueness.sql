@@ -77,8 +77,9 @@ CREATE TRIGGER jobs_release_unique_run AFTER UPDATE OF lease_token ON jobhost.jo
 -- key, id) order so two enqueuers of overlapping keys never deadlock.
 -- Returns, for each input position, the claimant: the input's own id when
 -- it won, another job's when the key was claimed already (or earlier in
--- this same input). A claim released between the refused insert and the
--- read is taken again, so every position has a claimant.
+-- this same input). The claimants are read in one statement, and a claim
+-- released between the refused insert and that read is taken again, so
+-- every position has a claimant.
 -- Locks: the claims' primary key entries; an enqueuer of a key another
 -- uncommitted transaction has just claimed waits for it to end.
 CREATE FUNCTION jobhost.claim_unique(job_types text[], unique_keys text[], job_ids bigint[])
@@ -86,6 +87,8 @@ RETURNS TABLE (ord bigint, claimant bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    holders bigint[];
+    held integer;
     tries integer := 0;
 BEGIN
     LOOP
@@ -94,20 +97,16 @@ BEGIN
         FROM unnest(job_types, unique_keys, job_ids) AS u(job, unique_key, id)
         ORDER BY u.job, u.unique_key, u.id
         ON CONFLICT DO NOTHING;
-        EXIT WHEN NOT EXISTS (
-            SELECT 1 FROM unnest(job_types, unique_keys) AS u(job, unique_key)
-            WHERE NOT EXISTS (
-                SELECT 1 FROM jobhost.unique_claims c WHERE c.job = u.job AND c.unique_key = u.unique_key));
+        SELECT array_agg(c.job_id ORDER BY u.n), count(c.job_id) INTO holders, held
+        FROM unnest(job_types, unique_keys) WITH ORDINALITY AS u(job, unique_key, n)
+        LEFT JOIN jobhost.unique_claims c ON c.job = u.job AND c.unique_key = u.unique_key;
+        EXIT WHEN held = cardinality(job_types);
         tries := tries + 1;
         IF tries >= 100 THEN
             RAISE EXCEPTION 'uniqueness keys kept being released while they were claimed' USING ERRCODE = '40001';
         END IF;
     END LOOP;
-    RETURN QUERY
-    SELECT u.ord, c.job_id
-    FROM unnest(job_types, unique_keys) WITH ORDINALITY AS u(job, unique_key, ord)
-    JOIN jobhost.unique_claims c ON c.job = u.job AND c.unique_key = u.unique_key
-    ORDER BY u.ord;
+    RETURN QUERY SELECT h.n, h.holder FROM unnest(holders) WITH ORDINALITY AS h(holder, n);
 END;
 $$;
 
@@ -116,7 +115,9 @@ $$;
 -- whose key another run holds is passed over (it stays available, in
 -- place) so the jobs behind it still run; of two fetchers racing for one
 -- key's jobs, the second waits on the first's claim, finds it taken and
--- leases the rest.
+-- leases the rest. JIT is off: the claims' sort, priced as forbidden by
+-- enable_sort, would push the plan's cost past jit_above_cost, and compiling
+-- it takes a second where running it takes a fraction of a millisecond.
 CREATE OR REPLACE FUNCTION jobhost.fetch(
     queues text[],
     job_types text[],
@@ -126,6 +127,7 @@ CREATE OR REPLACE FUNCTION jobhost.fetch(
 ) RETURNS SETOF jobhost.jobs
 LANGUAGE plpgsql
 SET enable_sort = off
+SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -180,37 +182,32 @@ BEGIN
 END;
 $$;
 
--- on_duplicate 'replace': the claimant takes a duplicate's payload and
--- time to run while it waits. Waiting for its time (scheduled), it takes
--- both, and the gate if it is due now. Available and unlimited, it takes
--- both (back to scheduled for a later time). Available and limited, it
--- holds a slot of its key: it takes the payload only, and only when the key
--- stays the same. Running or blocked, it is left alone. Returns whether it
--- was replaced.
+-- on_duplicate 'replace': the claimant takes a duplicate's payload while it
+-- waits (scheduled or available). Unlimited, it takes the duplicate's time
+-- to run too. Limited, it keeps its time and its place at the gate (an
+-- available one holds a slot; a scheduled one passes the gate when it comes
+-- due), so it takes the payload only, and only when its concurrency key
+-- stays the same: a replace never runs the gate, so it never blocks,
+-- discards or refuses anything. Running or blocked, it is left alone.
+-- Returns whether it was replaced.
 CREATE FUNCTION jobhost.replace_waiting(claimant bigint, new_payload jsonb, due timestamptz, new_key text)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE jobhost.jobs j
-    SET payload = new_payload, concurrency_key = new_key, run_at = greatest(due, now())
-    WHERE j.id = claimant AND j.state = 'scheduled';
+    SET payload = new_payload,
+        run_at = greatest(due, now()),
+        state = CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END
+    WHERE j.id = claimant AND j.state IN ('scheduled', 'available')
+      AND j.concurrency_key IS NULL AND new_key IS NULL;
     IF FOUND THEN
         IF due <= now() THEN
-            PERFORM jobhost.admit(ARRAY[claimant], true);
             PERFORM pg_notify('jobhost_available', '');
         END IF;
         RETURN true;
     END IF;
-    UPDATE jobhost.jobs j
-    SET payload = new_payload,
-        run_at = CASE WHEN due > now() THEN due ELSE j.run_at END,
-        state = CASE WHEN due > now() THEN 'scheduled' ELSE 'available' END
-    WHERE j.id = claimant AND j.state = 'available' AND j.concurrency_key IS NULL AND new_key IS NULL;
-    IF FOUND THEN
-        RETURN true;
-    END IF;
     UPDATE jobhost.jobs j SET payload = new_payload
-    WHERE j.id = claimant AND j.state = 'available' AND j.concurrency_key = new_key;
+    WHERE j.id = claimant AND j.state IN ('scheduled', 'available') AND j.concurrency_key = new_key;
     RETURN FOUND;
 END;
 $$;
@@ -271,7 +268,7 @@ BEGIN
         IF NOT while_executing THEN
             SELECT c.claimant INTO claimant
             FROM jobhost.claim_unique(ARRAY[job], ARRAY[unique_key], ARRAY[new_id]) c;
-            IF claimant <> new_id THEN
+            IF claimant IS DISTINCT FROM new_id THEN
                 IF on_duplicate = 'raise' THEN
                     RAISE EXCEPTION 'job "%" with unique key "%" is a duplicate of job %', job, unique_key, claimant
                         USING ERRCODE = 'JHU01';
@@ -332,7 +329,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT c.claimant INTO claimant FROM jobhost.claim_unique(ARRAY[job_type], ARRAY[key], ARRAY[revived_id]) c;
-    IF claimant <> revived_id THEN
+    IF claimant IS DISTINCT FROM revived_id THEN
         RAISE EXCEPTION 'job % cannot be retried while job % holds its unique key "%"', revived_id, claimant, key
             USING ERRCODE = 'JHU01';
     END IF;

@@ -188,6 +188,12 @@ pub fn prepare_child(
     prepare(EnqueueParams::child(parent_id, child), config, limits)
 }
 
+/// Two jobs of one enqueue with one unique key, where the type says
+/// `raise`: no stored job holds the key, so there is no id to name.
+pub(crate) fn in_batch_duplicate(job: &str, key: &str) -> Error {
+    Error::InvalidEnqueue(format!("job {job:?}: two jobs of this enqueue have the unique key {key:?}"))
+}
+
 /// Distinct job type names, sorted: what one configuration read asks for.
 pub fn job_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut names: Vec<String> = names.map(str::to_string).collect();

@@ -23,11 +23,17 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
     if plan.children.is_empty() {
         return rows.write(pool, next).await;
     }
+    // The children go in before the next fetch, so the fetch's claims on
+    // `while_executing` keys are the transaction's last locks: an enqueue
+    // waiting on a child's key never holds up a claim another fetch waits on.
     let mut tx = pool.begin().await?;
     let work = async {
-        let (written, any_available) = rows.write(&mut *tx, next).await?;
+        let (mut written, any_available) = rows.write(&mut *tx, None).await?;
         let children = plan.children_of(&written.written);
         let enqueued = super::job::insert(&mut tx, &children).await?;
+        if let Some(next) = next {
+            written.leased = super::job::fetch(&mut *tx, next).await?;
+        }
         Ok((written, any_available || !enqueued.is_empty()))
     }
     .await;

@@ -68,7 +68,7 @@ async fn admit_due(conn: &mut PgConnection, rows: &[(i64, bool)]) -> Result<()> 
     Ok(())
 }
 
-pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+pub async fn fetch(executor: impl sqlx::PgExecutor<'_>, params: &FetchParams) -> Result<Vec<FetchedJob>> {
     if params.limit <= 0 || params.job_types.is_empty() || params.queues.is_empty() {
         return Ok(Vec::new());
     }
@@ -85,7 +85,7 @@ pub async fn fetch(pool: &PgPool, params: &FetchParams) -> Result<Vec<FetchedJob
     .bind(&leases)
     .bind(params.limit)
     .bind(&params.host_id)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await?;
     rows.iter().map(leased_job).collect()
 }

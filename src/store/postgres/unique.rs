@@ -51,6 +51,10 @@ pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: &[i64]) 
         let job = jobs[i];
         decided[i] = Some(match unique.on_duplicate {
             OnDuplicate::Skip => Enqueued::Duplicate(claimant),
+            // An earlier job of this same batch: not stored, so not named.
+            OnDuplicate::Raise if ids.contains(&claimant) => {
+                return Err(crate::store::enqueue::in_batch_duplicate(&job.job, &unique.key));
+            }
             OnDuplicate::Raise => {
                 return Err(Error::Duplicate { job: job.job.clone(), key: unique.key.clone(), claimant });
             }

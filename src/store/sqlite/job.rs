@@ -107,11 +107,18 @@ pub async fn any_available(pool: &SqlitePool, params: &FetchParams) -> Result<bo
         return Ok(false);
     }
     let names: Vec<&str> = params.job_types.iter().map(|(name, _)| name.as_str()).collect();
+    // What the fetch would pass over (a paused queue, a `while_executing`
+    // key a run holds) does not count, or an idle host would take the
+    // write lock for nothing at every look.
     Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM jobs
-                        WHERE state = 'available'
-                          AND job IN (SELECT value FROM json_each($1))
-                          AND queue IN (SELECT value FROM json_each($2)))",
+        "SELECT EXISTS (SELECT 1 FROM jobs j
+                        LEFT JOIN unique_keys k ON k.job_id = j.id AND k.while_executing
+                        WHERE j.state = 'available'
+                          AND j.job IN (SELECT value FROM json_each($1))
+                          AND j.queue IN (SELECT value FROM json_each($2))
+                          AND j.queue NOT IN (SELECT name FROM queue_pauses)
+                          AND NOT EXISTS (SELECT 1 FROM unique_claims c
+                                          WHERE c.job = k.job AND c.unique_key = k.unique_key))",
     )
     .bind(json_list(&names))
     .bind(json_list(&params.queues))

@@ -59,8 +59,10 @@ pub async fn decide(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
             continue;
         }
         if unique.on_duplicate == OnDuplicate::Raise {
-            let claimant = claimant.unwrap_or(0);
-            return Err(Error::Duplicate { job: job.job.clone(), key: unique.key.clone(), claimant });
+            return Err(match claimant {
+                Some(claimant) => Error::Duplicate { job: job.job.clone(), key: unique.key.clone(), claimant },
+                None => crate::store::enqueue::in_batch_duplicate(&job.job, &unique.key),
+            });
         }
         decisions[i] = match claimant {
             None => Decision::DuplicateOf(first_in_batch[&key]),
@@ -77,8 +79,9 @@ pub async fn decide(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     Ok(decisions)
 }
 
-/// Gives a waiting claimant a duplicate's payload and time to run, by the
-/// rules of PostgreSQL's `jobhost.replace_waiting`. Returns whether it did.
+/// Gives a waiting claimant a duplicate's payload (and, unlimited, its time
+/// to run), by the rules of PostgreSQL's `jobhost.replace_waiting`: never
+/// through the gate. Returns whether it did.
 async fn replace_waiting(
     conn: &mut SqliteConnection,
     claimant: i64,
@@ -88,27 +91,10 @@ async fn replace_waiting(
     let due = duplicate.run_at.map_or(now.saturating_add(duplicate.delay_ms), |at| at.timestamp_millis());
     let payload = Json(&duplicate.payload);
     let key = duplicate.concurrency_key.as_deref();
-    let waiting = sqlx::query("UPDATE jobs SET payload = $2, concurrency_key = $3, run_at = max($4, $5) WHERE id = $1 AND state = 'scheduled'")
-        .bind(claimant)
-        .bind(payload)
-        .bind(key)
-        .bind(due)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    if waiting > 0 {
-        if due <= now {
-            super::concurrency::admit(conn, &[claimant], true, now).await?;
-        }
-        return Ok(true);
-    }
     let unlimited = sqlx::query(
         "UPDATE jobs
-         SET payload = $2,
-             run_at = CASE WHEN $3 > $4 THEN $3 ELSE run_at END,
-             state = CASE WHEN $3 > $4 THEN 'scheduled' ELSE 'available' END
-         WHERE id = $1 AND state = 'available' AND concurrency_key IS NULL AND $5 IS NULL",
+         SET payload = $2, run_at = max($3, $4), state = CASE WHEN $3 > $4 THEN 'scheduled' ELSE 'available' END
+         WHERE id = $1 AND state IN ('scheduled', 'available') AND concurrency_key IS NULL AND $5 IS NULL",
     )
     .bind(claimant)
     .bind(payload)
@@ -121,14 +107,15 @@ async fn replace_waiting(
     if unlimited > 0 {
         return Ok(true);
     }
-    let limited =
-        sqlx::query("UPDATE jobs SET payload = $2 WHERE id = $1 AND state = 'available' AND concurrency_key = $3")
-            .bind(claimant)
-            .bind(payload)
-            .bind(key)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+    let limited = sqlx::query(
+        "UPDATE jobs SET payload = $2 WHERE id = $1 AND state IN ('scheduled', 'available') AND concurrency_key = $3",
+    )
+    .bind(claimant)
+    .bind(payload)
+    .bind(key)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     Ok(limited > 0)
 }
 
