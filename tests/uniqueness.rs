@@ -25,6 +25,20 @@ async fn unique_type(db: &TestDb, name: &str, strategy: UniqueStrategy, on_dupli
     db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
 }
 
+/// Registers `both`: unique on its payload's `unique` field (by
+/// `on_duplicate`), limited to one run per its `c` field (by `on_conflict`).
+async fn unique_and_limited(db: &TestDb, unique: &str, on_duplicate: OnDuplicate, on_conflict: OnConflict) {
+    let mut config = job_config("both");
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse(unique).unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate,
+    });
+    config.concurrency =
+        Some(ConcurrencyConfig { limit: 1, key: KeyTemplate::parse("{c}").unwrap(), duration_secs: 30, on_conflict });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+}
+
 fn keyed(job: &str, key: &str) -> EnqueueParams {
     EnqueueParams::new(job, json!({ "key": key }))
 }
@@ -107,31 +121,19 @@ async fn a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends(db: Tes
 }
 
 async fn uniqueness_is_checked_before_the_gate_and_survives_blocking(db: TestDb) {
-    // Unique per `id`, limited to one run per `key`.
-    let mut config = job_config("both");
-    config.unique = Some(UniqueConfig {
-        key: KeyTemplate::parse("{id}").unwrap(),
-        strategy: UniqueStrategy::UntilExecuted,
-        on_duplicate: OnDuplicate::Skip,
-    });
-    config.concurrency = Some(ConcurrencyConfig {
-        limit: 1,
-        key: KeyTemplate::parse("{key}").unwrap(),
-        duration_secs: 30,
-        on_conflict: OnConflict::Block,
-    });
-    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
-    let holder = enqueue(&db, EnqueueParams::new("both", json!({"id": 1, "key": "k"}))).await.id();
-    let blocked = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await.id();
+    // Unique per `id`, limited to one run per `c`.
+    unique_and_limited(&db, "{id}", OnDuplicate::Skip, OnConflict::Block).await;
+    let holder = enqueue(&db, EnqueueParams::new("both", json!({"id": 1, "c": "k"}))).await.id();
+    let blocked = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await.id();
     assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
-    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await;
+    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
     assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a blocked job holds its unique key");
     // The holder completes; the blocked job is promoted and still holds its key.
     let run = fetch(&db, "both", 5).await.remove(0);
     assert_eq!(run.id, holder);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     assert_eq!(state_of(&db, blocked).await, JobState::Available);
-    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "key": "k"}))).await;
+    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
     assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a promoted job still holds its unique key");
 }
 
@@ -221,19 +223,7 @@ async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors
 
 async fn replace_never_runs_the_gate_on_a_limited_job(db: TestDb) {
     // Unique per `key` (replace), limited to one run per `c`, refusing the rest.
-    let mut config = job_config("both");
-    config.unique = Some(UniqueConfig {
-        key: KeyTemplate::parse("{key}").unwrap(),
-        strategy: UniqueStrategy::UntilExecuted,
-        on_duplicate: OnDuplicate::Replace,
-    });
-    config.concurrency = Some(ConcurrencyConfig {
-        limit: 1,
-        key: KeyTemplate::parse("{c}").unwrap(),
-        duration_secs: 30,
-        on_conflict: OnConflict::Raise,
-    });
-    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    unique_and_limited(&db, "{key}", OnDuplicate::Replace, OnConflict::Raise).await;
     enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
     let later = EnqueueParams {
         delay_ms: Some(3_600_000),
@@ -252,19 +242,7 @@ async fn replace_never_runs_the_gate_on_a_limited_job(db: TestDb) {
 }
 
 async fn a_job_discarded_at_the_gate_gives_its_key_back(db: TestDb) {
-    let mut config = job_config("both");
-    config.unique = Some(UniqueConfig {
-        key: KeyTemplate::parse("{key}").unwrap(),
-        strategy: UniqueStrategy::UntilExecuted,
-        on_duplicate: OnDuplicate::Skip,
-    });
-    config.concurrency = Some(ConcurrencyConfig {
-        limit: 1,
-        key: KeyTemplate::parse("{c}").unwrap(),
-        duration_secs: 30,
-        on_conflict: OnConflict::Discard,
-    });
-    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    unique_and_limited(&db, "{key}", OnDuplicate::Skip, OnConflict::Discard).await;
     enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
     let discarded = enqueue(&db, EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
     assert_eq!(state_of(&db, discarded.id()).await, JobState::Discarded);
