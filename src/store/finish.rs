@@ -128,7 +128,7 @@ pub struct Written {
 
 impl FinishPlan {
     /// Plans the current runs of a batch (see [`current_runs`]). `configs`
-    /// holds the registered types of their children ([`child_names`]).
+    /// holds the registered types of their children (`child_names`).
     pub fn new(runs: Vec<Finish>, configs: &Configs, limits: &EnqueueLimits, locked: LockedKeys) -> FinishPlan {
         let mut plan = FinishPlan {
             endings: Vec::new(),
