@@ -111,6 +111,9 @@ fn logged(logs: &[PathBuf], text: &str) -> bool {
 /// exit gracefully.
 async fn check_and_stop(db: &TestDb, mut hosts: Vec<Host>, logs: &[PathBuf], serial: usize) {
     drained(db, WITHIN).await;
+    let odd: Vec<(i64, String, String)> =
+        db.rows("SELECT id, state, CAST(errors AS TEXT) FROM jobhost.archive WHERE state <> 'completed'").await;
+    assert!(odd.is_empty(), "every job completed: {odd:?}");
     completed_once(db, "serial", serial).await;
     completed_once(db, "sleep", SLEEPS).await;
     nothing_left(db).await;

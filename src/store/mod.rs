@@ -168,6 +168,20 @@ impl Error {
         }
     }
 
+    /// True when the database answered that it is out of room or its
+    /// storage failed (a full disk, out of memory, an I/O error): nothing
+    /// about the statement is wrong, and the same write is to be sent again
+    /// once there is room, never given up on, though the database still
+    /// answers a ping. A timeout or a cancel is not this: it may be the
+    /// statement's own fault.
+    pub fn is_out_of_resources(&self) -> bool {
+        match self.database_code() {
+            Some(DatabaseCode::Sqlite(code)) => matches!(code, SQLITE_NOMEM | SQLITE_IOERR | SQLITE_FULL),
+            Some(DatabaseCode::Sqlstate(code)) => code.starts_with("53") || code.starts_with("58"),
+            None => false,
+        }
+    }
+
     /// True when the database cannot be used right now, whatever was asked:
     /// it refused or dropped the connection, no connection came free in
     /// time, the server is starting up or shutting down, or the file is
@@ -223,6 +237,9 @@ enum DatabaseCode {
 
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
+const SQLITE_NOMEM: i32 = 7;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
 
 /// SQLite result codes of the database failing rather than refusing a
 /// statement: busy, locked, out of memory, read-only, interrupted, I/O

@@ -275,6 +275,13 @@ impl Writer {
                     unwritten.extend(self.write_one_by_one(part).await);
                     continue;
                 }
+                // A full disk answers pings too; what failed is the
+                // database, not these results: they wait, whole.
+                Ok(Err(error)) if error.is_out_of_resources() => {
+                    unwritten.extend(part);
+                    unwritten.extend(parts.into_iter().flatten());
+                    break;
+                }
                 Ok(Err(error)) => error.to_string(),
                 Err(_) => format!("no answer within {deadline:?}"),
             };
