@@ -1,8 +1,9 @@
 //! The Rust API for programs that enqueue jobs without running a host.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::store::{EnqueueParams, Enqueued, Result, Store};
+use crate::store::{Batch, EnqueueParams, Enqueued, JobDetail, NewBatch, Result, Store};
 
 /// Enqueues jobs into a jobhost database through the same checks as the CLI
 /// and the hosts: registered job types, JSON-object payloads, their types'
@@ -64,6 +65,44 @@ impl Client {
     /// See [`Client::enqueue_many`].
     pub async fn enqueue_reporting(&self, jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
         self.store.job_enqueue_outcomes(jobs).await
+    }
+
+    /// Creates a batch with its first members, all or none, and closes it
+    /// unless `batch.open`; returns its id and what became of each member.
+    /// Add to an open batch with [`EnqueueParams::batch_id`]; close it with
+    /// [`Client::batch_close`].
+    ///
+    /// # Errors
+    /// A callback type that is not registered or whose keys cannot render
+    /// from the callback payload, what [`Client::enqueue_many`] refuses for
+    /// a member, or a database error. Nothing is stored then.
+    pub async fn batch_create(&self, batch: &NewBatch, members: &[EnqueueParams]) -> Result<(i64, Vec<Enqueued>)> {
+        self.store.batch_create(batch, members).await
+    }
+
+    /// Closes an open batch; false when it was closed already.
+    ///
+    /// # Errors
+    /// The batch does not exist, or a database error.
+    pub async fn batch_close(&self, id: i64) -> Result<bool> {
+        self.store.batch_close(id).await
+    }
+
+    /// A batch's counts, progress and callbacks.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn batch(&self, id: i64) -> Result<Option<Batch>> {
+        self.store.batch_get(id).await
+    }
+
+    /// Waits up to `timeout` for a job to end and returns it (its state,
+    /// output and errors), or `None` if it has not ended by then.
+    ///
+    /// # Errors
+    /// The job does not exist, or a database error.
+    pub async fn wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
+        self.store.job_wait(id, timeout).await
     }
 
     /// The store, for operator queries.

@@ -301,9 +301,9 @@ async fn renewal_extends_only_the_hosts_own_current_leases(db: TestDb) {
     let jobs = two_running(&db, "mail").await;
     let current = RunId { job_id: jobs[0].id, lease_token: jobs[0].lease_token };
     let stale = RunId { job_id: jobs[1].id, lease_token: jobs[1].lease_token + 999 };
-    let renewal = db.store.lease_renew("h", &[current, stale]).await.unwrap();
+    let renewal = db.store.lease_renew("h", &[current, stale], &[]).await.unwrap();
     assert_eq!(renewal, LeaseRenewal { renewed: vec![current], lost: vec![stale], cancelled: vec![] });
-    let renewal = db.store.lease_renew("other-host", &[current]).await.unwrap();
+    let renewal = db.store.lease_renew("other-host", &[current], &[]).await.unwrap();
     assert_eq!(
         renewal,
         LeaseRenewal { renewed: vec![], lost: vec![current], cancelled: vec![] },
@@ -381,8 +381,11 @@ async fn operators_retry_cancel_list_and_prune(db: TestDb) {
     db.store.job_cancel(ids[0]).await.unwrap();
     let error = db.store.job_cancel(ids[0]).await.unwrap_err();
     assert!(error.to_string().contains("is cancelled"), "{error}");
-    let cancelled =
-        db.store.job_list(&JobFilter { state: Some(JobState::Cancelled), job: None, limit: 10 }).await.unwrap();
+    let cancelled = db
+        .store
+        .job_list(&JobFilter { state: Some(JobState::Cancelled), job: None, batch_id: None, limit: 10 })
+        .await
+        .unwrap();
     assert_eq!(cancelled.iter().map(|r| r.id).collect::<Vec<_>>(), [ids[0]]);
 
     db.store.job_retry(ids[0]).await.unwrap();
@@ -603,7 +606,7 @@ async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others
     client.enqueue_many(&jobs).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 8 }).await;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 7);
-    let failed = JobFilter { state: Some(JobState::Failed), job: None, limit: 10 };
+    let failed = JobFilter { state: Some(JobState::Failed), job: None, batch_id: None, limit: 10 };
     let error = db.store.job_list(&failed).await.unwrap().remove(0).error.unwrap();
     assert!(error.contains("could not be stored") && error.contains("poisoned result"), "{error}");
     host.stop().await;
@@ -756,7 +759,7 @@ async fn a_renewal_passes_over_a_locked_row_without_waiting_or_losing_it() {
         .execute(&mut *locker)
         .await
         .unwrap();
-    let renewal = tokio::time::timeout(Duration::from_secs(5), db.store.lease_renew("h", &runs))
+    let renewal = tokio::time::timeout(Duration::from_secs(5), db.store.lease_renew("h", &runs, &[]))
         .await
         .expect("a renewal never waits on a row lock")
         .unwrap();
@@ -766,7 +769,7 @@ async fn a_renewal_passes_over_a_locked_row_without_waiting_or_losing_it() {
         "the locked run is neither renewed nor lost"
     );
     locker.rollback().await.unwrap();
-    assert_eq!(db.store.lease_renew("h", &runs).await.unwrap().renewed.len(), 2);
+    assert_eq!(db.store.lease_renew("h", &runs, &[]).await.unwrap().renewed.len(), 2);
 }
 
 /// A statement that hangs (here: the running job's row locked by another

@@ -1,7 +1,9 @@
 //! The `jobhost` command line: flag definitions and the commands behind them.
 //! Exit codes: 0 success, 1 a job ran but did not complete, 2 bad input (a
 //! component that does not load, a payload that is not JSON, an unknown job
-//! type) or a host error (a host task that panicked among them), 130 a host
+//! type) or a host error (a host task that panicked among them), 3 a
+//! concurrency limit refused the job, 4 and 5 a waited-for job was
+//! discarded or cancelled, 6 it did not end within the wait, 130 a host
 //! stopped by a second SIGINT or SIGTERM.
 //!
 //! Flags shared by several commands are defined here; the commands live in
@@ -9,6 +11,7 @@
 //! read or change the database and exit) and `components` (the commands
 //! that work on component files without a database).
 
+mod batch;
 mod components;
 mod host;
 mod operator;
@@ -54,12 +57,21 @@ enum Command {
     Enqueue(operator::EnqueueArgs),
     /// List jobs, newest first.
     Jobs(operator::JobsArgs),
-    /// Show one job: payload, attempts and errors, log, output.
+    /// Show one job: payload, attempts and errors, log, output and progress
+    /// (live while it runs); or, with --wait, wait for it to end.
     Job {
         /// The job's id.
         id: i64,
         #[command(flatten)]
+        wait: operator::WaitArgs,
+        #[command(flatten)]
         db: DbArgs,
+    },
+    /// Batches of jobs: counted as their members end, with callback jobs
+    /// enqueued once when the last one has.
+    Batch {
+        #[command(subcommand)]
+        action: batch::BatchAction,
     },
     /// Counts by state and queue, the oldest wait, and live hosts.
     Stats {
@@ -255,7 +267,8 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,
             Command::Jobs(args) => operator::jobs(args).await,
-            Command::Job { id, db } => operator::job(id, &db).await,
+            Command::Job { id, wait, db } => operator::job(id, &wait, &db).await,
+            Command::Batch { action } => batch::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
             Command::Retry { id, db } => operator::retry(id, &db).await,
             Command::Cancel { id, db } => operator::cancel(id, &db).await,

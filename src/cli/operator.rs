@@ -1,5 +1,6 @@
 //! The operator commands: `migrate`, `enqueue`, `jobs`, `job`, `stats`,
-//! `retry`, `cancel`, `queue pause`/`resume`, `concurrency` and `schedules`. Each opens
+//! `retry`, `cancel`, `queue pause`/`resume`, `concurrency` and `schedules`
+//! (the `batch` commands are in [`super::batch`]). Each opens
 //! the database, does one thing and exits; none runs jobs (that is the host
 //! command, in [`super::host`]).
 
@@ -19,13 +20,13 @@ use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, Schedul
 const BULK_CHUNK: usize = 5_000;
 
 /// Opens the database for `migrate` and `enqueue`, creating an embedded file.
-async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+pub(super) async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
     crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
 /// Opens the database for commands that read or change jobs already there:
 /// a mistyped file name is reported, not created.
-async fn open_existing(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+pub(super) async fn open_existing(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
     crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
@@ -65,11 +66,29 @@ pub struct EnqueueArgs {
     /// Run no earlier than this time (RFC 3339).
     #[arg(long)]
     at: Option<DateTime<Utc>>,
+    /// Add the job to this open batch as a member.
+    #[arg(long)]
+    batch: Option<i64>,
     /// Print {"id": …} per job instead of bare ids.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    wait: WaitArgs,
+    #[command(flatten)]
     db: DbArgs,
+}
+
+/// Waiting for a job to end.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Wait for the job to end and print its output; the exit code tells how
+    /// it ended: 0 completed, 1 failed, 4 discarded, 5 cancelled, 6 not
+    /// ended within --timeout.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits (e.g. 30s, 10m).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s", requires = "wait")]
+    timeout: Duration,
 }
 
 impl EnqueueArgs {
@@ -79,6 +98,7 @@ impl EnqueueArgs {
             priority: self.priority,
             run_at: self.at,
             delay_ms: self.delay.map(|d| d.as_millis() as u64),
+            batch_id: self.batch,
             ..EnqueueParams::new(self.job.clone(), payload)
         }
     }
@@ -89,6 +109,9 @@ fn parse_payload(text: &str, what: &str) -> Result<serde_json::Value, ExitCode> 
 }
 
 pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
+    if args.wait.wait && args.file.is_some() {
+        return fail("--wait waits for one job: give --payload, not --file");
+    }
     let jobs = match &args.file {
         None => match parse_payload(args.payload.as_deref().unwrap_or("{}"), "--payload") {
             Ok(payload) => vec![args.params(payload)],
@@ -103,6 +126,7 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
+    let mut last = None;
     for chunk in jobs.chunks(BULK_CHUNK) {
         match store.job_enqueue_outcomes(chunk).await {
             Ok(outcomes) => {
@@ -112,17 +136,45 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
                     } else {
                         println!("{}", enqueued_line(outcome));
                     }
+                    last = Some(outcome.id());
                 }
             }
             Err(error) => return fail_store(error),
         }
     }
-    ExitCode::SUCCESS
+    match last {
+        Some(id) if args.wait.wait => wait_for(&*store, id, args.wait.timeout).await,
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// Waits for a job to end, prints its output (or its last error, on
+/// stderr), and exits with a code telling how it ended.
+async fn wait_for(store: &dyn Store, id: i64, timeout: Duration) -> ExitCode {
+    let job = match store.job_wait(id, timeout).await {
+        Ok(Some(job)) => job,
+        Ok(None) => {
+            eprintln!("job {id} did not end within {}", humantime::format_duration(timeout));
+            return ExitCode::from(6);
+        }
+        Err(error) => return fail(error),
+    };
+    let output = job.row.output.as_ref().map_or("null".to_string(), |o| o.to_string());
+    println!("{output}");
+    if let Some(error) = &job.row.error {
+        eprintln!("job {id} {}: {error}", job.row.state);
+    }
+    match job.row.state {
+        JobState::Completed => ExitCode::SUCCESS,
+        JobState::Failed => ExitCode::from(1),
+        JobState::Discarded => ExitCode::from(4),
+        _ => ExitCode::from(5),
+    }
 }
 
 /// A new job is its bare id, so scripts can capture it; a duplicate (not
 /// an error: exit code 0) names the job that holds its key.
-fn enqueued_line(outcome: Enqueued) -> String {
+pub(super) fn enqueued_line(outcome: Enqueued) -> String {
     match outcome {
         Enqueued::New(id) => id.to_string(),
         Enqueued::Duplicate(id) => format!("duplicate of {id}"),
@@ -130,7 +182,7 @@ fn enqueued_line(outcome: Enqueued) -> String {
     }
 }
 
-fn enqueued_json(outcome: Enqueued) -> serde_json::Value {
+pub(super) fn enqueued_json(outcome: Enqueued) -> serde_json::Value {
     match outcome {
         Enqueued::New(id) => serde_json::json!({ "id": id }),
         Enqueued::Duplicate(id) => serde_json::json!({ "id": id, "duplicate": true }),
@@ -168,6 +220,9 @@ pub struct JobsArgs {
     /// Only jobs of this type.
     #[arg(long)]
     job: Option<String>,
+    /// Only members of this batch.
+    #[arg(long)]
+    batch: Option<i64>,
     /// At most this many.
     #[arg(long, default_value_t = 100)]
     limit: i64,
@@ -190,7 +245,7 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
-    let filter = JobFilter { state: args.state, job: args.job, limit: args.limit };
+    let filter = JobFilter { state: args.state, job: args.job, batch_id: args.batch, limit: args.limit };
     let rows = match store.job_list(&filter).await {
         Ok(rows) => rows,
         Err(error) => return fail(error),
@@ -214,11 +269,14 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-pub async fn job(id: i64, db: &DbArgs) -> ExitCode {
+pub async fn job(id: i64, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
     let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
+    if wait.wait {
+        return wait_for(&*store, id, wait.timeout).await;
+    }
     match store.job_get(id).await {
         Ok(Some(detail)) => {
             println!("{}", serde_json::to_string_pretty(&detail).unwrap_or_default());

@@ -9,6 +9,7 @@ mod cache;
 mod capture;
 mod engine;
 pub mod metadata;
+mod progress;
 pub mod registry;
 mod sandbox;
 mod stop;
@@ -26,6 +27,7 @@ use wasmtime::component::{Component, Linker};
 use crate::config::{ConfigError, RuntimeConfig};
 use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
 
+pub use progress::LiveProgress;
 pub use registry::{Registry, RegistryEvent};
 pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
@@ -215,7 +217,7 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), None);
+        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), LiveProgress::new(), None);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
         let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
         Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
@@ -229,6 +231,19 @@ impl Runtime {
         context: &JobContext,
         payload: &str,
         signal: StopSignal,
+    ) -> RunReport {
+        self.run_reporting(component, context, payload, signal, LiveProgress::new()).await
+    }
+
+    /// [`Runtime::run`], with the guest's progress reports written to
+    /// `progress` as they come, for the host to send while the run goes on.
+    pub async fn run_reporting(
+        &self,
+        component: &LoadedComponent,
+        context: &JobContext,
+        payload: &str,
+        signal: StopSignal,
+        progress: LiveProgress,
     ) -> RunReport {
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.run_slots.acquire().await;
@@ -244,7 +259,7 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, self.child_check.clone());
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, self.child_check.clone());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),

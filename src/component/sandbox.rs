@@ -14,6 +14,7 @@ use crate::component::bindings::{self, EnqueueOptions, Job, Level, v0_1, wit};
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
+use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
 use crate::component::world::WorldPre;
 use crate::types::{ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
@@ -70,6 +71,8 @@ pub struct SandboxState {
     effects: RunEffects,
     limits: RunLimits,
     signal: StopSignal,
+    /// The latest progress, read by the host's heartbeat while the run goes on.
+    live_progress: LiveProgress,
     stopped_by: Option<HostStop>,
     child_check: Option<ChildCheck>,
     /// The children enqueued so far, counted per (type, key) as the check rendered them.
@@ -201,6 +204,7 @@ pub fn new_store(
     engine: &wasmtime::Engine,
     limits: RunLimits,
     signal: StopSignal,
+    live_progress: LiveProgress,
     child_check: Option<ChildCheck>,
 ) -> Store<SandboxState> {
     let budget = RunBudget::new(limits.budget_bytes);
@@ -224,6 +228,7 @@ pub fn new_store(
         effects: RunEffects::default(),
         limits,
         signal,
+        live_progress,
         stopped_by: None,
         child_check,
         child_keys: ChildKeyCounts::default(),
@@ -430,6 +435,7 @@ impl bindings::jobhost::job::host::Host for SandboxState {
 
     fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
         self.effects.progress = Some((done, total));
+        self.live_progress.report(done, total);
         Ok(())
     }
 

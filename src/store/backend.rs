@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 
 use super::Result;
+use super::batch::PreparedBatch;
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::job::{Enqueued, FetchParams};
@@ -26,6 +27,11 @@ pub(crate) trait Backend: Send + Sync {
     /// passes the concurrency gate as it becomes due. Returns what became of
     /// each, in order.
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>>;
+
+    /// Creates a batch and inserts its first members as [`Backend::jobs_write`]
+    /// does, each with the new batch's id, closing it unless it stays open,
+    /// in one transaction. Returns the batch's id and what became of each.
+    async fn batch_write(&self, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)>;
 
     /// Writes a plan in one transaction: each run whose lease token still
     /// matches ends or goes back to wait, gives back its slot (blocked jobs

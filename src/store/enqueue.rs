@@ -59,6 +59,8 @@ pub struct PreparedJob {
     pub unique: Option<PreparedUnique>,
     /// The job that enqueued it.
     pub parent_id: Option<i64>,
+    /// The batch it joins as a member.
+    pub batch_id: Option<i64>,
 }
 
 /// A unique job's claim, as its backend takes it.
@@ -160,6 +162,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         concurrency_key,
         unique,
         parent_id: params.parent_id,
+        batch_id: params.batch_id,
     })
 }
 

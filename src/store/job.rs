@@ -57,6 +57,11 @@ impl JobState {
         }
     }
 
+    /// Whether a job in this state has ended for good: it is in the archive.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Discarded | JobState::Cancelled)
+    }
+
     /// Parses a state name.
     pub fn parse(name: &str) -> Option<JobState> {
         JobState::ALL.into_iter().find(|s| s.as_str() == name)
@@ -109,6 +114,8 @@ pub struct EnqueueParams {
     pub delay_ms: Option<u64>,
     /// The job whose run enqueued this one.
     pub parent_id: Option<i64>,
+    /// The batch the job joins as a member; it must exist and be open.
+    pub batch_id: Option<i64>,
 }
 
 impl EnqueueParams {
@@ -122,6 +129,7 @@ impl EnqueueParams {
             run_at: None,
             delay_ms: None,
             parent_id: None,
+            batch_id: None,
         }
     }
 
@@ -135,6 +143,7 @@ impl EnqueueParams {
             run_at: None,
             delay_ms: child.delay_ms,
             parent_id: Some(parent_id),
+            batch_id: None,
         }
     }
 }
@@ -293,6 +302,8 @@ pub struct JobFilter {
     pub state: Option<JobState>,
     /// Only this job type.
     pub job: Option<String>,
+    /// Only members of this batch.
+    pub batch_id: Option<i64>,
     /// At most this many.
     pub limit: i64,
 }
@@ -353,6 +364,8 @@ pub struct JobDetail {
     pub host_id: Option<String>,
     /// The job that enqueued it.
     pub parent_id: Option<i64>,
+    /// The batch it belongs to.
+    pub batch_id: Option<i64>,
 }
 
 /// The queue at a glance.

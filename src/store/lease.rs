@@ -16,6 +16,24 @@ pub struct RunId {
     pub lease_token: i64,
 }
 
+/// A run's latest `progress(done, total)`, sent with a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunProgress {
+    /// The run.
+    pub run: RunId,
+    /// Work done.
+    pub done: u64,
+    /// Work in all.
+    pub total: u64,
+}
+
+impl RunProgress {
+    /// The document a job keeps as its progress.
+    pub fn document(&self) -> serde_json::Value {
+        serde_json::json!({ "done": self.done, "total": self.total })
+    }
+}
+
 /// What a renewal found for the runs it was asked about. A run in neither
 /// list is still this host's but its row was locked by another transaction
 /// (this host's own result write, an operator's statement): it was not

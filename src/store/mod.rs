@@ -12,9 +12,11 @@
 //! The vocabulary, one file per entity: [`job`] (states, enqueue and fetch
 //! parameters, results, listings), [`lease`] (runs and renewals), [`host`]
 //! (fleet membership and job types), [`concurrency`] (per-key slots and
-//! blocked jobs), [`schedule`] (cursors, and the jobs of ticks).
+//! blocked jobs), [`schedule`] (cursors, and the jobs of ticks), [`batch`]
+//! (groups of jobs, their counts and callbacks).
 
 mod backend;
+pub mod batch;
 pub mod concurrency;
 pub mod enqueue;
 pub mod finish;
@@ -33,6 +35,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub(crate) use backend::Backend;
+pub use batch::{Batch, BatchCounts, BatchState, Callbacks, NewBatch};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
@@ -41,7 +44,7 @@ pub use job::{
     Cancel, EnqueueParams, Enqueued, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
     JobFilter, JobRow, JobState, LockedKeys, Stats,
 };
-pub use lease::{LeaseRenewal, RunId};
+pub use lease::{LeaseRenewal, RunId, RunProgress};
 pub use schedule::{Fired, ScheduleState, ScheduleStatus, Schedules, Tick};
 
 /// Why a storage operation failed.
@@ -390,8 +393,9 @@ pub trait Store: Backend + 'static {
 
     /// Renews the leases a host still holds, in one statement that never
     /// waits on a row lock: says which runs were renewed and which are no
-    /// longer this host's (see [`LeaseRenewal`]).
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal>;
+    /// longer this host's (see [`LeaseRenewal`]). Each renewed run among
+    /// `progress` records its latest progress, so it shows while the job runs.
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal>;
 
     /// Returns jobs whose lease expired to `available`, or to the archive as
     /// failed when their attempts are spent (as cancelled when an operator
@@ -467,6 +471,33 @@ pub trait Store: Backend + 'static {
 
     /// Resumes a paused queue. Returns false when it was not paused.
     async fn queue_resume(&self, queue: &str) -> Result<bool>;
+
+    /// Creates a batch with its first members, all or none, and closes it
+    /// unless [`NewBatch::open`]; returns its id and what became of each
+    /// member (a duplicate of a unique job is not a member). Callbacks must
+    /// be registered types whose keys render from the callback payload.
+    async fn batch_create(&self, batch: &NewBatch, members: &[EnqueueParams]) -> Result<(i64, Vec<Enqueued>)> {
+        batch::create(self, batch, members).await
+    }
+
+    /// Closes an open batch: it takes no more members, and finishes (its
+    /// callbacks enqueued) once every member has ended, at once if they all
+    /// have. False when it was closed already.
+    async fn batch_close(&self, id: i64) -> Result<bool>;
+
+    /// One batch with its counts and progress.
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>>;
+
+    /// Batches newest first, at most `limit`.
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>>;
+
+    /// Waits until a job has ended (completed, failed, discarded or
+    /// cancelled) and returns it, or `None` when `timeout` passes first.
+    /// Woken by the database's announcements, not by polling.
+    ///
+    /// # Errors
+    /// [`Error::JobState`] for a job that does not exist.
+    async fn job_wait(&self, id: i64, timeout: std::time::Duration) -> Result<Option<JobDetail>>;
 
     /// Waits until jobs may be available (a notification), or `timeout`.
     async fn job_wait_available(&self, timeout: std::time::Duration);

@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::StopSignal;
-use crate::store::{HostInfo, LeaseRenewal, RunId, Store};
+use crate::component::{LiveProgress, StopSignal};
+use crate::store::{HostInfo, LeaseRenewal, RunId, RunProgress, Store};
 
 use super::WorkerConfig;
 use super::health::WriteHealth;
@@ -29,6 +29,8 @@ struct Held {
     /// so it always falls before the database's expiry.
     fence_at: Instant,
     signal: StopSignal,
+    /// What its guest last reported, sent with the renewals.
+    progress: LiveProgress,
     /// When the run ended, its result being on its way to the database. The
     /// lease is still renewed for one more lease length, so a slow write
     /// does not cause a redelivery, but not for ever: a result that has not
@@ -62,10 +64,20 @@ impl Leases {
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records a lease taken by a fetch sent at `sent_at`.
-    pub fn hold(&self, run: RunId, lease: Duration, margin: Duration, sent_at: Instant, signal: StopSignal) {
+    /// Records a lease taken by a fetch sent at `sent_at`, with the run's
+    /// stop signal and progress cell.
+    pub fn hold(
+        &self,
+        run: RunId,
+        lease: Duration,
+        margin: Duration,
+        sent_at: Instant,
+        link: (StopSignal, LiveProgress),
+    ) {
         let fence_at = sent_at + lease.saturating_sub(margin);
-        self.lock().insert(run, Held { lease, fence_at, signal, ended_at: None, overdue: false, cancelled: false });
+        let (signal, progress) = link;
+        let held = Held { lease, fence_at, signal, progress, ended_at: None, overdue: false, cancelled: false };
+        self.lock().insert(run, held);
         self.added.notify_one();
     }
 
@@ -99,10 +111,12 @@ impl Leases {
     }
 
     /// The runs to renew at `now`: every running one, and each ended one
-    /// whose result has been on its way for less than a lease.
-    fn to_renew(&self, now: Instant) -> Vec<RunId> {
+    /// whose result has been on its way for less than a lease; and the
+    /// running ones' progress that changed since it was last sent.
+    fn to_renew(&self, now: Instant) -> (Vec<RunId>, Vec<RunProgress>) {
         let mut held = self.lock();
         let mut renew = Vec::with_capacity(held.len());
+        let mut progress = Vec::new();
         let mut overdue = Vec::new();
         for (run, lease) in held.iter_mut() {
             match lease.ended_at {
@@ -114,6 +128,11 @@ impl Leases {
                 }
                 _ => renew.push(*run),
             }
+            if lease.ended_at.is_none()
+                && let Some((done, total)) = lease.progress.take_changed()
+            {
+                progress.push(RunProgress { run: *run, done, total });
+            }
         }
         if !overdue.is_empty() {
             tracing::error!(
@@ -121,7 +140,17 @@ impl Leases {
                 "results not written within a lease of their runs' end; no longer renewing their leases, so the jobs will be redelivered"
             );
         }
-        renew
+        (renew, progress)
+    }
+
+    /// Progress a renewal did not deliver goes with the next one.
+    fn progress_unsent(&self, progress: &[RunProgress]) {
+        let held = self.lock();
+        for sent in progress {
+            if let Some(lease) = held.get(&sent.run) {
+                lease.progress.unsent();
+            }
+        }
     }
 
     /// Applies a renewal sent at `sent_at`: renewed leases move their fence;
@@ -221,11 +250,17 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
                 "results cannot be written: not renewing leases, so this host's jobs go to the rest of the fleet"
             );
         } else {
-            let asked = leases.to_renew(sent_at);
-            match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked)).await {
+            let (asked, progress) = leases.to_renew(sent_at);
+            match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked, &progress)).await {
                 Ok(Ok(renewal)) => leases.renewed(&renewal, margin, sent_at),
-                Ok(Err(error)) => tracing::warn!(%error, "cannot renew leases; fencing continues"),
-                Err(_) => tracing::warn!(?deadline, "lease renewal got no answer in time; fencing continues"),
+                Ok(Err(error)) => {
+                    leases.progress_unsent(&progress);
+                    tracing::warn!(%error, "cannot renew leases; fencing continues");
+                }
+                Err(_) => {
+                    leases.progress_unsent(&progress);
+                    tracing::warn!(?deadline, "lease renewal got no answer in time; fencing continues");
+                }
             }
         }
         match tokio::time::timeout(deadline, store.host_upsert(&host)).await {
@@ -252,7 +287,7 @@ mod tests {
         let leases = Leases::default();
         let signal = StopSignal::new();
         let fetched = Instant::now();
-        leases.hold(run(1, 7), LEASE, MARGIN, fetched, signal.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, (signal.clone(), LiveProgress::new()));
         assert_eq!(leases.enforce_fences(fetched + Duration::from_secs(8)), Some(fetched + Duration::from_secs(9)));
         assert!(!signal.is_stopped());
         leases.enforce_fences(fetched + Duration::from_secs(9));
@@ -264,9 +299,9 @@ mod tests {
         let leases = Leases::default();
         let (kept, lost, busy) = (StopSignal::new(), StopSignal::new(), StopSignal::new());
         let fetched = Instant::now();
-        leases.hold(run(1, 7), LEASE, MARGIN, fetched, kept.clone());
-        leases.hold(run(2, 8), LEASE, MARGIN, fetched, lost.clone());
-        leases.hold(run(3, 9), LEASE, MARGIN, fetched, busy.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, (kept.clone(), LiveProgress::new()));
+        leases.hold(run(2, 8), LEASE, MARGIN, fetched, (lost.clone(), LiveProgress::new()));
+        leases.hold(run(3, 9), LEASE, MARGIN, fetched, (busy.clone(), LiveProgress::new()));
         let renewed_at = fetched + Duration::from_secs(5);
         let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![run(2, 8)], cancelled: vec![] };
         leases.renewed(&renewal, MARGIN, renewed_at);
@@ -283,8 +318,8 @@ mod tests {
         let leases = Leases::default();
         let (old, new) = (StopSignal::new(), StopSignal::new());
         let fetched = Instant::now();
-        leases.hold(run(1, 7), LEASE, MARGIN, fetched, old.clone());
-        leases.hold(run(1, 8), LEASE, MARGIN, fetched, new.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, (old.clone(), LiveProgress::new()));
+        leases.hold(run(1, 8), LEASE, MARGIN, fetched, (new.clone(), LiveProgress::new()));
         assert_eq!(leases.count(), 2);
         let renewal = LeaseRenewal { renewed: vec![run(1, 8)], lost: vec![run(1, 7)], cancelled: vec![] };
         leases.renewed(&renewal, MARGIN, fetched + Duration::from_secs(5));
@@ -300,13 +335,13 @@ mod tests {
     fn an_ended_run_is_renewed_for_one_lease_and_then_let_go() {
         let leases = Leases::default();
         let fetched = Instant::now();
-        leases.hold(run(1, 7), LEASE, MARGIN, fetched, StopSignal::new());
-        leases.hold(run(2, 8), LEASE, MARGIN, fetched, StopSignal::new());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, (StopSignal::new(), LiveProgress::new()));
+        leases.hold(run(2, 8), LEASE, MARGIN, fetched, (StopSignal::new(), LiveProgress::new()));
         leases.ended(run(1, 7));
         let ended = Instant::now();
-        assert_eq!(leases.to_renew(ended + LEASE - MARGIN).len(), 2, "a result on its way keeps its lease");
+        assert_eq!(leases.to_renew(ended + LEASE - MARGIN).0.len(), 2, "a result on its way keeps its lease");
         assert_eq!(
-            leases.to_renew(ended + LEASE),
+            leases.to_renew(ended + LEASE).0,
             vec![run(2, 8)],
             "a result not written within a lease of its run's end lets its job go; the running one is still renewed"
         );
@@ -317,7 +352,7 @@ mod tests {
     fn a_cancelled_run_is_stopped_and_remembered() {
         let leases = Leases::default();
         let signal = StopSignal::new();
-        leases.hold(run(1, 7), LEASE, MARGIN, Instant::now(), signal.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, Instant::now(), (signal.clone(), LiveProgress::new()));
         let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![], cancelled: vec![run(1, 7)] };
         leases.renewed(&renewal, MARGIN, Instant::now());
         assert_eq!(signal.reason(), Some(CANCELLED));
@@ -333,7 +368,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let fence = tokio::spawn(fence_loop(leases.clone(), shutdown.clone()));
         let fetched = Instant::now();
-        leases.hold(run(1, 7), LEASE, MARGIN, fetched, signal.clone());
+        leases.hold(run(1, 7), LEASE, MARGIN, fetched, (signal.clone(), LiveProgress::new()));
         tokio::time::timeout(LEASE, signal.stopped()).await.expect("stopped before the lease expired");
         assert_eq!(Instant::now(), fetched + LEASE - MARGIN);
         shutdown.cancel();

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::component::{Registry, Runtime, StopSignal};
+use crate::component::{LiveProgress, Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, RunId, Store};
 use crate::supervisor::Supervisor;
 use crate::types::JobContext;
@@ -322,9 +322,10 @@ impl Worker {
         let Handoff { job, slot, sent_at } = leased;
         let Launch { run_slots, done, shutdown, started } = launch.clone();
         let signal = StopSignal::new();
+        let progress = LiveProgress::new();
         let lease = Duration::from_secs(job.lease_secs.max(1) as u64);
         let run = RunId { job_id: job.id, lease_token: job.lease_token };
-        self.leases.hold(run, lease, self.config.fence_margin(), sent_at, signal.clone());
+        self.leases.hold(run, lease, self.config.fence_margin(), sent_at, (signal.clone(), progress.clone()));
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
         let prefetch = self.prefetch.clone();
@@ -369,7 +370,7 @@ impl Worker {
                         };
                         let payload = job.payload.to_string();
                         tracing::debug!(lease_token = job.lease_token, "run started");
-                        let report = runtime.run(&component, &context, &payload, signal).await;
+                        let report = runtime.run_reporting(&component, &context, &payload, signal, progress).await;
                         prefetch.run_ended(Duration::from_micros(report.elapsed_us));
                         tracing::debug!(
                             lease_token = job.lease_token,

@@ -16,6 +16,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         return Ok(Vec::new());
     }
     if jobs.iter().all(|j| j.unique.is_none()) {
+        super::batch::add_members(conn, jobs).await?;
         let rows = insert_rows(conn, jobs, None).await?;
         admit_due(conn, &rows).await?;
         return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
@@ -26,6 +27,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
     let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
     let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
+    super::batch::add_members(conn, &fresh_jobs).await?;
     let rows = insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
     // Before the gate, which may archive a job (discard), and the archive
     // takes its key with it.
@@ -55,6 +57,7 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
         .bind(jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
         .bind(ids)
+        .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?)
 }
@@ -178,6 +181,18 @@ async fn quarantine_with(pool: &PgPool, id: i64, reason: &str, keep_errors: bool
 }
 
 pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+    // Finished batches go with the archive's retention, in bounded batches too.
+    sqlx::query(
+        "DELETE FROM jobhost.batches WHERE id IN (
+             SELECT id FROM jobhost.batches
+             WHERE finished_at < coalesce($1, now()) - $2 * interval '1 second'
+             ORDER BY finished_at LIMIT $3)",
+    )
+    .bind(now)
+    .bind(retention_secs)
+    .bind(limit)
+    .execute(pool)
+    .await?;
     let pruned = sqlx::query(
         "DELETE FROM jobhost.archive WHERE id IN (
              SELECT id FROM jobhost.archive

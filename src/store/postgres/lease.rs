@@ -1,9 +1,10 @@
 //! Lease renewal and expiry in PostgreSQL.
 
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::{LeaseRenewal, Result, RunId};
+use crate::store::{LeaseRenewal, Result, RunId, RunProgress};
 
 /// Sets the `started_at` of the current runs among `runs` to now. Locks:
 /// those jobs' rows.
@@ -30,13 +31,20 @@ pub async fn started(pool: &PgPool, runs: &[RunId]) -> Result<()> {
 /// semaphore row, an operator's statement); a skipped run is reported as
 /// neither renewed nor lost and keeps its fence. Whether a run is lost is
 /// read from the statement's snapshot, where a locked row is still visible.
-pub async fn renew(pool: &PgPool, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+pub async fn renew(pool: &PgPool, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
     if runs.is_empty() {
         return Ok(LeaseRenewal::default());
     }
     let (ids, tokens): (Vec<i64>, Vec<i64>) = runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
-    let rows: Vec<(i64, i64, bool, bool, bool)> =
-        sqlx::query_as(include_str!("sql/renew.sql")).bind(host_id).bind(&ids).bind(&tokens).fetch_all(pool).await?;
+    let rows: Vec<(i64, i64, bool, bool, bool)> = sqlx::query_as(include_str!("sql/renew.sql"))
+        .bind(host_id)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(progress.iter().map(|p| p.run.job_id).collect::<Vec<_>>())
+        .bind(progress.iter().map(|p| p.run.lease_token).collect::<Vec<_>>())
+        .bind(progress.iter().map(|p| Json(p.document())).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
     let mut renewal = LeaseRenewal::default();
     for (job_id, lease_token, renewed, cancel, ours) in rows {
         let run = RunId { job_id, lease_token };

@@ -36,6 +36,7 @@
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0008_schedules | trigger: a changed calendar restarts its schedule |
 
+mod batch;
 mod concurrency;
 mod finish;
 mod host;
@@ -44,6 +45,7 @@ mod lease;
 mod operate;
 mod schedule;
 mod unique;
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,12 +56,13 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
+use super::batch::{Batch, PreparedBatch};
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, EnqueueLimits, Enqueued, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
-    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    KeyStatus, LeaseRenewal, Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -169,6 +172,10 @@ impl Backend for PgStore {
         Ok(enqueued)
     }
 
+    async fn batch_write(&self, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
+        batch::write(&self.pool, batch).await
+    }
+
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
         let (written, any_available) = finish::write(&self.pool, plan, next).await?;
         if any_available {
@@ -242,8 +249,8 @@ impl Store for PgStore {
         lease::started(&self.pool, runs).await
     }
 
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
-        lease::renew(&self.pool, host_id, runs).await
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
+        lease::renew(&self.pool, host_id, runs, progress).await
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
@@ -338,6 +345,22 @@ impl Store for PgStore {
         notify_available(&mut tx).await?;
         tx.commit().await?;
         Ok(resumed.rows_affected() == 1)
+    }
+
+    async fn batch_close(&self, id: i64) -> Result<bool> {
+        batch::close(&self.pool, id).await
+    }
+
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
+        Ok(batch::list(&self.pool, Some(id), 1).await?.pop())
+    }
+
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
+        batch::list(&self.pool, None, limit).await
+    }
+
+    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
+        wait::wait(&self.pool, id, timeout).await
     }
 
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {

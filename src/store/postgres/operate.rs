@@ -9,14 +9,14 @@ use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result
 /// The columns shared by listings of live and archived jobs.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
-    priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id";
+    priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id, batch_id";
 const BLOCKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
     priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, NULL::timestamptz AS run_at,
-    NULL::text AS host_id, parent_id";
+    NULL::text AS host_id, parent_id, batch_id";
 const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, finished_at,
-    priority, payload, max_attempts, errors, log, progress, NULL::timestamptz AS run_at, host_id, parent_id";
+    priority, payload, max_attempts, errors, log, progress, NULL::timestamptz AS run_at, host_id, parent_id, batch_id";
 
 fn row_of(row: &sqlx::postgres::PgRow) -> Result<JobRow> {
     let state: String = row.try_get("state")?;
@@ -47,10 +47,16 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
              SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
          ) all_jobs
          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job = $2)
+           AND ($4::bigint IS NULL OR batch_id = $4)
          ORDER BY id DESC LIMIT $3"
     );
-    let rows =
-        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(state).bind(&filter.job).bind(filter.limit).fetch_all(pool).await?;
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(state)
+        .bind(&filter.job)
+        .bind(filter.limit)
+        .bind(filter.batch_id)
+        .fetch_all(pool)
+        .await?;
     rows.iter().map(row_of).collect()
 }
 
@@ -77,6 +83,7 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
         run_at: row.try_get("run_at")?,
         host_id: row.try_get("host_id")?,
         parent_id: row.try_get("parent_id")?,
+        batch_id: row.try_get("batch_id")?,
     }))
 }
 
@@ -115,6 +122,14 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
         .execute(&mut *tx)
         .await?
         .rows_affected();
+    let ended: Option<(Option<i64>, String)> = if due > 0 {
+        None
+    } else {
+        sqlx::query_as("SELECT batch_id, state FROM jobhost.archive WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+    };
     let revived = if due > 0 {
         0
     } else {
@@ -138,6 +153,10 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     }
     if revived > 0 {
         sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
+        // Its batch counts it pending again; a finished batch stays finished.
+        if let Some((Some(batch), state)) = &ended {
+            sqlx::query("SELECT jobhost.batch_uncount($1, $2)").bind(batch).bind(state).execute(&mut *tx).await?;
+        }
     }
     super::concurrency::admit(&mut tx, &[id]).await?;
     super::notify_available(&mut tx).await?;

@@ -27,6 +27,7 @@ struct NewJob<'a> {
     run_at: i64,
     concurrency_key: Option<&'a str>,
     parent_id: Option<i64>,
+    batch_id: Option<i64>,
 }
 
 /// One insert for the whole batch, then the gate for the limited jobs due
@@ -40,6 +41,7 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     let decisions = unique::decide(conn, jobs, now).await?;
     let fresh: Vec<&PreparedJob> =
         jobs.iter().zip(&decisions).filter(|(_, d)| **d == Decision::Insert).map(|(j, _)| *j).collect();
+    super::batch::add_members(conn, &fresh).await?;
     let inserted = insert_rows(conn, &fresh, now).await?;
     let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
     // Before the gate, which may archive a job (discard), and the archive
@@ -86,6 +88,7 @@ async fn insert_rows(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i6
                 run_at: due.max(now),
                 concurrency_key: j.concurrency_key.as_deref(),
                 parent_id: j.parent_id,
+                batch_id: j.batch_id,
             }
         })
         .collect();

@@ -5,7 +5,7 @@ use sqlx::SqliteConnection;
 use super::concurrency;
 use super::{iso, json_list};
 use crate::store::Slots;
-use crate::store::{LeaseRenewal, Result, RunId};
+use crate::store::{LeaseRenewal, Result, RunId, RunProgress};
 
 /// Sets the `started_at` of the current runs among `runs` to `now` (ms
 /// since the epoch).
@@ -26,10 +26,20 @@ pub async fn started(conn: &mut SqliteConnection, runs: &[RunId], now: i64) -> R
 /// Renews in the caller's write transaction. Writers take the file's lock
 /// one at a time, so no row is ever locked by another writer here: a run
 /// is either renewed or no longer this host's.
-pub async fn renew(conn: &mut SqliteConnection, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
-    let pairs: Vec<(i64, i64)> = runs.iter().map(|r| (r.job_id, r.lease_token)).collect();
+pub async fn renew(
+    conn: &mut SqliteConnection,
+    host_id: &str,
+    runs: &[RunId],
+    progress: &[RunProgress],
+) -> Result<LeaseRenewal> {
+    let reported: std::collections::HashMap<RunId, serde_json::Value> =
+        progress.iter().map(|p| (p.run, p.document())).collect();
+    let pairs: Vec<(i64, i64, Option<&serde_json::Value>)> =
+        runs.iter().map(|r| (r.job_id, r.lease_token, reported.get(r))).collect();
     let rows: Vec<(i64, i64, bool)> = sqlx::query_as(
-        "UPDATE jobs SET lease_expires_at = $3 + jobs.lease_secs * 1000
+        "UPDATE jobs SET lease_expires_at = $3 + jobs.lease_secs * 1000,
+                         progress = CASE WHEN json_type(l.value, '$[2]') = 'object' THEN l.value -> 2
+                                         ELSE jobs.progress END
          FROM json_each($2) l
          WHERE jobs.id = l.value ->> 0 AND jobs.lease_token = l.value ->> 1 AND jobs.host_id = $1
          RETURNING jobs.id, jobs.lease_token, jobs.cancel_requested_at IS NOT NULL",

@@ -20,6 +20,7 @@
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).
 
+mod batch;
 mod commits;
 mod concurrency;
 mod finish;
@@ -41,12 +42,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{ConnectOptions, Sqlite, Transaction};
 use tokio::sync::Notify;
 
+use super::batch::{Batch, PreparedBatch};
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, EnqueueLimits, Enqueued, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
-    KeyStatus, LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
+    KeyStatus, LeaseRenewal, Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -205,8 +207,8 @@ impl SqliteStore {
     /// exists, and it would refuse every later `BEGIN` on that connection,
     /// stopping every write of this process for good: that connection is
     /// closed and the next one starts clean.
-    async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
-        while_locked(|| async {
+    async fn write(&self) -> Result<Write> {
+        let tx = while_locked(|| async {
             match self.writer.begin_with("BEGIN IMMEDIATE").await {
                 Err(sqlx::Error::InvalidSavePointStatement) => {
                     tracing::warn!("the writer lost track of a transaction SQLite rolled back; reconnecting");
@@ -216,7 +218,8 @@ impl SqliteStore {
                 begun => Ok(begun?),
             }
         })
-        .await
+        .await?;
+        Ok(Write { tx, limits: self.limits, wake: self.wake.clone() })
     }
 
     /// Whether any connection (another process's, or this one's writer)
@@ -232,11 +235,82 @@ impl SqliteStore {
         }
     }
 
+    /// Waits for a commit by any connection since `seen`, the data version
+    /// the caller last saw (updated here), until `deadline`: false when the
+    /// deadline came first. Woken like an idle host: by the file system's
+    /// report of a write to the log, with a look every [`WATCH_INTERVAL`]
+    /// where it reports nothing.
+    async fn wait_for_commit(&self, seen: &mut i64, deadline: tokio::time::Instant) -> bool {
+        let version = || async { sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await };
+        if *seen == UNSEEN {
+            *seen = version().await.unwrap_or(UNSEEN);
+        }
+        let mut look_closely_until = None;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let every = match look_closely_until {
+                Some(until) if now < until => CLOSE_LOOK.1,
+                _ => WATCH_INTERVAL,
+            };
+            tokio::select! {
+                () = self.logged.notified() => look_closely_until = Some(tokio::time::Instant::now() + CLOSE_LOOK.0),
+                () = tokio::time::sleep(every.min(deadline - now)) => {}
+            }
+            match version().await {
+                Ok(now_seen) if now_seen == *seen => {}
+                Ok(now_seen) => {
+                    *seen = now_seen;
+                    return true;
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
     /// Wakes this process's idle fetch loop.
     fn announce(&self, any_available: bool) {
         if any_available {
             self.wake.notify_one();
         }
+    }
+}
+
+/// A write transaction holding the file's write lock. It commits only
+/// after settling the batches its writes finished (`batch::settle`): the
+/// transaction that ends a closed batch's last member, whatever ended it,
+/// enqueues the batch's callbacks (guarantee 12).
+struct Write {
+    tx: Transaction<'static, Sqlite>,
+    limits: EnqueueLimits,
+    wake: Arc<Notify>,
+}
+
+impl Write {
+    /// Settles finished batches, then commits.
+    async fn commit(mut self) -> Result<()> {
+        let available = batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
+        self.tx.commit().await?;
+        if available {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Write {
+    type Target = sqlx::SqliteConnection;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for Write {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
     }
 }
 
@@ -309,6 +383,14 @@ impl Backend for SqliteStore {
         tx.commit().await?;
         self.announce(enqueued.iter().any(|e| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_))));
         Ok(enqueued)
+    }
+
+    async fn batch_write(&self, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
+        let mut tx = self.write().await?;
+        let written = batch::write(&mut tx, batch, now_ms()).await?;
+        tx.commit().await?;
+        self.announce(written.1.iter().any(|e| matches!(e, Enqueued::New(_))));
+        Ok(written)
     }
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
@@ -419,12 +501,12 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId]) -> Result<LeaseRenewal> {
+    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
         if runs.is_empty() {
             return Ok(LeaseRenewal::default());
         }
         let mut tx = self.write().await?;
-        let renewed = lease::renew(&mut tx, host_id, runs).await?;
+        let renewed = lease::renew(&mut tx, host_id, runs, progress).await?;
         tx.commit().await?;
         Ok(renewed)
     }
@@ -534,7 +616,9 @@ impl Store for SqliteStore {
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
         let mut tx = self.write().await?;
-        let pruned = job::archive_prune(&mut tx, ms_or_now(now), retention_secs, limit).await?;
+        let now = ms_or_now(now);
+        let pruned = job::archive_prune(&mut tx, now, retention_secs, limit).await?;
+        batch::prune(&mut tx, now - (retention_secs * 1000.0) as i64, limit).await?;
         tx.commit().await?;
         Ok(pruned)
     }
@@ -594,6 +678,36 @@ impl Store for SqliteStore {
         // Idle hosts wait for a wake-up; the queue's jobs are ready now.
         self.announce(true);
         Ok(resumed.rows_affected() == 1)
+    }
+
+    async fn batch_close(&self, id: i64) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let closed = batch::close(&mut tx, id, now_ms()).await?;
+        tx.commit().await?;
+        Ok(closed)
+    }
+
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
+        Ok(batch::list(&self.reader, Some(id), 1).await?.pop())
+    }
+
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
+        batch::list(&self.reader, None, limit).await
+    }
+
+    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut seen = UNSEEN;
+        loop {
+            match operate::get(&self.reader, id).await? {
+                None => return Err(Error::JobState { id, reason: "does not exist".into() }),
+                Some(job) if job.row.state.is_final() => return Ok(Some(job)),
+                Some(_) => {}
+            }
+            if !self.wait_for_commit(&mut seen, deadline).await {
+                return Ok(None);
+            }
+        }
     }
 
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {

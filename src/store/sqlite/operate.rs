@@ -12,13 +12,13 @@ use crate::store::{Error, JobDetail, JobFilter, JobRow, JobState, Result, Slots,
 /// The columns shared by listings of live, blocked and archived jobs.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at,
-    priority, payload, max_attempts, errors, NULL AS log, progress, run_at, host_id, parent_id";
+    priority, payload, max_attempts, errors, NULL AS log, progress, run_at, host_id, parent_id, batch_id";
 const BLOCKED_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at,
-    priority, payload, max_attempts, errors, NULL AS log, progress, NULL AS run_at, NULL AS host_id, parent_id";
+    priority, payload, max_attempts, errors, NULL AS log, progress, NULL AS run_at, NULL AS host_id, parent_id, batch_id";
 const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
     json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, finished_at,
-    priority, payload, max_attempts, errors, log, progress, NULL AS run_at, host_id, parent_id";
+    priority, payload, max_attempts, errors, log, progress, NULL AS run_at, host_id, parent_id, batch_id";
 
 fn json_column(row: &SqliteRow, column: &str) -> Result<Option<serde_json::Value>> {
     Ok(row.try_get::<Option<Json<serde_json::Value>>, _>(column)?.map(|j| j.0))
@@ -69,12 +69,18 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     };
     let order = if filter.state.is_some() { "+id" } else { "id" };
     let job = if filter.job.is_some() { "AND job = $2" } else { "" };
+    // Numbered after the job's parameter when there is one.
+    let batch = match (&filter.job, filter.batch_id) {
+        (_, None) => "",
+        (Some(_), Some(_)) => "AND batch_id = $3",
+        (None, Some(_)) => "AND batch_id = $2",
+    };
     let picks: Vec<String> = [("jobs", live), ("blocked_jobs", blocked), ("archive", archived)]
         .into_iter()
         .filter_map(|(table, state)| {
             let state = state?;
             Some(format!(
-                "SELECT * FROM (SELECT id FROM {table} WHERE TRUE {state} {job} ORDER BY {order} DESC LIMIT $1)"
+                "SELECT * FROM (SELECT id FROM {table} WHERE TRUE {state} {job} {batch} ORDER BY {order} DESC LIMIT $1)"
             ))
         })
         .collect();
@@ -92,6 +98,9 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(filter.limit);
     if let Some(job) = &filter.job {
         query = query.bind(job);
+    }
+    if let Some(batch) = filter.batch_id {
+        query = query.bind(batch);
     }
     let rows = query.fetch_all(pool).await?;
     rows.iter().map(row_of).collect()
@@ -120,6 +129,7 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
         run_at: row.try_get::<Option<i64>, _>("run_at")?.map(time_of),
         host_id: row.try_get("host_id")?,
         parent_id: row.try_get("parent_id")?,
+        batch_id: row.try_get("batch_id")?,
     }))
 }
 
@@ -181,6 +191,17 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
         .await?
         .rows_affected();
         if revived > 0 {
+            // Its batch counts it pending again; a finished batch stays finished.
+            sqlx::query(
+                "UPDATE batches
+                 SET completed = completed - (a.state = 'completed'), failed = failed - (a.state = 'failed'),
+                     discarded = discarded - (a.state = 'discarded'), cancelled = cancelled - (a.state = 'cancelled')
+                 FROM (SELECT batch_id, state FROM archive WHERE id = $1) a
+                 WHERE batches.id = a.batch_id",
+            )
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
             sqlx::query("DELETE FROM archive WHERE id = $1").bind(id).execute(&mut *conn).await?;
             super::unique::reclaim(conn, id, now).await?;
         }

@@ -1,0 +1,389 @@
+//! The `batch` commands: create a batch from a file of jobs, add to an
+//! open one, close it, list batches and show one with its progress.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde::Deserialize;
+
+use super::operator::{enqueued_json, enqueued_line, open, open_existing};
+use super::{DbArgs, fail, fail_store};
+use crate::store::{Batch, Callbacks, EnqueueParams, Enqueued, NewBatch};
+
+/// What to do with batches.
+#[derive(Debug, Subcommand)]
+pub enum BatchAction {
+    /// Create a batch from a file of jobs, all or none, closed unless --open;
+    /// prints the batch id, then each member's id.
+    Create(CreateArgs),
+    /// Add jobs from a file to an open batch, all or none.
+    Add {
+        /// The batch.
+        id: i64,
+        #[command(flatten)]
+        members: MemberArgs,
+    },
+    /// Close an open batch: it takes no more jobs and finishes (its callbacks
+    /// enqueued) once every member has ended.
+    Close {
+        /// The batch.
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// List batches, newest first, with their progress.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// One JSON object per batch, per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Show one batch: its counts, progress and callbacks.
+    Show {
+        /// The batch.
+        id: i64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+/// The members of a `create` or `add`.
+#[derive(Debug, Args)]
+pub struct MemberArgs {
+    /// The jobs, one JSON object per line: {"job": TYPE, "payload": {...}},
+    /// optionally "queue", "priority" and "delay" (e.g. "30s"); "-" for stdin.
+    #[arg(long)]
+    file: PathBuf,
+    /// Print {"id": …} per job instead of bare ids.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// A name for the batch, for people.
+    #[arg(long)]
+    label: Option<String>,
+    /// The job type to enqueue when the batch finishes, however it went.
+    #[arg(long)]
+    on_finish: Option<String>,
+    /// The job type to enqueue when it finishes with no member failed or discarded.
+    #[arg(long)]
+    on_success: Option<String>,
+    /// The job type to enqueue when it finishes with a member failed or discarded.
+    #[arg(long)]
+    on_failure: Option<String>,
+    /// The JSON object each callback's payload starts from; `_batch` (the
+    /// id, label and counts) is added.
+    #[arg(long)]
+    callback_payload: Option<String>,
+    /// Leave the batch open: add jobs with `batch add` or `enqueue --batch`,
+    /// then `batch close` it. An open batch never finishes.
+    #[arg(long)]
+    open: bool,
+    #[command(flatten)]
+    members: MemberArgs,
+}
+
+/// One line of a batch file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberLine {
+    job: String,
+    #[serde(default = "empty_object")]
+    payload: serde_json::Value,
+    queue: Option<String>,
+    priority: Option<i16>,
+    #[serde(default, with = "humantime_serde_option")]
+    delay: Option<Duration>,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+/// `"30s"`-style delays in a batch file.
+mod humantime_serde_option {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = Option::deserialize(deserializer)?;
+        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+pub async fn run(action: BatchAction) -> ExitCode {
+    match action {
+        BatchAction::Create(args) => create(args).await,
+        BatchAction::Add { id, members } => add(id, members).await,
+        BatchAction::Close { id, db } => close(id, &db).await,
+        BatchAction::List { limit, json, db } => list(limit, json, &db).await,
+        BatchAction::Show { id, json, db } => show(id, json, &db).await,
+    }
+}
+
+async fn create(args: CreateArgs) -> ExitCode {
+    let callback_payload = match args.callback_payload.as_deref().map(serde_json::from_str).transpose() {
+        Ok(payload) => payload,
+        Err(error) => return fail(format!("--callback-payload is not valid JSON: {error}")),
+    };
+    let members = match read_members(&args.members.file) {
+        Ok(members) => members,
+        Err(code) => return code,
+    };
+    let batch = NewBatch {
+        label: args.label,
+        callbacks: Callbacks { on_finish: args.on_finish, on_success: args.on_success, on_failure: args.on_failure },
+        callback_payload,
+        open: args.open,
+    };
+    let store = match open(&args.members.db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.batch_create(&batch, &members).await {
+        Ok((id, outcomes)) => {
+            if args.members.json {
+                println!("{}", serde_json::json!({ "batch": id }));
+            } else {
+                println!("batch {id}");
+            }
+            print_outcomes(&outcomes, args.members.json);
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail_store(error),
+    }
+}
+
+async fn add(id: i64, args: MemberArgs) -> ExitCode {
+    let members = match read_members(&args.file) {
+        Ok(members) => members.into_iter().map(|m| EnqueueParams { batch_id: Some(id), ..m }).collect::<Vec<_>>(),
+        Err(code) => return code,
+    };
+    let store = match open_existing(&args.db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.job_enqueue_outcomes(&members).await {
+        Ok(outcomes) => {
+            print_outcomes(&outcomes, args.json);
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail_store(error),
+    }
+}
+
+fn print_outcomes(outcomes: &[Enqueued], json: bool) {
+    for outcome in outcomes {
+        if json {
+            println!("{}", enqueued_json(*outcome));
+        } else {
+            println!("{}", enqueued_line(*outcome));
+        }
+    }
+}
+
+/// Every line a member; a bad line stops everything before anything is
+/// stored, naming the line.
+fn read_members(path: &Path) -> Result<Vec<EnqueueParams>, ExitCode> {
+    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(path) {
+            Ok(file) => Box::new(std::io::BufReader::new(file)),
+            Err(error) => return Err(fail(format!("cannot read {}: {error}", path.display()))),
+        }
+    };
+    let mut members = Vec::new();
+    for (number, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let member: MemberLine = serde_json::from_str(&line).map_err(|e| {
+            fail(format!("line {} is not a job ({{\"job\": TYPE, \"payload\": {{...}}}}): {e}", number + 1))
+        })?;
+        members.push(EnqueueParams {
+            queue: member.queue,
+            priority: member.priority,
+            delay_ms: member.delay.map(|d| d.as_millis() as u64),
+            ..EnqueueParams::new(member.job, member.payload)
+        });
+    }
+    Ok(members)
+}
+
+async fn close(id: i64, db: &DbArgs) -> ExitCode {
+    let store = match open_existing(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.batch_close(id).await {
+        Ok(true) => {
+            println!("batch {id} closed: it finishes once every member has ended");
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            println!("batch {id} was closed already");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail_store(error),
+    }
+}
+
+async fn list(limit: i64, json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open_existing(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let batches = match store.batch_list(limit).await {
+        Ok(batches) => batches,
+        Err(error) => return fail(error),
+    };
+    for batch in &batches {
+        if json {
+            println!("{}", serde_json::to_string(batch).unwrap_or_default());
+        } else {
+            println!("{}", list_line(batch));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// One batch in 80 columns: id, state, a progress bar, ended of total,
+/// failures, label.
+fn list_line(batch: &Batch) -> String {
+    let c = &batch.counts;
+    let failures = c.failed + c.discarded;
+    let failures = if failures > 0 { format!(" {failures} failed") } else { String::new() };
+    let label = batch.label.as_deref().map(|l| format!("  {}", clip(l, 24))).unwrap_or_default();
+    format!(
+        "{:>7}  {:<9} {} {:>4}  {}/{}{failures}{label}",
+        batch.id,
+        batch.state.as_str(),
+        bar(batch.progress, 16),
+        percent(batch.progress),
+        c.ended(),
+        c.total
+    )
+}
+
+async fn show(id: i64, json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open_existing(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    let batch = match store.batch_get(id).await {
+        Ok(Some(batch)) => batch,
+        Ok(None) => return fail(format!("batch {id} does not exist")),
+        Err(error) => return fail(error),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&batch).unwrap_or_default());
+    } else {
+        print!("{}", details(&batch));
+    }
+    ExitCode::SUCCESS
+}
+
+/// A batch in full, for a terminal.
+fn details(batch: &Batch) -> String {
+    let c = &batch.counts;
+    let label = batch.label.as_deref().map(|l| format!(" {l:?}")).unwrap_or_default();
+    let mut text = format!("batch {}{label}: {}\n", batch.id, batch.state.as_str());
+    text += &format!("  {} {}  {} of {} ended\n", bar(batch.progress, 40), percent(batch.progress), c.ended(), c.total);
+    text += &format!(
+        "  pending {}  running {}  completed {}  failed {}  discarded {}  cancelled {}\n",
+        c.pending, c.running, c.completed, c.failed, c.discarded, c.cancelled
+    );
+    for (kind, job) in batch.callbacks.named() {
+        let fate = match (batch.callback_jobs.get(kind), batch.callback_errors.get(kind)) {
+            (Some(id), _) => format!("enqueued as job {id}"),
+            (None, Some(error)) => format!("refused: {error}"),
+            (None, None) if batch.finished_at.is_some() => "not due".to_string(),
+            (None, None) => "when it finishes".to_string(),
+        };
+        text += &format!("  {kind} {job}: {fate}\n");
+    }
+    let time = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    text += &format!("  created {}", time(batch.created_at));
+    if let Some(closed) = batch.closed_at {
+        text += &format!(", closed {}", time(closed));
+    }
+    if let Some(finished) = batch.finished_at {
+        text += &format!(", finished {}", time(finished));
+    }
+    text + "\n"
+}
+
+/// A bar of `width` cells for a fraction from 0 to 1.
+fn bar(progress: f64, width: usize) -> String {
+    let filled = ((progress.clamp(0.0, 1.0) * width as f64).floor() as usize).min(width);
+    format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
+}
+
+fn percent(progress: f64) -> String {
+    format!("{}%", (progress.clamp(0.0, 1.0) * 100.0).floor() as u32)
+}
+
+/// At most `max` characters, with an ellipsis when cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{cut}…")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{BatchCounts, BatchState};
+
+    fn batch(label: &str, progress: f64) -> Batch {
+        Batch {
+            id: 1234567,
+            label: Some(label.into()),
+            state: BatchState::Closed,
+            counts: BatchCounts { total: 100000, completed: 45000, failed: 12000, ..Default::default() },
+            progress,
+            callbacks: Callbacks::default(),
+            callback_payload: serde_json::json!({}),
+            callback_jobs: Default::default(),
+            callback_errors: Default::default(),
+            created_at: chrono::Utc::now(),
+            closed_at: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn a_list_line_fits_80_columns_and_its_bar_is_to_scale() {
+        let line = list_line(&batch("a nightly import of every account we have", 0.57));
+        assert!(line.chars().count() <= 80, "{} columns: {line}", line.chars().count());
+        assert!(line.contains("[#########-------]  57%"), "{line}");
+        assert!(line.contains("57000/100000 12000 failed"), "{line}");
+        assert_eq!(bar(0.0, 4), "[----]");
+        assert_eq!(bar(1.0, 4), "[####]");
+    }
+
+    #[test]
+    fn details_fit_80_columns() {
+        for line in details(&batch("x", 0.5)).lines() {
+            assert!(line.chars().count() <= 80, "{line}");
+        }
+    }
+}

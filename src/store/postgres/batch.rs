@@ -1,0 +1,108 @@
+//! Batches in PostgreSQL: creating and closing them, counting new members,
+//! and reading them back. The counting of ended
+//! members and the callbacks are triggers (migrations/postgres/0009_batches.sql),
+//! so every path that archives a job counts it.
+
+use std::collections::BTreeMap;
+
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::store::batch::{Batch, BatchCounts, Callbacks, PreparedBatch};
+use crate::store::{Enqueued, Error, PreparedJob, Result};
+
+/// Counts the batch members among `jobs` into their batches before they are
+/// inserted, refusing a batch that is missing or closed. Locks: those
+/// batches' rows, in id order, until the caller commits.
+pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<()> {
+    if jobs.iter().all(|j| j.batch_id.is_none()) {
+        return Ok(());
+    }
+    let ids: Vec<Option<i64>> = jobs.iter().map(|j| j.batch_id).collect();
+    let closed_ok = vec![false; ids.len()];
+    sqlx::query("SELECT jobhost.batch_add_members($1, $2)").bind(&ids).bind(&closed_ok).execute(conn).await?;
+    Ok(())
+}
+
+/// Creates a batch and inserts its first members in one transaction,
+/// closing it unless it is to stay open.
+pub async fn write(pool: &PgPool, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
+    let mut tx = pool.begin().await?;
+    let work = async {
+        let c = &batch.callbacks;
+        let id: i64 = sqlx::query_scalar("SELECT jobhost.batch_open($1, $2, $3, $4, $5)")
+            .bind(&batch.label)
+            .bind(&c.on_finish)
+            .bind(&c.on_success)
+            .bind(&c.on_failure)
+            .bind(Json(&batch.callback_payload))
+            .fetch_one(&mut *tx)
+            .await?;
+        let members: Vec<PreparedJob> =
+            batch.members.into_iter().map(|m| PreparedJob { batch_id: Some(id), ..m }).collect();
+        let enqueued = super::job::insert(&mut tx, &members.iter().collect::<Vec<_>>()).await?;
+        if !batch.open {
+            sqlx::query("SELECT jobhost.batch_close($1)").bind(id).execute(&mut *tx).await?;
+        }
+        Ok((id, enqueued))
+    }
+    .await;
+    super::commit_or_roll_back(tx, work).await
+}
+
+/// Closes a batch; false when it was closed already. A closed batch whose
+/// members have all ended finishes as this commits.
+pub async fn close(pool: &PgPool, id: i64) -> Result<bool> {
+    match sqlx::query_scalar("SELECT jobhost.batch_close($1)").bind(id).fetch_one(pool).await {
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22023") => {
+            Err(Error::InvalidEnqueue(db.message().to_string()))
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Batches, newest first: one when `id` is given, else up to `limit`.
+pub async fn list(pool: &PgPool, id: Option<i64>, limit: i64) -> Result<Vec<Batch>> {
+    let rows = sqlx::query(include_str!("sql/batch_list.sql")).bind(id).bind(limit).fetch_all(pool).await?;
+    rows.iter().map(batch_of).collect()
+}
+
+fn batch_of(row: &PgRow) -> Result<Batch> {
+    let ended = |name: &str| row.try_get::<i64, _>(name);
+    let total: i64 = row.try_get("total")?;
+    let running: i64 = row.try_get("running")?;
+    let (completed, failed, discarded, cancelled) =
+        (ended("completed")?, ended("failed")?, ended("discarded")?, ended("cancelled")?);
+    let ended_all = completed + failed + discarded + cancelled;
+    let counts = BatchCounts {
+        total,
+        pending: (total - ended_all - running).max(0),
+        running,
+        completed,
+        failed,
+        discarded,
+        cancelled,
+    };
+    let closed_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("closed_at")?;
+    let finished_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("finished_at")?;
+    let live_done: f64 = row.try_get("live_done")?;
+    Ok(Batch {
+        id: row.try_get("id")?,
+        label: row.try_get("label")?,
+        state: Batch::state_of(closed_at.is_some(), finished_at.is_some(), &counts),
+        progress: Batch::progress_of(&counts, live_done),
+        counts,
+        callbacks: Callbacks {
+            on_finish: row.try_get("on_finish")?,
+            on_success: row.try_get("on_success")?,
+            on_failure: row.try_get("on_failure")?,
+        },
+        callback_payload: row.try_get::<Json<serde_json::Value>, _>("callback_payload")?.0,
+        callback_jobs: row.try_get::<Json<BTreeMap<String, i64>>, _>("callback_jobs")?.0,
+        callback_errors: row.try_get::<Json<BTreeMap<String, String>>, _>("callback_errors")?.0,
+        created_at: row.try_get("created_at")?,
+        closed_at,
+        finished_at,
+    })
+}
