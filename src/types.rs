@@ -289,6 +289,35 @@ pub struct ChildJob {
     pub priority: Option<i16>,
     /// Delays the child's first run past the parent's completion.
     pub delay_ms: Option<u64>,
+    /// The batch it joins as a member, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<ChildBatch>,
+}
+
+/// The batch a child joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildBatch {
+    /// The batch its parent is a member of.
+    Parent,
+    /// The batch its parent's run opened with this number (0 for the first).
+    Opened(u32),
+}
+
+/// A batch a running job opens, created with the job's completion, closed,
+/// with the children the run added to it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchRequest {
+    /// A name for people.
+    pub label: Option<String>,
+    /// The job type enqueued when it finishes.
+    pub on_finish: Option<String>,
+    /// The job type enqueued when it finishes with nothing failed or discarded.
+    pub on_success: Option<String>,
+    /// The job type enqueued when it finishes with a member failed or discarded.
+    pub on_failure: Option<String>,
+    /// What each callback's payload starts from: a JSON object.
+    pub callback_payload: serde_json::Value,
 }
 
 /// How one run of a job ended, from the sandbox's point of view.
@@ -460,6 +489,8 @@ pub struct RunEffects {
     pub progress: Option<(u64, u64)>,
     /// Jobs the guest enqueued, to be written with this job's completion.
     pub children: Vec<ChildJob>,
+    /// Batches the guest opened, to be created with this job's completion.
+    pub batches: Vec<BatchRequest>,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
 }

@@ -359,6 +359,10 @@ on_both_backends!(
     two_last_members_ending_at_once_fire_one_callback,
     progress_shows_while_a_job_runs_and_sums_into_its_batch,
     waiting_for_a_job_returns_when_it_ends,
+    a_running_job_opens_a_batch_whose_callback_fires_once_its_members_end,
+    a_member_adding_to_its_own_closed_batch_holds_it_open_until_the_new_members_end,
+    a_run_that_fails_leaves_no_batch_and_an_unknown_callback_fails_the_run,
+    a_guests_progress_shows_while_it_runs,
 );
 
 /// Two transactions ending a batch's last two members are held at the
@@ -426,4 +430,91 @@ async fn a_batch_made_from_sql_fires_like_any_other() {
     }
     assert_eq!(jobs_of(&db, "on_done").await, 1);
     assert_eq!(callback_payload(&db, "on_done").await["_batch"]["label"], "sql");
+}
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// A host serving `batcher` and `hello`, with a heartbeat every 200 ms.
+async fn batch_host(db: &TestDb) -> common::TestHost {
+    common::TestHost::start(db, &["batcher", "hello"], |_| {}).await
+}
+
+/// Enqueues one job and waits for it to end.
+async fn run_to_end(db: &TestDb, job: &str, payload: serde_json::Value) -> jobhost::store::JobDetail {
+    let id = db.store.job_enqueue(&[EnqueueParams::new(job, payload)]).await.unwrap()[0];
+    db.store.job_wait(id, WITHIN).await.unwrap().expect("the job ended in time")
+}
+
+async fn the_only_batch(db: &TestDb) -> Batch {
+    let batches = db.store.batch_list(10).await.unwrap();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    batches.into_iter().next().unwrap()
+}
+
+async fn a_running_job_opens_a_batch_whose_callback_fires_once_its_members_end(db: TestDb) {
+    let host = batch_host(&db).await;
+    let open = json!({"open": {"count": 3, "job": "hello", "child": {"name": "member"}, "on_finish": "hello",
+        "label": "opened by a job", "callback_payload": {"name": "callback"}}});
+    let parent = run_to_end(&db, "batcher", open).await;
+    assert_eq!(parent.row.state, JobState::Completed, "{:?}", parent.row.error);
+    assert_eq!(parent.row.output.as_ref().unwrap()["opened"], 0);
+    let opened = the_only_batch(&db).await;
+    assert_eq!((opened.label.as_deref(), opened.counts.total), (Some("opened by a job"), 3));
+    let id = opened.id;
+    common::eventually(WITHIN, || async { batch(&db, id).await.callback_jobs.contains_key("on_finish") }).await;
+    let callback = batch(&db, id).await.callback_jobs["on_finish"];
+    let ended = db.store.job_wait(callback, WITHIN).await.unwrap().unwrap();
+    assert_eq!(ended.row.output.as_ref().unwrap()["greeting"], "hello, callback");
+    assert_eq!(ended.payload["_batch"]["completed"], 3);
+    host.stop().await;
+    assert_eq!(jobs_of(&db, "hello").await, 4, "three members and one callback");
+}
+
+async fn a_member_adding_to_its_own_closed_batch_holds_it_open_until_the_new_members_end(db: TestDb) {
+    let host = batch_host(&db).await;
+    let created = NewBatch {
+        callbacks: Callbacks { on_finish: Some("hello".into()), ..Default::default() },
+        ..Default::default()
+    };
+    let extend = EnqueueParams::new("batcher", json!({"extend": {"count": 2, "job": "hello"}}));
+    let (id, _) = db.store.batch_create(&created, &[extend]).await.unwrap();
+    assert_eq!(batch(&db, id).await.state, BatchState::Closed);
+    common::eventually(WITHIN, || async { batch(&db, id).await.finished_at.is_some() }).await;
+    let done = batch(&db, id).await;
+    assert_eq!((done.counts.total, done.counts.completed), (3, 3), "the member's children joined the closed batch");
+    // Had the batch finished with its first member, its callback would say one job.
+    let callback = db.store.job_get(done.callback_jobs["on_finish"]).await.unwrap().unwrap();
+    assert_eq!(callback.payload["_batch"]["total"], 3);
+    host.stop().await;
+    assert_eq!(jobs_of(&db, "hello").await, 3, "two members and one callback, fired once");
+}
+
+async fn a_run_that_fails_leaves_no_batch_and_an_unknown_callback_fails_the_run(db: TestDb) {
+    let host = batch_host(&db).await;
+    let failing = json!({"open": {"count": 2, "on_finish": "hello"}, "fail": true});
+    assert_eq!(run_to_end(&db, "batcher", failing).await.row.state, JobState::Failed);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.batches").await, 0, "no batch from a failed run");
+    assert_eq!(jobs_of(&db, "hello").await, 0, "and no member");
+    let unknown = run_to_end(&db, "batcher", json!({"open": {"count": 1, "on_finish": "nope"}})).await;
+    assert_eq!(unknown.row.state, JobState::Failed);
+    let error = unknown.row.error.unwrap_or_default();
+    assert!(error.contains("could not open a batch") && error.contains("nope"), "{error}");
+    let outside = run_to_end(&db, "batcher", json!({"extend": {"count": 1}})).await;
+    assert!(outside.row.error.unwrap_or_default().contains("in no batch"), "a job outside any batch cannot extend one");
+    host.stop().await;
+}
+
+async fn a_guests_progress_shows_while_it_runs(db: TestDb) {
+    let host = batch_host(&db).await;
+    let id =
+        db.store.job_enqueue(&[EnqueueParams::new("batcher", json!({"steps": 5, "step_ms": 400}))]).await.unwrap()[0];
+    common::eventually(WITHIN, || async {
+        let job = db.store.job_get(id).await.unwrap().unwrap();
+        assert_ne!(job.row.state, JobState::Completed, "the run ended before its progress was seen");
+        job.row.state == JobState::Running && job.progress.is_some_and(|p| p["done"].as_u64() < Some(5))
+    })
+    .await;
+    let ended = db.store.job_wait(id, WITHIN).await.unwrap().unwrap();
+    assert_eq!(ended.progress, Some(json!({"done": 5, "total": 5})));
+    host.stop().await;
 }

@@ -80,7 +80,8 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
     let output = jobhost::types::JsonText::from(&json!({"sent": true}));
-    let outcome = FinishOutcome::Completed { output: Some(output), children: Vec::new().into() };
+    let outcome =
+        FinishOutcome::Completed { output: Some(output), children: Vec::new().into(), batches: Default::default() };
     let finish = Finish {
         id: job.id,
         lease_token: job.lease_token,
@@ -89,6 +90,7 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         log: json!({}),
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
+        batch_id: None,
     };
     db.store.job_finish(vec![finish]).await.unwrap();
 
@@ -214,11 +216,12 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
             outcome: if job.id == ids[0] {
                 FinishOutcome::Failed { error: "no such mailbox".into() }
             } else {
-                FinishOutcome::Completed { output: None, children: Vec::new().into() }
+                FinishOutcome::Completed { output: None, children: Vec::new().into(), batches: Default::default() }
             },
             log: json!({}),
             progress: None,
             concurrency_key: None,
+            batch_id: None,
         })
         .collect();
     db.store.job_finish(finishes).await.unwrap();

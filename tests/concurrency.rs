@@ -224,8 +224,9 @@ async fn every_blocked_payload_is_a_json_object(db: TestDb) {
         queue: None,
         priority: None,
         delay_ms: None,
+        batch: None,
     };
-    let outcome = FinishOutcome::Completed { output: None, children: vec![child].into() };
+    let outcome = FinishOutcome::Completed { output: None, children: vec![child].into(), batches: Default::default() };
     db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
     db.store
         .job_finish(vec![finish(&holder, FinishOutcome::Retry { error: "again".into(), delay_ms: 1 })])

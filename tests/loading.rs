@@ -127,3 +127,19 @@ async fn a_component_of_the_first_world_version_loads_and_runs() {
     assert_eq!(common::completed_output(&report.outcome), json!({"id": 7}));
     assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.1.0 import");
 }
+
+/// A component built against `jobhost:job@0.2.0` (before the `batches`
+/// interface) loads with every field it declares, logs and reports progress
+/// through the 0.2.0 imports, and runs.
+#[tokio::test]
+async fn a_component_of_the_second_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v2").await;
+    let unique = legacy.config.unique.as_ref().expect("its uniqueness carried over");
+    assert_eq!(unique.on_duplicate, jobhost::types::OnDuplicate::Replace, "a field 0.2.0 added, carried over");
+    assert_eq!(legacy.config.max_attempts, 2);
+    let report = run(&runtime, &legacy, json!({"id": 8})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 8}));
+    assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.2.0 import");
+    assert_eq!(report.effects.progress, Some((1, 1)));
+}

@@ -155,7 +155,7 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     // The first host's late result is a duplicate: nothing changes, no child is written.
     let child =
         ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
-    let late = FinishOutcome::Completed { output: None, children: vec![child].into() };
+    let late = FinishOutcome::Completed { output: None, children: vec![child].into(), batches: Default::default() };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
     assert_eq!(db.store.job_finish(vec![finish(&first, retry)]).await.unwrap(), [FinishResult::Duplicate]);
@@ -180,7 +180,8 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
     let db = with_types(db, &["mail"]).await;
     let child =
         ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
-    let stale_completion = || FinishOutcome::Completed { output: None, children: vec![child.clone()].into() };
+    let stale_completion =
+        || FinishOutcome::Completed { output: None, children: vec![child.clone()].into(), batches: Default::default() };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
     for (round, current) in [retry(), completed()].into_iter().enumerate() {
         let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({"round": round}))]).await.unwrap()[0];
@@ -214,7 +215,11 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
     let fetched = two_running(&db, "parent").await;
     let child =
         |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
-    let done = FinishOutcome::Completed { output: None, children: vec![child(1), child(2)].into() };
+    let done = FinishOutcome::Completed {
+        output: None,
+        children: vec![child(1), child(2)].into(),
+        batches: Default::default(),
+    };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
     let parents = db.scalar("SELECT count(DISTINCT parent_id) FROM jobhost.jobs WHERE job = 'child'").await;
@@ -231,7 +236,10 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: Te
     let results = db
         .store
         .job_finish(vec![
-            finish(&fetched[0], FinishOutcome::Completed { output: None, children: vec![orphan].into() }),
+            finish(
+                &fetched[0],
+                FinishOutcome::Completed { output: None, children: vec![orphan].into(), batches: Default::default() },
+            ),
             finish(&fetched[1], completed()),
         ])
         .await

@@ -277,9 +277,10 @@ async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
         queue: None,
         priority: None,
         delay_ms: None,
+        batch: None,
     };
     let children = vec![child("k"), child("fresh"), child("fresh")];
-    let outcome = FinishOutcome::Completed { output: None, children: children.into() };
+    let outcome = FinishOutcome::Completed { output: None, children: children.into(), batches: Default::default() };
     assert_eq!(db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap(), vec![FinishResult::Done]);
     assert_eq!(state_of(&db, parent.id).await, JobState::Completed, "a duplicate child never fails its parent");
     assert_eq!(live_jobs(&db, "once").await, 2, "the existing job and one fresh child");

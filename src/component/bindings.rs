@@ -2,17 +2,31 @@
 //! from `wit/` (the current version) and `wit/archive/` (earlier versions a
 //! host still loads), and the conversions between them and [`crate::types`].
 
-/// The current world, `jobhost:job@0.2.0`.
+/// The current world, `jobhost:job@0.3.0`.
 mod current {
     wasmtime::component::bindgen!({
         path: "wit",
         world: "job",
         // Host imports may trap (a guest flooding the log is a host-side limit).
-        // `enqueue` is async: it may ask the database whether a `raise` limit
-        // has room for the child.
-        imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
+        // The enqueues are async: they may ask the database whether a `raise`
+        // limit has room for the child.
+        imports: {
+            "jobhost:job/host.enqueue": async | trappable,
+            "jobhost:job/batches.enqueue": async | trappable,
+            default: trappable,
+        },
         // Exports are called on the async executor so a guest blocked on a WASI
         // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
+
+/// `jobhost:job@0.2.0`, for components built before 0.3.0 (see `legacy_v2`).
+pub mod v0_2 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.2.0",
+        world: "job",
+        imports: { "jobhost:job/host.enqueue": async | trappable, default: trappable },
         exports: { default: async },
     });
 }
@@ -27,6 +41,7 @@ pub mod v0_1 {
     });
 }
 
+pub use current::jobhost::job::batches::{BatchOptions, BatchRef};
 pub use current::jobhost::job::host::{EnqueueOptions, Level};
 pub use current::jobhost::job::types as wit;
 pub use current::{Job, JobPre, jobhost};

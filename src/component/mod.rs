@@ -260,6 +260,7 @@ impl Runtime {
             budget_bytes: self.inner.config.run_budget_bytes,
         };
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, self.child_check.clone());
+        store.data_mut().set_in_batch(context.batch_id.is_some());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),

@@ -10,14 +10,14 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::component::bindings::{self, EnqueueOptions, Job, Level, v0_1, wit};
+use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, wit};
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
 use crate::component::world::WorldPre;
-use crate::types::{ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
+use crate::types::{BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
 
 /// Longest message kept from one `log` call.
 const LOG_MESSAGE_LIMIT: usize = 4 << 10;
@@ -27,6 +27,10 @@ const LOG_MESSAGE_LIMIT: usize = 4 << 10;
 const HOST_LOG_BYTES_PER_RUN: usize = 64 << 10;
 /// Most children one run may enqueue; past it `enqueue` returns an error.
 const CHILD_LIMIT: usize = 10_000;
+/// Most batches one run may open.
+const BATCH_LIMIT: usize = 16;
+/// The longest batch label, in bytes.
+const BATCH_LABEL_BYTES: usize = 256;
 /// Stderr kept in a trap's message: enough for a panic message.
 const TRAP_STDERR_TAIL: usize = 2 << 10;
 /// What one table element costs the host, counted against the memory cap:
@@ -73,6 +77,8 @@ pub struct SandboxState {
     signal: StopSignal,
     /// The latest progress, read by the host's heartbeat while the run goes on.
     live_progress: LiveProgress,
+    /// Whether the job is a member of a batch, so may add to it.
+    in_batch: bool,
     stopped_by: Option<HostStop>,
     child_check: Option<ChildCheck>,
     /// The children enqueued so far, counted per (type, key) as the check rendered them.
@@ -196,6 +202,7 @@ impl ResourceLimiter for MemoryCap {
 pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_1::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
 }
 
@@ -229,6 +236,7 @@ pub fn new_store(
         limits,
         signal,
         live_progress,
+        in_batch: false,
         stopped_by: None,
         child_check,
         child_keys: ChildKeyCounts::default(),
@@ -445,29 +453,98 @@ impl bindings::jobhost::job::host::Host for SandboxState {
         payload: String,
         options: EnqueueOptions,
     ) -> wasmtime::Result<Result<(), String>> {
-        let held = job.len() + payload.len();
-        let child = match self.child_of(job, payload, options) {
-            Ok(child) => child,
-            Err(error) => return Ok(Err(error)),
+        Ok(self.enqueue_child(job, payload, options, None).await)
+    }
+}
+
+impl bindings::jobhost::job::batches::Host for SandboxState {
+    fn open(&mut self, options: BatchOptions) -> wasmtime::Result<Result<u32, String>> {
+        Ok(self.open_batch(options))
+    }
+
+    async fn enqueue(
+        &mut self,
+        batch: BatchRef,
+        job: String,
+        payload: String,
+        options: EnqueueOptions,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let target = match batch {
+            BatchRef::Current if self.in_batch => ChildBatch::Parent,
+            BatchRef::Current => return Ok(Err("this job is in no batch".to_string())),
+            BatchRef::Opened(n) if (n as usize) < self.effects.batches.len() => ChildBatch::Opened(n),
+            BatchRef::Opened(n) => return Ok(Err(format!("this run opened no batch {n}"))),
         };
+        Ok(self.enqueue_child(job, payload, options, Some(target)).await)
+    }
+}
+
+impl SandboxState {
+    /// Notes that the run's job is a member of a batch: `batches.enqueue`
+    /// may then add to it.
+    pub fn set_in_batch(&mut self, in_batch: bool) {
+        self.in_batch = in_batch;
+    }
+
+    /// A child, checked on the run's own terms and then by the fleet's
+    /// rules (see [`ChildCheck`]), held for the completion transaction.
+    async fn enqueue_child(
+        &mut self,
+        job: String,
+        payload: String,
+        options: EnqueueOptions,
+        batch: Option<ChildBatch>,
+    ) -> Result<(), String> {
+        let held = job.len() + payload.len();
+        let child = ChildJob { batch, ..self.child_of(job, payload, options)? };
         if let Some(check) = self.child_check.clone() {
             let earlier = self.child_keys.clone();
             let probe = ChildProbe { child: child.clone(), earlier };
-            match check(probe).await {
-                Ok(Some(key)) => self.child_keys.add(child.job.clone(), key),
-                Ok(None) => {}
-                Err(error) => return Ok(Err(error)),
+            if let Some(key) = check(probe).await? {
+                self.child_keys.add(child.job.clone(), key);
             }
         }
         // Held for the completion transaction; its budget was checked in
         // `child_of` and nothing else took any since.
         self.budget.try_take(held);
         self.effects.children.push(child);
-        Ok(Ok(()))
+        Ok(())
     }
-}
 
-impl SandboxState {
+    /// A batch the run opens, checked on the run's own terms: how many, the
+    /// label, the callbacks' names and the callback payload. The callbacks'
+    /// types are checked when the run completes (an unknown one fails it).
+    fn open_batch(&mut self, options: BatchOptions) -> Result<u32, String> {
+        if self.effects.batches.len() >= BATCH_LIMIT {
+            return Err(format!("a run may open at most {BATCH_LIMIT} batches"));
+        }
+        if options.label.as_ref().is_some_and(|l| l.len() > BATCH_LABEL_BYTES) {
+            return Err(format!("a batch's label is at most {BATCH_LABEL_BYTES} bytes"));
+        }
+        for callback in [&options.on_finish, &options.on_success, &options.on_failure].into_iter().flatten() {
+            metadata::check_name(callback).map_err(|reason| format!("callback job name {reason}"))?;
+        }
+        let text = options.callback_payload.as_deref().unwrap_or("{}");
+        let held = text.len() + options.label.as_ref().map_or(0, String::len);
+        if held > self.budget.left() {
+            return Err(self.budget.refusal("this batch", held));
+        }
+        let callback_payload: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("callback payload is not valid JSON: {e}"))?;
+        if !callback_payload.is_object() {
+            return Err("callback payload must be a JSON object".to_string());
+        }
+        self.budget.try_take(held);
+        self.effects.batches.push(BatchRequest {
+            label: options.label,
+            on_finish: options.on_finish,
+            on_success: options.on_success,
+            on_failure: options.on_failure,
+            callback_payload,
+        });
+        Ok((self.effects.batches.len() - 1) as u32)
+    }
+
     /// Checks what a guest enqueues on its own terms: the run's child limit,
     /// its byte budget, the names, and the payload's JSON.
     fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
@@ -491,7 +568,8 @@ impl SandboxState {
         }
         let payload: serde_json::Value =
             serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;
-        Ok(ChildJob { job, payload, queue: options.queue, priority: options.priority, delay_ms: options.delay_ms })
+        let (queue, priority, delay_ms) = (options.queue, options.priority, options.delay_ms);
+        Ok(ChildJob { job, payload, queue, priority, delay_ms, batch: None })
     }
 }
 

@@ -7,13 +7,15 @@
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
-use crate::component::bindings::{self, EnqueueOptions, JobPre, Level, v0_1, wit};
+use crate::component::bindings::{self, EnqueueOptions, JobPre, Level, v0_1, v0_2, wit};
 use crate::component::sandbox::SandboxState;
 
 /// A linked component of one world version, ready to instantiate.
 pub enum WorldPre {
-    /// `jobhost:job@0.2.0`.
+    /// `jobhost:job@0.3.0`.
     Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.2.0`.
+    V0_2(v0_2::JobPre<SandboxState>),
     /// `jobhost:job@0.1.0`.
     V0_1(v0_1::JobPre<SandboxState>),
 }
@@ -24,16 +26,23 @@ impl WorldPre {
     /// # Errors
     /// It fits none: the current world's reason, which is the one to fix.
     pub fn new(pre: InstancePre<SandboxState>) -> wasmtime::Result<Self> {
-        match JobPre::new(pre.clone()) {
-            Ok(current) => Ok(WorldPre::Current(current)),
-            Err(reason) => v0_1::JobPre::new(pre).map(WorldPre::V0_1).map_err(|_| reason),
+        let reason = match JobPre::new(pre.clone()) {
+            Ok(current) => return Ok(WorldPre::Current(current)),
+            Err(reason) => reason,
+        };
+        if let Ok(v0_2) = v0_2::JobPre::new(pre.clone()) {
+            return Ok(WorldPre::V0_2(v0_2));
         }
+        v0_1::JobPre::new(pre).map(WorldPre::V0_1).map_err(|_| reason)
     }
 
     /// Instantiates the component and calls `describe`.
     pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
         match self {
             WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_2(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
             WorldPre::V0_1(pre) => {
                 Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
             }
@@ -50,6 +59,11 @@ impl WorldPre {
         match self {
             WorldPre::Current(pre) => {
                 pre.instantiate_async(&mut *store).await?.call_run(&mut *store, context, payload).await
+            }
+            WorldPre::V0_2(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_1(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
@@ -146,6 +160,107 @@ impl old_host::Host for SandboxState {
         job: String,
         payload: String,
         options: old_host::EnqueueOptions,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
+        bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await
+    }
+}
+
+use v0_2::jobhost::job::host as v2_host;
+use v0_2::jobhost::job::types as v2;
+
+impl From<v2::JobConfig> for wit::JobConfig {
+    fn from(old: v2::JobConfig) -> Self {
+        wit::JobConfig {
+            name: old.name,
+            queue: old.queue,
+            priority: old.priority,
+            max_attempts: old.max_attempts,
+            backoff: old.backoff.map(|b| wit::Backoff { base_ms: b.base_ms, cap_ms: b.cap_ms }),
+            timeout_ms: old.timeout_ms,
+            memory_limit_bytes: old.memory_limit_bytes,
+            concurrency: old.concurrency.map(|c| wit::Concurrency {
+                limit: c.limit,
+                key: c.key,
+                duration_secs: c.duration_secs,
+                on_conflict: match c.on_conflict {
+                    v2::OnConflict::Block => wit::OnConflict::Block,
+                    v2::OnConflict::Discard => wit::OnConflict::Discard,
+                    v2::OnConflict::Raise => wit::OnConflict::Raise,
+                },
+            }),
+            unique: old.unique.map(|u| wit::Uniqueness {
+                key: u.key,
+                strategy: match u.strategy {
+                    v2::UniqueStrategy::UntilExecuted => wit::UniqueStrategy::UntilExecuted,
+                    v2::UniqueStrategy::WhileExecuting => wit::UniqueStrategy::WhileExecuting,
+                },
+                on_duplicate: u.on_duplicate.map(|d| match d {
+                    v2::OnDuplicate::Skip => wit::OnDuplicate::Skip,
+                    v2::OnDuplicate::Replace => wit::OnDuplicate::Replace,
+                    v2::OnDuplicate::Raise => wit::OnDuplicate::Raise,
+                }),
+            }),
+            schedule: old.schedule.map(|s| wit::Schedule {
+                cron: s.cron,
+                time_zone: s.time_zone,
+                payload: s.payload,
+                backfill: s.backfill,
+            }),
+        }
+    }
+}
+
+impl From<wit::JobContext> for v2::JobContext {
+    fn from(ctx: wit::JobContext) -> Self {
+        v2::JobContext {
+            job_id: ctx.job_id,
+            attempt: ctx.attempt,
+            queue: ctx.queue,
+            enqueued_at_ms: ctx.enqueued_at_ms,
+            batch_id: ctx.batch_id,
+            concurrency_key: ctx.concurrency_key,
+        }
+    }
+}
+
+impl From<v2::JobError> for wit::JobError {
+    fn from(error: v2::JobError) -> Self {
+        match error {
+            v2::JobError::Retry(reason) => wit::JobError::Retry(reason),
+            v2::JobError::Fail(reason) => wit::JobError::Fail(reason),
+            v2::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
+        }
+    }
+}
+
+impl v2::Host for SandboxState {}
+
+impl v2_host::Host for SandboxState {
+    fn log(&mut self, level: v2_host::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            v2_host::Level::Trace => Level::Trace,
+            v2_host::Level::Debug => Level::Debug,
+            v2_host::Level::Info => Level::Info,
+            v2_host::Level::Warn => Level::Warn,
+            v2_host::Level::Error => Level::Error,
+        };
+        bindings::jobhost::job::host::Host::log(self, level, message)
+    }
+
+    fn heartbeat(&mut self) -> wasmtime::Result<()> {
+        bindings::jobhost::job::host::Host::heartbeat(self)
+    }
+
+    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+        bindings::jobhost::job::host::Host::progress(self, done, total)
+    }
+
+    async fn enqueue(
+        &mut self,
+        job: String,
+        payload: String,
+        options: v2_host::EnqueueOptions,
     ) -> wasmtime::Result<Result<(), String>> {
         let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
         bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await

@@ -180,7 +180,7 @@ impl Batch {
 }
 
 /// A new batch with its first members, checked and prepared.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PreparedBatch {
     /// Its label.
     pub label: Option<String>,
@@ -241,7 +241,7 @@ pub(crate) async fn create(
 
 /// Refuses callbacks that could never be enqueued: an unregistered type, a
 /// payload that is not an object, or keys that do not render from it.
-fn check_callbacks(
+pub(crate) fn check_callbacks(
     callbacks: &Callbacks,
     payload: &serde_json::Value,
     configs: &Configs,

@@ -61,6 +61,9 @@ pub struct PreparedJob {
     pub parent_id: Option<i64>,
     /// The batch it joins as a member.
     pub batch_id: Option<i64>,
+    /// Added by a running member of that batch, which may add to it even
+    /// when it is closed: the batch cannot finish while its member runs.
+    pub batch_by_member: bool,
 }
 
 /// A unique job's claim, as its backend takes it.
@@ -163,6 +166,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         unique,
         parent_id: params.parent_id,
         batch_id: params.batch_id,
+        batch_by_member: false,
     })
 }
 

@@ -9,10 +9,11 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
+use super::batch::{Callbacks, PreparedBatch, check_callbacks};
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_registered};
 use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
 use super::{Backend, Result, RunId};
-use crate::types::{ChildJob, JsonText};
+use crate::types::{BatchRequest, ChildBatch, ChildJob, JsonText};
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
 /// the writing host in the same transaction. Returns one result per input,
@@ -53,6 +54,10 @@ pub struct FinishPlan {
     /// in the same transaction, and only for a parent whose ending was
     /// (guarantee 9).
     pub children: Vec<PreparedJob>,
+    /// The batches the completed runs opened, each with its parent and its
+    /// members, created closed in the same transaction, only for a parent
+    /// whose ending was written.
+    pub batches: Vec<(i64, PreparedBatch)>,
     /// Runs holding a concurrency key whose write is left out while another
     /// transaction holds that key's semaphore ([`LockedKeys::Defer`]); empty
     /// when the batch waits instead.
@@ -134,6 +139,7 @@ impl FinishPlan {
             endings: Vec::new(),
             requeues: Vec::new(),
             children: Vec::new(),
+            batches: Vec::new(),
             deferrable: Vec::new(),
             order: Vec::with_capacity(runs.len()),
         };
@@ -149,13 +155,15 @@ impl FinishPlan {
 
     /// The archive-or-requeue decision for one run.
     fn push(&mut self, run: Finish, configs: &Configs, limits: &EnqueueLimits) {
-        let Finish { id, lease_token, attempt, outcome, log, progress, .. } = run;
+        let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, .. } = run;
         let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
         let (delay_ms, refund, error) = match outcome {
-            FinishOutcome::Completed { output, children } => {
-                let (state, output, error) = match prepare_children(id, &children, configs, limits) {
-                    Ok(prepared) => {
+            FinishOutcome::Completed { output, children, batches } => {
+                let parent = Parent { id, batch_id };
+                let (state, output, error) = match prepare_children(parent, &children, &batches, configs, limits) {
+                    Ok((prepared, opened)) => {
                         self.children.extend(prepared);
+                        self.batches.extend(opened.into_iter().map(|batch| (id, batch)));
                         (JobState::Completed, output, None)
                     }
                     Err(problem) => (JobState::Failed, None, Some(entry(problem, &log))),
@@ -196,6 +204,16 @@ impl FinishPlan {
         self.children.iter().filter(|c| c.parent_id.is_some_and(|p| written.contains(&p))).collect()
     }
 
+    /// The batches opened by the runs whose ending was written.
+    pub fn batches_of(&self, written: &HashSet<i64>) -> Vec<&PreparedBatch> {
+        self.batches.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, batch)| batch).collect()
+    }
+
+    /// Whether the plan writes anything beyond the runs themselves.
+    pub fn has_children(&self) -> bool {
+        !self.children.is_empty() || !self.batches.is_empty()
+    }
+
     /// One result per planned run, in order.
     fn results(&self, written: &Written) -> Vec<FinishResult> {
         self.order
@@ -209,28 +227,74 @@ impl FinishPlan {
     }
 }
 
-/// Prepares a completed run's children. A child that cannot be enqueued
-/// (unknown type, bad payload) would fail the whole transaction; instead
-/// its parent fails with the reason, and nothing is lost: the parent can be
-/// retried once the type exists.
+/// The run whose children are prepared.
+#[derive(Debug, Clone, Copy)]
+struct Parent {
+    id: i64,
+    /// The batch the parent is a member of.
+    batch_id: Option<i64>,
+}
+
+/// Prepares a completed run's children, and the batches it opened with
+/// the children it added to them. A child that cannot be enqueued (unknown
+/// type, bad payload) or a batch that cannot be created (an unknown
+/// callback type) would fail the whole transaction; instead its parent
+/// fails with the reason, and nothing is lost: the parent can be retried
+/// once the type exists.
 fn prepare_children(
-    parent_id: i64,
+    parent: Parent,
     children: &[ChildJob],
+    batches: &[BatchRequest],
     configs: &Configs,
     limits: &EnqueueLimits,
-) -> Result<Vec<PreparedJob>, String> {
-    children
+) -> Result<(Vec<PreparedJob>, Vec<PreparedBatch>), String> {
+    let mut opened = batches
         .iter()
-        .map(|child| prepare_registered(EnqueueParams::child(parent_id, child.clone()), configs, limits))
-        .collect::<Result<_>>()
-        .map_err(|problem| format!("could not enqueue a child job: {problem}"))
+        .map(|request| {
+            let callbacks = Callbacks {
+                on_finish: request.on_finish.clone(),
+                on_success: request.on_success.clone(),
+                on_failure: request.on_failure.clone(),
+            };
+            check_callbacks(&callbacks, &request.callback_payload, configs, limits)
+                .map_err(|problem| format!("could not open a batch: {problem}"))?;
+            Ok(PreparedBatch {
+                label: request.label.clone(),
+                callbacks,
+                callback_payload: request.callback_payload.clone(),
+                open: false,
+                members: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut own = Vec::new();
+    for child in children {
+        let prepared = prepare_registered(EnqueueParams::child(parent.id, child.clone()), configs, limits)
+            .map_err(|problem| format!("could not enqueue a child job: {problem}"))?;
+        match child.batch {
+            None => own.push(prepared),
+            Some(ChildBatch::Parent) => {
+                let batch_id = parent.batch_id.ok_or("could not enqueue a child job: this job is in no batch")?;
+                own.push(PreparedJob { batch_id: Some(batch_id), batch_by_member: true, ..prepared });
+            }
+            Some(ChildBatch::Opened(n)) => opened
+                .get_mut(n as usize)
+                .ok_or_else(|| format!("could not enqueue a child job: this run opened no batch {n}"))?
+                .members
+                .push(prepared),
+        }
+    }
+    Ok((own, opened))
 }
 
 /// The job types of every child that the completed runs among `runs`
-/// enqueue, each once.
+/// enqueue, and of the callbacks of the batches they open, each once.
 fn child_names(runs: &[Finish]) -> Vec<String> {
     job_names(runs.iter().flat_map(|f| match &f.outcome {
-        FinishOutcome::Completed { children, .. } => children.iter().map(|c| c.job.as_str()).collect(),
+        FinishOutcome::Completed { children, batches, .. } => {
+            let callbacks = batches.iter().flat_map(|b| [&b.on_finish, &b.on_success, &b.on_failure]);
+            children.iter().map(|c| c.job.as_str()).chain(callbacks.flatten().map(String::as_str)).collect()
+        }
         _ => Vec::new(),
     }))
 }
@@ -289,6 +353,7 @@ mod tests {
             outcome: FinishOutcome::Failed { error: "x".into() },
             log: serde_json::Value::Null,
             progress: None,
+            batch_id: None,
         }
     }
 
@@ -304,12 +369,13 @@ mod tests {
     }
 
     fn completed(id: i64, children: Vec<ChildJob>) -> Finish {
-        let outcome = FinishOutcome::Completed { output: None, children: Arc::from(children) };
+        let outcome =
+            FinishOutcome::Completed { output: None, children: Arc::from(children), batches: Default::default() };
         Finish { outcome, concurrency_key: Some("k".into()), ..run(id, id * 10) }
     }
 
     fn child(job: &str, payload: serde_json::Value) -> ChildJob {
-        ChildJob { job: job.into(), payload, queue: None, priority: None, delay_ms: None }
+        ChildJob { job: job.into(), payload, queue: None, priority: None, delay_ms: None, batch: None }
     }
 
     fn configs() -> Configs {

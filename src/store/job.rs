@@ -198,6 +198,8 @@ pub enum FinishOutcome {
         output: Option<crate::types::JsonText>,
         /// Jobs the run enqueued, shared by the clones a retried write makes.
         children: std::sync::Arc<[ChildJob]>,
+        /// Batches the run opened, created with its completion.
+        batches: std::sync::Arc<[crate::types::BatchRequest]>,
     },
     /// Back to scheduled after a backoff, keeping the error.
     Retry {
@@ -248,6 +250,9 @@ pub struct Finish {
     /// limited: a write can then tell which results would wait on a key's
     /// lock another transaction holds.
     pub concurrency_key: Option<String>,
+    /// The batch the run's job is a member of: where its children that
+    /// join their parent's batch go.
+    pub batch_id: Option<i64>,
 }
 
 impl Finish {

@@ -428,6 +428,7 @@ fn release_of(job: &FetchedJob, reason: &str) -> Finish {
         log: serde_json::Value::Null,
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
+        batch_id: job.batch_id,
     }
 }
 

@@ -33,7 +33,8 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     let RunReport { outcome, mut effects, elapsed_us } = report;
     let outcome = match outcome {
         RunOutcome::Completed { output } => {
-            FinishOutcome::Completed { output, children: std::mem::take(&mut effects.children).into() }
+            let children = std::mem::take(&mut effects.children).into();
+            FinishOutcome::Completed { output, children, batches: std::mem::take(&mut effects.batches).into() }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
         RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
@@ -61,6 +62,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
         log: without_nul(log),
         progress,
         concurrency_key: job.concurrency_key.clone(),
+        batch_id: job.batch_id,
     }
 }
 
@@ -96,8 +98,8 @@ fn without_nul_text(text: String) -> String {
 
 fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
     match outcome {
-        FinishOutcome::Completed { output, children } => {
-            FinishOutcome::Completed { output: output.map(output_without_nul), children }
+        FinishOutcome::Completed { output, children, batches } => {
+            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches }
         }
         FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
         FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },

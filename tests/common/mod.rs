@@ -183,13 +183,18 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
         log: serde_json::json!({}),
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
+        batch_id: job.batch_id,
     }
 }
 
 /// A successful run with no children.
 pub fn completed() -> jobhost::store::FinishOutcome {
     let output = jobhost::types::JsonText::from(&serde_json::json!({"ok": true}));
-    jobhost::store::FinishOutcome::Completed { output: Some(output), children: Vec::new().into() }
+    jobhost::store::FinishOutcome::Completed {
+        output: Some(output),
+        children: Vec::new().into(),
+        batches: Default::default(),
+    }
 }
 
 /// The output of a run that completed with one, parsed.

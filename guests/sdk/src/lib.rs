@@ -19,7 +19,7 @@ pub mod bindings {
     });
 }
 
-pub use bindings::jobhost::job::host;
+pub use bindings::jobhost::job::{batches, host};
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, Schedule, UniqueStrategy, Uniqueness,
 };

@@ -20,7 +20,7 @@ pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Resu
         return Ok(());
     }
     let ids: Vec<Option<i64>> = jobs.iter().map(|j| j.batch_id).collect();
-    let closed_ok = vec![false; ids.len()];
+    let closed_ok: Vec<bool> = jobs.iter().map(|j| j.batch_by_member).collect();
     sqlx::query("SELECT jobhost.batch_add_members($1, $2)").bind(&ids).bind(&closed_ok).execute(conn).await?;
     Ok(())
 }
@@ -29,26 +29,28 @@ pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Resu
 /// closing it unless it is to stay open.
 pub async fn write(pool: &PgPool, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
     let mut tx = pool.begin().await?;
-    let work = async {
-        let c = &batch.callbacks;
-        let id: i64 = sqlx::query_scalar("SELECT jobhost.batch_open($1, $2, $3, $4, $5)")
-            .bind(&batch.label)
-            .bind(&c.on_finish)
-            .bind(&c.on_success)
-            .bind(&c.on_failure)
-            .bind(Json(&batch.callback_payload))
-            .fetch_one(&mut *tx)
-            .await?;
-        let members: Vec<PreparedJob> =
-            batch.members.into_iter().map(|m| PreparedJob { batch_id: Some(id), ..m }).collect();
-        let enqueued = super::job::insert(&mut tx, &members.iter().collect::<Vec<_>>()).await?;
-        if !batch.open {
-            sqlx::query("SELECT jobhost.batch_close($1)").bind(id).execute(&mut *tx).await?;
-        }
-        Ok((id, enqueued))
-    }
-    .await;
+    let work = write_in(&mut tx, batch).await;
     super::commit_or_roll_back(tx, work).await
+}
+
+/// [`write`], in the caller's transaction.
+pub async fn write_in(conn: &mut PgConnection, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
+    let c = &batch.callbacks;
+    let id: i64 = sqlx::query_scalar("SELECT jobhost.batch_open($1, $2, $3, $4, $5)")
+        .bind(&batch.label)
+        .bind(&c.on_finish)
+        .bind(&c.on_success)
+        .bind(&c.on_failure)
+        .bind(Json(&batch.callback_payload))
+        .fetch_one(&mut *conn)
+        .await?;
+    let members: Vec<PreparedJob> =
+        batch.members.into_iter().map(|m| PreparedJob { batch_id: Some(id), ..m }).collect();
+    let enqueued = super::job::insert(conn, &members.iter().collect::<Vec<_>>()).await?;
+    if !batch.open {
+        sqlx::query("SELECT jobhost.batch_close($1)").bind(id).execute(&mut *conn).await?;
+    }
+    Ok((id, enqueued))
 }
 
 /// Closes a batch; false when it was closed already. A closed batch whose

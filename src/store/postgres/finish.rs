@@ -17,10 +17,10 @@ use crate::types::JsonText;
 /// available (requeued at once, or promoted into a freed slot).
 pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<(Written, bool)> {
     let rows = FinishRows::of(plan);
-    // Children must commit with their parent's completion (guarantee 9),
-    // so a plan with children is one transaction. Otherwise the plan is
-    // one statement.
-    if plan.children.is_empty() {
+    // Children and opened batches must commit with their parent's
+    // completion (guarantee 9), so a plan with them is one transaction.
+    // Otherwise the plan is one statement.
+    if !plan.has_children() {
         return rows.write(pool, next).await;
     }
     // The children go in before the next fetch, so the fetch's claims on
@@ -30,7 +30,10 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
     let work = async {
         let (mut written, any_available) = rows.write(&mut *tx, None).await?;
         let children = plan.children_of(&written.written);
-        let enqueued = super::job::insert(&mut tx, &children).await?;
+        let mut enqueued = super::job::insert(&mut tx, &children).await?;
+        for batch in plan.batches_of(&written.written) {
+            enqueued.extend(super::batch::write_in(&mut tx, batch.clone()).await?.1);
+        }
         if let Some(next) = next {
             written.leased = super::job::fetch(&mut *tx, next).await?;
         }

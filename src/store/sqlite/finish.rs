@@ -60,7 +60,10 @@ pub async fn write(
         }
     }
     let promoted = concurrency::release(conn, &freed, now).await?;
-    let enqueued = job::insert(conn, &plan.children_of(&written), now).await?;
+    let mut enqueued = job::insert(conn, &plan.children_of(&written), now).await?;
+    for batch in plan.batches_of(&written) {
+        enqueued.extend(super::batch::write(conn, batch.clone(), now).await?.1);
+    }
     let leased = match next {
         Some(next) => job::fetch(conn, next, now).await?,
         None => Vec::new(),
