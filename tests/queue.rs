@@ -153,8 +153,14 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     assert_ne!(second.lease_token, first.lease_token);
 
     // The first host's late result is a duplicate: nothing changes, no child is written.
-    let child =
-        ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
+    let child = ChildJob {
+        job: "mail".into(),
+        payload: json!({"child": true}),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+        batch: None,
+    };
     let late = FinishOutcome::Completed { output: None, children: vec![child].into(), batches: Default::default() };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
@@ -178,8 +184,14 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
 /// whichever way each run ended.
 async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
-    let child =
-        ChildJob { job: "mail".into(), payload: json!({"child": true}), queue: None, priority: None, delay_ms: None };
+    let child = ChildJob {
+        job: "mail".into(),
+        payload: json!({"child": true}),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+        batch: None,
+    };
     let stale_completion =
         || FinishOutcome::Completed { output: None, children: vec![child.clone()].into(), batches: Default::default() };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
@@ -213,8 +225,14 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
 async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
     let db = with_types(db, &["parent", "child"]).await;
     let fetched = two_running(&db, "parent").await;
-    let child =
-        |n| ChildJob { job: "child".into(), payload: json!({"n": n}), queue: None, priority: None, delay_ms: None };
+    let child = |n| ChildJob {
+        job: "child".into(),
+        payload: json!({"n": n}),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+        batch: None,
+    };
     let done = FinishOutcome::Completed {
         output: None,
         children: vec![child(1), child(2)].into(),
@@ -232,7 +250,8 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
 async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: TestDb) {
     let db = with_types(db, &["parent"]).await;
     let fetched = two_running(&db, "parent").await;
-    let orphan = ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None };
+    let orphan =
+        ChildJob { job: "ghost".into(), payload: json!({}), queue: None, priority: None, delay_ms: None, batch: None };
     let results = db
         .store
         .job_finish(vec![

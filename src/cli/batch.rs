@@ -324,7 +324,7 @@ fn details(batch: &Batch) -> String {
         text += &format!(", closed {}", time(closed));
     }
     if let Some(finished) = batch.finished_at {
-        text += &format!(", finished {}", time(finished));
+        text += &format!("\n  finished {}", time(finished));
     }
     text + "\n"
 }
@@ -382,7 +382,9 @@ mod tests {
 
     #[test]
     fn details_fit_80_columns() {
-        for line in details(&batch("x", 0.5)).lines() {
+        let now = chrono::Utc::now();
+        let finished = Batch { closed_at: Some(now), finished_at: Some(now), ..batch("x", 0.5) };
+        for line in details(&finished).lines() {
             assert!(line.chars().count() <= 80, "{line}");
         }
     }
