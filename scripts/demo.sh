@@ -4,8 +4,10 @@
 # file; no server) on sample components and jobs and shows what happened:
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
 # nosy guest, concurrency limits blocking jobs and refusing one, a
-# duplicate of a unique job answered with the waiting job's id, and a
-# schedule enqueueing a job every second once it is dropped in.
+# duplicate of a unique job answered with the waiting job's id, a batch
+# with its callback and progress, a job's progress while it runs, a wait
+# for a job's result, and a schedule enqueueing a job every second once it
+# is dropped in.
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher}.wasm "$components"
 step "$jobhost" migrate
 "$jobhost" run --components "$components" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
 host=$!
@@ -47,12 +49,30 @@ step "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' |
 step "$jobhost" enqueue digest --payload '{"account": "acct-7", "ms": 200}' --delay 1s
 step "$jobhost" enqueue digest --payload '{"account": "acct-7", "ms": 200}'
 
+# A batch of four jobs, counted as they end; its callback is enqueued once,
+# when the last has ended. One member fails after its last attempt, so the
+# batch fails (an on-success callback would not fire).
+printf '%s\n' '{"job": "hello", "payload": {"name": "member 1"}}' '{"job": "hello", "payload": {"name": "member 2"}}' \
+  '{"job": "sleep", "payload": {"ms": 1500}}' '{"job": "flaky", "payload": {"fail_times": 99}}' > "$components/batch.jsonl"
+step "$jobhost" batch create --file "$components/batch.jsonl" --label "demo batch" \
+  --on-finish hello --callback-payload '{"name": "the batch callback"}'
+step "$jobhost" batch list
+
+# A job's progress shows while it runs (sent with the host's heartbeat).
+progressing=$("$jobhost" enqueue batcher --payload '{"steps": 4, "step_ms": 800}')
+until "$jobhost" job "$progressing" | grep -q '"done"'; do sleep 0.2; done
+step "$jobhost" job "$progressing"
+
+# Enqueue and wait for the result: the output, and the exit code says how it ended.
+step "$jobhost" enqueue hello --payload '{"name": "Grace"}' --wait --timeout 30s
+
 waiting() { "$jobhost" jobs --state "$1" --limit 1 | grep -c . || true; }
 until [ "$(waiting scheduled)$(waiting available)$(waiting running)$(waiting blocked)" = 0000 ]; do sleep 0.2; done
 
 step "$jobhost" jobs
 step "$jobhost" job 2
 step "$jobhost" stats
+step "$jobhost" batch show 1
 
 # A schedule: dropped into the directory, the ticker is enqueued once per
 # second (once per tick however many hosts run), its tick in its payload.

@@ -127,7 +127,8 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
         json!({"id": id, "label": "nightly", "succeeded": false, "total": 10,
         "completed": 7, "failed": 2, "discarded": 0, "cancelled": 1})
     );
-    // Running a finished batch's failed member again moves its counts, and fires nothing twice.
+    // A finished batch is a record: its failed member, run again, leaves it
+    // and runs alone, and nothing fires twice.
     let failed = db
         .texts(format!(
             "SELECT {} FROM jobhost.archive WHERE batch_id = {id} AND state = 'failed'",
@@ -135,11 +136,28 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
         ))
         .await;
     db.store.job_retry(failed[0].parse().unwrap()).await.unwrap();
-    assert_eq!(batch(&db, id).await.counts.failed, 1);
     let rerun = fetch(&db, "work", 1).await.remove(0);
+    assert_eq!(rerun.batch_id, None, "it left the finished batch");
     db.store.job_finish(vec![finish(&rerun, completed())]).await.unwrap();
-    assert_eq!(batch(&db, id).await.counts.completed, 8);
+    let after = batch(&db, id).await;
+    assert_eq!((after.state, after.counts.failed, after.counts.completed), (BatchState::Failed, 2, 7));
     assert_eq!((jobs_of(&db, "on_done").await, jobs_of(&db, "on_ok").await), (1, 0), "callbacks fire once per batch");
+}
+
+async fn a_retried_member_of_an_unfinished_batch_is_pending_again(db: TestDb) {
+    register(&db).await;
+    let (id, _) = db.store.batch_create(&all_callbacks(), &work(2)).await.unwrap();
+    let runs = fetch(&db, "work", 2).await;
+    db.store.job_finish(vec![finish(&runs[0], FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
+    assert_eq!(batch(&db, id).await.counts.failed, 1);
+    db.store.job_retry(runs[0].id).await.unwrap();
+    let again = batch(&db, id).await;
+    assert_eq!((again.counts.failed, again.counts.pending, again.counts.running), (0, 1, 1), "its failure uncounted");
+    let retried = fetch(&db, "work", 1).await.remove(0);
+    assert_eq!(retried.batch_id, Some(id));
+    db.store.job_finish(vec![finish(&retried, completed()), finish(&runs[1], completed())]).await.unwrap();
+    assert_eq!(batch(&db, id).await.state, BatchState::Succeeded, "a member that succeeds on a retry is a success");
+    assert_eq!((jobs_of(&db, "on_ok").await, jobs_of(&db, "on_bad").await), (1, 0));
 }
 
 async fn a_batch_whose_members_all_succeed_fires_on_success_and_a_one_job_batch_fires_too(db: TestDb) {
@@ -273,6 +291,21 @@ async fn a_callback_that_cannot_be_enqueued_is_recorded_and_the_last_member_stil
     assert_eq!(db.store.job_get(run.id).await.unwrap().unwrap().row.state, JobState::Completed);
 }
 
+async fn a_callback_type_whose_stored_configuration_is_unreadable_stalls_nothing(db: TestDb) {
+    register(&db).await;
+    let (id, _) = db.store.batch_create(&all_callbacks(), &work(1)).await.unwrap();
+    db.execute("UPDATE jobhost.job_types SET config = '{\"unreadable\": true}' WHERE name = 'on_ok'").await;
+    let run = fetch(&db, "work", 1).await.remove(0);
+    assert_eq!(db.store.job_finish(vec![finish(&run, completed())]).await.unwrap(), vec![FinishResult::Done]);
+    let done = batch(&db, id).await;
+    assert!(done.callback_errors.contains_key("on_success"), "{:?}", done.callback_errors);
+    assert_eq!(jobs_of(&db, "on_done").await, 1, "the readable callback fired");
+    // Every later write goes on (guarantee 13).
+    db.store.job_enqueue(&work(1)).await.unwrap();
+    let next = fetch(&db, "work", 1).await.remove(0);
+    assert_eq!(db.store.job_finish(vec![finish(&next, completed())]).await.unwrap(), vec![FinishResult::Done]);
+}
+
 async fn a_new_batch_refuses_what_could_never_be_enqueued(db: TestDb) {
     register(&db).await;
     let unknown = NewBatch {
@@ -349,6 +382,7 @@ async fn waiting_for_a_job_returns_when_it_ends(db: TestDb) {
 
 on_both_backends!(
     a_batch_counts_each_ending_and_fires_its_callbacks_once,
+    a_retried_member_of_an_unfinished_batch_is_pending_again,
     a_batch_whose_members_all_succeed_fires_on_success_and_a_one_job_batch_fires_too,
     an_open_batch_fires_only_once_closed,
     blocked_members_count_as_pending_and_are_never_lost,
@@ -356,6 +390,7 @@ on_both_backends!(
     a_duplicate_of_a_unique_job_is_not_a_member,
     a_callback_that_cannot_be_enqueued_is_recorded_and_the_last_member_still_ends,
     a_new_batch_refuses_what_could_never_be_enqueued,
+    a_callback_type_whose_stored_configuration_is_unreadable_stalls_nothing,
     two_last_members_ending_at_once_fire_one_callback,
     progress_shows_while_a_job_runs_and_sums_into_its_batch,
     waiting_for_a_job_returns_when_it_ends,
@@ -517,4 +552,24 @@ async fn a_guests_progress_shows_while_it_runs(db: TestDb) {
     let ended = db.store.job_wait(id, WITHIN).await.unwrap().unwrap();
     assert_eq!(ended.progress, Some(json!({"done": 5, "total": 5})));
     host.stop().await;
+}
+
+/// The archive announces the end of a job someone waits for, and only of
+/// such a job: a waiter is woken by the end itself, and the hot path sends
+/// no notification for jobs nobody waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_waited_for_job_is_announced_and_no_other() {
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let ids = db.store.job_enqueue(&work(2)).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
+    listener.listen("jobhost_finished").await.unwrap();
+    sqlx::query("INSERT INTO jobhost.job_waits (job_id) VALUES ($1)").bind(ids[1]).execute(db.pool()).await.unwrap();
+    let runs = fetch(&db, "work", 2).await;
+    let (unwaited, waited) = if runs[0].id == ids[0] { (&runs[0], &runs[1]) } else { (&runs[1], &runs[0]) };
+    db.store.job_finish(vec![finish(unwaited, completed())]).await.unwrap();
+    db.store.job_finish(vec![finish(waited, completed())]).await.unwrap();
+    let heard = tokio::time::timeout(WITHIN, listener.recv()).await.expect("announced").unwrap();
+    assert_eq!(heard.payload(), ids[1].to_string(), "the first announcement is the waited-for job's");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.job_waits").await, 0, "its wait is done with");
 }

@@ -54,11 +54,14 @@ CREATE INDEX jobs_batch ON jobhost.jobs (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX blocked_jobs_batch ON jobhost.blocked_jobs (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX archive_batch ON jobhost.archive (batch_id) WHERE batch_id IS NOT NULL;
 
--- Counts new members into their batches, before they are inserted (so a
--- member discarded by the gate at once is counted before it ends). Locks:
--- the batch rows, in id order, so two enqueuers never deadlock on them.
--- A batch that does not exist, or is closed where `closed_ok` is false,
--- refuses the enqueue with SQLSTATE 22023.
+-- Counts new members into their batches. Called once they are inserted
+-- and past the gate, so an enqueue takes its keys' semaphores before the
+-- batch rows, in the order a result takes them (no deadlock between the
+-- two); a member the gate discarded has been counted as discarded already,
+-- and whether the batch is complete is decided only at commit. Locks: the
+-- batch rows, in id order, so two enqueuers never deadlock on them. A batch
+-- that does not exist, or is closed where `closed_ok` is false, refuses the
+-- enqueue with SQLSTATE 22023.
 CREATE FUNCTION jobhost.batch_add_members(batch_ids bigint[], closed_ok boolean[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -139,17 +142,23 @@ CREATE TRIGGER archive_counts_batches AFTER INSERT ON jobhost.archive
     REFERENCING NEW TABLE AS archived
     FOR EACH STATEMENT EXECUTE FUNCTION jobhost.archived();
 
--- An operator's retry takes a member out of the archive: its ending is
--- uncounted, and it is pending again. A finished batch stays finished (its
--- callbacks were enqueued once and are not enqueued again).
-CREATE FUNCTION jobhost.batch_uncount(batch bigint, ended_state text) RETURNS void
-LANGUAGE sql AS $$
+-- An operator's retry takes a member out of the archive. In a batch not
+-- finished yet, its ending is uncounted and it is pending again. A finished
+-- batch is a record of how it went (its callbacks were enqueued once, from
+-- those counts): the retried job leaves it instead, and runs on its own.
+CREATE FUNCTION jobhost.batch_retry_member(member bigint, batch bigint, ended_state text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE jobhost.batches
     SET completed = completed - (ended_state = 'completed')::int,
         failed = failed - (ended_state = 'failed')::int,
         discarded = discarded - (ended_state = 'discarded')::int,
         cancelled = cancelled - (ended_state = 'cancelled')::int
-    WHERE id = batch
+    WHERE id = batch AND finished_at IS NULL;
+    IF NOT FOUND THEN
+        UPDATE jobhost.jobs SET batch_id = NULL WHERE id = member;
+    END IF;
+END;
 $$;
 
 -- The payload of a finished batch's callbacks: the creator's object, with
@@ -273,8 +282,11 @@ END;
 $$;
 
 -- The SQL enqueue (last in 0007_uniqueness), now taking a batch: the job
--- joins it as a member, counted before it is inserted. A duplicate of a
--- unique job is not a member. The batch must exist and be open.
+-- joins it as a member, counted once it has passed the gate. A duplicate of
+-- a unique job is not a member (it is answered as before, whatever the
+-- batch). The batch must exist and be open. The function is dropped and
+-- created again with the new argument: privileges granted on the old one
+-- must be granted again.
 DROP FUNCTION jobhost.enqueue(text, jsonb, text, smallint, timestamptz);
 
 CREATE FUNCTION jobhost.enqueue(
@@ -341,9 +353,6 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    IF batch_id IS NOT NULL THEN
-        PERFORM jobhost.batch_add_members(ARRAY[batch_id], ARRAY[false]);
-    END IF;
     INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at, concurrency_key,
                               batch_id)
     VALUES (
@@ -365,6 +374,98 @@ BEGIN
     IF due <= now() THEN
         PERFORM jobhost.admit(ARRAY[new_id], true);
     END IF;
+    IF batch_id IS NOT NULL THEN
+        PERFORM jobhost.batch_add_members(ARRAY[batch_id], ARRAY[false]);
+    END IF;
     RETURN new_id;
+END;
+$$;
+
+-- jobhost.finish_runs_unless_locked (first in 0005_fault_tolerance), now
+-- also leaving out the runs whose batch row another transaction holds (an
+-- application's open transaction adding to that batch, an operator's `batch
+-- add`), as it does for keys: one batch's lock never holds back a whole
+-- plan of results. `keyed_ids` (the parameter keeps its first name) are
+-- now the runs holding a key or in a batch. Locks, in this order (a result's order; an enqueue takes them in
+-- the same): the runs' semaphores in key order, then their batch rows in id
+-- order, SKIP LOCKED; they stay locked until commit, for the release and
+-- the counting finish_runs does.
+CREATE OR REPLACE FUNCTION jobhost.finish_runs_unless_locked(
+    keyed_ids bigint[], keyed_tokens bigint[],
+    archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
+    logs jsonb[], archive_progress jsonb[],
+    requeue_ids bigint[], requeue_tokens bigint[], delays_ms bigint[], refunds integer[], requeue_errors jsonb[],
+    requeue_progress jsonb[],
+    queues text[], fetch_types text[], fetch_leases integer[], max_jobs bigint, host text
+)
+RETURNS TABLE (
+    deferred bigint[], written bigint[], any_available boolean, id bigint, lease_token bigint, job text, queue text,
+    payload jsonb, attempt integer, max_attempts integer, enqueued_at timestamptz, batch_id bigint,
+    concurrency_key text, lease_secs integer
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    keyed bigint[];
+    keys_locked bigint[] := '{}';
+    batched bigint[];
+    batches_locked bigint[] := '{}';
+    held_back bigint[] := '{}';
+BEGIN
+    IF cardinality(keyed_ids) > 0 THEN
+        -- The current runs among them, with what each needs locked.
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.concurrency_key IS NOT NULL), '{}'),
+               coalesce(array_agg(j.id) FILTER (WHERE j.batch_id IS NOT NULL), '{}')
+        INTO keyed, batched
+        FROM jobhost.jobs j
+        JOIN unnest(keyed_ids, keyed_tokens) AS r(run_id, run_token)
+            ON r.run_id = j.id AND r.run_token = j.lease_token;
+        IF cardinality(keyed) > 0 THEN
+            SELECT coalesce(array_agg(l.id), '{}') INTO keys_locked FROM (
+                SELECT j.id FROM jobhost.jobs j
+                JOIN jobhost.semaphores s ON s.job = j.job AND s.key = j.concurrency_key
+                WHERE j.id = ANY(keyed)
+                ORDER BY s.job, s.key
+                FOR UPDATE OF s SKIP LOCKED
+            ) l;
+        END IF;
+        IF cardinality(batched) > 0 THEN
+            SELECT coalesce(array_agg(j.id), '{}') INTO batches_locked
+            FROM jobhost.jobs j
+            WHERE j.id = ANY(batched) AND j.batch_id IN (
+                SELECT l.id FROM (
+                    SELECT b.id FROM jobhost.batches b
+                    WHERE b.id IN (SELECT k.batch_id FROM jobhost.jobs k WHERE k.id = ANY(batched))
+                    ORDER BY b.id
+                    FOR UPDATE OF b SKIP LOCKED
+                ) l);
+        END IF;
+        SELECT coalesce(array_agg(DISTINCT r.id), '{}') INTO held_back
+        FROM (SELECT k AS id FROM unnest(keyed) k WHERE k <> ALL(keys_locked)
+              UNION ALL
+              SELECT b FROM unnest(batched) b WHERE b <> ALL(batches_locked)) r;
+    END IF;
+    IF cardinality(held_back) > 0 THEN
+        SELECT coalesce(array_agg(i.a_id ORDER BY i.n), '{}'), coalesce(array_agg(i.a_token ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_state ORDER BY i.n), '{}'), coalesce(array_agg(i.a_output ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_error ORDER BY i.n), '{}'), coalesce(array_agg(i.a_log ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.a_progress ORDER BY i.n), '{}')
+        INTO archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress
+        FROM unnest(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs, archive_progress)
+            WITH ORDINALITY AS i(a_id, a_token, a_state, a_output, a_error, a_log, a_progress, n)
+        WHERE i.a_id <> ALL(held_back);
+        SELECT coalesce(array_agg(i.r_id ORDER BY i.n), '{}'), coalesce(array_agg(i.r_token ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.r_delay ORDER BY i.n), '{}'), coalesce(array_agg(i.r_refund ORDER BY i.n), '{}'),
+               coalesce(array_agg(i.r_error ORDER BY i.n), '{}'), coalesce(array_agg(i.r_progress ORDER BY i.n), '{}')
+        INTO requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress
+        FROM unnest(requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors, requeue_progress)
+            WITH ORDINALITY AS i(r_id, r_token, r_delay, r_refund, r_error, r_progress, n)
+        WHERE i.r_id <> ALL(held_back);
+    END IF;
+    RETURN QUERY
+    SELECT held_back, f.*
+    FROM jobhost.finish_runs(archive_ids, archive_tokens, archive_states, outputs, archive_errors, logs,
+                             archive_progress, requeue_ids, requeue_tokens, delays_ms, refunds, requeue_errors,
+                             requeue_progress, queues, fetch_types, fetch_leases, max_jobs, host) f;
 END;
 $$;

@@ -28,9 +28,11 @@ CREATE TABLE batches (
     callback_errors  TEXT    NOT NULL DEFAULT '{}'
 ) STRICT;
 
--- The writer's look, before each commit, for batches to settle: closed and
--- unfinished, which is almost always none.
-CREATE INDEX batches_unsettled ON batches (id) WHERE closed_at IS NOT NULL AND finished_at IS NULL;
+-- The writer's look, before each commit, for batches to settle: closed,
+-- unfinished and with every member ended. The index holds just those, so
+-- the look costs nothing however many batches are open or running.
+CREATE INDEX batches_due ON batches (id)
+    WHERE closed_at IS NOT NULL AND finished_at IS NULL AND completed + failed + discarded + cancelled >= total;
 CREATE INDEX batches_finished ON batches (finished_at) WHERE finished_at IS NOT NULL;
 
 CREATE INDEX jobs_batch ON jobs (batch_id) WHERE batch_id IS NOT NULL;

@@ -264,22 +264,31 @@ async fn list(limit: i64, json: bool, db: &DbArgs) -> ExitCode {
 }
 
 /// One batch in 80 columns: id, state, a progress bar, ended of total,
-/// failures, label.
+/// failures, and as much of the label as fits.
 fn list_line(batch: &Batch) -> String {
     let c = &batch.counts;
     let failures = c.failed + c.discarded;
     let failures = if failures > 0 { format!(" {failures} failed") } else { String::new() };
-    let label = batch.label.as_deref().map(|l| format!("  {}", clip(l, 24))).unwrap_or_default();
-    format!(
-        "{:>7}  {:<9} {} {:>4}  {}/{}{failures}{label}",
+    let line = format!(
+        "{:>7}  {:<9} {} {:>4}  {}/{}{failures}",
         batch.id,
         batch.state.as_str(),
         bar(batch.progress, 16),
         percent(batch.progress),
         c.ended(),
         c.total
-    )
+    );
+    match batch.label.as_deref() {
+        Some(label) if line.chars().count() + 4 <= WIDTH => {
+            let room = WIDTH - line.chars().count() - 2;
+            format!("{line}  {}", clip(label, room))
+        }
+        _ => line,
+    }
 }
+
+/// The terminal width the tables fit.
+const WIDTH: usize = 80;
 
 async fn show(id: i64, json: bool, db: &DbArgs) -> ExitCode {
     let store = match open_existing(db).await {
@@ -335,8 +344,9 @@ fn bar(progress: f64, width: usize) -> String {
     format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
 }
 
+/// Whole percent, rounded down (so 100% means done), past float noise.
 fn percent(progress: f64) -> String {
-    format!("{}%", (progress.clamp(0.0, 1.0) * 100.0).floor() as u32)
+    format!("{}%", (progress.clamp(0.0, 1.0) * 100.0 + 1e-9).floor() as u32)
 }
 
 /// At most `max` characters, with an ellipsis when cut.
@@ -375,7 +385,8 @@ mod tests {
         let line = list_line(&batch("a nightly import of every account we have", 0.57));
         assert!(line.chars().count() <= 80, "{} columns: {line}", line.chars().count());
         assert!(line.contains("[#########-------]  57%"), "{line}");
-        assert!(line.contains("57000/100000 12000 failed"), "{line}");
+        assert!(line.contains("57000/100000 12000 failed  a nightl…"), "{line}");
+        assert_eq!(line.chars().count(), 80, "the label takes the room left");
         assert_eq!(bar(0.0, 4), "[----]");
         assert_eq!(bar(1.0, 4), "[####]");
     }

@@ -58,9 +58,9 @@ pub struct FinishPlan {
     /// members, created closed in the same transaction, only for a parent
     /// whose ending was written.
     pub batches: Vec<(i64, PreparedBatch)>,
-    /// Runs holding a concurrency key whose write is left out while another
-    /// transaction holds that key's semaphore ([`LockedKeys::Defer`]); empty
-    /// when the batch waits instead.
+    /// Runs holding a concurrency key, or in a batch, whose write is left
+    /// out while another transaction holds that key's semaphore or that
+    /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
     pub deferrable: Vec<RunId>,
     /// Every run's job, in the order results are reported.
     order: Vec<i64>,
@@ -145,7 +145,7 @@ impl FinishPlan {
         };
         for run in runs {
             plan.order.push(run.id);
-            if locked == LockedKeys::Defer && run.concurrency_key.is_some() {
+            if locked == LockedKeys::Defer && (run.concurrency_key.is_some() || run.batch_id.is_some()) {
                 plan.deferrable.push(run.run());
             }
             plan.push(run, configs, limits);

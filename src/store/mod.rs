@@ -125,6 +125,10 @@ pub enum Error {
         /// The job holding the key.
         claimant: i64,
     },
+    /// An enqueue named a batch that does not exist, or one that is closed:
+    /// nothing was enqueued.
+    #[error("{0}")]
+    BatchRefused(String),
     /// A row the database returned does not read as the store expects (an
     /// unknown state name, a missing result row): the schema and this
     /// binary disagree.
@@ -159,7 +163,7 @@ impl Error {
     /// a refusal: those say nothing about the statement.
     pub fn is_refusal(&self) -> bool {
         match self {
-            Error::LimitReached(_) | Error::Duplicate { .. } => true,
+            Error::LimitReached(_) | Error::Duplicate { .. } | Error::BatchRefused(_) => true,
             Error::Database(sqlx::Error::Database(_)) => match self.database_code() {
                 Some(DatabaseCode::Sqlite(code)) => !SQLITE_NOT_REFUSALS.contains(&code),
                 Some(DatabaseCode::Sqlstate(code)) => {

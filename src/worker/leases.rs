@@ -252,7 +252,14 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
         } else {
             let (asked, progress) = leases.to_renew(sent_at);
             match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked, &progress)).await {
-                Ok(Ok(renewal)) => leases.renewed(&renewal, margin, sent_at),
+                Ok(Ok(renewal)) => {
+                    leases.renewed(&renewal, margin, sent_at);
+                    // A run passed over for a lock did not write its progress.
+                    let renewed: std::collections::HashSet<&RunId> = renewal.renewed.iter().collect();
+                    let unwritten: Vec<RunProgress> =
+                        progress.into_iter().filter(|p| !renewed.contains(&p.run)).collect();
+                    leases.progress_unsent(&unwritten);
+                }
                 Ok(Err(error)) => {
                     leases.progress_unsent(&progress);
                     tracing::warn!(%error, "cannot renew leases; fencing continues");

@@ -12,8 +12,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use crate::store::batch::{Batch, BatchCounts, Callbacks, PreparedBatch};
 use crate::store::{Enqueued, Error, PreparedJob, Result};
 
-/// Counts the batch members among `jobs` into their batches before they are
-/// inserted, refusing a batch that is missing or closed. Locks: those
+/// Counts the batch members among `jobs`, inserted and past the gate, into
+/// their batches, refusing a batch that is missing or closed. Locks: those
 /// batches' rows, in id order, until the caller commits.
 pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<()> {
     if jobs.iter().all(|j| j.batch_id.is_none()) {
@@ -58,7 +58,7 @@ pub async fn write_in(conn: &mut PgConnection, batch: PreparedBatch) -> Result<(
 pub async fn close(pool: &PgPool, id: i64) -> Result<bool> {
     match sqlx::query_scalar("SELECT jobhost.batch_close($1)").bind(id).fetch_one(pool).await {
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22023") => {
-            Err(Error::InvalidEnqueue(db.message().to_string()))
+            Err(Error::BatchRefused(db.message().to_string()))
         }
         other => Ok(other?),
     }

@@ -47,8 +47,8 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
 /// that go back to wait, borrowed from the plan.
 #[derive(Default)]
 struct FinishRows<'a> {
-    keyed_ids: Vec<i64>,
-    keyed_tokens: Vec<i64>,
+    deferrable_ids: Vec<i64>,
+    deferrable_tokens: Vec<i64>,
     archive_ids: Vec<i64>,
     archive_tokens: Vec<i64>,
     archive_states: Vec<&'static str>,
@@ -68,8 +68,8 @@ impl<'a> FinishRows<'a> {
     fn of(plan: &'a FinishPlan) -> FinishRows<'a> {
         let mut rows = FinishRows::default();
         for run in &plan.deferrable {
-            rows.keyed_ids.push(run.job_id);
-            rows.keyed_tokens.push(run.lease_token);
+            rows.deferrable_ids.push(run.job_id);
+            rows.deferrable_tokens.push(run.lease_token);
         }
         for e in &plan.endings {
             rows.archive_ids.push(e.id);
@@ -93,19 +93,19 @@ impl<'a> FinishRows<'a> {
 
     /// Writes the rows whose lease still matches (see jobhost.finish_runs in
     /// 0004_concurrency.sql, through jobhost.finish_runs_unless_locked in
-    /// 0005_fault_tolerance.sql), leasing the jobs `next` asks for.
+    /// 0009_batches.sql), leasing the jobs `next` asks for.
     async fn write(&self, executor: impl sqlx::PgExecutor<'_>, next: Option<&FetchParams>) -> Result<(Written, bool)> {
         let next = next.filter(|n| n.limit > 0 && !n.job_types.is_empty() && !n.queues.is_empty());
         let (names, leases): (Vec<&str>, Vec<i32>) =
             next.map(|n| n.job_types.iter().map(|(name, l)| (name.as_str(), *l)).unzip()).unwrap_or_default();
-        // A batch with no run holding a key has nothing to defer: it skips
-        // the wrapper's extra function frame on the hot path.
-        let query = if self.keyed_ids.is_empty() {
+        // A plan with no run holding a key or in a batch has nothing to
+        // defer: it skips the wrapper's extra function frame on the hot path.
+        let query = if self.deferrable_ids.is_empty() {
             sqlx::query(include_str!("sql/finish_runs.sql"))
         } else {
             sqlx::query(include_str!("sql/finish_runs_unless_locked.sql"))
-                .bind(&self.keyed_ids)
-                .bind(&self.keyed_tokens)
+                .bind(&self.deferrable_ids)
+                .bind(&self.deferrable_tokens)
         };
         let rows = query
             .bind(&self.archive_ids)

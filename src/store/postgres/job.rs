@@ -8,7 +8,9 @@ use sqlx::{PgConnection, PgPool, Row};
 use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
 
 /// One set-based insert for the whole batch, then the gate for the limited
-/// jobs due now, in the caller's transaction; outcomes come back in input
+/// jobs due now, then the members counted into their batches (after the
+/// gate: a result takes a key before a batch, and so does this), in the
+/// caller's transaction; outcomes come back in input
 /// order (a blocked or discarded job keeps its id). A batch with unique jobs
 /// first takes its ids and claims its keys, so a duplicate is never stored.
 pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Enqueued>> {
@@ -16,9 +18,9 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         return Ok(Vec::new());
     }
     if jobs.iter().all(|j| j.unique.is_none()) {
-        super::batch::add_members(conn, jobs).await?;
         let rows = insert_rows(conn, jobs, None).await?;
         admit_due(conn, &rows).await?;
+        super::batch::add_members(conn, jobs).await?;
         return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
     }
     let ids = super::unique::allocate_ids(conn, jobs.len()).await?;
@@ -27,12 +29,12 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
     let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
     let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
-    super::batch::add_members(conn, &fresh_jobs).await?;
     let rows = insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
     // Before the gate, which may archive a job (discard), and the archive
     // takes its key with it.
     super::unique::record_keys(conn, &fresh).await?;
     admit_due(conn, &rows).await?;
+    super::batch::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
 }
 

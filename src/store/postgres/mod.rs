@@ -5,7 +5,8 @@
 //! (a finish plan in one call), `lease`, `concurrency` (the gate's sweeps
 //! and reports), `host` (hosts and job types), `operate` (listings and
 //! operator commands), `unique` (uniqueness claims at enqueue), `schedule`
-//! (cursors and ticks). Queries over ~15 lines are in `sql/`.
+//! (cursors and ticks), `batch` (batches), `wait` (waiting for a job's
+//! end). Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is
@@ -19,7 +20,6 @@
 //! |---|---|---|
 //! | `notify_available` | 0001_queue | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
-//! | `enqueue` | 0007_uniqueness (first 0002, then 0004, 0005) | the SQL enqueue |
 //! | `fetch` | 0007_uniqueness (first 0003) | leases available jobs (a pinned plan), with their `while_executing` claims |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
@@ -35,6 +35,10 @@
 //! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0008_schedules | trigger: a changed calendar restarts its schedule |
+//! | `enqueue` | 0009_batches (first 0002, then 0004, 0005, 0007) | the SQL enqueue, now into a batch |
+//! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
+//! | `archived` | 0009_batches | trigger: batches count their archived members; waiters are told |
+//! | `batch_settle`, `batch_callback_payload` | 0009_batches | deferred trigger: a finished batch's callbacks, once |
 
 mod batch;
 mod concurrency;
@@ -76,6 +80,11 @@ const CHANNEL: &str = "jobhost_available";
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The LISTEN connections (new jobs; waited-for jobs' ends), apart from
+    /// `pool`, so listening never takes a connection the work needs.
+    listeners: PgPool,
+    /// The ends of waited-for jobs, for every waiter of this store.
+    announcements: wait::Announcements,
     options: PgConnectOptions,
     wake: Arc<Notify>,
     listening: Arc<OnceCell<()>>,
@@ -105,8 +114,11 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.clone())
             .await?;
+        let listeners = PgPoolOptions::new().max_connections(2).connect_lazy_with(options.clone());
         Ok(PgStore {
             pool,
+            listeners,
+            announcements: wait::Announcements::default(),
             options,
             wake: Arc::new(Notify::new()),
             listening: Arc::new(OnceCell::new()),
@@ -129,7 +141,7 @@ impl PgStore {
         let started = self
             .listening
             .get_or_try_init(|| async {
-                let mut listener = PgListener::connect_with(&self.pool).await?;
+                let mut listener = PgListener::connect_with(&self.listeners).await?;
                 listener.listen(CHANNEL).await?;
                 let wake = self.wake.clone();
                 tokio::spawn(async move {
@@ -360,7 +372,7 @@ impl Store for PgStore {
     }
 
     async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
-        wait::wait(&self.pool, id, timeout).await
+        wait::wait(&self.pool, &self.listeners, &self.announcements, id, timeout).await
     }
 
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {

@@ -153,12 +153,18 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     }
     if revived > 0 {
         sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
-        // Its batch counts it pending again; a finished batch stays finished.
-        if let Some((Some(batch), state)) = &ended {
-            sqlx::query("SELECT jobhost.batch_uncount($1, $2)").bind(batch).bind(state).execute(&mut *tx).await?;
-        }
     }
     super::concurrency::admit(&mut tx, &[id]).await?;
+    // After the gate, as an enqueue: its batch counts it pending again, or
+    // it leaves a batch that has finished.
+    if let Some((Some(batch), state)) = &ended {
+        sqlx::query("SELECT jobhost.batch_retry_member($1, $2, $3)")
+            .bind(id)
+            .bind(batch)
+            .bind(state)
+            .execute(&mut *tx)
+            .await?;
+    }
     super::notify_available(&mut tx).await?;
     tx.commit().await?;
     Ok(())

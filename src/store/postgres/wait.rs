@@ -2,10 +2,13 @@
 //! `jobhost.job_waits`, and the archive announces on `jobhost_finished` the
 //! jobs someone waits for (migrations/postgres/0009_batches.sql).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use tokio::sync::{OnceCell, broadcast};
+use tokio::time::Instant;
 
 use crate::store::{Error, JobDetail, Result};
 
@@ -18,29 +21,76 @@ const FINISHED: &str = "jobhost_finished";
 const FIRST_LOOK: Duration = Duration::from_millis(10);
 const LAST_LOOK: Duration = Duration::from_secs(1);
 
+/// The archive's announcements of waited-for jobs' ends, heard on one
+/// connection per store however many wait, and passed on to each waiter.
+#[derive(Clone, Default)]
+pub struct Announcements {
+    sender: Arc<OnceCell<broadcast::Sender<String>>>,
+}
+
+impl Announcements {
+    /// Hears the announcements from now on, starting the one LISTEN the
+    /// first time (on `listeners`, a pool apart from the one that does the
+    /// work, so waiters never take the work's connections).
+    async fn subscribe(&self, listeners: &PgPool) -> Result<broadcast::Receiver<String>> {
+        let sender = self
+            .sender
+            .get_or_try_init(|| async {
+                let mut listener = PgListener::connect_with(listeners).await?;
+                listener.listen(FINISHED).await?;
+                let (sender, _) = broadcast::channel(1024);
+                let announce = sender.clone();
+                tokio::spawn(async move {
+                    loop {
+                        // It reconnects by itself after an error; an empty
+                        // announcement has every waiter look, for what it missed.
+                        match listener.recv().await {
+                            Ok(note) => drop(announce.send(note.payload().to_string())),
+                            Err(error) => {
+                                tracing::debug!(%error, "the listener for waits lost its connection");
+                                drop(announce.send(String::new()));
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
+                        }
+                    }
+                });
+                Ok::<_, sqlx::Error>(sender)
+            })
+            .await?;
+        Ok(sender.subscribe())
+    }
+}
+
 /// Waits until job `id` has ended, up to `timeout`: registers the wait (so
 /// the archive announces the job's end), then reads the job at each
 /// announcement. `None` when the time ran out first.
-pub async fn wait(pool: &PgPool, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(FINISHED).await?;
+pub async fn wait(
+    pool: &PgPool,
+    listeners: &PgPool,
+    announcements: &Announcements,
+    id: i64,
+    timeout: Duration,
+) -> Result<Option<JobDetail>> {
+    let deadline = Instant::now() + timeout;
+    let mut heard = announcements.subscribe(listeners).await?;
     let wait_id: i64 = sqlx::query_scalar("INSERT INTO jobhost.job_waits (job_id) VALUES ($1) RETURNING id")
         .bind(id)
         .fetch_one(pool)
         .await?;
-    let waited = watch(pool, &mut listener, id, deadline).await;
+    let waited = watch(pool, &mut heard, id, deadline).await;
     if let Err(error) = sqlx::query("DELETE FROM jobhost.job_waits WHERE id = $1").bind(wait_id).execute(pool).await {
         tracing::debug!(%error, "could not remove a finished wait; the job's end removes it");
     }
     waited
 }
 
+/// Reads the job, then waits for its announcement or the next look, whichever
+/// comes first; announcements of other jobs do not put the look off.
 async fn watch(
     pool: &PgPool,
-    listener: &mut PgListener,
+    heard: &mut broadcast::Receiver<String>,
     id: i64,
-    deadline: tokio::time::Instant,
+    deadline: Instant,
 ) -> Result<Option<JobDetail>> {
     let mut nap = FIRST_LOOK;
     loop {
@@ -49,22 +99,24 @@ async fn watch(
             Some(job) if job.row.state.is_final() => return Ok(Some(job)),
             Some(_) => {}
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        let look_at = (now + nap).min(deadline);
+        nap = (nap * 2).min(LAST_LOOK);
         loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
             tokio::select! {
-                heard = listener.recv() => match heard {
-                    Ok(note) if announces(note.payload(), id) => break,
-                    Ok(_) => continue,
-                    // It reconnects by itself; what it missed, the next look finds.
-                    Err(_) => break,
+                note = heard.recv() => match note {
+                    Ok(note) if !announces(&note, id) => continue,
+                    // Missed some (lagged): look now.
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        tokio::time::sleep_until(look_at).await;
+                        break;
+                    }
                 },
-                () = tokio::time::sleep(nap.min(deadline - now)) => {
-                    nap = (nap * 2).min(LAST_LOOK);
-                    break;
-                }
+                () = tokio::time::sleep_until(look_at) => break,
             }
         }
     }

@@ -14,7 +14,7 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::time_of;
 use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, settle_callbacks};
-use crate::store::enqueue::job_names;
+use crate::store::enqueue::{Configs, job_names};
 use crate::store::{EnqueueLimits, Enqueued, Error, PreparedJob, Result};
 
 /// Counts the batch members among `jobs` into their batches before they are
@@ -35,9 +35,9 @@ pub async fn add_members(conn: &mut SqliteConnection, jobs: &[&PreparedJob]) -> 
             .fetch_optional(&mut *conn)
             .await?;
         match closed {
-            None => return Err(Error::InvalidEnqueue(format!("batch {batch} does not exist"))),
+            None => return Err(Error::BatchRefused(format!("batch {batch} does not exist"))),
             Some(Some(_)) if !by_member => {
-                return Err(Error::InvalidEnqueue(format!("batch {batch} is closed: it takes no more jobs")));
+                return Err(Error::BatchRefused(format!("batch {batch} is closed: it takes no more jobs")));
             }
             Some(_) => {}
         }
@@ -89,7 +89,7 @@ pub async fn close(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<boo
             .fetch_one(&mut *conn)
             .await?
     {
-        return Err(Error::InvalidEnqueue(format!("batch {id} does not exist")));
+        return Err(Error::BatchRefused(format!("batch {id} does not exist")));
     }
     Ok(closed == 1)
 }
@@ -101,6 +101,8 @@ pub async fn close(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<boo
 /// result is written regardless (guarantee 13). Returns whether any job
 /// became available.
 pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i64) -> Result<bool> {
+    // Read through the partial index `batches_due`, which holds only such
+    // batches: almost always none, however many batches are open.
     let done: Vec<Finished> = sqlx::query_as(
         "UPDATE batches SET finished_at = $1
          WHERE closed_at IS NOT NULL AND finished_at IS NULL
@@ -130,10 +132,30 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
         let counts = BatchCounts { total, completed, failed, discarded, cancelled, ..Default::default() };
         let info = BatchInfo { id, label, counts };
         let names = job_names(callbacks.due(&counts).into_iter().map(|(_, job)| job));
-        let configs = super::host::job_types_get(&mut *conn, &names).await?;
+        // A stored configuration that cannot be read is its callback's
+        // problem, not every write's: this runs before each commit.
+        let mut configs = Configs::new();
+        let mut unreadable: HashMap<String, String> = HashMap::new();
+        for name in names {
+            match super::host::job_types_get(&mut *conn, std::slice::from_ref(&name)).await {
+                Ok(found) => configs.extend(found),
+                Err(error @ (Error::CorruptJobType { .. } | Error::Decode(_))) => {
+                    unreadable.insert(name, error.to_string());
+                }
+                Err(error) => return Err(error),
+            }
+        }
         let mut jobs: HashMap<&str, i64> = HashMap::new();
         let mut errors: HashMap<&str, String> = HashMap::new();
-        for (kind, prepared) in settle_callbacks(&callbacks, &base.0, &info, &configs, limits) {
+        let planned =
+            settle_callbacks(&callbacks, &base.0, &info, &configs, limits).into_iter().zip(callbacks.due(&counts));
+        let planned: Vec<_> = planned
+            .map(|((kind, prepared), (_, job))| match unreadable.get(job) {
+                Some(reason) => (kind, Err(reason.clone())),
+                None => (kind, prepared),
+            })
+            .collect();
+        for (kind, prepared) in planned {
             let enqueued = match prepared {
                 Ok(job) => enqueue_alone(conn, &job, now).await?,
                 Err(reason) => Err(reason),

@@ -16,6 +16,9 @@
 //!   it waits for `PRAGMA data_version` to show the commit; where the file
 //!   system reports nothing, an idle host reads `data_version` every 100 ms
 //!   on a connection of its own.
+//! - **Deferred work at commit.** Where PostgreSQL decides a batch's end
+//!   in a deferred trigger, every write here settles finished batches (their
+//!   callbacks) just before it commits (`Write::commit`, `batch::settle`).
 //!
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).

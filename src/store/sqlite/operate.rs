@@ -191,17 +191,22 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
         .await?
         .rows_affected();
         if revived > 0 {
-            // Its batch counts it pending again; a finished batch stays finished.
-            sqlx::query(
+            // Its batch counts it pending again; from a batch that has
+            // finished (a record of how it went), it leaves instead.
+            let uncounted = sqlx::query(
                 "UPDATE batches
                  SET completed = completed - (a.state = 'completed'), failed = failed - (a.state = 'failed'),
                      discarded = discarded - (a.state = 'discarded'), cancelled = cancelled - (a.state = 'cancelled')
                  FROM (SELECT batch_id, state FROM archive WHERE id = $1) a
-                 WHERE batches.id = a.batch_id",
+                 WHERE batches.id = a.batch_id AND batches.finished_at IS NULL",
             )
             .bind(id)
             .execute(&mut *conn)
-            .await?;
+            .await?
+            .rows_affected();
+            if uncounted == 0 {
+                sqlx::query("UPDATE jobs SET batch_id = NULL WHERE id = $1").bind(id).execute(&mut *conn).await?;
+            }
             sqlx::query("DELETE FROM archive WHERE id = $1").bind(id).execute(&mut *conn).await?;
             super::unique::reclaim(conn, id, now).await?;
         }
