@@ -19,10 +19,10 @@ pub mod bindings {
     });
 }
 
-pub use bindings::jobhost::job::{batches, host};
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, Schedule, UniqueStrategy, Uniqueness,
 };
+pub use bindings::jobhost::job::{batches, host};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
 
 impl JobConfig {
