@@ -322,18 +322,21 @@ async fn a_new_batch_refuses_what_could_never_be_enqueued(db: TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
 }
 
+/// Completes each run in a task of its own, all at once.
+fn finish_each_at_once(db: &TestDb, runs: Vec<FetchedJob>) -> Vec<tokio::task::JoinHandle<Vec<FinishResult>>> {
+    runs.into_iter()
+        .map(|run| {
+            let store = db.dyn_store();
+            tokio::spawn(async move { store.job_finish(vec![finish(&run, completed())]).await.unwrap() })
+        })
+        .collect()
+}
+
 async fn two_last_members_ending_at_once_fire_one_callback(db: TestDb) {
     register(&db).await;
     for _ in 0..10 {
         let (id, _) = db.store.batch_create(&all_callbacks(), &work(2)).await.unwrap();
-        let runs = fetch(&db, "work", 2).await;
-        let finishers: Vec<_> = runs
-            .into_iter()
-            .map(|run| {
-                let store = db.dyn_store();
-                tokio::spawn(async move { store.job_finish(vec![finish(&run, completed())]).await.unwrap() })
-            })
-            .collect();
+        let finishers = finish_each_at_once(&db, fetch(&db, "work", 2).await);
         for finisher in finishers {
             assert_eq!(finisher.await.unwrap(), vec![FinishResult::Done]);
         }
@@ -413,13 +416,7 @@ async fn the_last_two_members_released_together_fire_one_callback() {
     let runs = fetch(&db, "work", 2).await;
     let mut holder = db.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM jobhost.batches WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *holder).await.unwrap();
-    let finishers: Vec<_> = runs
-        .into_iter()
-        .map(|run| {
-            let store = db.dyn_store();
-            tokio::spawn(async move { store.job_finish(vec![finish(&run, completed())]).await.unwrap() })
-        })
-        .collect();
+    let finishers = finish_each_at_once(&db, runs);
     common::eventually(Duration::from_secs(30), || async {
         db.scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
@@ -572,4 +569,38 @@ async fn the_end_of_a_waited_for_job_is_announced_and_no_other() {
     let heard = tokio::time::timeout(WITHIN, listener.recv()).await.expect("announced").unwrap();
     assert_eq!(heard.payload(), ids[1].to_string(), "the first announcement is the waited-for job's");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.job_waits").await, 0, "its wait is done with");
+}
+
+/// An application's open transaction adding to a batch from SQL holds the
+/// batch's row: a host's results pass over that batch's members (written
+/// once the lock goes) and write the rest of the plan at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_on_a_batch_holds_back_only_its_members_results() {
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let (id, _) = db.store.batch_create(&NewBatch { open: true, ..all_callbacks() }, &work(1)).await.unwrap();
+    db.store.job_enqueue(&work(2)).await.unwrap();
+    let runs = fetch(&db, "work", 3).await;
+    let mut application = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.enqueue('work', '{}', batch_id => $1)")
+        .bind(id)
+        .execute(&mut *application)
+        .await
+        .unwrap();
+    let results = runs.iter().map(|r| finish(r, completed())).collect();
+    let next = fetch_params("h", &["work"], 0);
+    let (written, _) = tokio::time::timeout(WITHIN, db.store.job_finish_and_fetch(results, &next))
+        .await
+        .expect("the plan did not wait for the batch's lock")
+        .unwrap();
+    let expected: Vec<_> = runs
+        .iter()
+        .map(|r| if r.batch_id == Some(id) { FinishResult::Deferred } else { FinishResult::Done })
+        .collect();
+    assert_eq!(written, expected, "only the member's result waits");
+    application.commit().await.unwrap();
+    let member = runs.iter().find(|r| r.batch_id == Some(id)).unwrap();
+    assert_eq!(db.store.job_finish(vec![finish(member, completed())]).await.unwrap(), vec![FinishResult::Done]);
+    assert_eq!(batch(&db, id).await.counts.completed, 1);
+    assert_eq!(batch(&db, id).await.counts.total, 2);
 }

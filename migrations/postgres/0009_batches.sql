@@ -103,13 +103,18 @@ CREATE INDEX job_waits_job ON jobhost.job_waits (job_id);
 CREATE FUNCTION jobhost.archived() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
+    batch_count bigint;
     ended text;
 BEGIN
-    IF EXISTS (SELECT 1 FROM archived a WHERE a.batch_id IS NOT NULL) THEN
-        PERFORM 1 FROM jobhost.batches b
-        WHERE b.id IN (SELECT a.batch_id FROM archived a WHERE a.batch_id IS NOT NULL)
-        ORDER BY b.id
-        FOR UPDATE;
+    SELECT count(DISTINCT a.batch_id) INTO batch_count FROM archived a WHERE a.batch_id IS NOT NULL;
+    IF batch_count > 0 THEN
+        -- One row needs no order; several are locked in id order first.
+        IF batch_count > 1 THEN
+            PERFORM 1 FROM jobhost.batches b
+            WHERE b.id IN (SELECT a.batch_id FROM archived a WHERE a.batch_id IS NOT NULL)
+            ORDER BY b.id
+            FOR UPDATE;
+        END IF;
         UPDATE jobhost.batches b
         SET completed = b.completed + d.completed,
             failed = b.failed + d.failed,
@@ -409,14 +414,16 @@ DECLARE
     keyed bigint[];
     keys_locked bigint[] := '{}';
     batched bigint[];
+    batch_ids bigint[];
     batches_locked bigint[] := '{}';
     held_back bigint[] := '{}';
 BEGIN
     IF cardinality(keyed_ids) > 0 THEN
         -- The current runs among them, with what each needs locked.
         SELECT coalesce(array_agg(j.id) FILTER (WHERE j.concurrency_key IS NOT NULL), '{}'),
-               coalesce(array_agg(j.id) FILTER (WHERE j.batch_id IS NOT NULL), '{}')
-        INTO keyed, batched
+               coalesce(array_agg(j.id) FILTER (WHERE j.batch_id IS NOT NULL), '{}'),
+               coalesce(array_agg(DISTINCT j.batch_id) FILTER (WHERE j.batch_id IS NOT NULL), '{}')
+        INTO keyed, batched, batch_ids
         FROM jobhost.jobs j
         JOIN unnest(keyed_ids, keyed_tokens) AS r(run_id, run_token)
             ON r.run_id = j.id AND r.run_token = j.lease_token;
@@ -429,21 +436,21 @@ BEGIN
                 FOR UPDATE OF s SKIP LOCKED
             ) l;
         END IF;
-        IF cardinality(batched) > 0 THEN
-            SELECT coalesce(array_agg(j.id), '{}') INTO batches_locked
-            FROM jobhost.jobs j
-            WHERE j.id = ANY(batched) AND j.batch_id IN (
-                SELECT l.id FROM (
-                    SELECT b.id FROM jobhost.batches b
-                    WHERE b.id IN (SELECT k.batch_id FROM jobhost.jobs k WHERE k.id = ANY(batched))
-                    ORDER BY b.id
-                    FOR UPDATE OF b SKIP LOCKED
-                ) l);
+        IF cardinality(batch_ids) > 0 THEN
+            SELECT coalesce(array_agg(l.id), '{}') INTO batches_locked FROM (
+                SELECT b.id FROM jobhost.batches b
+                WHERE b.id = ANY(batch_ids)
+                ORDER BY b.id
+                FOR UPDATE OF b SKIP LOCKED
+            ) l;
         END IF;
-        SELECT coalesce(array_agg(DISTINCT r.id), '{}') INTO held_back
-        FROM (SELECT k AS id FROM unnest(keyed) k WHERE k <> ALL(keys_locked)
-              UNION ALL
-              SELECT b FROM unnest(batched) b WHERE b <> ALL(batches_locked)) r;
+        -- Usually every key and batch was free: nothing more to read.
+        IF cardinality(keys_locked) < cardinality(keyed) OR cardinality(batches_locked) < cardinality(batch_ids) THEN
+            SELECT coalesce(array_agg(DISTINCT j.id), '{}') INTO held_back
+            FROM jobhost.jobs j
+            WHERE (j.id = ANY(keyed) AND j.id <> ALL(keys_locked))
+               OR (j.id = ANY(batched) AND j.batch_id <> ALL(batches_locked));
+        END IF;
     END IF;
     IF cardinality(held_back) > 0 THEN
         SELECT coalesce(array_agg(i.a_id ORDER BY i.n), '{}'), coalesce(array_agg(i.a_token ORDER BY i.n), '{}'),

@@ -1,7 +1,6 @@
 //! The `batch` commands: create a batch from a file of jobs, add to an
 //! open one, close it, list batches and show one with its progress.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde::Deserialize;
 
-use super::operator::{enqueued_json, enqueued_line, open, open_existing};
+use super::operator::{enqueued_json, enqueued_line, open, open_existing, read_lines};
 use super::{DbArgs, fail, fail_store};
 use crate::store::{Batch, Callbacks, EnqueueParams, Enqueued, NewBatch};
 
@@ -199,31 +198,16 @@ fn print_outcomes(outcomes: &[Enqueued], json: bool) {
 /// Every line a member; a bad line stops everything before anything is
 /// stored, naming the line.
 fn read_members(path: &Path) -> Result<Vec<EnqueueParams>, ExitCode> {
-    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        match std::fs::File::open(path) {
-            Ok(file) => Box::new(std::io::BufReader::new(file)),
-            Err(error) => return Err(fail(format!("cannot read {}: {error}", path.display()))),
-        }
-    };
-    let mut members = Vec::new();
-    for (number, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let member: MemberLine = serde_json::from_str(&line).map_err(|e| {
-            fail(format!("line {} is not a job ({{\"job\": TYPE, \"payload\": {{...}}}}): {e}", number + 1))
-        })?;
-        members.push(EnqueueParams {
+    read_lines(path, |line, number| {
+        let member: MemberLine = serde_json::from_str(line)
+            .map_err(|e| fail(format!("line {number} is not a job ({{\"job\": TYPE, \"payload\": {{...}}}}): {e}")))?;
+        Ok(EnqueueParams {
             queue: member.queue,
             priority: member.priority,
             delay_ms: member.delay.map(|d| d.as_millis() as u64),
             ..EnqueueParams::new(member.job, member.payload)
-        });
-    }
-    Ok(members)
+        })
+    })
 }
 
 async fn close(id: i64, db: &DbArgs) -> ExitCode {

@@ -5,7 +5,7 @@
 //! command, in [`super::host`]).
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,7 +192,16 @@ pub(super) fn enqueued_json(outcome: Enqueued) -> serde_json::Value {
 
 /// Every line a JSON payload; a bad line stops everything before anything
 /// is enqueued, naming the line.
-fn read_payload_lines(path: &PathBuf) -> Result<Vec<serde_json::Value>, ExitCode> {
+fn read_payload_lines(path: &Path) -> Result<Vec<serde_json::Value>, ExitCode> {
+    read_lines(path, |line, number| parse_payload(line, &format!("line {number}")))
+}
+
+/// Each non-blank line of a file ("-" for stdin) read by `parse`, given the
+/// line and its 1-based number; the first error stops the reading.
+pub(super) fn read_lines<T>(
+    path: &Path,
+    mut parse: impl FnMut(&str, usize) -> Result<T, ExitCode>,
+) -> Result<Vec<T>, ExitCode> {
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -201,15 +210,14 @@ fn read_payload_lines(path: &PathBuf) -> Result<Vec<serde_json::Value>, ExitCode
             Err(error) => return Err(fail(format!("cannot read {}: {error}", path.display()))),
         }
     };
-    let mut payloads = Vec::new();
+    let mut read = Vec::new();
     for (number, line) in reader.lines().enumerate() {
         let line = line.map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
-        if line.trim().is_empty() {
-            continue;
+        if !line.trim().is_empty() {
+            read.push(parse(&line, number + 1)?);
         }
-        payloads.push(parse_payload(&line, &format!("line {}", number + 1))?);
     }
-    Ok(payloads)
+    Ok(read)
 }
 
 #[derive(Debug, Args)]

@@ -74,6 +74,71 @@ impl WorldPre {
     }
 }
 
+/// What every earlier world shares with the current one, converted: the
+/// job context given to `run`, the error it returns, and the host imports
+/// (the current ones under the old names). `$types` and `$host` are that
+/// world's generated `types` and `host` modules.
+macro_rules! earlier_world {
+    ($types:ident, $host:ident) => {
+        impl From<wit::JobContext> for $types::JobContext {
+            fn from(ctx: wit::JobContext) -> Self {
+                $types::JobContext {
+                    job_id: ctx.job_id,
+                    attempt: ctx.attempt,
+                    queue: ctx.queue,
+                    enqueued_at_ms: ctx.enqueued_at_ms,
+                    batch_id: ctx.batch_id,
+                    concurrency_key: ctx.concurrency_key,
+                }
+            }
+        }
+
+        impl From<$types::JobError> for wit::JobError {
+            fn from(error: $types::JobError) -> Self {
+                match error {
+                    $types::JobError::Retry(reason) => wit::JobError::Retry(reason),
+                    $types::JobError::Fail(reason) => wit::JobError::Fail(reason),
+                    $types::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
+                }
+            }
+        }
+
+        impl $types::Host for SandboxState {}
+
+        impl $host::Host for SandboxState {
+            fn log(&mut self, level: $host::Level, message: String) -> wasmtime::Result<()> {
+                let level = match level {
+                    $host::Level::Trace => Level::Trace,
+                    $host::Level::Debug => Level::Debug,
+                    $host::Level::Info => Level::Info,
+                    $host::Level::Warn => Level::Warn,
+                    $host::Level::Error => Level::Error,
+                };
+                bindings::jobhost::job::host::Host::log(self, level, message)
+            }
+
+            fn heartbeat(&mut self) -> wasmtime::Result<()> {
+                bindings::jobhost::job::host::Host::heartbeat(self)
+            }
+
+            fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
+                bindings::jobhost::job::host::Host::progress(self, done, total)
+            }
+
+            async fn enqueue(
+                &mut self,
+                job: String,
+                payload: String,
+                options: $host::EnqueueOptions,
+            ) -> wasmtime::Result<Result<(), String>> {
+                let (queue, priority, delay_ms) = (options.queue, options.priority, options.delay_ms);
+                let options = EnqueueOptions { queue, priority, delay_ms };
+                bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await
+            }
+        }
+    };
+}
+
 use v0_1::jobhost::job::host as old_host;
 use v0_1::jobhost::job::types as old;
 
@@ -110,61 +175,7 @@ impl From<old::JobConfig> for wit::JobConfig {
     }
 }
 
-impl From<wit::JobContext> for old::JobContext {
-    fn from(ctx: wit::JobContext) -> Self {
-        old::JobContext {
-            job_id: ctx.job_id,
-            attempt: ctx.attempt,
-            queue: ctx.queue,
-            enqueued_at_ms: ctx.enqueued_at_ms,
-            batch_id: ctx.batch_id,
-            concurrency_key: ctx.concurrency_key,
-        }
-    }
-}
-
-impl From<old::JobError> for wit::JobError {
-    fn from(error: old::JobError) -> Self {
-        match error {
-            old::JobError::Retry(reason) => wit::JobError::Retry(reason),
-            old::JobError::Fail(reason) => wit::JobError::Fail(reason),
-            old::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
-        }
-    }
-}
-
-impl old::Host for SandboxState {}
-
-impl old_host::Host for SandboxState {
-    fn log(&mut self, level: old_host::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            old_host::Level::Trace => Level::Trace,
-            old_host::Level::Debug => Level::Debug,
-            old_host::Level::Info => Level::Info,
-            old_host::Level::Warn => Level::Warn,
-            old_host::Level::Error => Level::Error,
-        };
-        bindings::jobhost::job::host::Host::log(self, level, message)
-    }
-
-    fn heartbeat(&mut self) -> wasmtime::Result<()> {
-        bindings::jobhost::job::host::Host::heartbeat(self)
-    }
-
-    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
-        bindings::jobhost::job::host::Host::progress(self, done, total)
-    }
-
-    async fn enqueue(
-        &mut self,
-        job: String,
-        payload: String,
-        options: old_host::EnqueueOptions,
-    ) -> wasmtime::Result<Result<(), String>> {
-        let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
-        bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await
-    }
-}
+earlier_world!(old, old_host);
 
 use v0_2::jobhost::job::host as v2_host;
 use v0_2::jobhost::job::types as v2;
@@ -211,58 +222,4 @@ impl From<v2::JobConfig> for wit::JobConfig {
     }
 }
 
-impl From<wit::JobContext> for v2::JobContext {
-    fn from(ctx: wit::JobContext) -> Self {
-        v2::JobContext {
-            job_id: ctx.job_id,
-            attempt: ctx.attempt,
-            queue: ctx.queue,
-            enqueued_at_ms: ctx.enqueued_at_ms,
-            batch_id: ctx.batch_id,
-            concurrency_key: ctx.concurrency_key,
-        }
-    }
-}
-
-impl From<v2::JobError> for wit::JobError {
-    fn from(error: v2::JobError) -> Self {
-        match error {
-            v2::JobError::Retry(reason) => wit::JobError::Retry(reason),
-            v2::JobError::Fail(reason) => wit::JobError::Fail(reason),
-            v2::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
-        }
-    }
-}
-
-impl v2::Host for SandboxState {}
-
-impl v2_host::Host for SandboxState {
-    fn log(&mut self, level: v2_host::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            v2_host::Level::Trace => Level::Trace,
-            v2_host::Level::Debug => Level::Debug,
-            v2_host::Level::Info => Level::Info,
-            v2_host::Level::Warn => Level::Warn,
-            v2_host::Level::Error => Level::Error,
-        };
-        bindings::jobhost::job::host::Host::log(self, level, message)
-    }
-
-    fn heartbeat(&mut self) -> wasmtime::Result<()> {
-        bindings::jobhost::job::host::Host::heartbeat(self)
-    }
-
-    fn progress(&mut self, done: u64, total: u64) -> wasmtime::Result<()> {
-        bindings::jobhost::job::host::Host::progress(self, done, total)
-    }
-
-    async fn enqueue(
-        &mut self,
-        job: String,
-        payload: String,
-        options: v2_host::EnqueueOptions,
-    ) -> wasmtime::Result<Result<(), String>> {
-        let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
-        bindings::jobhost::job::host::Host::enqueue(self, job, payload, options).await
-    }
-}
+earlier_world!(v2, v2_host);
