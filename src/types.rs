@@ -304,6 +304,9 @@ pub enum ChildBatch {
     Opened(u32),
 }
 
+/// The longest batch label, in bytes, however the batch is created.
+pub const MAX_BATCH_LABEL_BYTES: usize = 256;
+
 /// A batch a running job opens, created with the job's completion, closed,
 /// with the children the run added to it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -593,10 +593,8 @@ async fn an_open_transaction_on_a_batch_holds_back_only_its_members_results() {
         .await
         .expect("the plan did not wait for the batch's lock")
         .unwrap();
-    let expected: Vec<_> = runs
-        .iter()
-        .map(|r| if r.batch_id == Some(id) { FinishResult::Deferred } else { FinishResult::Done })
-        .collect();
+    let expected: Vec<_> =
+        runs.iter().map(|r| if r.batch_id == Some(id) { FinishResult::Deferred } else { FinishResult::Done }).collect();
     assert_eq!(written, expected, "only the member's result waits");
     application.commit().await.unwrap();
     let member = runs.iter().find(|r| r.batch_id == Some(id)).unwrap();

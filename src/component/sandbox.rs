@@ -17,7 +17,9 @@ use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
 use crate::component::world::WorldPre;
-use crate::types::{BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, RunEffects, RunOutcome, tail};
+use crate::types::{
+    BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
+};
 
 /// Longest message kept from one `log` call.
 const LOG_MESSAGE_LIMIT: usize = 4 << 10;
@@ -29,8 +31,6 @@ const HOST_LOG_BYTES_PER_RUN: usize = 64 << 10;
 const CHILD_LIMIT: usize = 10_000;
 /// Most batches one run may open.
 const BATCH_LIMIT: usize = 16;
-/// The longest batch label, in bytes.
-const BATCH_LABEL_BYTES: usize = 256;
 /// Stderr kept in a trap's message: enough for a panic message.
 const TRAP_STDERR_TAIL: usize = 2 << 10;
 /// What one table element costs the host, counted against the memory cap:
@@ -518,8 +518,8 @@ impl SandboxState {
         if self.effects.batches.len() >= BATCH_LIMIT {
             return Err(format!("a run may open at most {BATCH_LIMIT} batches"));
         }
-        if options.label.as_ref().is_some_and(|l| l.len() > BATCH_LABEL_BYTES) {
-            return Err(format!("a batch's label is at most {BATCH_LABEL_BYTES} bytes"));
+        if options.label.as_ref().is_some_and(|l| l.len() > MAX_BATCH_LABEL_BYTES) {
+            return Err(format!("a batch's label is at most {MAX_BATCH_LABEL_BYTES} bytes"));
         }
         for callback in [&options.on_finish, &options.on_success, &options.on_failure].into_iter().flatten() {
             metadata::check_name(callback).map_err(|reason| format!("callback job name {reason}"))?;

@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_registered};
 use super::job::{EnqueueParams, Enqueued};
 use super::{Backend, Error, Result};
+use crate::types::MAX_BATCH_LABEL_BYTES;
 
 /// A batch to create, as its creator asks for it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -194,9 +195,6 @@ pub struct PreparedBatch {
     pub members: Vec<PreparedJob>,
 }
 
-/// The longest label, in bytes.
-pub const MAX_LABEL_BYTES: usize = 256;
-
 /// Creates a batch with its first members, all or none: checks the
 /// callbacks (registered types whose keys render from the callback payload)
 /// and prepares the members as any enqueue. Returns the batch's id and what
@@ -218,8 +216,8 @@ pub(crate) async fn create(
             member.batch_id.unwrap_or_default()
         )));
     }
-    if batch.label.as_ref().is_some_and(|l| l.len() > MAX_LABEL_BYTES) {
-        return Err(Error::InvalidEnqueue(format!("a batch's label is at most {MAX_LABEL_BYTES} bytes")));
+    if batch.label.as_ref().is_some_and(|l| l.len() > MAX_BATCH_LABEL_BYTES) {
+        return Err(Error::InvalidEnqueue(format!("a batch's label is at most {MAX_BATCH_LABEL_BYTES} bytes")));
     }
     let names = job_names(members.iter().map(|m| m.job.as_str()).chain(batch.callbacks.named().iter().map(|c| c.1)));
     let configs = backend.configs_read(&names).await?;
