@@ -87,7 +87,11 @@ async fn one_bad_row_never_stalls_a_sweep(db: TestDb) {
     let later = Utc::now() + chrono::Duration::hours(2);
     let maintenance = jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap();
     let report = maintenance.run_once(Some(later)).await.expect("no sweep fails for one row");
-    assert_eq!(report.quarantined, 2, "{report:?}");
+    let mut states = Vec::new();
+    for id in [bad_due, good_due, limited_due, bad_running, good_running, blocked] {
+        states.push((id, state_of(&db, id).await));
+    }
+    assert_eq!(report.quarantined, 2, "{report:?}; jobs now: {states:?}");
     assert_eq!((report.promoted, report.requeued, report.repaired), (2, 1, 1), "{report:?}");
     for id in [good_due, limited_due, good_running, blocked] {
         assert_eq!(state_of(&db, id).await, JobState::Available, "job {id} was processed");
