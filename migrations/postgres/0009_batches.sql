@@ -387,14 +387,16 @@ END;
 $$;
 
 -- jobhost.finish_runs_unless_locked (first in 0005_fault_tolerance), now
--- also leaving out the runs whose batch row another transaction holds (an
--- application's open transaction adding to that batch, an operator's `batch
--- add`), as it does for keys: one batch's lock never holds back a whole
--- plan of results. `keyed_ids` (the parameter keeps its first name) are
--- now the runs holding a key or in a batch. Locks, in this order (a result's order; an enqueue takes them in
--- the same): the runs' semaphores in key order, then their batch rows in id
--- order, SKIP LOCKED; they stay locked until commit, for the release and
--- the counting finish_runs does.
+-- also leaving out the runs whose batch row another transaction holds for
+-- longer than a moment (an application's open transaction adding to that
+-- batch, an operator's `batch add`), as it does for keys: one batch's lock
+-- never holds back a whole plan of results. `keyed_ids` (the parameter
+-- keeps its first name) are now the runs holding a key or in a batch.
+-- Locks, in this order (a result's order; an enqueue takes them in the
+-- same): the runs' semaphores in key order, SKIP LOCKED; then their batch
+-- rows in id order, waiting up to 50 ms (another host's result holds one
+-- for a moment) and then SKIP LOCKED; all stay locked until commit, for the
+-- release and the counting finish_runs does.
 CREATE OR REPLACE FUNCTION jobhost.finish_runs_unless_locked(
     keyed_ids bigint[], keyed_tokens bigint[],
     archive_ids bigint[], archive_tokens bigint[], archive_states text[], outputs jsonb[], archive_errors jsonb[],
@@ -416,6 +418,7 @@ DECLARE
     batched bigint[];
     batch_ids bigint[];
     batches_locked bigint[] := '{}';
+    previous_timeout text;
     held_back bigint[] := '{}';
 BEGIN
     IF cardinality(keyed_ids) > 0 THEN
@@ -437,12 +440,24 @@ BEGIN
             ) l;
         END IF;
         IF cardinality(batch_ids) > 0 THEN
-            SELECT coalesce(array_agg(l.id), '{}') INTO batches_locked FROM (
-                SELECT b.id FROM jobhost.batches b
-                WHERE b.id = ANY(batch_ids)
-                ORDER BY b.id
-                FOR UPDATE OF b SKIP LOCKED
-            ) l;
+            -- Another host's result holds a batch's row for a moment: wait
+            -- for it, briefly. Only a lock held longer (an application's
+            -- open transaction) defers results: a deferred result costs a
+            -- second write, and members of one batch end on many hosts at once.
+            previous_timeout := current_setting('lock_timeout');
+            BEGIN
+                PERFORM set_config('lock_timeout', '50ms', true);
+                PERFORM 1 FROM jobhost.batches b WHERE b.id = ANY(batch_ids) ORDER BY b.id FOR UPDATE;
+                batches_locked := batch_ids;
+            EXCEPTION WHEN lock_not_available THEN
+                SELECT coalesce(array_agg(l.id), '{}') INTO batches_locked FROM (
+                    SELECT b.id FROM jobhost.batches b
+                    WHERE b.id = ANY(batch_ids)
+                    ORDER BY b.id
+                    FOR UPDATE OF b SKIP LOCKED
+                ) l;
+            END;
+            PERFORM set_config('lock_timeout', previous_timeout, true);
         END IF;
         -- Usually every key and batch was free: nothing more to read.
         IF cardinality(keys_locked) < cardinality(keyed) OR cardinality(batches_locked) < cardinality(batch_ids) THEN
