@@ -180,6 +180,73 @@ impl Batch {
     }
 }
 
+/// A batch's stored columns and what is read from its live members, as a
+/// backend reads them: [`Batch::from`] derives the rest.
+#[derive(Debug)]
+pub struct StoredBatch {
+    /// Its id.
+    pub id: i64,
+    /// Its label.
+    pub label: Option<String>,
+    /// Members stored, and the endings counted.
+    pub total: i64,
+    /// Ended successfully.
+    pub completed: i64,
+    /// Failed after their last attempt.
+    pub failed: i64,
+    /// Discarded by their limit.
+    pub discarded: i64,
+    /// Cancelled.
+    pub cancelled: i64,
+    /// Members leased to a host now.
+    pub running: i64,
+    /// The sum of the live members' reported fractions of work done.
+    pub live_done: f64,
+    /// Its callbacks.
+    pub callbacks: Callbacks,
+    /// What each callback's payload starts from.
+    pub callback_payload: serde_json::Value,
+    /// The jobs the fired callbacks became.
+    pub callback_jobs: BTreeMap<String, i64>,
+    /// Callbacks refused, with the reason.
+    pub callback_errors: BTreeMap<String, String>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was closed.
+    pub closed_at: Option<DateTime<Utc>>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl From<StoredBatch> for Batch {
+    fn from(stored: StoredBatch) -> Batch {
+        let mut counts = BatchCounts {
+            total: stored.total,
+            pending: 0,
+            running: stored.running,
+            completed: stored.completed,
+            failed: stored.failed,
+            discarded: stored.discarded,
+            cancelled: stored.cancelled,
+        };
+        counts.pending = (counts.total - counts.ended() - counts.running).max(0);
+        Batch {
+            id: stored.id,
+            label: stored.label,
+            state: Batch::state_of(stored.closed_at.is_some(), stored.finished_at.is_some(), &counts),
+            progress: Batch::progress_of(&counts, stored.live_done),
+            counts,
+            callbacks: stored.callbacks,
+            callback_payload: stored.callback_payload,
+            callback_jobs: stored.callback_jobs,
+            callback_errors: stored.callback_errors,
+            created_at: stored.created_at,
+            closed_at: stored.closed_at,
+            finished_at: stored.finished_at,
+        }
+    }
+}
+
 /// A new batch with its first members, checked and prepared.
 #[derive(Debug, Clone)]
 pub struct PreparedBatch {

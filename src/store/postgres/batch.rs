@@ -9,7 +9,7 @@ use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::store::batch::{Batch, BatchCounts, Callbacks, PreparedBatch};
+use crate::store::batch::{Batch, Callbacks, PreparedBatch, StoredBatch};
 use crate::store::{Enqueued, Error, PreparedJob, Result};
 
 /// Counts the batch members among `jobs`, inserted and past the gate, into
@@ -71,30 +71,16 @@ pub async fn list(pool: &PgPool, id: Option<i64>, limit: i64) -> Result<Vec<Batc
 }
 
 fn batch_of(row: &PgRow) -> Result<Batch> {
-    let ended = |name: &str| row.try_get::<i64, _>(name);
-    let total: i64 = row.try_get("total")?;
-    let running: i64 = row.try_get("running")?;
-    let (completed, failed, discarded, cancelled) =
-        (ended("completed")?, ended("failed")?, ended("discarded")?, ended("cancelled")?);
-    let ended_all = completed + failed + discarded + cancelled;
-    let counts = BatchCounts {
-        total,
-        pending: (total - ended_all - running).max(0),
-        running,
-        completed,
-        failed,
-        discarded,
-        cancelled,
-    };
-    let closed_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("closed_at")?;
-    let finished_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("finished_at")?;
-    let live_done: f64 = row.try_get("live_done")?;
-    Ok(Batch {
+    Ok(Batch::from(StoredBatch {
         id: row.try_get("id")?,
         label: row.try_get("label")?,
-        state: Batch::state_of(closed_at.is_some(), finished_at.is_some(), &counts),
-        progress: Batch::progress_of(&counts, live_done),
-        counts,
+        total: row.try_get("total")?,
+        completed: row.try_get("completed")?,
+        failed: row.try_get("failed")?,
+        discarded: row.try_get("discarded")?,
+        cancelled: row.try_get("cancelled")?,
+        running: row.try_get("running")?,
+        live_done: row.try_get("live_done")?,
         callbacks: Callbacks {
             on_finish: row.try_get("on_finish")?,
             on_success: row.try_get("on_success")?,
@@ -104,7 +90,7 @@ fn batch_of(row: &PgRow) -> Result<Batch> {
         callback_jobs: row.try_get::<Json<BTreeMap<String, i64>>, _>("callback_jobs")?.0,
         callback_errors: row.try_get::<Json<BTreeMap<String, String>>, _>("callback_errors")?.0,
         created_at: row.try_get("created_at")?,
-        closed_at,
-        finished_at,
-    })
+        closed_at: row.try_get("closed_at")?,
+        finished_at: row.try_get("finished_at")?,
+    }))
 }

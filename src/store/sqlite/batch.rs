@@ -13,7 +13,7 @@ use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::time_of;
-use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, settle_callbacks};
+use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, StoredBatch, settle_callbacks};
 use crate::store::enqueue::{Configs, job_names};
 use crate::store::{EnqueueLimits, Enqueued, Error, PreparedJob, Result};
 
@@ -245,27 +245,17 @@ pub async fn list(pool: &SqlitePool, id: Option<i64>, limit: i64) -> Result<Vec<
 }
 
 fn batch_of(row: &SqliteRow) -> Result<Batch> {
-    let total: i64 = row.try_get("total")?;
-    let running: i64 = row.try_get("running")?;
-    let mut counts = BatchCounts {
-        total,
-        running,
+    let time = |column: &str| row.try_get::<Option<i64>, _>(column).map(|ms| ms.map(time_of));
+    Ok(Batch::from(StoredBatch {
+        id: row.try_get("id")?,
+        label: row.try_get("label")?,
+        total: row.try_get("total")?,
         completed: row.try_get("completed")?,
         failed: row.try_get("failed")?,
         discarded: row.try_get("discarded")?,
         cancelled: row.try_get("cancelled")?,
-        pending: 0,
-    };
-    counts.pending = (total - counts.ended() - running).max(0);
-    let closed_at: Option<i64> = row.try_get("closed_at")?;
-    let finished_at: Option<i64> = row.try_get("finished_at")?;
-    let live_done: f64 = row.try_get::<Option<f64>, _>("live_done")?.unwrap_or(0.0);
-    Ok(Batch {
-        id: row.try_get("id")?,
-        label: row.try_get("label")?,
-        state: Batch::state_of(closed_at.is_some(), finished_at.is_some(), &counts),
-        progress: Batch::progress_of(&counts, live_done),
-        counts,
+        running: row.try_get("running")?,
+        live_done: row.try_get::<Option<f64>, _>("live_done")?.unwrap_or(0.0),
         callbacks: Callbacks {
             on_finish: row.try_get("on_finish")?,
             on_success: row.try_get("on_success")?,
@@ -275,9 +265,9 @@ fn batch_of(row: &SqliteRow) -> Result<Batch> {
         callback_jobs: row.try_get::<Json<BTreeMap<String, i64>>, _>("callback_jobs")?.0,
         callback_errors: row.try_get::<Json<BTreeMap<String, String>>, _>("callback_errors")?.0,
         created_at: time_of(row.try_get("created_at")?),
-        closed_at: closed_at.map(time_of),
-        finished_at: finished_at.map(time_of),
-    })
+        closed_at: time("closed_at")?,
+        finished_at: time("finished_at")?,
+    }))
 }
 
 /// Deletes batches that finished before `cutoff`, at most `limit`: with the
