@@ -37,6 +37,8 @@ pub struct HostConfig {
     /// What an enqueue may carry: the children of this host's runs, checked
     /// at the guest's call and again when written.
     pub limits: EnqueueLimits,
+    /// The HTTP API, dashboard and metrics, served from this host if set.
+    pub http: Option<crate::http::HttpConfig>,
 }
 
 /// Why a host could not start.
@@ -54,6 +56,9 @@ pub enum HostError {
     /// The database could not be used.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
+    /// The HTTP server could not start.
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
     /// A background task panicked; the host stopped rather than run on
     /// with part of its job silently stopped.
     #[error(transparent)]
@@ -113,9 +118,18 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let stop = shutdown.child_token();
     let supervisor = Supervisor::new(stop.clone());
     let background = CancellationToken::new();
+    let metrics = crate::metrics::Metrics::default();
+    let serving = match &config.http {
+        Some(http) => {
+            let server = crate::http::Server::bind(http, store.clone(), metrics.clone()).await?;
+            tracing::info!(address = %server.local_addr(), "serving the HTTP API, dashboard and metrics");
+            Some(supervisor.spawn("http", server.serve(background.clone())))
+        }
+        None => None,
+    };
     let watching = supervisor.spawn("watcher", watcher.run(background.clone()));
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
-    let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?;
+    let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?.with_metrics(metrics.clone());
     let sweeping = supervisor.spawn("maintenance", maintenance.run(background.clone()));
     // Stops with the worker: a host shutting down enqueues no more ticks.
     let scheduler = Scheduler::new(store.clone(), config.schedules.clone())?;
@@ -125,12 +139,17 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
         known.refresh_loop(store.clone(), config.worker.heartbeat_interval, background.clone()),
     );
 
-    let worker = Worker::new(store, runtime, registry, config.worker.clone())?.with_supervisor(supervisor.clone());
+    let worker = Worker::new(store, runtime, registry, config.worker.clone())?
+        .with_supervisor(supervisor.clone())
+        .with_metrics(metrics);
     tracing::info!(host_id = worker.host_id(), "worker running");
     worker.run(stop).await;
 
     background.cancel();
     let _ = tokio::join!(watching, registering, sweeping, scheduling, refreshing);
+    if let Some(serving) = serving {
+        let _ = serving.await;
+    }
     if let Some(panic) = supervisor.failure() {
         tracing::error!(%panic, "host stopped after a task panicked");
         return Err(HostError::TaskPanicked(panic));

@@ -18,6 +18,8 @@
 //!   file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
+//! - [`http`]: the JSON API, the dashboard and `/metrics`; [`metrics`]:
+//!   what this process counts for them.
 //! - [`scheduler`]: the schedule loop, enqueueing each due tick's job once.
 //! - [`registration`]: job types recorded in the database as components load.
 //! - [`supervisor`]: background tasks whose panic stops the host.
@@ -31,7 +33,9 @@ pub mod client;
 pub mod component;
 pub mod config;
 pub mod host;
+pub mod http;
 pub mod maintenance;
+pub mod metrics;
 pub mod registration;
 pub mod schedule;
 pub mod scheduler;

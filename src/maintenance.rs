@@ -109,6 +109,7 @@ const ISOLATE_BATCH: i64 = 1_000;
 pub struct Maintenance {
     store: Arc<dyn Store>,
     config: MaintenanceConfig,
+    metrics: crate::metrics::Metrics,
 }
 
 impl Maintenance {
@@ -118,7 +119,12 @@ impl Maintenance {
     /// Invalid settings.
     pub fn new(store: Arc<dyn Store>, config: MaintenanceConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        Ok(Maintenance { store, config })
+        Ok(Maintenance { store, config, metrics: crate::metrics::Metrics::default() })
+    }
+
+    /// Counts the leases its sweeps expire in `metrics`.
+    pub fn with_metrics(self, metrics: crate::metrics::Metrics) -> Self {
+        Maintenance { metrics, ..self }
     }
 
     /// One pass of every sweep, the semaphore repair included. `now`
@@ -197,11 +203,16 @@ impl Maintenance {
         let store = self.store.clone();
         let whole = async { self.store.lease_expire(now).await.map(report) };
         let ids = self.store.lease_expired_ids(now, ISOLATE_BATCH);
-        self.sweep_isolating("rescuing its expired lease", whole, ids, move |ids| {
-            let store = store.clone();
-            async move { store.lease_expire_ids(now, &ids).await.map(report) }
-        })
-        .await
+        let expired = self
+            .sweep_isolating("rescuing its expired lease", whole, ids, move |ids| {
+                let store = store.clone();
+                async move { store.lease_expire_ids(now, &ids).await.map(report) }
+            })
+            .await;
+        if let Ok(pass) = &expired {
+            self.metrics.leases_expired(pass.requeued, pass.failed);
+        }
+        expired
     }
 
     /// Runs a set-based sweep (`whole`); when the database refuses it, reads

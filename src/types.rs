@@ -535,6 +535,10 @@ pub struct RunReport {
     pub effects: RunEffects,
     /// Wall time from entering the sandbox to leaving it.
     pub elapsed_us: u64,
+    /// Of that, the time to instantiate the component (none when it did not
+    /// instantiate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instantiate_us: Option<u64>,
 }
 
 #[cfg(test)]

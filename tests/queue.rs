@@ -410,7 +410,7 @@ async fn operators_retry_cancel_list_and_prune(db: TestDb) {
     assert!(error.to_string().contains("is cancelled"), "{error}");
     let cancelled = db
         .store
-        .job_list(&JobFilter { state: Some(JobState::Cancelled), job: None, batch_id: None, limit: 10 })
+        .job_list(&JobFilter { state: Some(JobState::Cancelled), limit: 10, ..JobFilter::default() })
         .await
         .unwrap();
     assert_eq!(cancelled.iter().map(|r| r.id).collect::<Vec<_>>(), [ids[0]]);
@@ -633,7 +633,7 @@ async fn a_result_the_database_refuses_fails_its_job_without_holding_back_others
     client.enqueue_many(&jobs).await.unwrap();
     eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 8 }).await;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 7);
-    let failed = JobFilter { state: Some(JobState::Failed), job: None, batch_id: None, limit: 10 };
+    let failed = JobFilter { state: Some(JobState::Failed), limit: 10, ..JobFilter::default() };
     let error = db.store.job_list(&failed).await.unwrap().remove(0).error.unwrap();
     assert!(error.contains("could not be stored") && error.contains("poisoned result"), "{error}");
     host.stop().await;

@@ -55,6 +55,12 @@ pub struct RunArgs {
     /// Do not apply migrations at start.
     #[arg(long)]
     no_migrate: bool,
+    /// Also serve the HTTP API, dashboard and metrics on this address
+    /// (e.g. 127.0.0.1:8080), as `jobhost serve` does.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    token: super::serve::TokenArgs,
     #[command(flatten)]
     runtime: RuntimeArgs,
 }
@@ -84,9 +90,20 @@ pub async fn run(args: RunArgs) -> ExitCode {
         },
         schedules: Default::default(),
         limits,
+        http: args.http.map(|listen| args.token.http_config(listen, limits)),
     };
     let shutdown = CancellationToken::new();
-    let trigger = shutdown.clone();
+    stop_on_signals(shutdown.clone());
+    match crate::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
+}
+
+/// Cancels `shutdown` at the first SIGINT or SIGTERM, and exits at once at
+/// the second.
+pub(super) fn stop_on_signals(shutdown: CancellationToken) {
+    let trigger = shutdown;
     tokio::spawn(async move {
         let mut signals = match Signals::new() {
             Ok(signals) => signals,
@@ -105,10 +122,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
         eprintln!("error: stopped by a second signal before the graceful shutdown ended");
         std::process::exit(FORCED_EXIT);
     });
-    match crate::run(config, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => fail(error),
-    }
 }
 
 /// The exit code of a host stopped by a second signal: 128 + SIGINT, as a

@@ -15,6 +15,7 @@ mod batch;
 mod components;
 mod host;
 mod operator;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,9 @@ impl Cli {
 enum Command {
     /// Run a host: serve the components in a directory from the database's queues.
     Run(host::RunArgs),
+    /// Serve the HTTP API, the dashboard and Prometheus metrics, without
+    /// running jobs (`run --http` serves them from a worker host).
+    Serve(serve::ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DbArgs),
     /// Enqueue a job (or, with --file, one job per line of JSON payloads); prints the ids.
@@ -264,6 +268,7 @@ pub fn main(cli: Cli) -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => host::run(args).await,
+            Command::Serve(args) => serve::serve(args).await,
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,
             Command::Jobs(args) => operator::jobs(args).await,

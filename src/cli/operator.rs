@@ -253,7 +253,8 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
         Ok(store) => store,
         Err(code) => return code,
     };
-    let filter = JobFilter { state: args.state, job: args.job, batch_id: args.batch, limit: args.limit };
+    let filter =
+        JobFilter { state: args.state, job: args.job, batch_id: args.batch, limit: args.limit, ..JobFilter::default() };
     let rows = match store.job_list(&filter).await {
         Ok(rows) => rows,
         Err(error) => return fail(error),

@@ -271,7 +271,8 @@ impl Runtime {
             CallEnd::Abandoned => RunOutcome::Crashed { crash: sandbox::abandoned_crash(store.data()) },
         };
         let effects = sandbox::take_effects(store.data_mut());
-        RunReport { outcome, effects, elapsed_us: started.elapsed().as_micros() as u64 }
+        let instantiate_us = store.data().instantiated_at().map(|at| at.duration_since(started).as_micros() as u64);
+        RunReport { outcome, effects, elapsed_us: started.elapsed().as_micros() as u64, instantiate_us }
     }
 }
 

@@ -87,6 +87,8 @@ pub struct SandboxState {
     budget: RunBudget,
     /// Bytes of log lines echoed into the host's log so far.
     host_log_bytes: usize,
+    /// When the component finished instantiating, for the run's report.
+    instantiated_at: Option<std::time::Instant>,
 }
 
 /// A child job a guest asks to enqueue, as the [`ChildCheck`] sees it.
@@ -242,6 +244,7 @@ pub fn new_store(
         child_keys: ChildKeyCounts::default(),
         budget,
         host_log_bytes: 0,
+        instantiated_at: None,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
@@ -484,6 +487,16 @@ impl SandboxState {
     /// may then add to it.
     pub fn set_in_batch(&mut self, in_batch: bool) {
         self.in_batch = in_batch;
+    }
+
+    /// Notes that the component has been instantiated: the guest's code runs from now.
+    pub fn note_instantiated(&mut self) {
+        self.instantiated_at = Some(std::time::Instant::now());
+    }
+
+    /// When the component finished instantiating, if it did.
+    pub fn instantiated_at(&self) -> Option<std::time::Instant> {
+        self.instantiated_at
     }
 
     /// A child, checked on the run's own terms and then by the fleet's

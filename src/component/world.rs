@@ -58,15 +58,19 @@ impl WorldPre {
     ) -> wasmtime::Result<Result<Option<String>, wit::JobError>> {
         match self {
             WorldPre::Current(pre) => {
-                pre.instantiate_async(&mut *store).await?.call_run(&mut *store, context, payload).await
+                let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
+                job.call_run(&mut *store, context, payload).await
             }
             WorldPre::V0_2(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
                 let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
                 Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_1(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
                 let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
                 Ok(returned.map_err(Into::into))
             }

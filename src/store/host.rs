@@ -144,6 +144,61 @@ pub fn fleet_warnings(rows: Vec<HostHealthRow>) -> (Vec<WatcherDown>, Vec<MixedC
     (watchers_down, mixed)
 }
 
+/// A host as operators see it: who it is, what it serves, and whether it
+/// is alive by its own heartbeat.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HostRow {
+    /// The host's id.
+    pub id: String,
+    /// The machine's name.
+    pub hostname: String,
+    /// The process id.
+    pub pid: i64,
+    /// The jobhost version it runs.
+    pub version: String,
+    /// The job types it has loaded and fetches.
+    pub job_types: Vec<String>,
+    /// Job type → digest of the component serving it there.
+    pub digests: BTreeMap<String, String>,
+    /// Why its directory watcher is down, if it is.
+    pub watcher_error: Option<String>,
+    /// How often it renews its row, in milliseconds.
+    pub heartbeat_ms: i64,
+    /// When it started.
+    #[serde(serialize_with = "super::timestamp::serialize")]
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Seconds since it last renewed its row.
+    pub silent_secs: f64,
+    /// Whether it renewed its row within [`MISSED_HEARTBEATS`] of its interval.
+    pub alive: bool,
+}
+
+impl HostRow {
+    /// Whether it is alive, judged by its own heartbeat.
+    pub fn judged(self) -> HostRow {
+        HostRow { alive: is_alive(self.silent_secs, self.heartbeat_ms), silent_secs: self.silent_secs.max(0.0), ..self }
+    }
+}
+
+/// A registered job type: the configuration its latest loaded component
+/// declared, which every enqueuer applies.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobTypeRow {
+    /// The job type.
+    pub name: String,
+    /// The declared configuration; `None` when the stored one cannot be
+    /// read (see `config_error`).
+    pub config: Option<crate::types::JobConfig>,
+    /// Why the stored configuration cannot be read: enqueues of this type
+    /// are refused until a component registers it again.
+    pub config_error: Option<String>,
+    /// The digest of the component that declared it.
+    pub digest: String,
+    /// When it was last registered with a different component.
+    #[serde(serialize_with = "super::timestamp::serialize")]
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// A few random bits so a restarted process with a recycled pid gets a new id.
 fn rand_suffix() -> u32 {
     use std::hash::{BuildHasher, Hasher};
@@ -166,6 +221,23 @@ pub fn decode_configs(
             Err(e) => Err(super::Error::CorruptJobType { name, reason: e.to_string() }),
         })
         .collect()
+}
+
+/// Job type rows from (name, stored configuration, digest, updated) rows:
+/// one whose configuration cannot be read is listed with the reason, so
+/// one bad row hides none of the others.
+pub fn job_type_rows(
+    rows: impl Iterator<Item = (String, serde_json::Value, String, chrono::DateTime<chrono::Utc>)>,
+) -> super::Result<Vec<JobTypeRow>> {
+    Ok(rows
+        .map(|(name, config, digest, updated_at)| {
+            let (config, config_error) = match serde_json::from_value(config) {
+                Ok(config) => (Some(config), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            JobTypeRow { name, config, config_error, digest, updated_at }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -300,15 +300,27 @@ pub enum LockedKeys {
     Defer,
 }
 
-/// Which jobs to list.
-#[derive(Debug, Clone, Default)]
+/// Which jobs to list, newest (highest id) first. Every field narrows.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobFilter {
     /// Only this state.
     pub state: Option<JobState>,
     /// Only this job type.
     pub job: Option<String>,
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// Only jobs with this rendered concurrency key.
+    pub concurrency_key: Option<String>,
     /// Only members of this batch.
     pub batch_id: Option<i64>,
+    /// Only jobs enqueued at or after this time.
+    pub enqueued_since: Option<DateTime<Utc>>,
+    /// Only jobs enqueued before this time.
+    pub enqueued_before: Option<DateTime<Utc>>,
+    /// Only jobs with an id below this one: the cursor of the next page,
+    /// the last id of the page before. Ids never change, so a page never
+    /// repeats or skips a job that existed when the first was read.
+    pub before_id: Option<i64>,
     /// At most this many.
     pub limit: i64,
 }

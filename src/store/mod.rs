@@ -39,7 +39,7 @@ pub use batch::{Batch, BatchCounts, BatchState, Callbacks, NewBatch};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
-pub use host::HostInfo;
+pub use host::{HostInfo, HostRow, JobTypeRow};
 pub use job::{
     Cancel, EnqueueParams, Enqueued, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
     JobFilter, JobRow, JobState, LockedKeys, Stats,
@@ -260,6 +260,9 @@ const SQLITE_NOT_REFUSALS: [i32; 12] = [SQLITE_BUSY, SQLITE_LOCKED, 7, 8, 9, 10,
 /// (shutdown), system error (I/O), internal error.
 const SQLSTATE_CLASSES_NOT_REFUSALS: [&str; 6] = ["08", "40", "53", "57", "58", "XX"];
 
+/// The reason of an [`Error::JobState`] for a job id that is nowhere.
+pub const NO_SUCH_JOB: &str = "does not exist";
+
 /// The database used when none is named: an embedded file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://jobhost.db";
 
@@ -346,6 +349,16 @@ pub trait Store: Backend + 'static {
 
     /// Adds or refreshes this host's row (fleet membership, job types served).
     async fn host_upsert(&self, host: &HostInfo) -> Result<()>;
+
+    /// Every host's row, alive or presumed dead (until pruned), by id.
+    async fn host_list(&self) -> Result<Vec<HostRow>>;
+
+    /// Every registered job type with the configuration it declared, by name.
+    async fn job_types_list(&self) -> Result<Vec<JobTypeRow>>;
+
+    /// How many jobs ended within the last `secs` seconds, by final state:
+    /// the throughput operators watch.
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>>;
 
     /// Removes this host's row at shutdown.
     async fn host_remove(&self, host_id: &str) -> Result<()>;

@@ -224,6 +224,7 @@ pub struct Heartbeat<H> {
     /// renewed, so the rest of the fleet runs this host's jobs.
     pub health: WriteHealth,
     pub config: WorkerConfig,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Renews leases and the host's row every heartbeat, until `shutdown`. Each
@@ -231,7 +232,7 @@ pub struct Heartbeat<H> {
 /// is abandoned (the fence task stops what it must meanwhile) and the next
 /// heartbeat sends a fresh one.
 pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, shutdown: CancellationToken) {
-    let Heartbeat { store, leases, host, health, config } = heartbeat;
+    let Heartbeat { store, leases, host, health, config, metrics } = heartbeat;
     let margin = config.fence_margin();
     let deadline = config.heartbeat_deadline();
     let mut tick = tokio::time::interval(config.heartbeat_interval);
@@ -253,6 +254,7 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
             let (asked, progress) = leases.to_renew(sent_at);
             match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked, &progress)).await {
                 Ok(Ok(renewal)) => {
+                    metrics.leases_renewed(renewal.renewed.len(), renewal.lost.len());
                     leases.renewed(&renewal, margin, sent_at);
                     // A run passed over for a lock did not write its progress.
                     let renewed: std::collections::HashSet<&RunId> = renewal.renewed.iter().collect();

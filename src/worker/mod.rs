@@ -48,6 +48,8 @@ pub struct Worker {
     prefetch: Prefetch,
     /// Spawns the worker's tasks, so a panic in one stops the host.
     supervisor: Supervisor,
+    /// Where runs and renewals are counted.
+    metrics: crate::metrics::Metrics,
 }
 
 impl Worker {
@@ -70,13 +72,20 @@ impl Worker {
         let prefetch = Prefetch::new(config.prefetch, config.prefetch_wait, config.concurrency);
         let supervisor = Supervisor::new(CancellationToken::new());
         let leases = Leases::default();
-        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor })
+        let metrics = crate::metrics::Metrics::default();
+        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor, metrics })
     }
 
     /// Spawns the worker's tasks under `supervisor` (a standalone worker's
     /// own supervisor only logs a panicking task).
     pub fn with_supervisor(self, supervisor: Supervisor) -> Self {
         Worker { supervisor, ..self }
+    }
+
+    /// Counts runs and lease renewals in `metrics` (a standalone worker
+    /// counts in its own).
+    pub fn with_metrics(self, metrics: crate::metrics::Metrics) -> Self {
+        Worker { metrics, ..self }
     }
 
     /// This host's id in the fleet.
@@ -117,6 +126,7 @@ impl Worker {
                     host: host_now,
                     health: self.health.clone(),
                     config: self.config.clone(),
+                    metrics: self.metrics.clone(),
                 },
                 stop_heartbeat.clone(),
             ),
@@ -329,6 +339,7 @@ impl Worker {
         let runtime = self.runtime.clone();
         let leases = self.leases.clone();
         let prefetch = self.prefetch.clone();
+        let metrics = self.metrics.clone();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         self.supervisor.spawn(
@@ -372,6 +383,12 @@ impl Worker {
                         tracing::debug!(lease_token = job.lease_token, "run started");
                         let report = runtime.run_reporting(&component, &context, &payload, signal, progress).await;
                         prefetch.run_ended(Duration::from_micros(report.elapsed_us));
+                        metrics.run_ended(
+                            &job.job,
+                            report.outcome.kind(),
+                            Duration::from_micros(report.elapsed_us),
+                            report.instantiate_us.map(Duration::from_micros),
+                        );
                         tracing::debug!(
                             lease_token = job.lease_token,
                             outcome = report.outcome.kind(),

@@ -30,7 +30,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
             FinishOutcome::Failed { error }
         }
     };
-    let RunReport { outcome, mut effects, elapsed_us } = report;
+    let RunReport { outcome, mut effects, elapsed_us, .. } = report;
     let outcome = match outcome {
         RunOutcome::Completed { output } => {
             let children = std::mem::take(&mut effects.children).into();
@@ -145,7 +145,7 @@ mod tests {
     }
 
     fn report(outcome: RunOutcome) -> RunReport {
-        RunReport { outcome, effects: RunEffects::default(), elapsed_us: 1 }
+        RunReport { outcome, effects: RunEffects::default(), elapsed_us: 1, instantiate_us: None }
     }
 
     #[test]

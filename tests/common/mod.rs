@@ -129,6 +129,7 @@ impl TestHost {
             },
             schedules: Default::default(),
             limits: Default::default(),
+            http: None,
         };
         tune(&mut config);
         let shutdown = tokio_util::sync::CancellationToken::new();

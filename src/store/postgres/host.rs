@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use sqlx::PgPool;
+use sqlx::Row;
 use sqlx::types::Json;
 
-use crate::store::host::HostHealthRow;
+use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
@@ -106,4 +107,56 @@ pub async fn host_prune(pool: &PgPool, silent_secs: f64) -> Result<u64> {
         .await?
         .rows_affected();
     Ok(pruned)
+}
+
+/// Every host's row, alive or presumed dead, by id.
+pub async fn host_list(pool: &PgPool) -> Result<Vec<HostRow>> {
+    let rows = sqlx::query(
+        "SELECT id, hostname, pid::bigint, version, job_types, digests, watcher_error, heartbeat_ms::bigint,
+                started_at, extract(epoch FROM now() - last_seen_at)::float8 AS silent_secs
+         FROM jobhost.hosts ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(HostRow {
+                id: row.try_get("id")?,
+                hostname: row.try_get("hostname")?,
+                pid: row.try_get("pid")?,
+                version: row.try_get("version")?,
+                job_types: row.try_get("job_types")?,
+                digests: row.try_get::<Json<BTreeMap<String, String>>, _>("digests")?.0,
+                watcher_error: row.try_get("watcher_error")?,
+                heartbeat_ms: row.try_get("heartbeat_ms")?,
+                started_at: row.try_get("started_at")?,
+                silent_secs: row.try_get("silent_secs")?,
+                alive: false,
+            }
+            .judged())
+        })
+        .collect()
+}
+
+/// Every registered job type with the configuration it declared, by name.
+pub async fn job_types_list(pool: &PgPool) -> Result<Vec<JobTypeRow>> {
+    let rows: Vec<(String, Json<serde_json::Value>, String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT name, config, digest, updated_at FROM jobhost.job_types ORDER BY name")
+            .fetch_all(pool)
+            .await?;
+    crate::store::host::job_type_rows(
+        rows.into_iter().map(|(name, Json(config), digest, at)| (name, config, digest, at)),
+    )
+}
+
+/// Jobs that ended within the last `secs` seconds, by how they ended.
+pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM jobhost.archive
+         WHERE finished_at > now() - $1 * interval '1 second' GROUP BY state",
+    )
+    .bind(secs)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
 }

@@ -245,6 +245,18 @@ impl Store for PgStore {
         host::host_upsert(&self.pool, info).await
     }
 
+    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
+        host::host_list(&self.pool).await
+    }
+
+    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
+        host::job_types_list(&self.pool).await
+    }
+
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>> {
+        host::finished_since(&self.pool, secs).await
+    }
+
     async fn host_remove(&self, host_id: &str) -> Result<()> {
         host::host_remove(&self.pool, host_id).await
     }

@@ -47,7 +47,10 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
              SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
          ) all_jobs
          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job = $2)
-           AND ($4::bigint IS NULL OR batch_id = $4)
+           AND ($4::bigint IS NULL OR batch_id = $4) AND ($5::text IS NULL OR queue = $5)
+           AND ($6::text IS NULL OR concurrency_key = $6)
+           AND ($7::timestamptz IS NULL OR enqueued_at >= $7) AND ($8::timestamptz IS NULL OR enqueued_at < $8)
+           AND ($9::bigint IS NULL OR id < $9)
          ORDER BY id DESC LIMIT $3"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -55,6 +58,11 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
         .bind(&filter.job)
         .bind(filter.limit)
         .bind(filter.batch_id)
+        .bind(&filter.queue)
+        .bind(&filter.concurrency_key)
+        .bind(filter.enqueued_since)
+        .bind(filter.enqueued_before)
+        .bind(filter.before_id)
         .fetch_all(pool)
         .await?;
     rows.iter().map(row_of).collect()
@@ -211,7 +219,7 @@ async fn state_reason(conn: &mut PgConnection, id: i64, action: &str) -> Result<
     .fetch_optional(conn)
     .await?;
     Ok(match state {
-        None => "does not exist".to_string(),
+        None => crate::store::NO_SUCH_JOB.to_string(),
         Some((state,)) => format!("is {state} and cannot be {action}"),
     })
 }

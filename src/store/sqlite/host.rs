@@ -2,11 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use sqlx::Row;
 use sqlx::SqliteConnection;
 use sqlx::types::Json;
 
-use super::{json_list, now_ms};
-use crate::store::host::HostHealthRow;
+use super::{json_list, now_ms, time_of};
+use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
@@ -113,4 +114,52 @@ pub async fn host_prune(conn: &mut SqliteConnection, silent_secs: f64) -> Result
     let pruned =
         sqlx::query("DELETE FROM hosts WHERE last_seen_at < $1").bind(cutoff).execute(conn).await?.rows_affected();
     Ok(pruned)
+}
+
+/// Every host's row, alive or presumed dead, by id.
+pub async fn host_list(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<HostRow>> {
+    let rows = sqlx::query(
+        "SELECT id, hostname, pid, version, job_types, digests, watcher_error, heartbeat_ms, started_at, last_seen_at
+         FROM hosts ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let last_seen_at: i64 = row.try_get("last_seen_at")?;
+            Ok(HostRow {
+                id: row.try_get("id")?,
+                hostname: row.try_get("hostname")?,
+                pid: row.try_get("pid")?,
+                version: row.try_get("version")?,
+                job_types: row.try_get::<Json<Vec<String>>, _>("job_types")?.0,
+                digests: row.try_get::<Json<BTreeMap<String, String>>, _>("digests")?.0,
+                watcher_error: row.try_get("watcher_error")?,
+                heartbeat_ms: row.try_get("heartbeat_ms")?,
+                started_at: time_of(row.try_get("started_at")?),
+                silent_secs: (now - last_seen_at) as f64 / 1000.0,
+                alive: false,
+            }
+            .judged())
+        })
+        .collect()
+}
+
+/// Every registered job type with the configuration it declared, by name.
+pub async fn job_types_list(pool: &sqlx::SqlitePool) -> Result<Vec<JobTypeRow>> {
+    let rows: Vec<(String, Json<serde_json::Value>, String, i64)> =
+        sqlx::query_as("SELECT name, config, digest, updated_at FROM job_types ORDER BY name").fetch_all(pool).await?;
+    crate::store::host::job_type_rows(
+        rows.into_iter().map(|(name, Json(config), digest, at)| (name, config, digest, time_of(at))),
+    )
+}
+
+/// Jobs that ended within the last `secs` seconds before `now`, by how they ended.
+pub async fn finished_since(pool: &sqlx::SqlitePool, now: i64, secs: f64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM archive WHERE finished_at > $1 GROUP BY state")
+            .bind(now - (secs * 1000.0) as i64)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
 }

@@ -469,6 +469,18 @@ impl Store for SqliteStore {
         Ok(tx.commit().await?)
     }
 
+    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
+        host::host_list(&self.reader, now_ms()).await
+    }
+
+    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
+        host::job_types_list(&self.reader).await
+    }
+
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>> {
+        host::finished_since(&self.reader, now_ms(), secs).await
+    }
+
     async fn host_remove(&self, host_id: &str) -> Result<()> {
         let mut tx = self.write().await?;
         host::host_remove(&mut tx, host_id).await?;
@@ -703,7 +715,7 @@ impl Store for SqliteStore {
         let mut seen = UNSEEN;
         loop {
             match operate::get(&self.reader, id).await? {
-                None => return Err(Error::JobState { id, reason: "does not exist".into() }),
+                None => return Err(Error::JobState { id, reason: crate::store::NO_SUCH_JOB.into() }),
                 Some(job) if job.row.state.is_final() => return Ok(Some(job)),
                 Some(_) => {}
             }

@@ -68,19 +68,30 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
         Some(state) => (None, None, only(state)),
     };
     let order = if filter.state.is_some() { "+id" } else { "id" };
-    let job = if filter.job.is_some() { "AND job = $2" } else { "" };
-    // Numbered after the job's parameter when there is one.
-    let batch = match (&filter.job, filter.batch_id) {
-        (_, None) => "",
-        (Some(_), Some(_)) => "AND batch_id = $3",
-        (None, Some(_)) => "AND batch_id = $2",
-    };
+    // Each narrowing the filter asks for, numbered after the limit ($1).
+    let texts = [("job", &filter.job), ("queue", &filter.queue), ("concurrency_key", &filter.concurrency_key)];
+    let numbers = [
+        ("batch_id =", filter.batch_id),
+        ("enqueued_at >=", filter.enqueued_since.map(|t| t.timestamp_millis())),
+        ("enqueued_at <", filter.enqueued_before.map(|t| t.timestamp_millis())),
+        ("id <", filter.before_id),
+    ];
+    let mut narrowing = String::new();
+    let mut parameters = 1;
+    for (column, _) in texts.iter().filter(|(_, value)| value.is_some()) {
+        parameters += 1;
+        narrowing.push_str(&format!(" AND {column} = ${parameters}"));
+    }
+    for (comparison, _) in numbers.iter().filter(|(_, value)| value.is_some()) {
+        parameters += 1;
+        narrowing.push_str(&format!(" AND {comparison} ${parameters}"));
+    }
     let picks: Vec<String> = [("jobs", live), ("blocked_jobs", blocked), ("archive", archived)]
         .into_iter()
         .filter_map(|(table, state)| {
             let state = state?;
             Some(format!(
-                "SELECT * FROM (SELECT id FROM {table} WHERE TRUE {state} {job} {batch} ORDER BY {order} DESC LIMIT $1)"
+                "SELECT * FROM (SELECT id FROM {table} WHERE TRUE {state}{narrowing} ORDER BY {order} DESC LIMIT $1)"
             ))
         })
         .collect();
@@ -96,11 +107,11 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
         picks.join(" UNION ALL ")
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(filter.limit);
-    if let Some(job) = &filter.job {
-        query = query.bind(job);
+    for value in texts.into_iter().filter_map(|(_, value)| value.as_ref()) {
+        query = query.bind(value);
     }
-    if let Some(batch) = filter.batch_id {
-        query = query.bind(batch);
+    for value in numbers.into_iter().filter_map(|(_, value)| value) {
+        query = query.bind(value);
     }
     let rows = query.fetch_all(pool).await?;
     rows.iter().map(row_of).collect()
@@ -284,7 +295,7 @@ async fn state_reason(conn: &mut SqliteConnection, id: i64, action: &str) -> Res
     .fetch_optional(conn)
     .await?;
     Ok(match state {
-        None => "does not exist".to_string(),
+        None => crate::store::NO_SUCH_JOB.to_string(),
         Some(state) => format!("is {state} and cannot be {action}"),
     })
 }

@@ -1,0 +1,69 @@
+//! `jobhost serve`: the HTTP API, dashboard and metrics over a database,
+//! with no components and no jobs run (see [`crate::http`]).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{DbArgs, fail};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; only this machine unless told otherwise.
+    #[arg(long, default_value = crate::http::DEFAULT_LISTEN, value_name = "ADDR")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    token: TokenArgs,
+    /// Do not apply migrations at start.
+    #[arg(long)]
+    no_migrate: bool,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+/// The token that allows changes over HTTP.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// Allow changes over HTTP (enqueue, retry, cancel, pause) to requests
+    /// presenting this token (at least 16 characters); without it the API
+    /// and dashboard are read-only.
+    #[arg(long, env = "JOBHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl TokenArgs {
+    /// Serving on `listen` with this token, bodies bounded by `limits`.
+    pub fn http_config(&self, listen: SocketAddr, limits: crate::store::EnqueueLimits) -> crate::http::HttpConfig {
+        crate::http::HttpConfig {
+            token: self.token.clone(),
+            max_body_bytes: limits.max_payload_bytes.saturating_add(crate::http::BODY_SLACK),
+            ..crate::http::HttpConfig::new(listen)
+        }
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> ExitCode {
+    let store = match super::operator::open(&args.db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    if !args.no_migrate
+        && let Err(error) = store.schema_migrate().await
+    {
+        return fail(error);
+    }
+    let config = args.token.http_config(args.listen, args.db.limits());
+    let server = match crate::http::Server::bind(&config, store.clone(), crate::metrics::Metrics::default()).await {
+        Ok(server) => server,
+        Err(error) => return fail(error),
+    };
+    let access = if config.token.is_some() { "changes need the token" } else { "read-only: no --token" };
+    // On stdout, so scripts starting it on port 0 can read the address.
+    println!("dashboard and API on http://{} ({access}); database {}", server.local_addr(), store.location());
+    let shutdown = CancellationToken::new();
+    super::host::stop_on_signals(shutdown.clone());
+    server.serve(shutdown).await;
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,299 @@
+//! The JSON API under `/api`, described in `openapi.json` (served at
+//! `/api/openapi.json`; docs/http.md for people). Reads are open; every
+//! `POST` needs the token.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
+use super::views::{self, BulkAction};
+use crate::store::{Cancel, EnqueueParams, Enqueued};
+
+/// The OpenAPI description of everything below.
+const OPENAPI: &str = include_str!("openapi.json");
+
+/// Jobs per page when the request does not say.
+const DEFAULT_PAGE: i64 = 50;
+
+/// Bulk actions per pass when the request does not say.
+const DEFAULT_BULK: i64 = 1_000;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/health", get(health))
+        .route("/api/stats", get(stats))
+        .route("/api/throughput", get(throughput))
+        .route("/api/jobs", get(jobs_list).post(jobs_enqueue))
+        .route("/api/jobs/retry", post(jobs_retry_bulk))
+        .route("/api/jobs/cancel", post(jobs_cancel_bulk))
+        .route("/api/jobs/{id}", get(job_get))
+        .route("/api/jobs/{id}/retry", post(job_retry))
+        .route("/api/jobs/{id}/cancel", post(job_cancel))
+        .route("/api/queues", get(queues))
+        .route("/api/queues/{name}/pause", post(queue_pause))
+        .route("/api/queues/{name}/resume", post(queue_resume))
+        .route("/api/keys", get(keys))
+        .route("/api/hosts", get(hosts))
+        .route("/api/job-types", get(job_types))
+        .route("/api/batches", get(batches_list))
+        .route("/api/batches/{id}", get(batch_get))
+        .route("/api/schedules", get(schedules))
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok(value: impl serde::Serialize) -> ApiResult {
+    Ok(Json(value).into_response())
+}
+
+/// An unknown path under `/api`.
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint: see /api/openapi.json")
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query.map(|Query(q)| q).map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+}
+
+fn body_of<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(b)| b).map_err(|rejection| ApiError { status: rejection.status(), message: rejection.body_text() })
+}
+
+fn id_of(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {
+    id.map(|Path(id)| id).map_err(|_| ApiError::bad_request("the id in the path must be a whole number"))
+}
+
+async fn health(State(state): State<AppState>) -> ApiResult {
+    match state.store.database_ping().await {
+        Ok(()) => ok(json!({ "database": "ok" })),
+        Err(error) => {
+            Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "database": error.to_string() }))).into_response())
+        }
+    }
+}
+
+async fn stats(State(state): State<AppState>) -> ApiResult {
+    ok(state.store.job_stats().await?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WindowQuery {
+    window: Option<String>,
+}
+
+async fn throughput(State(state): State<AppState>, query: Result<Query<WindowQuery>, QueryRejection>) -> ApiResult {
+    let window = match query_of(query)?.window {
+        None => 60.0,
+        Some(text) => humantime::parse_duration(&text)
+            .map_err(|e| ApiError::bad_request(format!("window must be a duration like 60s or 1h: {e}")))?
+            .as_secs_f64(),
+    };
+    if !(1.0..=7.0 * 86_400.0).contains(&window) {
+        return Err(ApiError::bad_request("window must be between 1s and 7days"));
+    }
+    ok(views::throughput(&*state.store, window).await?)
+}
+
+async fn jobs_list(State(state): State<AppState>, query: Result<Query<JobQuery>, QueryRejection>) -> ApiResult {
+    let filter = query_of(query)?.filter(DEFAULT_PAGE, MAX_PAGE).map_err(ApiError::bad_request)?;
+    let jobs = state.store.job_list(&filter).await?;
+    // A full page may have more after it; the cursor is its last id.
+    let next = (jobs.len() as i64 == filter.limit).then(|| jobs.last().map(|j| j.id.to_string())).flatten();
+    ok(json!({ "jobs": jobs, "next": next }))
+}
+
+/// An enqueue as the API takes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnqueueBody {
+    job: String,
+    #[serde(default)]
+    payload: Option<Value>,
+    queue: Option<String>,
+    priority: Option<i16>,
+    /// A duration like `30s` or `5m`.
+    delay: Option<String>,
+    run_at: Option<DateTime<Utc>>,
+    batch: Option<i64>,
+}
+
+async fn jobs_enqueue(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<EnqueueBody>, JsonRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let body = body_of(body)?;
+    let delay_ms = body
+        .delay
+        .as_deref()
+        .map(|text| {
+            humantime::parse_duration(text)
+                .map(|d| d.as_millis() as u64)
+                .map_err(|e| ApiError::bad_request(format!("delay must be a duration like 30s or 5m: {e}")))
+        })
+        .transpose()?;
+    if delay_ms.is_some() && body.run_at.is_some() {
+        return Err(ApiError::bad_request("give delay or run_at, not both"));
+    }
+    let params = EnqueueParams {
+        queue: body.queue,
+        priority: body.priority,
+        run_at: body.run_at,
+        delay_ms,
+        batch_id: body.batch,
+        ..EnqueueParams::new(body.job.clone(), body.payload.unwrap_or_else(|| json!({})))
+    };
+    let outcome = state.store.job_enqueue_outcomes(&[params]).await?;
+    let outcome = outcome.first().copied().ok_or_else(|| ApiError::bad_request("nothing was enqueued"))?;
+    let (status, body) = match outcome {
+        Enqueued::New(id) => {
+            state.metrics.enqueued(&body.job, 1);
+            (StatusCode::CREATED, json!({ "id": id, "duplicate": false }))
+        }
+        Enqueued::Duplicate(id) => (StatusCode::OK, json!({ "id": id, "duplicate": true, "replaced": false })),
+        Enqueued::Replaced(id) => (StatusCode::OK, json!({ "id": id, "duplicate": true, "replaced": true })),
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+async fn job_get(State(state): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult {
+    let id = id_of(id)?;
+    match state.store.job_get(id).await? {
+        Some(job) => ok(job),
+        None => Err(ApiError::not_found(format!("job {id} does not exist"))),
+    }
+}
+
+async fn job_retry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, PathRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let id = id_of(id)?;
+    state.store.job_retry(id).await?;
+    ok(json!({ "id": id, "retried": true }))
+}
+
+async fn job_cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, PathRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let id = id_of(id)?;
+    let cancel = match state.store.job_cancel(id).await? {
+        Cancel::Cancelled => "cancelled",
+        Cancel::Requested => "requested",
+    };
+    ok(json!({ "id": id, "cancel": cancel }))
+}
+
+async fn jobs_retry_bulk(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<JobQuery>, JsonRejection>,
+) -> ApiResult {
+    bulk(state, headers, body, BulkAction::Retry).await
+}
+
+async fn jobs_cancel_bulk(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<JobQuery>, JsonRejection>,
+) -> ApiResult {
+    bulk(state, headers, body, BulkAction::Cancel).await
+}
+
+async fn bulk(
+    state: AppState,
+    headers: HeaderMap,
+    body: Result<Json<JobQuery>, JsonRejection>,
+    action: BulkAction,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let query = body_of(body)?;
+    if !query.narrows() {
+        return Err(ApiError::bad_request(
+            "a bulk action needs a filter (state, job, queue, key, batch, since or until): it never applies to every job",
+        ));
+    }
+    let filter = query.filter(DEFAULT_BULK, MAX_BULK).map_err(ApiError::bad_request)?;
+    ok(views::bulk(&*state.store, &filter, action).await?)
+}
+
+fn queue_name(name: &str) -> Result<(), ApiError> {
+    crate::types::check_name(name).map_err(|reason| ApiError::bad_request(format!("queue {reason}")))
+}
+
+async fn queues(State(state): State<AppState>) -> ApiResult {
+    ok(views::queues(&*state.store).await?)
+}
+
+async fn queue_pause(State(state): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    queue_name(&name)?;
+    let changed = state.store.queue_pause(&name).await?;
+    ok(json!({ "queue": name, "paused": true, "changed": changed }))
+}
+
+async fn queue_resume(State(state): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    queue_name(&name)?;
+    let changed = state.store.queue_resume(&name).await?;
+    ok(json!({ "queue": name, "paused": false, "changed": changed }))
+}
+
+async fn keys(State(state): State<AppState>) -> ApiResult {
+    ok(state.store.semaphore_list().await?)
+}
+
+async fn hosts(State(state): State<AppState>) -> ApiResult {
+    ok(state.store.host_list().await?)
+}
+
+async fn job_types(State(state): State<AppState>) -> ApiResult {
+    ok(views::job_types(&*state.store).await?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitQuery {
+    limit: Option<i64>,
+}
+
+async fn batches_list(State(state): State<AppState>, query: Result<Query<LimitQuery>, QueryRejection>) -> ApiResult {
+    let limit = query_of(query)?.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be between 1 and {MAX_PAGE}, got {limit}")));
+    }
+    ok(state.store.batch_list(limit).await?)
+}
+
+async fn batch_get(State(state): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult {
+    let id = id_of(id)?;
+    match state.store.batch_get(id).await? {
+        Some(batch) => ok(batch),
+        None => Err(ApiError::not_found(format!("batch {id} does not exist"))),
+    }
+}
+
+async fn schedules(State(state): State<AppState>) -> ApiResult {
+    ok(views::schedules(&*state.store).await?)
+}

@@ -1,0 +1,175 @@
+//! The dashboard's page shell and the small pieces every page uses: the
+//! navigation, times, state badges, progress bars, action buttons.
+
+use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, html};
+
+use crate::store::JobState;
+
+/// What a page knows about the request it answers.
+pub struct Context {
+    /// The path and query of the page, where a form returns to.
+    pub here: String,
+    /// The CSRF token of a signed-in session (`None`: show no actions).
+    pub csrf: Option<String>,
+    /// Whether the server takes changes at all.
+    pub writable: bool,
+    /// The result of the action that led here, shown once.
+    pub notice: Option<String>,
+}
+
+/// The sections, in the navigation's order: (path, label).
+const SECTIONS: [(&str, &str); 8] = [
+    ("/", "Overview"),
+    ("/jobs", "Jobs"),
+    ("/jobs?state=failed", "Failed"),
+    ("/keys", "Keys"),
+    ("/batches", "Batches"),
+    ("/types", "Job types"),
+    ("/hosts", "Hosts"),
+    ("/schedules", "Schedules"),
+];
+
+/// A whole page: `main` inside the shell. `section` is the navigation
+/// entry to mark.
+pub fn page(context: &Context, title: &str, section: &str, main: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · jobhost" }
+                link rel="stylesheet" href="/assets/style.css";
+                script src="/assets/app.js" defer {}
+            }
+            body {
+                header.top {
+                    a.brand href="/" { "jobhost" }
+                    nav {
+                        @for (path, label) in SECTIONS {
+                            a href=(path) aria-current=[(path == section).then_some("page")] { (label) }
+                        }
+                    }
+                    div.session {
+                        @if context.csrf.is_some() {
+                            form method="post" action="/logout" {
+                                (hidden_fields(context))
+                                button.link type="submit" { "Sign out" }
+                            }
+                        } @else if context.writable {
+                            a href={ "/login?return_to=" (super::super::query::encode(&context.here)) } { "Sign in" }
+                        } @else {
+                            span.badge.muted title="Started without --token: nothing can be changed here" { "read-only" }
+                        }
+                    }
+                }
+                @if let Some(notice) = &context.notice {
+                    p.notice role="status" { (notice) }
+                }
+                main id="live" data-live="2000" { (main) }
+            }
+        }
+    }
+}
+
+/// The fields every action form carries: the CSRF token and where to return.
+pub fn hidden_fields(context: &Context) -> Markup {
+    html! {
+        input type="hidden" name="csrf" value=(context.csrf.as_deref().unwrap_or(""));
+        input type="hidden" name="return_to" value=(context.here);
+    }
+}
+
+/// A button posting to `action`, shown only in a signed-in session.
+pub fn action_button(context: &Context, action: &str, label: &str, confirm: Option<&str>) -> Markup {
+    html! {
+        @if context.csrf.is_some() {
+            form.inline method="post" action=(action) data-confirm=[confirm] {
+                (hidden_fields(context))
+                button type="submit" { (label) }
+            }
+        }
+    }
+}
+
+/// A state's badge.
+pub fn state_badge(state: &str) -> Markup {
+    html! { span class={ "badge state-" (state) } { (state) } }
+}
+
+/// A job state's badge.
+pub fn job_state(state: JobState) -> Markup {
+    state_badge(state.as_str())
+}
+
+/// A time as "5 s ago" (or "in 5 s"), with the exact time on hover.
+pub fn time(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Markup {
+    let Some(at) = at else {
+        return html! { span.muted { "–" } };
+    };
+    let exact = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let secs = (now - at).num_milliseconds() as f64 / 1000.0;
+    let relative = if secs >= 0.0 { format!("{} ago", span(secs)) } else { format!("in {}", span(-secs)) };
+    html! { time datetime=(exact) title=(exact) { (relative) } }
+}
+
+/// Seconds as a short span: 4 s, 3 min, 2 h, 5 d.
+pub fn span(secs: f64) -> String {
+    match secs {
+        s if s < 1.0 => format!("{:.0} ms", s * 1000.0),
+        s if s < 90.0 => format!("{s:.0} s"),
+        s if s < 90.0 * 60.0 => format!("{:.0} min", s / 60.0),
+        s if s < 36.0 * 3600.0 => format!("{:.0} h", s / 3600.0),
+        s => format!("{:.0} d", s / 86_400.0),
+    }
+}
+
+/// A bar filled to `fraction` (0 to 1), labelled with the percentage.
+pub fn progress_bar(fraction: f64, label: &str) -> Markup {
+    let percent = (fraction.clamp(0.0, 1.0) * 100.0).floor();
+    html! {
+        div.progress role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow=(percent) aria-label=(label) {
+            div.fill style={ "width: " (percent) "%" } {}
+            span.value { (percent) "%" }
+        }
+    }
+}
+
+/// A JSON document, indented, in a block that scrolls.
+pub fn json_block(value: &serde_json::Value) -> Markup {
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    html! { pre.json { (text) } }
+}
+
+/// The first 12 characters of a digest, the whole on hover.
+pub fn digest(digest: &str) -> Markup {
+    html! { code title=(digest) { (digest.get(..12).unwrap_or(digest)) } }
+}
+
+/// A table wrapped so that it scrolls sideways on a narrow screen instead
+/// of widening the page.
+pub fn table(head: &[&str], rows: Markup) -> Markup {
+    html! {
+        div.scroll {
+            table {
+                thead { tr { @for cell in head { th scope="col" { (cell) } } } }
+                tbody { (rows) }
+            }
+        }
+    }
+}
+
+/// A page for something that went wrong: its title and what to do.
+pub fn problem(context: &Context, title: &str, message: &str) -> Markup {
+    page(
+        context,
+        title,
+        "",
+        html! {
+            h1 { (title) }
+            p.problem { (message) }
+            p { a href="/" { "Back to the overview" } }
+        },
+    )
+}

@@ -1,0 +1,453 @@
+//! The operator's dashboard: server-rendered pages (markup in [`pages`],
+//! the shell in [`layout`]) with a little JavaScript that refreshes each
+//! page's main part every two seconds, so counts, progress bars and new
+//! jobs show without a reload. Everything is in the binary: no CDN, no
+//! build step.
+//!
+//! Forms change things only in a signed-in session, with the page's CSRF
+//! token ([`super::access`]); each answers with a redirect back to the
+//! page it came from and a notice of what it did.
+
+mod layout;
+mod pages;
+
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use chrono::Utc;
+use maud::Markup;
+use serde::Deserialize;
+
+use super::AppState;
+use super::access::SESSION_COOKIE;
+use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
+use super::views::{self, BulkAction};
+use crate::store::Cancel;
+use layout::Context;
+
+/// The stylesheet and script, compiled in.
+const STYLE: &str = include_str!("assets/style.css");
+const SCRIPT: &str = include_str!("assets/app.js");
+
+/// The header the page script sends when it asks for a page's main part only.
+const LIVE_HEADER: &str = "x-jobhost-live";
+
+/// The cookie carrying a form's result to the page it returns to.
+const NOTICE_COOKIE: &str = "jobhost_notice";
+
+/// Jobs per dashboard page.
+const PAGE: i64 = 50;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(overview))
+        .route("/jobs", get(jobs))
+        .route("/jobs/{id}", get(job))
+        .route("/keys", get(keys))
+        .route("/hosts", get(hosts))
+        .route("/types", get(job_types))
+        .route("/batches", get(batches))
+        .route("/batches/{id}", get(batch))
+        .route("/schedules", get(schedules))
+        .route("/login", get(login_form).post(login))
+        .route("/logout", post(logout))
+        .route("/jobs/{id}/retry", post(job_retry))
+        .route("/jobs/{id}/cancel", post(job_cancel))
+        .route("/jobs/retry", post(jobs_retry))
+        .route("/jobs/cancel", post(jobs_cancel))
+        .route("/queues/{name}/pause", post(queue_pause))
+        .route("/queues/{name}/resume", post(queue_resume))
+        .route("/assets/style.css", get(|| asset("text/css; charset=utf-8", STYLE)))
+        .route("/assets/app.js", get(|| asset("text/javascript; charset=utf-8", SCRIPT)))
+        .fallback(fallback)
+}
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// Unknown paths: JSON under `/api`, a page elsewhere.
+async fn fallback(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    if uri.path().starts_with("/api") {
+        return super::api::not_found().await.into_response();
+    }
+    let context = context(&state, &headers, &uri);
+    let page = layout::problem(&context, "Not found", &format!("There is no page at {}.", uri.path()));
+    (StatusCode::NOT_FOUND, page).into_response()
+}
+
+/// What a page knows of its request.
+fn context(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Context {
+    Context {
+        here: uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
+        csrf: state.access.csrf_for(headers).map(str::to_string),
+        writable: state.access.writable(),
+        notice: super::access::cookie(headers, NOTICE_COOKIE)
+            .and_then(|hexed| hex::decode(hexed).ok())
+            .and_then(|bytes| String::from_utf8(bytes).ok()),
+    }
+}
+
+/// A page, or only its main part when the page script asks for it; a
+/// notice shown is cleared.
+fn render(context: &Context, headers: &HeaderMap, title: &str, section: &str, main: Markup) -> Response {
+    if headers.contains_key(LIVE_HEADER) {
+        return main.into_response();
+    }
+    let mut response = layout::page(context, title, section, main).into_response();
+    if context.notice.is_some() {
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("jobhost_notice=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"),
+        );
+    }
+    response
+}
+
+/// A store failure while reading a page.
+fn failed(context: &Context, error: crate::store::Error) -> Response {
+    let status =
+        if error.is_unavailable() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+    tracing::warn!(%error, "a dashboard page could not be read");
+    (status, layout::problem(context, "The database cannot be read", &error.to_string())).into_response()
+}
+
+/// Runs `read`, then renders its page, or the failure.
+macro_rules! page {
+    ($state:expr, $headers:expr, $uri:expr, $title:expr, $section:expr, |$context:ident| $read:expr) => {{
+        let $context = context(&$state, &$headers, &$uri);
+        let read: crate::store::Result<Markup> = async { $read }.await;
+        match read {
+            Ok(main) => render(&$context, &$headers, $title, $section, main),
+            Err(error) => failed(&$context, error),
+        }
+    }};
+}
+
+async fn overview(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let store = &*state.store;
+    page!(state, headers, uri, "Overview", "/", |context| {
+        let stats = store.job_stats().await?;
+        let minute = views::throughput(store, 60.0).await?;
+        let hour = views::throughput(store, 3600.0).await?;
+        let queues = views::queues(store).await?;
+        Ok(pages::overview(&context, &stats, &minute, &hour, &queues))
+    })
+}
+
+async fn jobs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    query: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let context = context(&state, &headers, &uri);
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return bad_request(&context, &rejection.body_text()),
+    };
+    let filter = match query.filter(PAGE, MAX_PAGE) {
+        Ok(filter) => filter,
+        Err(message) => return bad_request(&context, &message),
+    };
+    let section = if query.state.as_deref() == Some("failed") { "/jobs?state=failed" } else { "/jobs" };
+    match state.store.job_list(&filter).await {
+        Ok(rows) => {
+            let next = (rows.len() as i64 == filter.limit).then(|| rows.last().map(|r| r.id)).flatten();
+            render(&context, &headers, "Jobs", section, pages::jobs(&context, &query, &rows, next, Utc::now()))
+        }
+        Err(error) => failed(&context, error),
+    }
+}
+
+fn bad_request(context: &Context, message: &str) -> Response {
+    (StatusCode::BAD_REQUEST, layout::problem(context, "That filter does not read", message)).into_response()
+}
+
+async fn job(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<i64>) -> Response {
+    let context = context(&state, &headers, &uri);
+    match state.store.job_get(id).await {
+        Ok(Some(job)) => {
+            render(&context, &headers, &format!("Job {id}"), "/jobs", pages::job(&context, &job, Utc::now()))
+        }
+        Ok(None) => {
+            let page = layout::problem(&context, "Not found", &format!("Job {id} does not exist (or was pruned)."));
+            (StatusCode::NOT_FOUND, page).into_response()
+        }
+        Err(error) => failed(&context, error),
+    }
+}
+
+async fn keys(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    page!(state, headers, uri, "Concurrency keys", "/keys", |context| {
+        Ok(pages::keys(&state.store.semaphore_list().await?))
+    })
+}
+
+async fn hosts(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    page!(state, headers, uri, "Hosts", "/hosts", |context| {
+        Ok(pages::hosts(&state.store.host_list().await?, Utc::now()))
+    })
+}
+
+async fn job_types(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    page!(state, headers, uri, "Job types", "/types", |context| {
+        Ok(pages::job_types(&views::job_types(&*state.store).await?, Utc::now()))
+    })
+}
+
+async fn batches(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    page!(state, headers, uri, "Batches", "/batches", |context| {
+        Ok(pages::batches(&state.store.batch_list(PAGE).await?, Utc::now()))
+    })
+}
+
+async fn batch(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<i64>) -> Response {
+    let context = context(&state, &headers, &uri);
+    match state.store.batch_get(id).await {
+        Ok(Some(batch)) => {
+            render(&context, &headers, &format!("Batch {id}"), "/batches", pages::batch(&batch, Utc::now()))
+        }
+        Ok(None) => {
+            (StatusCode::NOT_FOUND, layout::problem(&context, "Not found", &format!("Batch {id} does not exist.")))
+                .into_response()
+        }
+        Err(error) => failed(&context, error),
+    }
+}
+
+async fn schedules(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    page!(state, headers, uri, "Schedules", "/schedules", |context| {
+        Ok(pages::schedules(&views::schedules(&*state.store).await?, Utc::now()))
+    })
+}
+
+/// Where a form returns to: a path on this server, never another site.
+fn return_path(return_to: &str) -> &str {
+    let safe = return_to.starts_with('/') && !return_to.starts_with("//") && !return_to.contains('\\');
+    if safe { return_to } else { "/" }
+}
+
+#[derive(Debug, Deserialize)]
+struct ReturnQuery {
+    return_to: Option<String>,
+}
+
+async fn login_form(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Query(query): Query<ReturnQuery>,
+) -> Response {
+    let context = context(&state, &headers, &uri);
+    if !state.access.writable() {
+        return read_only(&context);
+    }
+    let return_to = return_path(query.return_to.as_deref().unwrap_or("/"));
+    render(&context, &headers, "Sign in", "", pages::login(return_to, false))
+}
+
+fn read_only(context: &Context) -> Response {
+    let message = super::access::Refusal::ReadOnly.message();
+    (StatusCode::FORBIDDEN, layout::problem(context, "Read-only", message)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: String,
+    return_to: Option<String>,
+}
+
+async fn login(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form(form): Form<LoginForm>) -> Response {
+    let context = context(&state, &headers, &uri);
+    let return_to = return_path(form.return_to.as_deref().unwrap_or("/"));
+    let (Some(session), true) = (state.access.session_value(), state.access.token_matches(&form.token)) else {
+        if !state.access.writable() {
+            return read_only(&context);
+        }
+        let page = layout::page(&context, "Sign in", "", pages::login(return_to, true));
+        return (StatusCode::UNAUTHORIZED, page).into_response();
+    };
+    let cookie = format!("{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict");
+    redirect_with(return_to, Some(cookie), "Signed in: changes are allowed")
+}
+
+/// A form's common fields.
+#[derive(Debug, Deserialize)]
+struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    return_to: Option<String>,
+}
+
+/// A bulk form: its fields and the filter it applies to.
+#[derive(Debug, Deserialize)]
+struct BulkForm {
+    #[serde(default)]
+    csrf: String,
+    return_to: Option<String>,
+    #[serde(flatten)]
+    filter: std::collections::HashMap<String, String>,
+}
+
+/// Redirects to `path` (303, so the browser follows with a GET), setting
+/// `cookie` if given and the notice shown there.
+fn redirect_with(path: &str, cookie: Option<String>, notice: &str) -> Response {
+    let mut response = Redirect::to(path).into_response();
+    let notice = format!("{NOTICE_COOKIE}={}; Max-Age=60; Path=/; HttpOnly; SameSite=Strict", hex::encode(notice));
+    for value in cookie.into_iter().chain([notice]) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().append(header::SET_COOKIE, value);
+        }
+    }
+    response
+}
+
+/// Checks a form, runs `action` and returns to the form's page with what
+/// it did (or why it could not).
+async fn act<F>(
+    state: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    csrf: &str,
+    return_to: Option<&str>,
+    action: F,
+) -> Response
+where
+    F: std::future::Future<Output = Result<String, String>>,
+{
+    if let Err(refusal) = state.access.check_form(headers, csrf) {
+        let context = context(state, headers, uri);
+        let status = match refusal {
+            super::access::Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::FORBIDDEN,
+        };
+        return (status, layout::problem(&context, "Not allowed", refusal.message())).into_response();
+    }
+    let notice = match action.await {
+        Ok(done) => done,
+        Err(why) => format!("Not done: {why}"),
+    };
+    redirect_with(return_path(return_to.unwrap_or("/")), None, &notice)
+}
+
+async fn logout(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form(form): Form<ActionForm>) -> Response {
+    let mut response = act(&state, &headers, &uri, &form.csrf, Some("/"), async { Ok("Signed out".to_string()) }).await;
+    if response.status() == StatusCode::SEE_OTHER {
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("jobhost_session=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"),
+        );
+    }
+    response
+}
+
+async fn job_retry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<i64>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        store.job_retry(id).await.map(|()| format!("Job {id} will run again")).map_err(|e| e.to_string())
+    })
+    .await
+}
+
+async fn job_cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<i64>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        match store.job_cancel(id).await {
+            Ok(Cancel::Cancelled) => Ok(format!("Job {id} cancelled")),
+            Ok(Cancel::Requested) => Ok(format!("Job {id} is running: its host stops it within two heartbeats")),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+}
+
+async fn jobs_retry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    bulk(state, headers, uri, form, BulkAction::Retry).await
+}
+
+async fn jobs_cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    bulk(state, headers, uri, form, BulkAction::Cancel).await
+}
+
+async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, action: BulkAction) -> Response {
+    let store = state.store.clone();
+    let fields = serde_json::to_value(&form.filter).unwrap_or_default();
+    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        let query: JobQuery = serde_json::from_value(fields).map_err(|e| e.to_string())?;
+        if !query.narrows() {
+            return Err("a bulk action needs a filter".to_string());
+        }
+        let filter = query.filter(MAX_BULK, MAX_BULK)?;
+        let outcome = views::bulk(&*store, &filter, action).await.map_err(|e| e.to_string())?;
+        let verb = if action == BulkAction::Retry { "retried" } else { "cancelled" };
+        let mut notice = format!("{} of {} matching jobs {verb}", outcome.changed, outcome.matched);
+        if outcome.requested > 0 {
+            notice.push_str(&format!(", {} running jobs asked to stop", outcome.requested));
+        }
+        if !outcome.unchanged.is_empty() {
+            notice.push_str(&format!(", {} left as they were", outcome.matched - outcome.changed - outcome.requested));
+        }
+        if outcome.more {
+            notice.push_str("; more may match: repeat");
+        }
+        Ok(notice)
+    })
+    .await
+}
+
+async fn queue_pause(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        crate::types::check_name(&name).map_err(|reason| format!("queue {reason}"))?;
+        store.queue_pause(&name).await.map_err(|e| e.to_string())?;
+        Ok(format!("Queue {name} paused: no host leases from it; running jobs finish"))
+    })
+    .await
+}
+
+async fn queue_resume(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        crate::types::check_name(&name).map_err(|reason| format!("queue {reason}"))?;
+        store.queue_resume(&name).await.map_err(|e| e.to_string())?;
+        Ok(format!("Queue {name} resumed"))
+    })
+    .await
+}

@@ -1,0 +1,443 @@
+//! The body of each dashboard page, from what the store read: markup only,
+//! no reads and no decisions about access (the handlers in the parent
+//! module make those).
+
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+
+use super::layout::{
+    Context, action_button, digest, hidden_fields, job_state, json_block, progress_bar, span, state_badge, table, time,
+};
+use crate::http::query::{JobQuery, encode};
+use crate::http::views::{JobTypeView, QueueView, Throughput};
+use crate::store::{Batch, HostRow, JobDetail, JobRow, JobState, KeyStatus, ScheduleStatus, Stats};
+
+/// The overview: counts by state, throughput, warnings, queues.
+pub fn overview(
+    context: &Context,
+    stats: &Stats,
+    minute: &Throughput,
+    hour: &Throughput,
+    queues: &[QueueView],
+) -> Markup {
+    html! {
+        h1 { "Overview" }
+        section.cards aria-label="Jobs by state" {
+            @for state in JobState::ALL {
+                a class={ "card state-" (state.as_str()) } href={ "/jobs?state=" (state.as_str()) } {
+                    span.count { (stats.states.get(state.as_str()).copied().unwrap_or(0)) }
+                    span.label { (state.as_str()) }
+                }
+            }
+        }
+        section.cards aria-label="Throughput" {
+            div.card { span.count { (format!("{:.1}", minute.completed_per_sec)) } span.label { "completed / s, last minute" } }
+            div.card { span.count { (hour.finished["completed"]) } span.label { "completed, last hour" } }
+            div.card { span.count { (hour.finished["failed"]) } span.label { "failed, last hour" } }
+            div.card {
+                span.count { (stats.oldest_available_secs.map_or("–".to_string(), span)) }
+                span.label { "oldest available job's wait" }
+            }
+            a.card href="/hosts" { span.count { (stats.hosts_alive) } span.label { "hosts alive" } }
+        }
+        @for host in &stats.hosts_silent {
+            p.warning { "Host " code { (host.id) } " is presumed dead: silent " (span(host.silent_secs)) " (heartbeat every " (host.heartbeat_ms) " ms)." }
+        }
+        @for down in &stats.watchers_down {
+            p.warning { "Host " code { (down.host) } " is not watching its components directory: " (down.error) }
+        }
+        @for mixed in &stats.mixed_components {
+            p.warning { "Job type " strong { (mixed.job) } " is served by " (mixed.digests.len()) " different components." }
+        }
+        h2 { "Queues" }
+        @if queues.is_empty() {
+            p.muted { "No jobs yet." }
+        } @else {
+            (table(&["Queue", "Available", "Running", "Scheduled", "Blocked", "Failed", "Completed", ""], html! {
+                @for queue in queues {
+                    tr {
+                        th scope="row" {
+                            a href={ "/jobs?queue=" (encode(&queue.name)) } { (queue.name) }
+                            @if queue.paused { " " span.badge.state-paused { "paused" } }
+                        }
+                        @for state in ["available", "running", "scheduled", "blocked", "failed", "completed"] {
+                            td.num { (queue.counts.get(state).copied().unwrap_or(0)) }
+                        }
+                        td.actions {
+                            @if queue.paused {
+                                (action_button(context, &format!("/queues/{}/resume", encode(&queue.name)), "Resume", None))
+                            } @else {
+                                (action_button(context, &format!("/queues/{}/pause", encode(&queue.name)), "Pause", Some("Pause this queue? No host leases from it until it is resumed.")))
+                            }
+                        }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// The jobs list: the filter form, a page of jobs, the cursor links.
+pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i64>, now: DateTime<Utc>) -> Markup {
+    let selected = query.state.as_deref().unwrap_or("");
+    let field = |value: &Option<String>| value.clone().unwrap_or_default();
+    let filtered = query.to_query_string();
+    let title = if selected.is_empty() { "Jobs".to_string() } else { format!("Jobs: {selected}") };
+    let ended = JobState::parse(selected).is_some_and(JobState::is_final);
+    html! {
+        h1 { (title) }
+        form.filters method="get" action="/jobs" {
+            label { "State"
+                select name="state" {
+                    option value="" selected[selected.is_empty()] { "any" }
+                    @for state in JobState::ALL {
+                        option value=(state.as_str()) selected[selected == state.as_str()] { (state.as_str()) }
+                    }
+                }
+            }
+            label { "Type" input name="job" value=(field(&query.job)) size="12"; }
+            label { "Queue" input name="queue" value=(field(&query.queue)) size="10"; }
+            label { "Key" input name="key" value=(field(&query.key)) size="12"; }
+            label { "Batch" input name="batch" value=(field(&query.batch)) size="6" inputmode="numeric"; }
+            label { "Since" input name="since" value=(field(&query.since)) placeholder="2026-12-01T09:00:00Z" size="20"; }
+            label { "Until" input name="until" value=(field(&query.until)) placeholder="RFC 3339" size="20"; }
+            button type="submit" { "Filter" }
+            @if !filtered.is_empty() { a.reset href="/jobs" { "Clear" } }
+        }
+        @if context.csrf.is_some() && query.narrows() {
+            div.bulk {
+                @if ended || selected == "scheduled" {
+                    form.inline method="post" action="/jobs/retry" data-confirm="Retry every job this filter matches?" {
+                        (hidden_fields(context)) (filter_fields(query))
+                        button type="submit" { "Retry all matching" }
+                    }
+                }
+                @if !ended {
+                    form.inline method="post" action="/jobs/cancel" data-confirm="Cancel every job this filter matches?" {
+                        (hidden_fields(context)) (filter_fields(query))
+                        button.danger type="submit" { "Cancel all matching" }
+                    }
+                }
+            }
+        }
+        @if rows.is_empty() {
+            p.muted { "No jobs match." }
+        } @else {
+            (table(&["Id", "Type", "Queue", "State", "Attempt", "Key", "Enqueued", "Finished", "Last error", ""], html! {
+                @for row in rows {
+                    tr {
+                        td.num { a href={ "/jobs/" (row.id) } { (row.id) } }
+                        td { (row.job) }
+                        td { (row.queue) }
+                        td { (job_state(row.state)) }
+                        td.num { (row.attempts) }
+                        td { @if let Some(key) = &row.concurrency_key { code { (key) } } }
+                        td { (time(Some(row.enqueued_at), now)) }
+                        td { (time(row.finished_at, now)) }
+                        td.error { (row.error.as_deref().map(one_line).unwrap_or_default()) }
+                        td.actions {
+                            @if row.state.is_final() {
+                                (action_button(context, &format!("/jobs/{}/retry", row.id), "Retry", None))
+                            }
+                        }
+                    }
+                }
+            }))
+        }
+        nav.pages aria-label="Pages" {
+            @if query.before.is_some() {
+                a href={ "/jobs?" (filtered) } { "← Newest" }
+            }
+            @if let Some(next) = next {
+                a href={ "/jobs?" (filtered) @if !filtered.is_empty() { "&" } "before=" (next) } { "Older →" }
+            }
+        }
+    }
+}
+
+/// The filter's fields, hidden, for a bulk form.
+fn filter_fields(query: &JobQuery) -> Markup {
+    let fields = [
+        ("state", &query.state),
+        ("job", &query.job),
+        ("queue", &query.queue),
+        ("key", &query.key),
+        ("batch", &query.batch),
+        ("since", &query.since),
+        ("until", &query.until),
+    ];
+    html! {
+        @for (name, value) in fields {
+            @if let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty()) {
+                input type="hidden" name=(name) value=(value);
+            }
+        }
+    }
+}
+
+/// An error on one line, shortened for a table cell.
+fn one_line(error: &str) -> String {
+    let line = error.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(120) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
+/// One job in full.
+pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
+    let row = &job.row;
+    let live = !row.state.is_final();
+    html! {
+        h1 { "Job " (row.id) " " (job_state(row.state)) }
+        div.actions {
+            @if row.state.is_final() || row.state == JobState::Scheduled {
+                (action_button(context, &format!("/jobs/{}/retry", row.id), if live { "Run now" } else { "Retry" }, None))
+            }
+            @if live {
+                (action_button(context, &format!("/jobs/{}/cancel", row.id), "Cancel", Some("Cancel this job?")))
+            }
+        }
+        @if let Some(progress) = &job.progress {
+            @if let Some(fraction) = fraction_of(progress) {
+                section { h2 { "Progress" } (progress_bar(fraction, "job progress")) }
+            }
+        }
+        dl.facts {
+            dt { "Type" } dd { a href={ "/jobs?job=" (encode(&row.job)) } { (row.job) } }
+            dt { "Queue" } dd { (row.queue) }
+            dt { "Priority" } dd { (job.priority) }
+            dt { "Attempts" } dd { (row.attempts) " of " (job.max_attempts) }
+            @if let Some(key) = &row.concurrency_key {
+                dt { "Concurrency key" } dd { a href={ "/jobs?key=" (encode(key)) } { code { (key) } } }
+            }
+            @if let Some(batch) = job.batch_id { dt { "Batch" } dd { a href={ "/batches/" (batch) } { (batch) } } }
+            @if let Some(parent) = job.parent_id { dt { "Enqueued by" } dd { a href={ "/jobs/" (parent) } { "job " (parent) } } }
+            @if let Some(host) = &job.host_id { dt { "Host" } dd { code { (host) } } }
+            dt { "Enqueued" } dd { (time(Some(row.enqueued_at), now)) }
+            @if live { dt { "Due" } dd { (time(job.run_at, now)) } }
+            dt { "Started" } dd { (time(row.started_at, now)) }
+            dt { "Finished" } dd { (time(row.finished_at, now)) }
+        }
+        section { h2 { "Payload" } (json_block(&job.payload)) }
+        @if let Some(output) = &row.output { section { h2 { "Output" } (json_block(output)) } }
+        @if let Some(errors) = job.errors.as_array().filter(|e| !e.is_empty()) {
+            section {
+                h2 { "Errors" }
+                ol.errors {
+                    @for entry in errors {
+                        li {
+                            @if let Some(attempt) = entry.get("attempt") { strong { "Attempt " (attempt) } " " }
+                            @if let Some(at) = entry.get("at").and_then(|a| a.as_str()) { span.muted { (at) } }
+                            pre { (entry.get("error").and_then(|e| e.as_str()).unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(log) = &job.log { section { h2 { "Log" } (json_block(log)) } }
+    }
+}
+
+/// A progress document's fraction done, when it has `done` and `total`.
+fn fraction_of(progress: &serde_json::Value) -> Option<f64> {
+    let done = progress.get("done")?.as_f64()?;
+    let total = progress.get("total")?.as_f64()?;
+    (total > 0.0).then(|| done / total)
+}
+
+/// The concurrency keys with holders or blocked jobs.
+pub fn keys(keys: &[KeyStatus]) -> Markup {
+    html! {
+        h1 { "Concurrency keys" }
+        @if keys.is_empty() {
+            p.muted { "No key has holders or blocked jobs." }
+        } @else {
+            (table(&["Type", "Key", "Slots", "Holding", "Blocked", "Oldest wait"], html! {
+                @for key in keys {
+                    tr {
+                        td { (key.job) }
+                        td { a href={ "/jobs?key=" (encode(&key.key)) } { code { (key.key) } } }
+                        td.num {
+                            (key.holders) " / " (key.limit.map_or("none".to_string(), |l| l.to_string()))
+                        }
+                        td {
+                            @for holder in &key.holding {
+                                a href={ "/jobs/" (holder.id) } { (holder.id) }
+                                @if let Some(host) = &holder.host_id { " on " code { (host) } } @else { " (" (holder.state) ")" }
+                                br;
+                            }
+                        }
+                        td.num { a href={ "/jobs?state=blocked&key=" (encode(&key.key)) } { (key.blocked) } }
+                        td { (key.oldest_blocked_secs.map_or("–".to_string(), span)) }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// The hosts, alive or presumed dead.
+pub fn hosts(hosts: &[HostRow], now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Hosts" }
+        @if hosts.is_empty() {
+            p.muted { "No host has joined this database yet." }
+        } @else {
+            (table(&["Host", "State", "Last seen", "Heartbeat", "Started", "Version", "Job types"], html! {
+                @for host in hosts {
+                    tr {
+                        td { code { (host.id) } br; span.muted { (host.hostname) ", pid " (host.pid) } }
+                        td { (state_badge(if host.alive { "alive" } else { "silent" })) }
+                        td { (span(host.silent_secs)) " ago" }
+                        td { (span(host.heartbeat_ms as f64 / 1000.0)) }
+                        td { (time(Some(host.started_at), now)) }
+                        td { (host.version) }
+                        td {
+                            (host.job_types.join(", "))
+                            @if let Some(error) = &host.watcher_error { br; span.warning-text { "watcher down: " (error) } }
+                        }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// The registered job types with what each declared.
+pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Job types" }
+        @if types.is_empty() {
+            p.muted { "No component has registered a job type yet." }
+        }
+        @for view in types {
+            section.type-card {
+                h2 { a href={ "/jobs?job=" (encode(&view.registered.name)) } { (view.registered.name) } }
+                p.muted { "Component " (digest(&view.registered.digest)) ", registered " (time(Some(view.registered.updated_at), now)) }
+                @if let Some(error) = &view.registered.config_error {
+                    p.warning { "The stored configuration cannot be read: " (error) }
+                }
+                @if let Some(config) = &view.registered.config {
+                    dl.facts {
+                        @if let serde_json::Value::Object(fields) = serde_json::to_value(config).unwrap_or_default() {
+                            @for (name, value) in fields.iter().filter(|(name, value)| *name != "name" && !value.is_null()) {
+                                dt { (name.replace('_', " ")) }
+                                dd { @if value.is_object() { code { (value.to_string()) } } @else { (plain(value)) } }
+                            }
+                        }
+                    }
+                }
+                p {
+                    "Served by: "
+                    @if view.hosts.is_empty() { span.muted { "no host" } }
+                    @for host in &view.hosts {
+                        code { (host.host) } " "
+                        @if let Some(d) = &host.digest { (digest(d)) " " }
+                        (state_badge(if host.alive { "alive" } else { "silent" })) " "
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A JSON scalar as text, without a string's quotes.
+fn plain(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The batches, newest first.
+pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Batches" }
+        @if batches.is_empty() {
+            p.muted { "No batches yet." }
+        } @else {
+            (table(&["Id", "Label", "State", "Progress", "Members", "Failed", "Created", "Finished"], html! {
+                @for batch in batches {
+                    tr {
+                        td.num { a href={ "/batches/" (batch.id) } { (batch.id) } }
+                        td { (batch.label.as_deref().unwrap_or("")) }
+                        td { (state_badge(batch.state.as_str())) }
+                        td.bar { (progress_bar(batch.progress, &format!("batch {} progress", batch.id))) }
+                        td.num { (batch.counts.ended()) " / " (batch.counts.total) }
+                        td.num { (batch.counts.failed + batch.counts.discarded) }
+                        td { (time(Some(batch.created_at), now)) }
+                        td { (time(batch.finished_at, now)) }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// One batch: its counts, callbacks and times.
+pub fn batch(batch: &Batch, now: DateTime<Utc>) -> Markup {
+    let counts = &batch.counts;
+    html! {
+        h1 { "Batch " (batch.id) " " (state_badge(batch.state.as_str())) }
+        @if let Some(label) = &batch.label { p.lead { (label) } }
+        (progress_bar(batch.progress, "batch progress"))
+        section.cards aria-label="Members by state" {
+            @for (label, count) in [("total", counts.total), ("pending", counts.pending), ("running", counts.running), ("completed", counts.completed), ("failed", counts.failed), ("discarded", counts.discarded), ("cancelled", counts.cancelled)] {
+                div class={ "card state-" (label) } { span.count { (count) } span.label { (label) } }
+            }
+        }
+        p { a href={ "/jobs?batch=" (batch.id) } { "List its members" } }
+        dl.facts {
+            dt { "Created" } dd { (time(Some(batch.created_at), now)) }
+            dt { "Closed" } dd { (time(batch.closed_at, now)) }
+            dt { "Finished" } dd { (time(batch.finished_at, now)) }
+            @for (kind, job) in batch.callbacks.named() {
+                dt { (kind.replace('_', " ")) }
+                dd {
+                    (job)
+                    @if let Some(id) = batch.callback_jobs.get(kind) { ": " a href={ "/jobs/" (id) } { "job " (id) } }
+                    @if let Some(error) = batch.callback_errors.get(kind) { ": " span.warning-text { (error) } }
+                }
+            }
+        }
+    }
+}
+
+/// The schedules.
+pub fn schedules(schedules: &[ScheduleStatus], now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Schedules" }
+        @if schedules.is_empty() {
+            p.muted { "No job type declares a schedule." }
+        } @else {
+            (table(&["Type", "Cron", "Zone", "Last tick", "Next tick", "Backfill", "Served"], html! {
+                @for schedule in schedules {
+                    tr {
+                        td { a href={ "/jobs?job=" (encode(&schedule.job)) } { (schedule.job) } }
+                        td { code { (schedule.cron) } }
+                        td { (schedule.time_zone) }
+                        td { (time(schedule.last_tick, now)) }
+                        td { (time(schedule.next_tick, now)) }
+                        td.num { (schedule.backfill) }
+                        td { (state_badge(if schedule.served { "alive" } else { "silent" })) }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// The sign-in form.
+pub fn login(return_to: &str, failed: bool) -> Markup {
+    html! {
+        h1 { "Sign in" }
+        p { "Changes (retry, cancel, pause) need the token this server was started with." }
+        @if failed { p.problem { "That is not this server's token." } }
+        form.login method="post" action="/login" {
+            input type="hidden" name="return_to" value=(return_to);
+            label { "Token" input type="password" name="token" autocomplete="current-password" required autofocus; }
+            button type="submit" { "Sign in" }
+        }
+    }
+}

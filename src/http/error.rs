@@ -1,0 +1,66 @@
+//! The API's errors: a status and a message, sent as `{"error": "..."}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::access::Refusal;
+use crate::store::Error;
+
+/// An API request that did not succeed.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A request that cannot be understood: 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+
+    /// Nothing there: 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        let status = match refusal {
+            Refusal::ReadOnly | Refusal::Forged => StatusCode::FORBIDDEN,
+            Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+        };
+        ApiError { status, message: refusal.message().to_string() }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        let status = match &error {
+            Error::UnknownJobType(_) => StatusCode::NOT_FOUND,
+            Error::PayloadNotObject { .. } | Error::PayloadTooLarge { .. } | Error::InvalidEnqueue(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Error::JobState { reason, .. } if reason == crate::store::NO_SUCH_JOB => StatusCode::NOT_FOUND,
+            Error::JobState { .. } | Error::LimitReached(_) | Error::Duplicate { .. } | Error::BatchRefused(_) => {
+                StatusCode::CONFLICT
+            }
+            error if error.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status.is_server_error() {
+            tracing::warn!(%error, "an HTTP request failed in the store");
+        }
+        ApiError { status, message: error.to_string() }
+    }
+}

@@ -1,0 +1,125 @@
+//! The HTTP side of jobhost, on either backend and with or without
+//! components loaded: the JSON API under `/api` ([`api`], described by
+//! `/api/openapi.json`), the operator's dashboard at `/` ([`dashboard`]),
+//! and Prometheus metrics at `/metrics` ([`scrape`]).
+//!
+//! Read-only unless started with a token: every request that changes
+//! something presents it ([`access`]), as a bearer token to the API or as
+//! a signed-in session with a CSRF token to the dashboard's forms. Request
+//! bodies are bounded; every input is validated before the store sees it.
+
+mod access;
+mod api;
+mod dashboard;
+mod error;
+mod query;
+mod scrape;
+mod views;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+pub use access::MIN_TOKEN_LENGTH;
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// The address to listen on; `127.0.0.1:8080` unless told otherwise.
+    pub listen: SocketAddr,
+    /// The token that unlocks changes; without one the server is read-only.
+    pub token: Option<String>,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The default address: this machine only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+impl HttpConfig {
+    /// Serving on `listen`, read-only, with bodies up to the largest
+    /// payload an enqueue takes plus room for its options.
+    pub fn new(listen: SocketAddr) -> Self {
+        HttpConfig {
+            listen,
+            token: None,
+            max_body_bytes: crate::store::EnqueueLimits::default().max_payload_bytes + BODY_SLACK,
+        }
+    }
+}
+
+/// Room in a request body beyond its payload: the job type, options, JSON.
+pub const BODY_SLACK: usize = 16 * 1024;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The token is too short to resist guessing.
+    #[error("the token must be at least {MIN_TOKEN_LENGTH} characters")]
+    WeakToken,
+    /// The address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct AppState {
+    store: Arc<dyn Store>,
+    access: Arc<access::Access>,
+    metrics: Metrics,
+}
+
+/// A bound server, not yet serving: its address is known (port 0 picks one).
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    router: Router,
+}
+
+impl Server {
+    /// Binds `config.listen` and builds the routes over `store`, exposing
+    /// `metrics` (this process's counters) at `/metrics`.
+    ///
+    /// # Errors
+    /// A token too short, or an address that cannot be bound.
+    pub async fn bind(config: &HttpConfig, store: Arc<dyn Store>, metrics: Metrics) -> Result<Server, HttpError> {
+        let access = access::Access::new(config.token.as_deref()).ok_or(HttpError::WeakToken)?;
+        let state = AppState { store, access: Arc::new(access), metrics };
+        let router = Router::new()
+            .merge(api::routes())
+            .merge(dashboard::routes())
+            .merge(scrape::routes())
+            .layer(DefaultBodyLimit::max(config.max_body_bytes))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| HttpError::Bind { address: config.listen, source })?;
+        Ok(Server { listener, router })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Serves until `shutdown`, then lets requests in flight finish.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        let served = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "the HTTP server stopped");
+        }
+    }
+}

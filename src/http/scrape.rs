@@ -1,0 +1,118 @@
+//! `/metrics`: Prometheus's text format (OpenMetrics). The database's
+//! numbers are read at each scrape, from the same store calls as `jobhost
+//! stats` and `jobhost concurrency`, so the two always agree; this
+//! process's own counters follow ([`crate::metrics`]).
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::AppState;
+use crate::store::{KeyStatus, Stats, Store};
+
+/// The content type of OpenMetrics text, which Prometheus reads.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateQueue {
+    state: String,
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Queue {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Liveness {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobType {
+    job: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let (stats, keys) = match read(&*state.store).await {
+        Ok(read) => read,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the database for a metrics scrape");
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the database: {error}\n")).into_response();
+        }
+    };
+    let database = database_registry(&stats, &keys);
+    let mut text = String::new();
+    let encoded = encode_registry(&mut text, &database)
+        .and_then(|()| encode_registry(&mut text, state.metrics.registry()))
+        .and_then(|()| encode_eof(&mut text));
+    match encoded {
+        Ok(()) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode the metrics\n").into_response(),
+    }
+}
+
+async fn read(store: &dyn Store) -> crate::store::Result<(Stats, Vec<KeyStatus>)> {
+    Ok((store.job_stats().await?, store.semaphore_list().await?))
+}
+
+/// The database's numbers as gauges.
+fn database_registry(stats: &Stats, keys: &[KeyStatus]) -> Registry {
+    let mut registry = Registry::default();
+    let jobs = Family::<StateQueue, Gauge>::default();
+    for (queue, states) in &stats.queues {
+        for (state, count) in states {
+            jobs.get_or_create(&StateQueue { state: state.clone(), queue: queue.clone() }).set(*count);
+        }
+    }
+    registry.register("jobhost_jobs", "Jobs in the database by state and queue, live and archived", jobs);
+    let paused = Family::<Queue, Gauge>::default();
+    for queue in &stats.paused_queues {
+        paused.get_or_create(&Queue { queue: queue.clone() }).set(1);
+    }
+    registry.register("jobhost_queue_paused", "1 for each queue an operator paused", paused);
+    let oldest = FloatGauge::default();
+    oldest.set(stats.oldest_available_secs.unwrap_or(0.0));
+    registry.register("jobhost_oldest_available_seconds", "How long the oldest available job has waited", oldest);
+    let hosts = Family::<Liveness, Gauge>::default();
+    hosts.get_or_create(&Liveness { state: "alive".into() }).set(stats.hosts_alive);
+    hosts.get_or_create(&Liveness { state: "silent".into() }).set(stats.hosts_silent.len() as i64);
+    registry.register("jobhost_hosts", "Hosts by liveness, each judged by its own heartbeat", hosts);
+    let mut holders: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut blocked: BTreeMap<&str, i64> = BTreeMap::new();
+    for key in keys {
+        *holders.entry(&key.job).or_default() += i64::from(key.holders);
+        *blocked.entry(&key.job).or_default() += key.blocked;
+    }
+    let holding = Family::<JobType, Gauge>::default();
+    for (job, count) in holders {
+        holding.get_or_create(&JobType { job: job.to_string() }).set(count);
+    }
+    registry.register("jobhost_concurrency_holders", "Slots taken per limited job type, over all its keys", holding);
+    let parked = Family::<JobType, Gauge>::default();
+    for (job, count) in blocked {
+        parked.get_or_create(&JobType { job: job.to_string() }).set(count);
+    }
+    registry.register(
+        "jobhost_concurrency_blocked",
+        "Jobs parked until their key has a free slot, per job type",
+        parked,
+    );
+    registry
+}

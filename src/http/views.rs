@@ -1,0 +1,174 @@
+//! What the API and the dashboard both show and do, assembled once from
+//! the store: queues with their counts, job types with the hosts serving
+//! them, schedules at the database's time, throughput, bulk actions.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::store::{Cancel, JobFilter, JobTypeRow, ScheduleStatus, Store};
+
+/// A queue: its live and archived jobs by state, and whether it is paused.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueView {
+    /// Its name.
+    pub name: String,
+    /// Whether hosts are kept from leasing its jobs.
+    pub paused: bool,
+    /// Its jobs by state (only states it has).
+    pub counts: BTreeMap<String, i64>,
+}
+
+/// Every queue with jobs or a pause, by name.
+pub async fn queues(store: &dyn Store) -> crate::store::Result<Vec<QueueView>> {
+    let stats = store.job_stats().await?;
+    let mut queues: BTreeMap<String, QueueView> = stats
+        .queues
+        .into_iter()
+        .map(|(name, counts)| (name.clone(), QueueView { name, paused: false, counts }))
+        .collect();
+    for name in stats.paused_queues {
+        queues
+            .entry(name.clone())
+            .or_insert_with(|| QueueView { name, paused: false, counts: BTreeMap::new() })
+            .paused = true;
+    }
+    Ok(queues.into_values().collect())
+}
+
+/// A host serving a job type, with the component it serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServingHost {
+    /// The host's id.
+    pub host: String,
+    /// The digest of its component for the type.
+    pub digest: Option<String>,
+    /// Whether it is alive by its own heartbeat.
+    pub alive: bool,
+}
+
+/// A registered job type, with the hosts that loaded it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobTypeView {
+    /// The registration.
+    #[serde(flatten)]
+    pub registered: JobTypeRow,
+    /// The hosts (live or presumed dead) that list it.
+    pub hosts: Vec<ServingHost>,
+}
+
+/// Every registered job type, by name.
+pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeView>> {
+    let hosts = store.host_list().await?;
+    Ok(store
+        .job_types_list()
+        .await?
+        .into_iter()
+        .map(|registered| {
+            let hosts = hosts
+                .iter()
+                .filter(|h| h.job_types.contains(&registered.name))
+                .map(|h| ServingHost {
+                    host: h.id.clone(),
+                    digest: h.digests.get(&registered.name).cloned(),
+                    alive: h.alive,
+                })
+                .collect();
+            JobTypeView { registered, hosts }
+        })
+        .collect())
+}
+
+/// Every schedule as of the database's clock.
+pub async fn schedules(store: &dyn Store) -> crate::store::Result<Vec<ScheduleStatus>> {
+    let listing = store.schedule_list(None).await?;
+    Ok(listing.schedules.iter().map(|state| ScheduleStatus::new(state, listing.now)).collect())
+}
+
+/// Jobs ended in a recent window, by final state.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// The window, in seconds.
+    pub window_secs: f64,
+    /// Jobs that ended in it, by final state (every final state listed).
+    pub finished: BTreeMap<String, i64>,
+    /// Completed jobs per second over the window.
+    pub completed_per_sec: f64,
+}
+
+/// What ended in the last `window_secs` seconds.
+pub async fn throughput(store: &dyn Store, window_secs: f64) -> crate::store::Result<Throughput> {
+    let counted = store.job_finished_since(window_secs).await?;
+    let finished: BTreeMap<String, i64> = crate::store::JobState::ALL
+        .iter()
+        .filter(|s| s.is_final())
+        .map(|s| (s.as_str().to_string(), counted.get(s.as_str()).copied().unwrap_or(0)))
+        .collect();
+    let completed_per_sec = finished["completed"] as f64 / window_secs;
+    Ok(Throughput { window_secs, finished, completed_per_sec })
+}
+
+/// What a bulk action is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    /// Run again.
+    Retry,
+    /// Cancel.
+    Cancel,
+}
+
+/// A job a bulk action left as it was, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unchanged {
+    /// The job.
+    pub id: i64,
+    /// Why (its state does not allow the action, say).
+    pub reason: String,
+}
+
+/// What a bulk action did.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct BulkOutcome {
+    /// Jobs the filter matched (at most its limit).
+    pub matched: usize,
+    /// Jobs retried or cancelled at once.
+    pub changed: usize,
+    /// Running jobs asked to stop (a cancel): their hosts end them.
+    pub requested: usize,
+    /// Jobs left as they were, with the reason (the first 100).
+    pub unchanged: Vec<Unchanged>,
+    /// Whether the filter may match more jobs than this pass took: send
+    /// the same request again.
+    pub more: bool,
+}
+
+/// The most unchanged jobs a bulk outcome names.
+const UNCHANGED_LISTED: usize = 100;
+
+/// Applies `action` to each job `filter` matches, one job at a time
+/// through the same rules as the single action (a retry passes the gate
+/// again; a running job's cancel goes through its host). A job whose state
+/// does not allow it is left, with the reason; a database failure stops
+/// the pass and is returned.
+pub async fn bulk(store: &dyn Store, filter: &JobFilter, action: BulkAction) -> crate::store::Result<BulkOutcome> {
+    let jobs = store.job_list(filter).await?;
+    let mut outcome =
+        BulkOutcome { matched: jobs.len(), more: jobs.len() as i64 == filter.limit, ..Default::default() };
+    for job in jobs {
+        let done = match action {
+            BulkAction::Retry => store.job_retry(job.id).await.map(|()| Cancel::Cancelled),
+            BulkAction::Cancel => store.job_cancel(job.id).await,
+        };
+        match done {
+            Ok(Cancel::Cancelled) => outcome.changed += 1,
+            Ok(Cancel::Requested) => outcome.requested += 1,
+            Err(error) if error.is_refusal() || matches!(error, crate::store::Error::JobState { .. }) => {
+                if outcome.unchanged.len() < UNCHANGED_LISTED {
+                    outcome.unchanged.push(Unchanged { id: job.id, reason: error.to_string() });
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(outcome)
+}
