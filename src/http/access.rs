@@ -85,7 +85,7 @@ impl Access {
         let presented = headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| v.get(..7).filter(|scheme| scheme.eq_ignore_ascii_case("bearer ")).map(|_| &v[7..]))
             .ok_or(Refusal::Unauthorized)?;
         if digest(presented.trim()) == keys.token { Ok(()) } else { Err(Refusal::Unauthorized) }
     }

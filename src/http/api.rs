@@ -69,8 +69,16 @@ fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     query.map(|Query(q)| q).map_err(|rejection| ApiError::bad_request(rejection.body_text()))
 }
 
+/// The body, or why it does not read: 413 past the size limit, 415 when
+/// it is not declared JSON, 400 for anything else wrong with it.
 fn body_of<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|Json(b)| b).map_err(|rejection| ApiError { status: rejection.status(), message: rejection.body_text() })
+    body.map(|Json(b)| b).map_err(|rejection| {
+        let status = match rejection.status() {
+            status @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => status,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError { status, message: rejection.body_text() }
+    })
 }
 
 fn id_of(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {
@@ -113,7 +121,7 @@ async fn jobs_list(State(state): State<AppState>, query: Result<Query<JobQuery>,
     let filter = query_of(query)?.filter(DEFAULT_PAGE, MAX_PAGE).map_err(ApiError::bad_request)?;
     let jobs = state.store.job_list(&filter).await?;
     // A full page may have more after it; the cursor is its last id.
-    let next = (jobs.len() as i64 == filter.limit).then(|| jobs.last().map(|j| j.id.to_string())).flatten();
+    let next = (jobs.len() as i64 == filter.limit).then(|| jobs.last().map(|j| j.id)).flatten();
     ok(json!({ "jobs": jobs, "next": next }))
 }
 

@@ -81,6 +81,30 @@ struct AppState {
     metrics: Metrics,
 }
 
+/// Refuses a request whose declared length is past the limit before any of
+/// its body is read; one that declares none is cut off at the limit as it
+/// is read (the body limit layer).
+async fn refuse_oversized(
+    max: usize,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > max as u64 => error::ApiError {
+            status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is {length} bytes, more than the {max} bytes accepted"),
+        }
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
 /// A bound server, not yet serving: its address is known (port 0 picks one).
 pub struct Server {
     listener: tokio::net::TcpListener,
@@ -96,11 +120,13 @@ impl Server {
     pub async fn bind(config: &HttpConfig, store: Arc<dyn Store>, metrics: Metrics) -> Result<Server, HttpError> {
         let access = access::Access::new(config.token.as_deref()).ok_or(HttpError::WeakToken)?;
         let state = AppState { store, access: Arc::new(access), metrics };
+        let max_body = config.max_body_bytes;
         let router = Router::new()
             .merge(api::routes())
             .merge(dashboard::routes())
             .merge(scrape::routes())
-            .layer(DefaultBodyLimit::max(config.max_body_bytes))
+            .layer(DefaultBodyLimit::max(max_body))
+            .layer(axum::middleware::from_fn(move |request, next| refuse_oversized(max_body, request, next)))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

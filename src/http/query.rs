@@ -14,28 +14,49 @@ pub const MAX_PAGE: i64 = 500;
 /// it while `more` says so.
 pub const MAX_BULK: i64 = 10_000;
 
-/// A job filter as sent. Empty fields are absent (an HTML form sends them).
+/// A job filter as sent. Empty fields are absent (an HTML form sends
+/// them); in a JSON body a number may be given as a number.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobQuery {
     /// A state name.
+    #[serde(default, deserialize_with = "text")]
     pub state: Option<String>,
     /// A job type.
+    #[serde(default, deserialize_with = "text")]
     pub job: Option<String>,
     /// A queue.
+    #[serde(default, deserialize_with = "text")]
     pub queue: Option<String>,
     /// A rendered concurrency key.
+    #[serde(default, deserialize_with = "text")]
     pub key: Option<String>,
     /// A batch id.
+    #[serde(default, deserialize_with = "text")]
     pub batch: Option<String>,
     /// Enqueued at or after this time (RFC 3339).
+    #[serde(default, deserialize_with = "text")]
     pub since: Option<String>,
     /// Enqueued before this time (RFC 3339).
+    #[serde(default, deserialize_with = "text")]
     pub until: Option<String>,
     /// The cursor: ids below this one.
+    #[serde(default, deserialize_with = "text")]
     pub before: Option<String>,
     /// At most this many.
+    #[serde(default, deserialize_with = "text")]
     pub limit: Option<String>,
+}
+
+/// A field given as text, or as a JSON number (kept as written).
+fn text<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    use serde::de::Error;
+    match serde_json::Value::deserialize(deserializer)? {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(text) => Ok(Some(text)),
+        serde_json::Value::Number(number) => Ok(Some(number.to_string())),
+        other => Err(D::Error::custom(format!("expected text or a number, got {other}"))),
+    }
 }
 
 /// A field's text, unless the form left it empty.

@@ -44,20 +44,24 @@ struct Liveness {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobType {
-    job: String,
+    job_type: String,
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let (stats, keys) = match read(&*state.store).await {
-        Ok(read) => read,
-        Err(error) => {
-            tracing::warn!(%error, "cannot read the database for a metrics scrape");
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the database: {error}\n")).into_response();
-        }
+    // A database that cannot be read is reported as down, and this
+    // process's own counters are still scraped.
+    let read = read(&*state.store).await.inspect_err(|error| {
+        tracing::warn!(%error, "cannot read the database for a metrics scrape");
+    });
+    let mut database = match &read {
+        Ok((stats, keys)) => database_registry(stats, keys),
+        Err(_) => Registry::default(),
     };
-    let database = database_registry(&stats, &keys);
+    let up = Gauge::<i64>::default();
+    up.set(i64::from(read.is_ok()));
+    database.register("jobhost_database_up", "1 when this scrape could read the database, 0 when it could not", up);
     let mut text = String::new();
     let encoded = encode_registry(&mut text, &database)
         .and_then(|()| encode_registry(&mut text, state.metrics.registry()))
@@ -102,12 +106,12 @@ fn database_registry(stats: &Stats, keys: &[KeyStatus]) -> Registry {
     }
     let holding = Family::<JobType, Gauge>::default();
     for (job, count) in holders {
-        holding.get_or_create(&JobType { job: job.to_string() }).set(count);
+        holding.get_or_create(&JobType { job_type: job.to_string() }).set(count);
     }
     registry.register("jobhost_concurrency_holders", "Slots taken per limited job type, over all its keys", holding);
     let parked = Family::<JobType, Gauge>::default();
     for (job, count) in blocked {
-        parked.get_or_create(&JobType { job: job.to_string() }).set(count);
+        parked.get_or_create(&JobType { job_type: job.to_string() }).set(count);
     }
     registry.register(
         "jobhost_concurrency_blocked",

@@ -138,8 +138,10 @@ pub struct BulkOutcome {
     /// Jobs left as they were, with the reason (the first 100).
     pub unchanged: Vec<Unchanged>,
     /// Whether the filter may match more jobs than this pass took: send
-    /// the same request again.
+    /// the same request again with `before` set to `next`.
     pub more: bool,
+    /// The cursor past this pass's jobs (the last id it took), when `more`.
+    pub next: Option<i64>,
 }
 
 /// The most unchanged jobs a bulk outcome names.
@@ -152,8 +154,9 @@ const UNCHANGED_LISTED: usize = 100;
 /// the pass and is returned.
 pub async fn bulk(store: &dyn Store, filter: &JobFilter, action: BulkAction) -> crate::store::Result<BulkOutcome> {
     let jobs = store.job_list(filter).await?;
-    let mut outcome =
-        BulkOutcome { matched: jobs.len(), more: jobs.len() as i64 == filter.limit, ..Default::default() };
+    let more = jobs.len() as i64 == filter.limit;
+    let next = jobs.last().filter(|_| more).map(|j| j.id);
+    let mut outcome = BulkOutcome { matched: jobs.len(), more, next, ..Default::default() };
     for job in jobs {
         let done = match action {
             BulkAction::Retry => store.job_retry(job.id).await.map(|()| Cancel::Cancelled),

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::types::ChildJob;
 
 /// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Waiting for its time (delayed, or in retry backoff).

@@ -75,6 +75,7 @@ pub async fn wait_for<T: Clone + std::fmt::Debug>(
 
 pub mod db;
 pub mod fleet;
+pub mod http;
 pub mod pg_server;
 pub mod proxy;
 pub mod run_log;

@@ -21,8 +21,15 @@ pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Resu
     }
     let ids: Vec<Option<i64>> = jobs.iter().map(|j| j.batch_id).collect();
     let closed_ok: Vec<bool> = jobs.iter().map(|j| j.batch_by_member).collect();
-    sqlx::query("SELECT jobhost.batch_add_members($1, $2)").bind(&ids).bind(&closed_ok).execute(conn).await?;
-    Ok(())
+    let added = sqlx::query("SELECT jobhost.batch_add_members($1, $2)").bind(&ids).bind(&closed_ok).execute(conn).await;
+    match added {
+        Ok(_) => Ok(()),
+        // A missing or closed batch: the function's refusal, as SQLite names it too.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22023") => {
+            Err(Error::BatchRefused(db.message().to_string()))
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Creates a batch and inserts its first members in one transaction,

@@ -1,0 +1,114 @@
+//! A real HTTP server over a test database, and a plain client for it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio_util::sync::CancellationToken;
+
+use jobhost::http::{HttpConfig, Server};
+use jobhost::store::Store;
+
+/// The token test servers take.
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// A server on an ephemeral port, stopped when dropped.
+pub struct TestServer {
+    pub address: SocketAddr,
+    client: Client<HttpConnector, Full<bytes::Bytes>>,
+    stop: CancellationToken,
+}
+
+/// An answer: its status, headers and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+impl TestServer {
+    /// Serves `store` with `token` (read-only without one).
+    pub async fn start(store: Arc<dyn Store>, token: Option<&str>) -> TestServer {
+        Self::start_with(store, token, jobhost::metrics::Metrics::default()).await
+    }
+
+    /// [`TestServer::start`], exposing `metrics`.
+    pub async fn start_with(
+        store: Arc<dyn Store>,
+        token: Option<&str>,
+        metrics: jobhost::metrics::Metrics,
+    ) -> TestServer {
+        let config = HttpConfig { token: token.map(str::to_string), ..HttpConfig::new("127.0.0.1:0".parse().unwrap()) };
+        let server = Server::bind(&config, store, metrics).await.expect("bind the HTTP server");
+        let address = server.local_addr();
+        let stop = CancellationToken::new();
+        tokio::spawn(server.serve(stop.clone()));
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        TestServer { address, client, stop }
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// Sends a request with `body` (JSON unless `content_type` says) and
+    /// the bearer `token` if given.
+    pub async fn send(&self, method: Method, path: &str, body: Option<(&str, String)>, token: Option<&str>) -> Answer {
+        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.url()));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let bytes = match body {
+            Some((content_type, body)) => {
+                request = request.header("content-type", content_type);
+                body
+            }
+            None => String::new(),
+        };
+        let response = self.client.request(request.body(Full::from(bytes)).unwrap()).await.expect("HTTP request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.expect("HTTP body").to_bytes();
+        Answer { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+    }
+
+    /// Writes `request` as it is on a fresh connection and reads the
+    /// answer until the server closes it.
+    pub async fn send_raw(&self, request: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.address).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("write the request");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// A GET.
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(Method::GET, path, None, None).await
+    }
+
+    /// A JSON POST with the test token.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> Answer {
+        self.send(Method::POST, path, Some(("application/json", body.to_string())), Some(TOKEN)).await
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
