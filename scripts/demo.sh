@@ -7,7 +7,8 @@
 # duplicate of a unique job answered with the waiting job's id, a batch
 # with its callback and progress, a job's progress while it runs, a wait
 # for a job's result, and a schedule enqueueing a job every second once it
-# is dropped in.
+# is dropped in; all of it on the web dashboard, whose address it prints
+# (run from a terminal, it keeps the dashboard up at the end until Ctrl-C).
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,15 @@ step "$jobhost" migrate
 host=$!
 trap 'kill $host 2>/dev/null || true' EXIT
 until "$jobhost" stats | grep -q 'hosts alive: 1'; do sleep 0.2; done
+# The dashboard, API and metrics over the same database (a free port;
+# JOBHOST_DEMO_LISTEN picks one), with a token so its buttons work.
+export JOBHOST_TOKEN="${JOBHOST_TOKEN:-demo-token-$(date +%s)-$$}"
+"$jobhost" serve --listen "${JOBHOST_DEMO_LISTEN:-127.0.0.1:0}" > "$components/serve.log" 2>&1 &
+serve=$!
+trap 'kill $host $serve 2>/dev/null || true' EXIT
+until grep -q 'dashboard and API on' "$components/serve.log"; do sleep 0.1; done
+dashboard=$(grep -o 'http://[^ ]*' "$components/serve.log")
+printf '\n\033[1mdashboard: %s  (sign in with the token %s)\033[0m\n' "$dashboard" "$JOBHOST_TOKEN"
 
 step "$jobhost" enqueue hello --payload '{"name": "Ada"}'
 step "$jobhost" enqueue flaky --payload '{"fail_times": 2}'
@@ -81,9 +91,22 @@ until [ "$("$jobhost" jobs --job ticker --state completed | grep -c .)" -ge 3 ];
 step "$jobhost" schedules
 step "$jobhost" jobs --job ticker --limit 3
 step "$jobhost" job "$("$jobhost" jobs --job ticker --state completed --limit 1 --json | sed -E 's/^\{"id":([0-9]+).*/\1/')"
+# The same numbers over HTTP, as JSON and as Prometheus metrics, and an
+# enqueue through the API (it needs the token).
+if command -v curl >/dev/null; then
+  step curl -s "$dashboard/api/stats"
+  echo; step curl -s -X POST "$dashboard/api/jobs" -H "Authorization: Bearer $JOBHOST_TOKEN" \
+    -H 'content-type: application/json' -d '{"job": "hello", "payload": {"name": "HTTP"}}'
+  echo; curl -s "$dashboard/metrics" | grep '^jobhost_jobs{' | head -n 5
+fi
 kill -TERM "$host" && wait "$host"
 echo; echo "host log:"; cat "$components/host.log"
 
 step "$jobhost" inspect --pretty guests/dist/limited.wasm
 step "$jobhost" exec guests/dist/hog.wasm || true
 step "$jobhost" inspect guests/dist/misconfigured.wasm || true
+
+if [ -t 0 ] && [ -t 1 ]; then
+  printf '\n\033[1mThe dashboard stays up at %s (token %s): press Ctrl-C to stop.\033[0m\n' "$dashboard" "$JOBHOST_TOKEN"
+  wait "$serve" || true
+fi

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use jobhost::store::{EnqueueParams, FinishOutcome, HostInfo, JobState, NewBatch};
@@ -459,3 +460,92 @@ on_both_backends!(
     metrics_agree_with_stats,
     every_documented_endpoint_answers,
 );
+
+/// The first line of `reader` containing `marker`, read on a thread (the
+/// rest is drained so the process never blocks on a full pipe).
+fn line_with(reader: impl std::io::Read + Send + 'static, marker: &'static str) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (found, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for text in std::io::BufReader::new(reader).lines().map_while(Result::ok) {
+            if text.contains(marker) {
+                let _ = found.send(text);
+            }
+        }
+    });
+    line
+}
+
+/// The `host:port` after `prefix` in `line`.
+fn address_in(line: &str, prefix: &str) -> std::net::SocketAddr {
+    let start = line.find(prefix).unwrap_or_else(|| panic!("no {prefix:?} in {line:?}")) + prefix.len();
+    let address: String = line[start..].chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+    address.parse().unwrap_or_else(|e| panic!("{address:?} in {line:?}: {e}"))
+}
+
+/// A client for a server some process started.
+async fn client_for(address: std::net::SocketAddr) -> TestServer {
+    TestServer::at(address)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_prints_its_address_and_stops_on_sigterm() {
+    let db = TestDb::sqlite().await;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &db.url])
+        .env("RUST_LOG", "warn")
+        .env_remove("JOBHOST_TOKEN")
+        .stdout(std::process::Stdio::piped());
+    let mut serving = common::fleet::Host::start(&mut command);
+    let line = line_with(serving.take_stdout(), "dashboard and API on").recv().expect("serve prints its address");
+    assert!(line.contains("read-only"), "{line}");
+    let server = client_for(address_in(&line, "http://")).await;
+    assert_eq!(server.get("/api/health").await.json()["database"], "ok");
+    assert_eq!(server.post("/api/queues/default/pause", json!({})).await.status, StatusCode::FORBIDDEN);
+    serving.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_host_serves_the_metrics_of_its_runs() {
+    let _fleet = common::fleet::ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = common::fleet::components(&["hello"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut command = common::fleet::host_command(&db.url, components.path(), cache.path());
+    command
+        .args(["--http", "127.0.0.1:0", "--token", TOKEN])
+        .env("RUST_LOG", "warn,jobhost::host=info")
+        .stderr(std::process::Stdio::piped());
+    let mut host = common::fleet::Host::start(&mut command);
+    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
+    let server = client_for(address_in(&line, "address=")).await;
+    common::eventually(Duration::from_secs(60), || async {
+        server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
+    })
+    .await;
+    let mut ids = Vec::new();
+    for name in ["Ada", "Grace", "Edsger"] {
+        let created = server.post("/api/jobs", json!({"job": "hello", "payload": {"name": name}})).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        ids.push(created.json()["id"].as_i64().unwrap());
+    }
+    for id in &ids {
+        let path = format!("/api/jobs/{id}");
+        common::eventually(Duration::from_secs(60), || async {
+            server.get(&path).await.json()["state"] == "completed"
+        })
+        .await;
+    }
+    let scrape = server.get("/metrics").await.body;
+    let runs = samples(&scrape, "jobhost_");
+    let value = |name: &str, labels: &str| runs.get(&(name.to_string(), labels.to_string())).copied();
+    assert_eq!(value("jobhost_runs_total", "job_type=\"hello\",outcome=\"completed\""), Some(3.0), "{scrape}");
+    assert_eq!(value("jobhost_run_duration_seconds_count", "job_type=\"hello\""), Some(3.0));
+    assert_eq!(value("jobhost_sandbox_instantiate_seconds_count", "job_type=\"hello\""), Some(3.0));
+    assert_eq!(value("jobhost_enqueued_total", "job_type=\"hello\""), Some(3.0));
+    assert_eq!(value("jobhost_jobs", "queue=\"default\",state=\"completed\""), Some(3.0));
+    assert_eq!(value("jobhost_hosts", "state=\"alive\""), Some(1.0));
+    assert_eq!(value("jobhost_database_up", ""), Some(1.0));
+    host.stop().await;
+}

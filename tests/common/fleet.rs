@@ -66,6 +66,16 @@ impl Host {
         Host { child: command.spawn().expect("start jobhost run") }
     }
 
+    /// The process's standard output, piped by its command.
+    pub fn take_stdout(&mut self) -> std::process::ChildStdout {
+        self.child.stdout.take().expect("a piped stdout")
+    }
+
+    /// The process's standard error, piped by its command.
+    pub fn take_stderr(&mut self) -> std::process::ChildStderr {
+        self.child.stderr.take().expect("a piped stderr")
+    }
+
     /// The process id, which the host's id in the fleet contains.
     pub fn pid(&self) -> u32 {
         self.child.id()

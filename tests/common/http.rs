@@ -59,6 +59,12 @@ impl TestServer {
         TestServer { address, client, stop }
     }
 
+    /// A client for a server another process serves at `address`.
+    pub fn at(address: SocketAddr) -> TestServer {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        TestServer { address, client, stop: CancellationToken::new() }
+    }
+
     /// The server's base URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.address)
@@ -67,9 +73,22 @@ impl TestServer {
     /// Sends a request with `body` (JSON unless `content_type` says) and
     /// the bearer `token` if given.
     pub async fn send(&self, method: Method, path: &str, body: Option<(&str, String)>, token: Option<&str>) -> Answer {
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("authorization", b.as_str())).collect();
+        self.send_with(method, path, body, &headers).await
+    }
+
+    /// [`TestServer::send`], with these headers.
+    pub async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&str, String)>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
         let mut request = Request::builder().method(method).uri(format!("{}{path}", self.url()));
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let bytes = match body {
             Some((content_type, body)) => {

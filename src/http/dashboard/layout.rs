@@ -147,16 +147,43 @@ pub fn digest(digest: &str) -> Markup {
     html! { code title=(digest) { (digest.get(..12).unwrap_or(digest)) } }
 }
 
+/// A table's column heading: numbers align right, under their heading.
+pub enum Head {
+    /// A column of text.
+    Text(&'static str),
+    /// A column of numbers.
+    Number(&'static str),
+}
+
 /// A table wrapped so that it scrolls sideways on a narrow screen instead
 /// of widening the page.
-pub fn table(head: &[&str], rows: Markup) -> Markup {
+pub fn table(head: &[Head], rows: Markup) -> Markup {
     html! {
         div.scroll {
             table {
-                thead { tr { @for cell in head { th scope="col" { (cell) } } } }
+                thead {
+                    tr {
+                        @for cell in head {
+                            @match cell {
+                                Head::Text(label) => th scope="col" { (label) },
+                                Head::Number(label) => th.num scope="col" { (label) },
+                            }
+                        }
+                    }
+                }
                 tbody { (rows) }
             }
         }
+    }
+}
+
+/// Bytes as KiB, MiB or GiB.
+pub fn bytes(count: u64) -> String {
+    match count {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 => format!("{:.0} MiB", n as f64 / f64::from(1 << 20)),
+        n if n >= 1 << 10 => format!("{:.0} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
     }
 }
 

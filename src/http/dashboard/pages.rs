@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 
 use super::layout::{
-    Context, action_button, digest, hidden_fields, job_state, json_block, progress_bar, span, state_badge, table, time,
+    Context, Head, action_button, bytes, digest, hidden_fields, job_state, json_block, progress_bar, span, state_badge,
+    table, time,
 };
 use crate::http::query::{JobQuery, encode};
 use crate::http::views::{JobTypeView, QueueView, Throughput};
@@ -53,7 +54,7 @@ pub fn overview(
         @if queues.is_empty() {
             p.muted { "No jobs yet." }
         } @else {
-            (table(&["Queue", "Available", "Running", "Scheduled", "Blocked", "Failed", "Completed", ""], html! {
+            (table(&[Head::Text("Queue"), Head::Number("Available"), Head::Number("Running"), Head::Number("Scheduled"), Head::Number("Blocked"), Head::Number("Failed"), Head::Number("Completed"), Head::Text("")], html! {
                 @for queue in queues {
                     tr {
                         th scope="row" {
@@ -84,8 +85,11 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
     let filtered = query.to_query_string();
     let title = if selected.is_empty() { "Jobs".to_string() } else { format!("Jobs: {selected}") };
     let ended = JobState::parse(selected).is_some_and(JobState::is_final);
+    let retry_all = JobState::parse(selected).is_some_and(|s| retryable(s) || s == JobState::Scheduled);
     html! {
         h1 { (title) }
+        details.filters open {
+        summary { "Filter" @if !filtered.is_empty() { " (on)" } }
         form.filters method="get" action="/jobs" {
             label { "State"
                 select name="state" {
@@ -99,14 +103,15 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
             label { "Queue" input name="queue" value=(field(&query.queue)) size="10"; }
             label { "Key" input name="key" value=(field(&query.key)) size="12"; }
             label { "Batch" input name="batch" value=(field(&query.batch)) size="6" inputmode="numeric"; }
-            label { "Since" input name="since" value=(field(&query.since)) placeholder="2026-12-01T09:00:00Z" size="20"; }
-            label { "Until" input name="until" value=(field(&query.until)) placeholder="RFC 3339" size="20"; }
+            label { "Since" input name="since" value=(field(&query.since)) placeholder="e.g. 2026-12-01T09:00:00Z" size="22"; }
+            label { "Until" input name="until" value=(field(&query.until)) placeholder="RFC 3339" size="22"; }
             button type="submit" { "Filter" }
             @if !filtered.is_empty() { a.reset href="/jobs" { "Clear" } }
         }
+        }
         @if context.csrf.is_some() && query.narrows() {
             div.bulk {
-                @if ended || selected == "scheduled" {
+                @if retry_all {
                     form.inline method="post" action="/jobs/retry" data-confirm="Retry every job this filter matches?" {
                         (hidden_fields(context)) (filter_fields(query))
                         button type="submit" { "Retry all matching" }
@@ -123,7 +128,7 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
         @if rows.is_empty() {
             p.muted { "No jobs match." }
         } @else {
-            (table(&["Id", "Type", "Queue", "State", "Attempt", "Key", "Enqueued", "Finished", "Last error", ""], html! {
+            (table(&[Head::Number("Id"), Head::Text("Type"), Head::Text("Queue"), Head::Text("State"), Head::Number("Attempt"), Head::Text("Key"), Head::Text("Enqueued"), Head::Text("Finished"), Head::Text("Last error"), Head::Text("")], html! {
                 @for row in rows {
                     tr {
                         td.num { a href={ "/jobs/" (row.id) } { (row.id) } }
@@ -136,7 +141,7 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
                         td { (time(row.finished_at, now)) }
                         td.error { (row.error.as_deref().map(one_line).unwrap_or_default()) }
                         td.actions {
-                            @if row.state.is_final() {
+                            @if retryable(row.state) {
                                 (action_button(context, &format!("/jobs/{}/retry", row.id), "Retry", None))
                             }
                         }
@@ -153,6 +158,11 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
             }
         }
     }
+}
+
+/// Whether a job in `state` can be run again: it ended without success.
+fn retryable(state: JobState) -> bool {
+    matches!(state, JobState::Failed | JobState::Discarded | JobState::Cancelled)
 }
 
 /// The filter's fields, hidden, for a bulk form.
@@ -191,7 +201,7 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
     html! {
         h1 { "Job " (row.id) " " (job_state(row.state)) }
         div.actions {
-            @if row.state.is_final() || row.state == JobState::Scheduled {
+            @if retryable(row.state) || row.state == JobState::Scheduled {
                 (action_button(context, &format!("/jobs/{}/retry", row.id), if live { "Run now" } else { "Retry" }, None))
             }
             @if live {
@@ -225,17 +235,49 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
             section {
                 h2 { "Errors" }
                 ol.errors {
-                    @for entry in errors {
+                    @for entry in errors.iter().rev() {
                         li {
                             @if let Some(attempt) = entry.get("attempt") { strong { "Attempt " (attempt) } " " }
-                            @if let Some(at) = entry.get("at").and_then(|a| a.as_str()) { span.muted { (at) } }
+                            (time(entry.get("at").and_then(|a| a.as_str()).and_then(parse_time), now))
                             pre { (entry.get("error").and_then(|e| e.as_str()).unwrap_or("")) }
                         }
                     }
                 }
             }
         }
-        @if let Some(log) = &job.log { section { h2 { "Log" } (json_block(log)) } }
+        @if let Some(log) = job.log.as_ref().filter(|log| log.as_object().is_some_and(|l| !l.is_empty())) {
+            section { h2 { "Log of the last attempt" } (run_log(log)) }
+        }
+    }
+}
+
+fn parse_time(text: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
+}
+
+/// A run's log: its lines by level, then what it wrote to stdout and
+/// stderr; a log of another shape as its JSON.
+fn run_log(log: &serde_json::Value) -> Markup {
+    let Some(lines) = log.get("lines").and_then(|l| l.as_array()) else {
+        return json_block(log);
+    };
+    let text = |name: &str| log.get(name).and_then(|t| t.as_str()).filter(|t| !t.is_empty()).map(str::to_string);
+    html! {
+        @if !lines.is_empty() {
+            pre.log {
+                @for line in lines {
+                    @let level = line.get("level").and_then(|l| l.as_str()).unwrap_or("info");
+                    span class={ "level level-" (level) } { (level) } " "
+                    (line.get("message").and_then(|m| m.as_str()).unwrap_or("")) "\n"
+                }
+            }
+        }
+        @for (name, label) in [("stdout", "Standard output"), ("stderr", "Standard error")] {
+            @if let Some(text) = text(name) { h3 { (label) } pre.log { (text) } }
+        }
+        @if let Some(elapsed) = log.get("elapsed_us").and_then(|e| e.as_f64()) {
+            p.muted { "Ran for " (span(elapsed / 1e6)) "." }
+        }
     }
 }
 
@@ -253,22 +295,22 @@ pub fn keys(keys: &[KeyStatus]) -> Markup {
         @if keys.is_empty() {
             p.muted { "No key has holders or blocked jobs." }
         } @else {
-            (table(&["Type", "Key", "Slots", "Holding", "Blocked", "Oldest wait"], html! {
+            (table(&[Head::Text("Type"), Head::Text("Key"), Head::Number("Slots"), Head::Text("Holding"), Head::Number("Blocked"), Head::Text("Oldest wait")], html! {
                 @for key in keys {
                     tr {
                         td { (key.job) }
-                        td { a href={ "/jobs?key=" (encode(&key.key)) } { code { (key.key) } } }
+                        td { a href={ "/jobs?job=" (encode(&key.job)) "&key=" (encode(&key.key)) } { code { (key.key) } } }
                         td.num {
                             (key.holders) " / " (key.limit.map_or("none".to_string(), |l| l.to_string()))
                         }
                         td {
                             @for holder in &key.holding {
-                                a href={ "/jobs/" (holder.id) } { (holder.id) }
+                                a href={ "/jobs/" (holder.id) } { "job " (holder.id) }
                                 @if let Some(host) = &holder.host_id { " on " code { (host) } } @else { " (" (holder.state) ")" }
                                 br;
                             }
                         }
-                        td.num { a href={ "/jobs?state=blocked&key=" (encode(&key.key)) } { (key.blocked) } }
+                        td.num { a href={ "/jobs?state=blocked&job=" (encode(&key.job)) "&key=" (encode(&key.key)) } { (key.blocked) } }
                         td { (key.oldest_blocked_secs.map_or("–".to_string(), span)) }
                     }
                 }
@@ -284,7 +326,7 @@ pub fn hosts(hosts: &[HostRow], now: DateTime<Utc>) -> Markup {
         @if hosts.is_empty() {
             p.muted { "No host has joined this database yet." }
         } @else {
-            (table(&["Host", "State", "Last seen", "Heartbeat", "Started", "Version", "Job types"], html! {
+            (table(&[Head::Text("Host"), Head::Text("State"), Head::Text("Last seen"), Head::Text("Heartbeat"), Head::Text("Started"), Head::Text("Version"), Head::Text("Job types")], html! {
                 @for host in hosts {
                     tr {
                         td { code { (host.id) } br; span.muted { (host.hostname) ", pid " (host.pid) } }
@@ -319,14 +361,7 @@ pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
                     p.warning { "The stored configuration cannot be read: " (error) }
                 }
                 @if let Some(config) = &view.registered.config {
-                    dl.facts {
-                        @if let serde_json::Value::Object(fields) = serde_json::to_value(config).unwrap_or_default() {
-                            @for (name, value) in fields.iter().filter(|(name, value)| *name != "name" && !value.is_null()) {
-                                dt { (name.replace('_', " ")) }
-                                dd { @if value.is_object() { code { (value.to_string()) } } @else { (plain(value)) } }
-                            }
-                        }
-                    }
+                    (config_facts(config))
                 }
                 p {
                     "Served by: "
@@ -350,6 +385,39 @@ fn plain(value: &serde_json::Value) -> String {
     }
 }
 
+/// What a job type declared, in words.
+fn config_facts(config: &crate::types::JobConfig) -> Markup {
+    let field = |value: &serde_json::Value, name: &str| value.get(name).map(plain).unwrap_or_default();
+    let concurrency = config.concurrency.as_ref().map(|c| serde_json::to_value(c).unwrap_or_default());
+    let unique = config.unique.as_ref().map(|u| serde_json::to_value(u).unwrap_or_default());
+    html! {
+        dl.facts {
+            dt { "Queue" } dd { (config.queue) ", priority " (config.priority) }
+            dt { "Attempts" } dd {
+                (config.max_attempts) ", backoff " (span(config.backoff.base_ms as f64 / 1000.0))
+                " doubling to " (span(config.backoff.cap_ms as f64 / 1000.0))
+            }
+            dt { "Limits" } dd { (span(config.timeout_ms as f64 / 1000.0)) " per run, " (bytes(config.memory_limit_bytes)) " of memory" }
+            @if let Some(c) = &concurrency {
+                dt { "Concurrency" } dd {
+                    (field(c, "limit")) " at a time per key " code { (field(c, "key")) }
+                    ", lease " (field(c, "duration_secs")) " s; when full: " (field(c, "on_conflict"))
+                }
+            }
+            @if let Some(u) = &unique {
+                dt { "Unique" } dd {
+                    "key " code { (field(u, "key")) } ", " (field(u, "strategy")) "; a duplicate: " (field(u, "on_duplicate"))
+                }
+            }
+            @if let Some(schedule) = &config.schedule {
+                dt { "Schedule" } dd {
+                    code { (schedule.cron) } " in " (schedule.time_zone) ", backfill " (schedule.backfill)
+                }
+            }
+        }
+    }
+}
+
 /// The batches, newest first.
 pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
     html! {
@@ -357,7 +425,7 @@ pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
         @if batches.is_empty() {
             p.muted { "No batches yet." }
         } @else {
-            (table(&["Id", "Label", "State", "Progress", "Members", "Failed", "Created", "Finished"], html! {
+            (table(&[Head::Number("Id"), Head::Text("Label"), Head::Text("State"), Head::Text("Progress"), Head::Number("Members"), Head::Number("Failed"), Head::Text("Created"), Head::Text("Finished")], html! {
                 @for batch in batches {
                     tr {
                         td.num { a href={ "/batches/" (batch.id) } { (batch.id) } }
@@ -411,7 +479,7 @@ pub fn schedules(schedules: &[ScheduleStatus], now: DateTime<Utc>) -> Markup {
         @if schedules.is_empty() {
             p.muted { "No job type declares a schedule." }
         } @else {
-            (table(&["Type", "Cron", "Zone", "Last tick", "Next tick", "Backfill", "Served"], html! {
+            (table(&[Head::Text("Type"), Head::Text("Cron"), Head::Text("Zone"), Head::Text("Last tick"), Head::Text("Next tick"), Head::Number("Backfill"), Head::Text("Served")], html! {
                 @for schedule in schedules {
                     tr {
                         td { a href={ "/jobs?job=" (encode(&schedule.job)) } { (schedule.job) } }

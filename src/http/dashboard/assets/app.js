@@ -7,6 +7,8 @@
   if (!main) return;
   const every = Number(main.dataset.live) || 2000;
   let busy = false;
+  // The last markup the server sent: the page is replaced only when it changes.
+  let last = null;
 
   // A refresh would drop what the operator is typing or selecting.
   function interacting() {
@@ -23,11 +25,18 @@
       const response = await fetch(window.location.href, {
         headers: { "X-Jobhost-Live": "1" },
         credentials: "same-origin",
+        cache: "no-store",
       });
       if (response.ok) {
         const html = await response.text();
-        if (html !== main.innerHTML) {
+        if (html !== last) {
+          last = html;
+          // Folded or unfolded sections stay as the operator left them.
+          const folds = Array.from(main.querySelectorAll("details"), (d) => d.open);
           main.innerHTML = html;
+          main.querySelectorAll("details").forEach((d, i) => {
+            if (i < folds.length) d.open = folds[i];
+          });
           main.dataset.refreshed = String(Date.now());
         }
         document.body.classList.remove("stale");
@@ -39,6 +48,12 @@
     } finally {
       busy = false;
     }
+  }
+
+  // On a phone the filter form folds away unless a filter is set.
+  const filters = document.querySelector("details.filters");
+  if (filters && window.innerWidth < 640 && !/[?&](state|job|queue|key|batch|since|until)=./.test(location.search)) {
+    filters.open = false;
   }
 
   setInterval(refresh, every);

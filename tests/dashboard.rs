@@ -1,0 +1,275 @@
+//! The dashboard in a real browser (Debian's chromium through
+//! chromedriver): every page loads with jobs of every state present, at
+//! desktop and phone widths, without widening the page; signing in; a
+//! retry clicked on a failed job that a real host then runs; a page that
+//! updates live after an enqueue; a batch's progress bar at its width; and
+//! forms refused without the session or the CSRF token. Screenshots of
+//! each page are kept in `target/tmp/dashboard/`.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use fantoccini::{Client, Locator};
+use jobhost::store::{EnqueueParams, FinishOutcome, JobState, NewBatch};
+use jobhost::template::KeyTemplate;
+use jobhost::types::{ConcurrencyConfig, OnConflict};
+use serde_json::json;
+
+use common::browser::{Driver, Screen, screenshot, script, text, until};
+use common::db::TestDb;
+use common::http::{TOKEN, TestServer};
+use common::{TestHost, fetch_params, finish, job_config};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// What the pages show: one job of every state, a held key with a blocked
+/// job, a batch a quarter done. Returns (the failed hello job, the batch).
+async fn populate(db: &TestDb) -> (i64, i64) {
+    let limited = |name: &str, on_conflict| {
+        let mut config = job_config(name);
+        config.concurrency = Some(ConcurrencyConfig {
+            limit: 1,
+            key: KeyTemplate::parse("{k}").unwrap(),
+            duration_secs: 30,
+            on_conflict,
+        });
+        (config, "v1".to_string())
+    };
+    let types = [
+        (job_config("hello"), "v0".to_string()),
+        (job_config("mail"), "v1".to_string()),
+        limited("blocking", OnConflict::Block),
+        limited("discarding", OnConflict::Discard),
+    ];
+    db.store.job_types_register(&types).await.unwrap();
+    let enqueue = |job: &str, payload: serde_json::Value| {
+        let store = db.dyn_store();
+        let job = job.to_string();
+        async move { store.job_enqueue(&[EnqueueParams::new(job, payload)]).await.unwrap()[0] }
+    };
+    // A hello that failed on a host that has left; the real host runs it again on retry.
+    let failed = enqueue("hello", json!({"name": "retry me"})).await;
+    let leased = db.store.job_fetch(&fetch_params("departed-host", &["hello"], 1)).await.unwrap();
+    let error = FinishOutcome::Failed { error: "the mail server said no: 550 mailbox unavailable".into() };
+    db.store.job_finish(vec![finish(&leased[0], error)]).await.unwrap();
+    // Held keys: a running holder and a blocked job; a discarded one.
+    enqueue("blocking", json!({"k": "tenant-1"})).await;
+    enqueue("discarding", json!({"k": "tenant-1"})).await;
+    db.store.job_fetch(&fetch_params("departed-host", &["blocking", "discarding"], 2)).await.unwrap();
+    enqueue("blocking", json!({"k": "tenant-1"})).await;
+    enqueue("discarding", json!({"k": "tenant-1"})).await;
+    // Waiting and cancelled mail (no host serves mail).
+    enqueue("mail", json!({"to": "a@example.com"})).await;
+    let later =
+        EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("mail", json!({"to": "b@example.com"})) };
+    db.store.job_enqueue(&[later]).await.unwrap();
+    let cancelled = enqueue("mail", json!({"to": "c@example.com"})).await;
+    db.store.job_cancel(cancelled).await.unwrap();
+    // A batch of four, one done.
+    let members: Vec<_> = (0..4)
+        .map(|i| EnqueueParams { queue: Some("reports".into()), ..EnqueueParams::new("mail", json!({ "i": i })) })
+        .collect();
+    let label = NewBatch { label: Some("monthly reports".into()), ..NewBatch::default() };
+    let (batch, _) = db.store.batch_create(&label, &members).await.unwrap();
+    let mut params = fetch_params("departed-host", &["mail"], 1);
+    params.queues = vec!["reports".into()];
+    let one = db.store.job_fetch(&params).await.unwrap();
+    db.store.job_finish(vec![finish(&one[0], common::completed())]).await.unwrap();
+    (failed, batch)
+}
+
+/// The pages, as (name for the screenshot, path, text its heading has).
+fn pages(failed: i64, batch: i64) -> Vec<(&'static str, String, &'static str)> {
+    vec![
+        ("overview", "/".into(), "Overview"),
+        ("jobs", "/jobs".into(), "Jobs"),
+        ("failed", "/jobs?state=failed".into(), "Jobs: failed"),
+        ("job", format!("/jobs/{failed}"), "Job"),
+        ("keys", "/keys".into(), "Concurrency keys"),
+        ("batches", "/batches".into(), "Batches"),
+        ("batch", format!("/batches/{batch}"), "Batch"),
+        ("types", "/types".into(), "Job types"),
+        ("hosts", "/hosts".into(), "Hosts"),
+        ("schedules", "/schedules".into(), "Schedules"),
+    ]
+}
+
+/// Loads every page, checks it reads and fits the screen's width, and
+/// keeps its screenshot.
+async fn look_at_every_page(browser: &Client, server: &TestServer, screen: Screen, failed: i64, batch: i64) {
+    for (name, path, heading) in pages(failed, batch) {
+        browser.goto(&format!("{}{path}", server.url())).await.unwrap();
+        let h1 = text(browser, "h1").await;
+        assert!(h1.starts_with(heading), "{path}: heading {h1:?}");
+        let overflow = script(browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(overflow.as_i64().unwrap() <= 0, "{path} is wider than the {} screen by {overflow} px", screen.name());
+        screenshot(browser, screen, name).await;
+    }
+}
+
+/// The state badge in the job page's heading.
+async fn heading_state(browser: &Client) -> String {
+    text(browser, "h1 .badge").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_in_a_real_browser() {
+    let db = TestDb::postgres().await;
+    let (failed, batch) = populate(&db).await;
+    let host = TestHost::start(&db, &["hello"], |_| {}).await;
+    let completed_hello =
+        db.store.job_enqueue(&[EnqueueParams::new("hello", json!({"name": "Ada"}))]).await.unwrap()[0];
+    common::eventually(WAIT, || async {
+        db.store.job_get(completed_hello).await.unwrap().unwrap().row.state == JobState::Completed
+    })
+    .await;
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let driver = Driver::start();
+
+    // Every page at both widths, with each state on the overview.
+    for screen in [Screen::Desktop, Screen::Phone] {
+        let browser = driver.session(screen).await;
+        look_at_every_page(&browser, &server, screen, failed, batch).await;
+        browser.goto(&server.url()).await.unwrap();
+        let stats = db.store.job_stats().await.unwrap();
+        for state in JobState::ALL {
+            let card = text(&browser, &format!(".card.state-{}", state.as_str())).await;
+            let expected = stats.states[state.as_str()];
+            assert!(expected > 0, "a job in state {state} is on show");
+            assert_eq!(card.split_whitespace().collect::<Vec<_>>(), [expected.to_string().as_str(), state.as_str()]);
+        }
+        browser.close().await.unwrap();
+    }
+
+    let browser = driver.session(Screen::Desktop).await;
+    // Read-only until signed in: no action buttons.
+    browser.goto(&format!("{}/jobs/{failed}", server.url())).await.unwrap();
+    assert!(browser.find(Locator::Css("button")).await.is_err(), "actions show only when signed in");
+    browser.find(Locator::LinkText("Sign in")).await.unwrap().click().await.unwrap();
+    let form = browser.form(Locator::Css("form.login")).await.unwrap();
+    form.set_by_name("token", "not-the-token-at-all").await.unwrap().submit().await.unwrap();
+    // A submitted form navigates after the command returns: wait for the page it leads to.
+    until(&browser, WAIT, "the refusal", "return document.querySelector('.problem') !== null").await;
+    assert!(text(&browser, ".problem").await.contains("not this server's token"));
+    let form = browser.form(Locator::Css("form.login")).await.unwrap();
+    form.set_by_name("token", TOKEN).await.unwrap().submit().await.unwrap();
+    until(&browser, WAIT, "signed in", "return document.querySelector('.notice') !== null").await;
+    assert_eq!(text(&browser, ".notice").await, "Signed in: changes are allowed");
+    assert!(browser.current_url().await.unwrap().path().ends_with(&format!("/jobs/{failed}")), "back where it started");
+
+    // Retry the failed job; the host runs it, and the page shows it without a reload.
+    assert_eq!(heading_state(&browser).await, "failed");
+    browser.find(Locator::XPath("//button[text()='Retry']")).await.unwrap().click().await.unwrap();
+    until(&browser, WAIT, "the retry's notice", "return document.querySelector('.notice') !== null").await;
+    assert_eq!(text(&browser, ".notice").await, format!("Job {failed} will run again"));
+    script(&browser, "window.notReloaded = true; return true").await;
+    until(
+        &browser,
+        WAIT,
+        "the retried job completes on the page",
+        "return document.querySelector('h1 .badge').textContent === 'completed'",
+    )
+    .await;
+    assert_eq!(script(&browser, "return window.notReloaded === true").await, json!(true), "updated in place");
+    assert!(text(&browser, "main").await.contains("hello, retry me"), "its output shows");
+    assert!(browser.find(Locator::XPath("//button[text()='Retry']")).await.is_err(), "a completed job is not retried");
+    screenshot(&browser, Screen::Desktop, "job-retried").await;
+
+    // A job enqueued elsewhere appears in the open list without a reload.
+    browser.goto(&format!("{}/jobs?job=mail", server.url())).await.unwrap();
+    script(&browser, "window.notReloaded = true; return true").await;
+    let added = server.post("/api/jobs", json!({"job": "mail", "payload": {"to": "new@example.com"}})).await.json();
+    let added = added["id"].as_i64().unwrap();
+    let link = format!("return document.querySelector('a[href=\"/jobs/{added}\"]') !== null");
+    until(&browser, WAIT, "the new job shows in the list", &link).await;
+    assert_eq!(script(&browser, "return window.notReloaded === true").await, json!(true), "updated in place");
+
+    // The batch's bar is a quarter full, at the bar's width.
+    browser.goto(&format!("{}/batches/{batch}", server.url())).await.unwrap();
+    let widths = script(
+        &browser,
+        "const bar = document.querySelector('main .progress');
+         return [bar.getBoundingClientRect().width, bar.querySelector('.fill').getBoundingClientRect().width]",
+    )
+    .await;
+    let (bar, fill) = (widths[0].as_f64().unwrap(), widths[1].as_f64().unwrap());
+    assert!(bar > 100.0 && (fill / bar - 0.25).abs() < 0.01, "fill {fill} of {bar}");
+    assert_eq!(text(&browser, "main .progress .value").await, "25%");
+
+    // Pause a queue from the overview, and resume it.
+    browser.goto(&server.url()).await.unwrap();
+    browser
+        .find(Locator::XPath("//tr[th/a[text()='reports']]//button[text()='Pause']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser.accept_alert().await.unwrap();
+    let notice = |start: &str| {
+        format!("const n = document.querySelector('.notice'); return n !== null && n.textContent.startsWith('{start}')")
+    };
+    until(&browser, WAIT, "the pause's notice", &notice("Queue reports paused")).await;
+    assert_eq!(db.store.job_stats().await.unwrap().paused_queues, ["reports"]);
+    browser
+        .find(Locator::XPath("//tr[th/a[text()='reports']]//button[text()='Resume']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(&browser, WAIT, "the resume's notice", &notice("Queue reports resumed")).await;
+    assert!(db.store.job_stats().await.unwrap().paused_queues.is_empty());
+    browser.close().await.unwrap();
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_need_the_session_and_its_csrf_token() {
+    let db = TestDb::sqlite().await;
+    db.store.job_types_register(&[(job_config("mail"), "v1".to_string())]).await.unwrap();
+    let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap()[0];
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let form = |body: &str| Some(("application/x-www-form-urlencoded", body.to_string()));
+    let signed_in = server.send(Method::POST, "/login", form(&format!("token={TOKEN}&return_to=/")), None).await;
+    assert_eq!(signed_in.status, StatusCode::SEE_OTHER);
+    let cookie = signed_in
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .find(|c| c.starts_with("jobhost_session="))
+        .unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_string();
+    let page = server.send_with(Method::GET, &format!("/jobs/{id}"), None, &[("cookie", &session)]).await;
+    let csrf = page.body.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+    assert_eq!(csrf.len(), 64);
+    let cancel = format!("/jobs/{id}/cancel");
+    let body = |csrf: &str| form(&format!("csrf={csrf}&return_to=/jobs/{id}"));
+    let refused = server.send(Method::POST, &cancel, body(&csrf), None).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "no session");
+    let forged = server.send_with(Method::POST, &cancel, body("0".repeat(64).as_str()), &[("cookie", &session)]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN, "a wrong CSRF token");
+    let elsewhere = [("cookie", session.as_str()), ("origin", "http://evil.example")];
+    assert_eq!(server.send_with(Method::POST, &cancel, body(&csrf), &elsewhere).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(db.store.job_get(id).await.unwrap().unwrap().row.state, JobState::Available, "nothing changed");
+    let done = server.send_with(Method::POST, &cancel, body(&csrf), &[("cookie", &session)]).await;
+    assert_eq!(
+        (done.status, done.headers["location"].to_str().unwrap()),
+        (StatusCode::SEE_OTHER, format!("/jobs/{id}").as_str())
+    );
+    assert_eq!(db.store.job_get(id).await.unwrap().unwrap().row.state, JobState::Cancelled);
+    // A form never sends the browser to another site.
+    let away = server
+        .send_with(
+            Method::POST,
+            &format!("/jobs/{id}/retry"),
+            form(&format!("csrf={csrf}&return_to=//evil.example/")),
+            &[("cookie", &session)],
+        )
+        .await;
+    assert_eq!(away.headers["location"], "/");
+}
