@@ -171,13 +171,30 @@ const OPEN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// `shutdown` fired first.
 async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result<Option<Arc<dyn Store>>, HostError> {
     let max_connections = config.worker.concurrency as u32 + 4;
+    Ok(open_waiting(&config.database_url, max_connections, config.limits, config.migrate, shutdown).await?)
+}
+
+/// Opens (and, if `migrate`, migrates) the store `url` names, waiting for
+/// a database that is not available yet, with backoff, logged. `None` when
+/// `shutdown` fired first.
+///
+/// # Errors
+/// A database that answered with an error other than being unavailable
+/// (a bad URL, a schema too new, a failed migration).
+pub async fn open_waiting(
+    url: &str,
+    max_connections: u32,
+    limits: EnqueueLimits,
+    migrate: bool,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<dyn Store>>, crate::store::Error> {
     let mut wait = OPEN_RETRY_FIRST;
     let mut attempt = 0u32;
     loop {
         attempt = attempt.saturating_add(1);
         let opening = async {
-            let store = crate::store::open_with(&config.database_url, max_connections, config.limits).await?;
-            if config.migrate {
+            let store = crate::store::open_with(url, max_connections, limits).await?;
+            if migrate {
                 store.schema_migrate().await?;
             }
             Ok::<_, crate::store::Error>(store)
@@ -192,7 +209,7 @@ async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result
                     return Ok(Some(store));
                 }
                 Err(error) if error.is_unavailable() => error,
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(error),
             },
         };
         tracing::warn!(%error, attempt, retry_in = ?wait, "the database is unavailable; waiting for it before starting");

@@ -19,16 +19,15 @@ use std::time::Duration;
 
 use jobhost::store::EnqueueParams;
 use serde_json::json;
-use sqlx::postgres::PgConnectOptions;
 
-use common::db::{Backend, TestDb, server_url};
+use common::db::{Backend, TestDb};
 use common::eventually;
 use common::fleet::{
     Host, ONE_FLEET, assert_slots_match_jobs, completed_once, components, drained, host_command, host_command_beating,
     most_at_once, nothing_left, redone_after, runs_by_key, start_host, wait_serving, within_limits,
 };
 use common::pg_server::PgServer;
-use common::proxy::Proxy;
+use common::proxy::{Proxy, server_address, url_via};
 use common::run_log::{self, clock};
 
 /// The bound on each wait for the fleet.
@@ -104,20 +103,6 @@ async fn stop_all(hosts: &mut [Host]) {
 fn now_us() -> i64 {
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
     since_epoch.as_micros() as i64
-}
-
-/// The test server's `host:port`, for the proxy to forward to.
-fn server_address() -> String {
-    let options: PgConnectOptions = server_url().parse().expect("a PostgreSQL URL");
-    format!("{}:{}", options.get_host(), options.get_port())
-}
-
-/// `url` with its host and port replaced by 127.0.0.1 and `port`.
-fn url_via(url: &str, port: u16) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL");
-    let (authority, database) = rest.split_once('/').expect("a URL naming its database");
-    let user = authority.rsplit_once('@').map(|(user, _)| format!("{user}@")).unwrap_or_default();
-    format!("{scheme}://{user}127.0.0.1:{port}/{database}")
 }
 
 /// The complete lines of a log another process is writing.

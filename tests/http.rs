@@ -549,3 +549,41 @@ async fn a_worker_host_serves_the_metrics_of_its_runs() {
     assert_eq!(value("jobhost_database_up", ""), Some(1.0));
     host.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_cut_off_is_answered_503_and_scraped_as_down() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    enqueue(&db, "mail", json!({})).await;
+    let proxy = common::proxy::Proxy::start(common::proxy::server_address()).await;
+    let store = jobhost::store::open(&common::proxy::url_via(&db.url, proxy.port()), 4).await.unwrap();
+    let config = jobhost::http::HttpConfig {
+        request_timeout: Duration::from_secs(1),
+        ..jobhost::http::HttpConfig::new("127.0.0.1:0".parse().unwrap())
+    };
+    let metrics = jobhost::metrics::Metrics::default();
+    metrics.run_ended("mail", "completed", Duration::from_millis(5), None);
+    let server = TestServer::serving(&config, store, metrics).await;
+    assert_eq!(server.get("/api/stats").await.status, StatusCode::OK);
+    proxy.freeze();
+    // The statements hang on a cut cable; the deadline answers instead.
+    for path in ["/api/stats", "/api/health", "/api/jobs", "/"] {
+        let answer = server.get(path).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {}", answer.body);
+        assert!(answer.body.contains("no answer within 1s"), "{path}: {}", answer.body);
+    }
+    let scrape = server.get("/metrics").await;
+    assert_eq!(scrape.status, StatusCode::OK, "a scrape still answers: {}", scrape.body);
+    let down = samples(&scrape.body, "jobhost_");
+    assert_eq!(down.get(&("jobhost_database_up".into(), String::new())), Some(&0.0), "{}", scrape.body);
+    assert_eq!(down.get(&("jobhost_runs_total".into(), "job_type=\"mail\",outcome=\"completed\"".into())), Some(&1.0));
+    assert!(!scrape.body.contains("jobhost_jobs{"), "no stale numbers for the database");
+    proxy.thaw();
+    common::eventually(Duration::from_secs(30), || async { server.get("/api/stats").await.status == StatusCode::OK })
+        .await;
+    assert_eq!(
+        samples(&server.get("/metrics").await.body, "jobhost_database_up")
+            [&("jobhost_database_up".into(), String::new())],
+        1.0
+    );
+}

@@ -44,17 +44,22 @@ impl TokenArgs {
     }
 }
 
+/// Connections the server's requests share.
+const MAX_CONNECTIONS: u32 = 8;
+
 pub async fn serve(args: ServeArgs) -> ExitCode {
-    let store = match super::operator::open(&args.db).await {
-        Ok(store) => store,
-        Err(code) => return code,
+    let shutdown = CancellationToken::new();
+    super::host::stop_on_signals(shutdown.clone());
+    // Like a host, it waits for a database that is not up yet.
+    let limits = args.db.limits();
+    let opened =
+        crate::host::open_waiting(&args.db.database_url, MAX_CONNECTIONS, limits, !args.no_migrate, &shutdown).await;
+    let store = match opened {
+        Ok(Some(store)) => store,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(error) => return fail(error),
     };
-    if !args.no_migrate
-        && let Err(error) = store.schema_migrate().await
-    {
-        return fail(error);
-    }
-    let config = args.token.http_config(args.listen, args.db.limits());
+    let config = args.token.http_config(args.listen, limits);
     let server = match crate::http::Server::bind(&config, store.clone(), crate::metrics::Metrics::default()).await {
         Ok(server) => server,
         Err(error) => return fail(error),
@@ -62,8 +67,6 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
     let access = if config.token.is_some() { "changes need the token" } else { "read-only: no --token" };
     // On stdout, so scripts starting it on port 0 can read the address.
     println!("dashboard and API on http://{} ({access}); database {}", server.local_addr(), store.location());
-    let shutdown = CancellationToken::new();
-    super::host::stop_on_signals(shutdown.clone());
     server.serve(shutdown).await;
     ExitCode::SUCCESS
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
-use super::views::{self, BulkAction};
+use super::views::{self, BulkAction, QueueAction};
 use crate::store::{Cancel, EnqueueParams, Enqueued};
 
 /// The OpenAPI description of everything below.
@@ -40,8 +40,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/jobs/{id}/retry", post(job_retry))
         .route("/api/jobs/{id}/cancel", post(job_cancel))
         .route("/api/queues", get(queues))
-        .route("/api/queues/{name}/pause", post(queue_pause))
-        .route("/api/queues/{name}/resume", post(queue_resume))
+        .route("/api/queues/{name}/{action}", post(queue_act))
         .route("/api/keys", get(keys))
         .route("/api/hosts", get(hosts))
         .route("/api/job-types", get(job_types))
@@ -243,29 +242,28 @@ async fn bulk(
         ));
     }
     let filter = query.filter(DEFAULT_BULK, MAX_BULK).map_err(ApiError::bad_request)?;
-    ok(views::bulk(&*state.store, &filter, action).await?)
-}
-
-fn queue_name(name: &str) -> Result<(), ApiError> {
-    crate::types::check_name(name).map_err(|reason| ApiError::bad_request(format!("queue {reason}")))
+    ok(views::bulk(&*state.store, &filter, action, state.work_budget).await?)
 }
 
 async fn queues(State(state): State<AppState>) -> ApiResult {
     ok(views::queues(&*state.store).await?)
 }
 
-async fn queue_pause(State(state): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+/// `POST /api/queues/{name}/pause` and `.../resume`.
+async fn queue_act(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, QueueAction)>, PathRejection>,
+) -> ApiResult {
     state.access.check_bearer(&headers)?;
-    queue_name(&name)?;
-    let changed = state.store.queue_pause(&name).await?;
-    ok(json!({ "queue": name, "paused": true, "changed": changed }))
-}
-
-async fn queue_resume(State(state): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
-    state.access.check_bearer(&headers)?;
-    queue_name(&name)?;
-    let changed = state.store.queue_resume(&name).await?;
-    ok(json!({ "queue": name, "paused": false, "changed": changed }))
+    let Ok(Path((name, action))) = path else {
+        return Err(not_found().await);
+    };
+    let changed = action.apply(&*state.store, &name).await.map_err(|refused| match refused {
+        Ok(reason) => ApiError::bad_request(reason),
+        Err(error) => ApiError::from(error),
+    })?;
+    ok(json!({ "queue": name, "paused": action == QueueAction::Pause, "changed": changed }))
 }
 
 async fn keys(State(state): State<AppState>) -> ApiResult {
@@ -304,4 +302,29 @@ async fn batch_get(State(state): State<AppState>, id: Result<Path<i64>, PathReje
 
 async fn schedules(State(state): State<AppState>) -> ApiResult {
     ok(views::schedules(&*state.store).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every route above is in the OpenAPI description (a queue's
+    /// `{action}` as each of its actions), and nothing else is.
+    #[test]
+    fn the_description_lists_every_route() {
+        let source = include_str!("api.rs");
+        let mut routes: Vec<String> = source
+            .split(".route(\"")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap().to_string())
+            .flat_map(|path| match path.strip_suffix("{action}") {
+                Some(stem) => vec![format!("{stem}pause"), format!("{stem}resume")],
+                None => vec![path],
+            })
+            .collect();
+        routes.push("/metrics".into());
+        routes.sort();
+        let description: serde_json::Value = serde_json::from_str(super::OPENAPI).unwrap();
+        let mut documented: Vec<String> = description["paths"].as_object().unwrap().keys().cloned().collect();
+        documented.sort();
+        assert_eq!(routes, documented);
+    }
 }

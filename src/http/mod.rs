@@ -37,6 +37,9 @@ pub struct HttpConfig {
     pub token: Option<String>,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// How long a request may take: past it the answer is 503, so a page
+    /// or a scrape never hangs on a database that stopped answering.
+    pub request_timeout: std::time::Duration,
 }
 
 /// The default address: this machine only.
@@ -50,9 +53,13 @@ impl HttpConfig {
             listen,
             token: None,
             max_body_bytes: crate::store::EnqueueLimits::default().max_payload_bytes + BODY_SLACK,
+            request_timeout: REQUEST_TIMEOUT,
         }
     }
 }
+
+/// How long a request may take by default.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Room in a request body beyond its payload: the job type, options, JSON.
 pub const BODY_SLACK: usize = 16 * 1024;
@@ -79,6 +86,10 @@ struct AppState {
     store: Arc<dyn Store>,
     access: Arc<access::Access>,
     metrics: Metrics,
+    /// How long a request's own work may go on (a scrape's reads, a bulk
+    /// action's jobs) before it answers with what it has, within the
+    /// request's deadline.
+    work_budget: std::time::Duration,
 }
 
 /// Refuses a request whose declared length is past the limit before any of
@@ -105,6 +116,32 @@ async fn refuse_oversized(
     }
 }
 
+/// Answers 503 for a request not done within `timeout`: a database cut
+/// off mid-statement would otherwise hold the page (and its connection)
+/// until the operating system gave up on it.
+async fn within(
+    timeout: std::time::Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let path = request.uri().path().to_string();
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(path, ?timeout, "an HTTP request got no answer from the database in time");
+            error::ApiError {
+                status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                message: format!(
+                    "no answer within {}: the database may be unreachable",
+                    humantime::format_duration(timeout)
+                ),
+            }
+            .into_response()
+        }
+    }
+}
+
 /// A bound server, not yet serving: its address is known (port 0 picks one).
 pub struct Server {
     listener: tokio::net::TcpListener,
@@ -119,14 +156,16 @@ impl Server {
     /// A token too short, or an address that cannot be bound.
     pub async fn bind(config: &HttpConfig, store: Arc<dyn Store>, metrics: Metrics) -> Result<Server, HttpError> {
         let access = access::Access::new(config.token.as_deref()).ok_or(HttpError::WeakToken)?;
-        let state = AppState { store, access: Arc::new(access), metrics };
+        let state = AppState { store, access: Arc::new(access), metrics, work_budget: config.request_timeout / 2 };
         let max_body = config.max_body_bytes;
+        let timeout = config.request_timeout;
         let router = Router::new()
             .merge(api::routes())
             .merge(dashboard::routes())
             .merge(scrape::routes())
             .layer(DefaultBodyLimit::max(max_body))
             .layer(axum::middleware::from_fn(move |request, next| refuse_oversized(max_body, request, next)))
+            .layer(axum::middleware::from_fn(move |request, next| within(timeout, request, next)))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

@@ -112,18 +112,10 @@ impl JobQuery {
         })
     }
 
-    /// Whether it narrows by more than the page: a bulk action over every
-    /// job is refused, so one slip cannot cancel a whole database.
-    pub fn narrows(&self) -> bool {
-        [&self.state, &self.job, &self.queue, &self.key, &self.batch, &self.since, &self.until]
-            .into_iter()
-            .any(|field| given(field).is_some())
-    }
-
-    /// The query string that selects the same jobs (the cursor and limit
-    /// left out), for links.
-    pub fn to_query_string(&self) -> String {
-        let fields = [
+    /// The fields that choose jobs (all but the cursor and the limit)
+    /// that are given, by name.
+    pub fn narrowing(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
             ("state", &self.state),
             ("job", &self.job),
             ("queue", &self.queue),
@@ -131,12 +123,21 @@ impl JobQuery {
             ("batch", &self.batch),
             ("since", &self.since),
             ("until", &self.until),
-        ];
-        fields
-            .into_iter()
-            .filter_map(|(name, field)| given(field).map(|value| format!("{name}={}", encode(value))))
-            .collect::<Vec<_>>()
-            .join("&")
+        ]
+        .into_iter()
+        .filter_map(|(name, field)| given(field).map(|value| (name, value)))
+    }
+
+    /// Whether it narrows by more than the page: a bulk action over every
+    /// job is refused, so one slip cannot cancel a whole database.
+    pub fn narrows(&self) -> bool {
+        self.narrowing().next().is_some()
+    }
+
+    /// The query string that selects the same jobs (the cursor and limit
+    /// left out), for links.
+    pub fn to_query_string(&self) -> String {
+        self.narrowing().map(|(name, value)| format!("{name}={}", encode(value))).collect::<Vec<_>>().join("&")
     }
 }
 

@@ -52,9 +52,11 @@ type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 async fn metrics(State(state): State<AppState>) -> Response {
     // A database that cannot be read is reported as down, and this
     // process's own counters are still scraped.
-    let read = read(&*state.store).await.inspect_err(|error| {
-        tracing::warn!(%error, "cannot read the database for a metrics scrape");
-    });
+    let read = match tokio::time::timeout(state.work_budget, read(&*state.store)).await {
+        Ok(read) => read.map_err(|error| error.to_string()),
+        Err(_) => Err(format!("no answer within {:?}", state.work_budget)),
+    }
+    .inspect_err(|error| tracing::warn!(%error, "cannot read the database for a metrics scrape"));
     let mut database = match &read {
         Ok((stats, keys)) => database_registry(stats, keys),
         Err(_) => Registry::default(),

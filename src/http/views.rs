@@ -36,6 +36,39 @@ pub async fn queues(store: &dyn Store) -> crate::store::Result<Vec<QueueView>> {
     Ok(queues.into_values().collect())
 }
 
+/// What to do to a queue, as the path names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueAction {
+    /// Keep hosts from leasing its jobs.
+    Pause,
+    /// Let hosts lease its jobs again.
+    Resume,
+}
+
+impl QueueAction {
+    /// Pauses or resumes `queue`, a valid queue name: whether it changed.
+    ///
+    /// # Errors
+    /// A name that is not a queue's, as `Err(Ok(reason))`; a store failure as `Err(Err(error))`.
+    pub async fn apply(self, store: &dyn Store, queue: &str) -> Result<bool, Result<String, crate::store::Error>> {
+        crate::types::check_name(queue).map_err(|reason| Ok(format!("queue {reason}")))?;
+        match self {
+            QueueAction::Pause => store.queue_pause(queue).await,
+            QueueAction::Resume => store.queue_resume(queue).await,
+        }
+        .map_err(Err)
+    }
+
+    /// What it did, for a person.
+    pub fn done(self, queue: &str) -> String {
+        match self {
+            QueueAction::Pause => format!("Queue {queue} paused: no host leases from it; running jobs finish"),
+            QueueAction::Resume => format!("Queue {queue} resumed"),
+        }
+    }
+}
+
 /// A host serving a job type, with the component it serves.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServingHost {
@@ -129,7 +162,8 @@ pub struct Unchanged {
 /// What a bulk action did.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct BulkOutcome {
-    /// Jobs the filter matched (at most its limit).
+    /// Jobs this pass took of those the filter matches (at most its
+    /// limit, and fewer when it ran out of time).
     pub matched: usize,
     /// Jobs retried or cancelled at once.
     pub changed: usize,
@@ -137,8 +171,9 @@ pub struct BulkOutcome {
     pub requested: usize,
     /// Jobs left as they were, with the reason (the first 100).
     pub unchanged: Vec<Unchanged>,
-    /// Whether the filter may match more jobs than this pass took: send
-    /// the same request again with `before` set to `next`.
+    /// Whether the filter may match more jobs than this pass took (it
+    /// took its limit, or ran out of time): send the same request again
+    /// with `before` set to `next`.
     pub more: bool,
     /// The cursor past this pass's jobs (the last id it took), when `more`.
     pub next: Option<i64>,
@@ -147,17 +182,30 @@ pub struct BulkOutcome {
 /// The most unchanged jobs a bulk outcome names.
 const UNCHANGED_LISTED: usize = 100;
 
-/// Applies `action` to each job `filter` matches, one job at a time
-/// through the same rules as the single action (a retry passes the gate
-/// again; a running job's cancel goes through its host). A job whose state
-/// does not allow it is left, with the reason; a database failure stops
-/// the pass and is returned.
-pub async fn bulk(store: &dyn Store, filter: &JobFilter, action: BulkAction) -> crate::store::Result<BulkOutcome> {
+/// Applies `action` to each job `filter` matches, newest first, one job at
+/// a time through the same rules as the single action (a retry passes the
+/// gate again; a running job's cancel goes through its host). A job whose
+/// state does not allow it is left, with the reason; a database failure
+/// stops the pass and is returned. The pass stops at `budget` too, with the
+/// cursor of the jobs it took, so a request never outlives its deadline
+/// with some of its jobs done and no word of which.
+pub async fn bulk(
+    store: &dyn Store,
+    filter: &JobFilter,
+    action: BulkAction,
+    budget: std::time::Duration,
+) -> crate::store::Result<BulkOutcome> {
+    let deadline = tokio::time::Instant::now() + budget;
     let jobs = store.job_list(filter).await?;
-    let more = jobs.len() as i64 == filter.limit;
-    let next = jobs.last().filter(|_| more).map(|j| j.id);
-    let mut outcome = BulkOutcome { matched: jobs.len(), more, next, ..Default::default() };
-    for job in jobs {
+    let mut outcome = BulkOutcome { more: jobs.len() as i64 == filter.limit, ..Default::default() };
+    for (index, job) in jobs.into_iter().enumerate() {
+        // At least one job a pass, so following the cursor always ends.
+        if index > 0 && tokio::time::Instant::now() >= deadline {
+            outcome.more = true;
+            break;
+        }
+        outcome.matched += 1;
+        outcome.next = Some(job.id);
         let done = match action {
             BulkAction::Retry => store.job_retry(job.id).await.map(|()| Cancel::Cancelled),
             BulkAction::Cancel => store.job_cancel(job.id).await,
@@ -173,5 +221,48 @@ pub async fn bulk(store: &dyn Store, filter: &JobFilter, action: BulkAction) -> 
             Err(error) => return Err(error),
         }
     }
+    if !outcome.more {
+        outcome.next = None;
+    }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{EnqueueParams, JobState};
+
+    /// A pass out of time still takes one job, and following its cursor
+    /// takes every job once.
+    #[tokio::test]
+    async fn a_bulk_action_out_of_time_goes_on_from_its_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let store = crate::store::open(&url, 2).await.unwrap();
+        store.schema_migrate().await.unwrap();
+        let config: crate::types::JobConfig = serde_json::from_value(serde_json::json!({
+            "name": "mail", "queue": "default", "priority": 0, "max_attempts": 1,
+            "backoff": {"base_ms": 10, "cap_ms": 10}, "timeout_ms": 1000, "memory_limit_bytes": 1048576
+        }))
+        .unwrap();
+        store.job_types_register(&[(config, "v1".into())]).await.unwrap();
+        let jobs: Vec<_> = (0..3).map(|i| EnqueueParams::new("mail", serde_json::json!({ "i": i }))).collect();
+        let ids = store.job_enqueue(&jobs).await.unwrap();
+        let mut filter = JobFilter { job: Some("mail".into()), limit: 100, ..JobFilter::default() };
+        let mut passes = 0;
+        loop {
+            let pass = bulk(&*store, &filter, BulkAction::Cancel, std::time::Duration::ZERO).await.unwrap();
+            passes += 1;
+            assert_eq!((pass.matched, pass.changed), (1, 1), "pass {passes}: {pass:?}");
+            match pass.next.filter(|_| pass.more) {
+                Some(next) => filter.before_id = Some(next),
+                None => break,
+            }
+            assert!(passes < 10, "the cursor ends");
+        }
+        assert_eq!(passes, 3);
+        for id in ids {
+            assert_eq!(store.job_get(id).await.unwrap().unwrap().row.state, JobState::Cancelled);
+        }
+    }
 }

@@ -51,7 +51,12 @@ impl TestServer {
         metrics: jobhost::metrics::Metrics,
     ) -> TestServer {
         let config = HttpConfig { token: token.map(str::to_string), ..HttpConfig::new("127.0.0.1:0".parse().unwrap()) };
-        let server = Server::bind(&config, store, metrics).await.expect("bind the HTTP server");
+        Self::serving(&config, store, metrics).await
+    }
+
+    /// A server with `config`, on the port it names (0: any).
+    pub async fn serving(config: &HttpConfig, store: Arc<dyn Store>, metrics: jobhost::metrics::Metrics) -> TestServer {
+        let server = Server::bind(config, store, metrics).await.expect("bind the HTTP server");
         let address = server.local_addr();
         let stop = CancellationToken::new();
         tokio::spawn(server.serve(stop.clone()));

@@ -30,6 +30,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+/// The test server's `host:port`, for the proxy to forward to.
+pub fn server_address() -> String {
+    let options: sqlx::postgres::PgConnectOptions = super::db::server_url().parse().expect("a PostgreSQL URL");
+    format!("{}:{}", options.get_host(), options.get_port())
+}
+
+/// `url` with its host and port replaced by 127.0.0.1 and `port`.
+pub fn url_via(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, database) = rest.split_once('/').expect("a URL naming its database");
+    let user = authority.rsplit_once('@').map(|(user, _)| format!("{user}@")).unwrap_or_default();
+    format!("{scheme}://{user}127.0.0.1:{port}/{database}")
+}
+
 /// A running proxy; dropping it drops every connection through it.
 pub struct Proxy {
     port: u16,

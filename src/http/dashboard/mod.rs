@@ -23,7 +23,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::access::SESSION_COOKIE;
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
-use super::views::{self, BulkAction};
+use super::views::{self, BulkAction, QueueAction};
 use crate::store::Cancel;
 use layout::Context;
 
@@ -57,8 +57,7 @@ pub fn routes() -> Router<AppState> {
         .route("/jobs/{id}/cancel", post(job_cancel))
         .route("/jobs/retry", post(jobs_retry))
         .route("/jobs/cancel", post(jobs_cancel))
-        .route("/queues/{name}/pause", post(queue_pause))
-        .route("/queues/{name}/resume", post(queue_resume))
+        .route("/queues/{name}/{action}", post(queue_act))
         .route("/assets/style.css", get(|| asset("text/css; charset=utf-8", STYLE)))
         .route("/assets/app.js", get(|| asset("text/javascript; charset=utf-8", SCRIPT)))
         .fallback(fallback)
@@ -396,6 +395,7 @@ async fn jobs_cancel(
 
 async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, action: BulkAction) -> Response {
     let store = state.store.clone();
+    let budget = state.work_budget;
     let fields = serde_json::to_value(&form.filter).unwrap_or_default();
     act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         let query: JobQuery = serde_json::from_value(fields).map_err(|e| e.to_string())?;
@@ -403,7 +403,7 @@ async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, act
             return Err("a bulk action needs a filter".to_string());
         }
         let filter = query.filter(MAX_BULK, MAX_BULK)?;
-        let outcome = views::bulk(&*store, &filter, action).await.map_err(|e| e.to_string())?;
+        let outcome = views::bulk(&*store, &filter, action, budget).await.map_err(|e| e.to_string())?;
         let verb = if action == BulkAction::Retry { "retried" } else { "cancelled" };
         let mut notice = format!("{} of {} matching jobs {verb}", outcome.changed, outcome.matched);
         if outcome.requested > 0 {
@@ -420,34 +420,21 @@ async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, act
     .await
 }
 
-async fn queue_pause(
+/// `POST /queues/{name}/pause` and `.../resume`.
+async fn queue_act(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
-    Path(name): Path<String>,
+    Path((name, action)): Path<(String, QueueAction)>,
     Form(form): Form<ActionForm>,
 ) -> Response {
     let store = state.store.clone();
     act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
-        crate::types::check_name(&name).map_err(|reason| format!("queue {reason}"))?;
-        store.queue_pause(&name).await.map_err(|e| e.to_string())?;
-        Ok(format!("Queue {name} paused: no host leases from it; running jobs finish"))
-    })
-    .await
-}
-
-async fn queue_resume(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    uri: Uri,
-    Path(name): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    let store = state.store.clone();
-    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
-        crate::types::check_name(&name).map_err(|reason| format!("queue {reason}"))?;
-        store.queue_resume(&name).await.map_err(|e| e.to_string())?;
-        Ok(format!("Queue {name} resumed"))
+        match action.apply(&*store, &name).await {
+            Ok(_) => Ok(action.done(&name)),
+            Err(Ok(reason)) => Err(reason),
+            Err(Err(error)) => Err(error.to_string()),
+        }
     })
     .await
 }

@@ -167,20 +167,9 @@ fn retryable(state: JobState) -> bool {
 
 /// The filter's fields, hidden, for a bulk form.
 fn filter_fields(query: &JobQuery) -> Markup {
-    let fields = [
-        ("state", &query.state),
-        ("job", &query.job),
-        ("queue", &query.queue),
-        ("key", &query.key),
-        ("batch", &query.batch),
-        ("since", &query.since),
-        ("until", &query.until),
-    ];
     html! {
-        @for (name, value) in fields {
-            @if let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty()) {
-                input type="hidden" name=(name) value=(value);
-            }
+        @for (name, value) in query.narrowing() {
+            input type="hidden" name=(name) value=(value);
         }
     }
 }
