@@ -76,6 +76,9 @@ pub enum HostError {
 /// Anything that prevents the host from starting, or a task that panicked;
 /// other failures while running are logged and retried.
 pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), HostError> {
+    if let Some(http) = &config.http {
+        http.validate()?;
+    }
     let runtime_config = RuntimeConfig {
         heartbeat_interval: config.worker.heartbeat_interval,
         max_concurrent_runs: config.worker.concurrency as u32,
@@ -119,14 +122,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let supervisor = Supervisor::new(stop.clone());
     let background = CancellationToken::new();
     let metrics = crate::metrics::Metrics::default();
-    let serving = match &config.http {
-        Some(http) => {
-            let server = crate::http::Server::bind(http, store.clone(), metrics.clone()).await?;
-            tracing::info!(address = %server.local_addr(), "serving the HTTP API, dashboard and metrics");
-            Some(supervisor.spawn("http", server.serve(background.clone())))
-        }
-        None => None,
-    };
+    let http_store = store.clone();
     let watching = supervisor.spawn("watcher", watcher.run(background.clone()));
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
     let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?.with_metrics(metrics.clone());
@@ -141,7 +137,23 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
 
     let worker = Worker::new(store, runtime, registry, config.worker.clone())?
         .with_supervisor(supervisor.clone())
-        .with_metrics(metrics);
+        .with_metrics(metrics.clone());
+    // Bound once everything that can fail to start has started.
+    let serving = match &config.http {
+        Some(http) => {
+            let server = crate::http::Server::bind(http, http_store, metrics.clone()).await;
+            let server = match server {
+                Ok(server) => server,
+                Err(error) => {
+                    background.cancel();
+                    return Err(error.into());
+                }
+            };
+            tracing::info!(address = %server.local_addr(), "serving the HTTP API, dashboard and metrics");
+            Some(supervisor.spawn("http", server.serve(background.clone())))
+        }
+        None => None,
+    };
     tracing::info!(host_id = worker.host_id(), "worker running");
     worker.run(stop).await;
 

@@ -24,6 +24,14 @@ use common::{TestHost, fetch_params, finish, job_config};
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// A fetch by a host that then left, with leases long enough that none
+/// expires while the test looks at the pages.
+fn departed(types: &[&str], limit: i64) -> jobhost::store::FetchParams {
+    let mut params = fetch_params("departed-host", types, limit);
+    params.job_types = types.iter().map(|t| (t.to_string(), 3600)).collect();
+    params
+}
+
 /// What the pages show: one job of every state, a held key with a blocked
 /// job, a batch a quarter done. Returns (the failed hello job, the batch).
 async fn populate(db: &TestDb) -> (i64, i64) {
@@ -51,13 +59,13 @@ async fn populate(db: &TestDb) -> (i64, i64) {
     };
     // A hello that failed on a host that has left; the real host runs it again on retry.
     let failed = enqueue("hello", json!({"name": "retry me"})).await;
-    let leased = db.store.job_fetch(&fetch_params("departed-host", &["hello"], 1)).await.unwrap();
+    let leased = db.store.job_fetch(&departed(&["hello"], 1)).await.unwrap();
     let error = FinishOutcome::Failed { error: "the mail server said no: 550 mailbox unavailable".into() };
     db.store.job_finish(vec![finish(&leased[0], error)]).await.unwrap();
     // Held keys: a running holder and a blocked job; a discarded one.
     enqueue("blocking", json!({"k": "tenant-1"})).await;
     enqueue("discarding", json!({"k": "tenant-1"})).await;
-    db.store.job_fetch(&fetch_params("departed-host", &["blocking", "discarding"], 2)).await.unwrap();
+    db.store.job_fetch(&departed(&["blocking", "discarding"], 2)).await.unwrap();
     enqueue("blocking", json!({"k": "tenant-1"})).await;
     enqueue("discarding", json!({"k": "tenant-1"})).await;
     // Waiting and cancelled mail (no host serves mail).
@@ -73,7 +81,7 @@ async fn populate(db: &TestDb) -> (i64, i64) {
         .collect();
     let label = NewBatch { label: Some("monthly reports".into()), ..NewBatch::default() };
     let (batch, _) = db.store.batch_create(&label, &members).await.unwrap();
-    let mut params = fetch_params("departed-host", &["mail"], 1);
+    let mut params = departed(&["mail"], 1);
     params.queues = vec!["reports".into()];
     let one = db.store.job_fetch(&params).await.unwrap();
     db.store.job_finish(vec![finish(&one[0], common::completed())]).await.unwrap();
@@ -117,6 +125,8 @@ async fn heading_state(browser: &Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_in_a_real_browser() {
     let db = TestDb::postgres().await;
+    // Build the guests before the clock of the leases below starts.
+    common::guest("hello");
     let (failed, batch) = populate(&db).await;
     let host = TestHost::start(&db, &["hello"], |_| {}).await;
     let completed_hello =
@@ -247,6 +257,11 @@ async fn forms_need_the_session_and_its_csrf_token() {
     let page = server.send_with(Method::GET, &format!("/jobs/{id}"), None, &[("cookie", &session)]).await;
     let csrf = page.body.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
     assert_eq!(csrf.len(), 64);
+    // A page carrying the token is never cached, framed or given scripts from elsewhere.
+    assert_eq!(page.headers["cache-control"], "no-store");
+    assert_eq!(page.headers["x-frame-options"], "DENY");
+    let policy = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'"), "{policy}");
     let cancel = format!("/jobs/{id}/cancel");
     let body = |csrf: &str| form(&format!("csrf={csrf}&return_to=/jobs/{id}"));
     let refused = server.send(Method::POST, &cancel, body(&csrf), None).await;
@@ -262,7 +277,12 @@ async fn forms_need_the_session_and_its_csrf_token() {
         (StatusCode::SEE_OTHER, format!("/jobs/{id}").as_str())
     );
     assert_eq!(db.store.job_get(id).await.unwrap().unwrap().row.state, JobState::Cancelled);
-    // A form never sends the browser to another site.
+    // A form never sends the browser to another site, however the path is spelled.
+    for away in ["//evil.example/", "/%09/evil.example", "/\t/evil.example", "https://evil.example/"] {
+        let body = form(&format!("csrf={csrf}&return_to={}", away.replace('\t', "%09")));
+        let answer = server.send_with(Method::POST, &format!("/jobs/{id}/retry"), body, &[("cookie", &session)]).await;
+        assert_eq!(answer.headers["location"], "/", "{away:?}");
+    }
     let away = server
         .send_with(
             Method::POST,

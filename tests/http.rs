@@ -155,6 +155,14 @@ async fn bad_queries_and_paths_are_named(db: TestDb) {
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}: {}", answer.body);
         assert!(answer.json()["error"].as_str().unwrap().contains(expected), "{path}: {}", answer.body);
     }
+    // A name rebound to this address by another site is refused; addresses pass.
+    for path in ["/api/jobs", "/"] {
+        let rebound = server.send_with(Method::GET, path, None, &[("host", "evil.example:8080")]).await;
+        assert_eq!(rebound.status, StatusCode::FORBIDDEN, "{path}: {}", rebound.body);
+        assert!(rebound.body.contains("--allow-host"), "{}", rebound.body);
+    }
+    let local = server.send_with(Method::GET, "/api/jobs", None, &[("host", "localhost:8080")]).await;
+    assert_eq!(local.status, StatusCode::OK);
     assert_eq!(server.get("/api/jobs/424242").await.status, StatusCode::NOT_FOUND);
     assert_eq!(server.get("/api/batches/424242").await.status, StatusCode::NOT_FOUND);
     assert_eq!(server.get("/api/nothing-here").await.status, StatusCode::NOT_FOUND);
@@ -229,6 +237,7 @@ async fn enqueues_pass_the_gate_and_bad_ones_are_named(db: TestDb) {
         (r#"{"job": "mail", "payload": {"#, StatusCode::BAD_REQUEST, "EOF"),
         (r#"{"job": "mail", "colour": "red"}"#, StatusCode::BAD_REQUEST, "unknown field `colour`"),
         (r#"{"job": "mail", "delay": "soon"}"#, StatusCode::BAD_REQUEST, "delay must be a duration"),
+        (r#"{"job": "mail", "delay": "500000000000years"}"#, StatusCode::BAD_REQUEST, "at most 100 years"),
         (r#"{"job": "mail", "delay": "1s", "run_at": "2030-01-01T00:00:00Z"}"#, StatusCode::BAD_REQUEST, "not both"),
         (r#"{"job": "mail", "batch": 424242}"#, StatusCode::CONFLICT, "424242"),
     ] {
@@ -243,11 +252,17 @@ async fn enqueues_pass_the_gate_and_bad_ones_are_named(db: TestDb) {
         "POST /api/jobs HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{{\"job\": \"mail\", ",
         server.address,
-        2 << 20
+        8 << 20
     );
     let answer = server.send_raw(&head).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    assert!(answer.contains("more than the 1064960 bytes accepted"), "{answer}");
+    let limit = jobhost::http::body_limit(1 << 20);
+    assert!(answer.contains(&format!("more than the {limit} bytes accepted")), "{answer}");
+    // A body within the limit whose payload is past the payload limit is a bad payload.
+    let large = json!({"job": "mail", "payload": {"blob": "x".repeat(3 << 19)}});
+    let answer = server.post("/api/jobs", large).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.json()["error"].as_str().unwrap().contains("more than the largest accepted"), "{}", answer.body);
     // Refused enqueues stored nothing: the pdf, the delayed mail and one gated job.
     let listed = server.get("/api/jobs?limit=500").await.json();
     assert_eq!(listed["jobs"].as_array().unwrap().len(), 3, "{listed}");

@@ -67,6 +67,9 @@ pub struct RunArgs {
 
 pub async fn run(args: RunArgs) -> ExitCode {
     let limits = args.db.limits();
+    if args.http.is_none() && args.token.given() {
+        tracing::warn!("--token and --allow-host mean nothing without --http: this host serves no HTTP");
+    }
     let config = crate::HostConfig {
         database_url: args.db.database_url,
         components: args.components,

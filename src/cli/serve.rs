@@ -23,7 +23,7 @@ pub struct ServeArgs {
     db: DbArgs,
 }
 
-/// The token that allows changes over HTTP.
+/// Who may use the HTTP side.
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     /// Allow changes over HTTP (enqueue, retry, cancel, pause) to requests
@@ -31,6 +31,11 @@ pub struct TokenArgs {
     /// and dashboard are read-only.
     #[arg(long, env = "JOBHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A host name the server is reached by (repeat for more): requests
+    /// addressed to other names are refused. IP addresses and localhost
+    /// always pass.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
 }
 
 impl TokenArgs {
@@ -38,9 +43,15 @@ impl TokenArgs {
     pub fn http_config(&self, listen: SocketAddr, limits: crate::store::EnqueueLimits) -> crate::http::HttpConfig {
         crate::http::HttpConfig {
             token: self.token.clone(),
-            max_body_bytes: limits.max_payload_bytes.saturating_add(crate::http::BODY_SLACK),
+            max_body_bytes: crate::http::body_limit(limits.max_payload_bytes),
+            allowed_hosts: self.allow_hosts.clone(),
             ..crate::http::HttpConfig::new(listen)
         }
+    }
+
+    /// Whether any of it was given (it means nothing without a server).
+    pub fn given(&self) -> bool {
+        self.token.is_some() || !self.allow_hosts.is_empty()
     }
 }
 

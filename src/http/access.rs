@@ -59,7 +59,7 @@ impl Access {
     /// Access with `token`, or read-only without one; `None` for a token
     /// shorter than [`MIN_TOKEN_LENGTH`].
     pub fn new(token: Option<&str>) -> Option<Access> {
-        let Some(token) = token else {
+        let Some(token) = token.map(str::trim) else {
             return Some(Access { keys: None });
         };
         if token.chars().count() < MIN_TOKEN_LENGTH {

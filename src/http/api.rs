@@ -146,15 +146,7 @@ async fn jobs_enqueue(
 ) -> ApiResult {
     state.access.check_bearer(&headers)?;
     let body = body_of(body)?;
-    let delay_ms = body
-        .delay
-        .as_deref()
-        .map(|text| {
-            humantime::parse_duration(text)
-                .map(|d| d.as_millis() as u64)
-                .map_err(|e| ApiError::bad_request(format!("delay must be a duration like 30s or 5m: {e}")))
-        })
-        .transpose()?;
+    let delay_ms = body.delay.as_deref().map(delay_of).transpose()?;
     if delay_ms.is_some() && body.run_at.is_some() {
         return Err(ApiError::bad_request("give delay or run_at, not both"));
     }
@@ -177,6 +169,19 @@ async fn jobs_enqueue(
         Enqueued::Replaced(id) => (StatusCode::OK, json!({ "id": id, "duplicate": true, "replaced": true })),
     };
     Ok((status, Json(body)).into_response())
+}
+
+/// The longest delay an enqueue takes: further is a mistake, not a plan.
+const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
+/// A delay as milliseconds, from a duration like `30s`.
+fn delay_of(text: &str) -> Result<u64, ApiError> {
+    let delay = humantime::parse_duration(text)
+        .map_err(|e| ApiError::bad_request(format!("delay must be a duration like 30s or 5m: {e}")))?;
+    if delay > MAX_DELAY {
+        return Err(ApiError::bad_request(format!("delay must be at most 100 years, got {text:?}")));
+    }
+    Ok(delay.as_millis() as u64)
 }
 
 async fn job_get(State(state): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult {

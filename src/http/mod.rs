@@ -40,6 +40,20 @@ pub struct HttpConfig {
     /// How long a request may take: past it the answer is 503, so a page
     /// or a scrape never hangs on a database that stopped answering.
     pub request_timeout: std::time::Duration,
+    /// Host names requests may be addressed to besides IP addresses and
+    /// `localhost`: a name not listed is refused, so a page elsewhere
+    /// whose name was rebound to this address cannot read through it.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl HttpConfig {
+    /// Checks what can be checked before binding: the token's length.
+    ///
+    /// # Errors
+    /// [`HttpError::WeakToken`].
+    pub fn validate(&self) -> Result<(), HttpError> {
+        access::Access::new(self.token.as_deref()).map(|_| ()).ok_or(HttpError::WeakToken)
+    }
 }
 
 /// The default address: this machine only.
@@ -52,14 +66,23 @@ impl HttpConfig {
         HttpConfig {
             listen,
             token: None,
-            max_body_bytes: crate::store::EnqueueLimits::default().max_payload_bytes + BODY_SLACK,
+            max_body_bytes: body_limit(crate::store::EnqueueLimits::default().max_payload_bytes),
             request_timeout: REQUEST_TIMEOUT,
+            allowed_hosts: Vec::new(),
         }
     }
 }
 
 /// How long a request may take by default.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The largest body for enqueues of payloads up to `max_payload` bytes
+/// (as compact JSON): six times it, since a client may escape every
+/// character of its payload as `\uXXXX` (Python's `json.dumps` does for
+/// all but ASCII), plus room for the options.
+pub fn body_limit(max_payload: usize) -> usize {
+    max_payload.saturating_mul(6).saturating_add(BODY_SLACK)
+}
 
 /// Room in a request body beyond its payload: the job type, options, JSON.
 pub const BODY_SLACK: usize = 16 * 1024;
@@ -116,6 +139,44 @@ async fn refuse_oversized(
     }
 }
 
+/// Refuses a request addressed to a host name other than `localhost` and
+/// the `allowed` names (an IP address always passes): what a browser sends
+/// when a page of another site has rebound its name to this address.
+async fn only_known_hosts(
+    allowed: &[String],
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = request.headers().get(axum::http::header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string);
+    match host {
+        Some(host) if !host_allowed(&host, allowed) => error::ApiError {
+            status: axum::http::StatusCode::FORBIDDEN,
+            message: format!(
+                "requests addressed to {host:?} are refused: name it with --allow-host to serve it (IP addresses and \
+                 localhost always pass)"
+            ),
+        }
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+/// Whether a `Host` header names an IP address, `localhost` or an allowed name.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => {
+            return bracketed.split(']').next().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => {
+            host.rsplit_once(':').map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
+        }
+    };
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
 /// Answers 503 for a request not done within `timeout`: a database cut
 /// off mid-statement would otherwise hold the page (and its connection)
 /// until the operating system gave up on it.
@@ -130,14 +191,13 @@ async fn within(
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(path, ?timeout, "an HTTP request got no answer from the database in time");
-            error::ApiError {
-                status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                message: format!(
-                    "no answer within {}: the database may be unreachable",
-                    humantime::format_duration(timeout)
-                ),
+            let message =
+                format!("no answer within {}: the database may be unreachable", humantime::format_duration(timeout));
+            if path.starts_with("/api") {
+                error::ApiError { status: axum::http::StatusCode::SERVICE_UNAVAILABLE, message }.into_response()
+            } else {
+                (axum::http::StatusCode::SERVICE_UNAVAILABLE, message).into_response()
             }
-            .into_response()
         }
     }
 }
@@ -159,6 +219,7 @@ impl Server {
         let state = AppState { store, access: Arc::new(access), metrics, work_budget: config.request_timeout / 2 };
         let max_body = config.max_body_bytes;
         let timeout = config.request_timeout;
+        let allowed = Arc::new(config.allowed_hosts.clone());
         let router = Router::new()
             .merge(api::routes())
             .merge(dashboard::routes())
@@ -166,6 +227,10 @@ impl Server {
             .layer(DefaultBodyLimit::max(max_body))
             .layer(axum::middleware::from_fn(move |request, next| refuse_oversized(max_body, request, next)))
             .layer(axum::middleware::from_fn(move |request, next| within(timeout, request, next)))
+            .layer(axum::middleware::from_fn(move |request, next| {
+                let allowed = allowed.clone();
+                async move { only_known_hosts(&allowed, request, next).await }
+            }))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -185,6 +250,22 @@ impl Server {
             .await;
         if let Err(error) = served {
             tracing::error!(%error, "the HTTP server stopped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn only_addresses_localhost_and_allowed_names_pass() {
+        let allowed = vec!["jobs.internal".to_string()];
+        for host in ["127.0.0.1:8080", "10.0.0.7", "[::1]:8080", "localhost:8080", "LOCALHOST", "jobs.internal:80"] {
+            assert!(host_allowed(host, &allowed), "{host}");
+        }
+        for host in ["evil.example:8080", "evil.example", "127.0.0.1.evil.example", "[evil]:80", "jobs.internal.evil"] {
+            assert!(!host_allowed(host, &allowed), "{host}");
         }
     }
 }

@@ -196,6 +196,11 @@ pub async fn bulk(
     budget: std::time::Duration,
 ) -> crate::store::Result<BulkOutcome> {
     let deadline = tokio::time::Instant::now() + budget;
+    // One action may wait long on a lock (a busy SQLite file): it is given
+    // up at one and a half budgets, inside the request's two (and never
+    // sooner than a quarter second after the pass's end, which a pass out
+    // of time reaches at once).
+    let given_up = deadline + (budget / 2).max(std::time::Duration::from_millis(250));
     let jobs = store.job_list(filter).await?;
     let mut outcome = BulkOutcome { more: jobs.len() as i64 == filter.limit, ..Default::default() };
     for (index, job) in jobs.into_iter().enumerate() {
@@ -206,9 +211,19 @@ pub async fn bulk(
         }
         outcome.matched += 1;
         outcome.next = Some(job.id);
-        let done = match action {
-            BulkAction::Retry => store.job_retry(job.id).await.map(|()| Cancel::Cancelled),
-            BulkAction::Cancel => store.job_cancel(job.id).await,
+        let acting = async {
+            match action {
+                BulkAction::Retry => store.job_retry(job.id).await.map(|()| Cancel::Cancelled),
+                BulkAction::Cancel => store.job_cancel(job.id).await,
+            }
+        };
+        let Ok(done) = tokio::time::timeout_at(given_up, acting).await else {
+            outcome.more = true;
+            outcome.unchanged.push(Unchanged {
+                id: job.id,
+                reason: "no answer from the database in time: it may or may not have changed".into(),
+            });
+            break;
         };
         match done {
             Ok(Cancel::Cancelled) => outcome.changed += 1,

@@ -30,9 +30,16 @@ const SECTIONS: [(&str, &str); 8] = [
     ("/schedules", "Schedules"),
 ];
 
-/// A whole page: `main` inside the shell. `section` is the navigation
-/// entry to mark.
-pub fn page(context: &Context, title: &str, section: &str, main: Markup) -> Markup {
+/// A page with a `fixed` part above `main` that the live refresh leaves
+/// alone (a form being filled in), and `main` refreshed only if `live`.
+pub fn page_with(
+    context: &Context,
+    title: &str,
+    section: &str,
+    fixed: Option<Markup>,
+    main: Markup,
+    live: bool,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -64,10 +71,13 @@ pub fn page(context: &Context, title: &str, section: &str, main: Markup) -> Mark
                         }
                     }
                 }
-                @if let Some(notice) = &context.notice {
-                    p.notice role="status" { (notice) }
+                div.page {
+                    @if let Some(notice) = &context.notice {
+                        p.notice role="status" { (notice) }
+                    }
+                    @if let Some(fixed) = fixed { (fixed) }
+                    main id="live" data-live=[live.then_some("2000")] { (main) }
                 }
-                main id="live" data-live="2000" { (main) }
             }
         }
     }
@@ -189,14 +199,10 @@ pub fn bytes(count: u64) -> String {
 
 /// A page for something that went wrong: its title and what to do.
 pub fn problem(context: &Context, title: &str, message: &str) -> Markup {
-    page(
-        context,
-        title,
-        "",
-        html! {
-            h1 { (title) }
-            p.problem { (message) }
-            p { a href="/" { "Back to the overview" } }
-        },
-    )
+    let main = html! {
+        h1 { (title) }
+        p.problem { (message) }
+        p { a href="/" { "Back to the overview" } }
+    };
+    page_with(context, title, "", None, main, false)
 }

@@ -57,11 +57,45 @@ pub fn routes() -> Router<AppState> {
         .route("/jobs/{id}/cancel", post(job_cancel))
         .route("/jobs/retry", post(jobs_retry))
         .route("/jobs/cancel", post(jobs_cancel))
-        .route("/queues/{name}/{action}", post(queue_act))
+        .route("/queues/{action}", post(queue_act))
         .route("/assets/style.css", get(|| asset("text/css; charset=utf-8", STYLE)))
         .route("/assets/app.js", get(|| asset("text/javascript; charset=utf-8", SCRIPT)))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn(page_headers))
 }
+
+/// What the browser is told about every dashboard answer: run only this
+/// server's script, never in a frame (clickjacking), never cache a page
+/// (each carries the session's CSRF token), and a notice shown once is gone.
+async fn page_headers(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let had_notice = super::access::cookie(request.headers(), NOTICE_COOKIE).is_some();
+    let live = request.headers().contains_key(LIVE_HEADER);
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    let fixed = [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::VARY, "x-jobhost-live, cookie"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    if had_notice && !live && !response.status().is_redirection() {
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("jobhost_notice=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"),
+        );
+    }
+    response
+}
+
+/// Scripts and styles from this server only; the inline style attributes
+/// are the progress bars' widths.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 async fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
@@ -89,20 +123,24 @@ fn context(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Context {
     }
 }
 
-/// A page, or only its main part when the page script asks for it; a
-/// notice shown is cleared.
+/// A page, or only its main part when the page script asks for it.
 fn render(context: &Context, headers: &HeaderMap, title: &str, section: &str, main: Markup) -> Response {
+    render_with(context, headers, title, section, None, main)
+}
+
+/// [`render`], with a part above `main` that the live refresh leaves alone.
+fn render_with(
+    context: &Context,
+    headers: &HeaderMap,
+    title: &str,
+    section: &str,
+    fixed: Option<Markup>,
+    main: Markup,
+) -> Response {
     if headers.contains_key(LIVE_HEADER) {
         return main.into_response();
     }
-    let mut response = layout::page(context, title, section, main).into_response();
-    if context.notice.is_some() {
-        response.headers_mut().append(
-            header::SET_COOKIE,
-            HeaderValue::from_static("jobhost_notice=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"),
-        );
-    }
-    response
+    layout::page_with(context, title, section, fixed, main, true).into_response()
 }
 
 /// A store failure while reading a page.
@@ -155,7 +193,8 @@ async fn jobs(
     match state.store.job_list(&filter).await {
         Ok(rows) => {
             let next = (rows.len() as i64 == filter.limit).then(|| rows.last().map(|r| r.id)).flatten();
-            render(&context, &headers, "Jobs", section, pages::jobs(&context, &query, &rows, next, Utc::now()))
+            let list = pages::jobs(&context, &query, &rows, next, Utc::now());
+            render_with(&context, &headers, "Jobs", section, Some(pages::job_filters(&query)), list)
         }
         Err(error) => failed(&context, error),
     }
@@ -224,8 +263,12 @@ async fn schedules(State(state): State<AppState>, headers: HeaderMap, uri: Uri) 
 }
 
 /// Where a form returns to: a path on this server, never another site.
+/// Only the characters of a path and query this dashboard writes pass: a
+/// browser drops tabs and newlines from a URL, so `/\t/evil.example` would
+/// otherwise lead to another site.
 fn return_path(return_to: &str) -> &str {
-    let safe = return_to.starts_with('/') && !return_to.starts_with("//") && !return_to.contains('\\');
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "/?&=%-_.~+:,".contains(c);
+    let safe = return_to.starts_with('/') && !return_to.starts_with("//") && return_to.chars().all(allowed);
     if safe { return_to } else { "/" }
 }
 
@@ -245,7 +288,7 @@ async fn login_form(
         return read_only(&context);
     }
     let return_to = return_path(query.return_to.as_deref().unwrap_or("/"));
-    render(&context, &headers, "Sign in", "", pages::login(return_to, false))
+    layout::page_with(&context, "Sign in", "", None, pages::login(return_to, false), false).into_response()
 }
 
 fn read_only(context: &Context) -> Response {
@@ -266,7 +309,7 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form
         if !state.access.writable() {
             return read_only(&context);
         }
-        let page = layout::page(&context, "Sign in", "", pages::login(return_to, true));
+        let page = layout::page_with(&context, "Sign in", "", None, pages::login(return_to, true), false);
         return (StatusCode::UNAUTHORIZED, page).into_response();
     };
     let cookie = format!("{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict");
@@ -291,10 +334,28 @@ struct BulkForm {
     filter: std::collections::HashMap<String, String>,
 }
 
+/// The longest notice carried to the next page: hex-encoded in a cookie,
+/// it stays well under the 4 KB a browser keeps.
+const NOTICE_MAX_CHARS: usize = 600;
+
+/// What a form did: the notice, and where to go when not back where it
+/// came from.
+struct Done {
+    notice: String,
+    go_to: Option<String>,
+}
+
+impl From<String> for Done {
+    fn from(notice: String) -> Self {
+        Done { notice, go_to: None }
+    }
+}
+
 /// Redirects to `path` (303, so the browser follows with a GET), setting
 /// `cookie` if given and the notice shown there.
 fn redirect_with(path: &str, cookie: Option<String>, notice: &str) -> Response {
     let mut response = Redirect::to(path).into_response();
+    let notice: String = notice.chars().take(NOTICE_MAX_CHARS).collect();
     let notice = format!("{NOTICE_COOKIE}={}; Max-Age=60; Path=/; HttpOnly; SameSite=Strict", hex::encode(notice));
     for value in cookie.into_iter().chain([notice]) {
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -306,7 +367,7 @@ fn redirect_with(path: &str, cookie: Option<String>, notice: &str) -> Response {
 
 /// Checks a form, runs `action` and returns to the form's page with what
 /// it did (or why it could not).
-async fn act<F>(
+async fn act<F, D>(
     state: &AppState,
     headers: &HeaderMap,
     uri: &Uri,
@@ -315,7 +376,8 @@ async fn act<F>(
     action: F,
 ) -> Response
 where
-    F: std::future::Future<Output = Result<String, String>>,
+    F: std::future::Future<Output = Result<D, String>>,
+    D: Into<Done>,
 {
     if let Err(refusal) = state.access.check_form(headers, csrf) {
         let context = context(state, headers, uri);
@@ -325,11 +387,11 @@ where
         };
         return (status, layout::problem(&context, "Not allowed", refusal.message())).into_response();
     }
-    let notice = match action.await {
-        Ok(done) => done,
-        Err(why) => format!("Not done: {why}"),
-    };
-    redirect_with(return_path(return_to.unwrap_or("/")), None, &notice)
+    let back = return_path(return_to.unwrap_or("/"));
+    match action.await.map(Into::into) {
+        Ok(Done { notice, go_to }) => redirect_with(go_to.as_deref().map_or(back, return_path), None, &notice),
+        Err(why) => redirect_with(back, None, &format!("Not done: {why}")),
+    }
 }
 
 async fn logout(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form(form): Form<ActionForm>) -> Response {
@@ -412,23 +474,41 @@ async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, act
         if !outcome.unchanged.is_empty() {
             notice.push_str(&format!(", {} left as they were", outcome.matched - outcome.changed - outcome.requested));
         }
-        if outcome.more {
-            notice.push_str("; more may match: repeat");
-        }
-        Ok(notice)
+        // Past a pass that left more, the page lists what is left below its
+        // cursor, and its bulk form goes on from there.
+        let go_to = match outcome.next.filter(|_| outcome.more) {
+            Some(next) => {
+                notice.push_str("; more may match: press it again to go on below job ");
+                notice.push_str(&next.to_string());
+                let filtered = query.to_query_string();
+                Some(format!("/jobs?{filtered}{}before={next}", if filtered.is_empty() { "" } else { "&" }))
+            }
+            None => None,
+        };
+        Ok(Done { notice, go_to })
     })
     .await
 }
 
-/// `POST /queues/{name}/pause` and `.../resume`.
+/// A queue form: its common fields and the queue's name.
+#[derive(Debug, Deserialize)]
+struct QueueForm {
+    #[serde(default)]
+    csrf: String,
+    return_to: Option<String>,
+    queue: String,
+}
+
+/// `POST /queues/pause` and `/queues/resume`.
 async fn queue_act(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
-    Path((name, action)): Path<(String, QueueAction)>,
-    Form(form): Form<ActionForm>,
+    Path(action): Path<QueueAction>,
+    Form(form): Form<QueueForm>,
 ) -> Response {
     let store = state.store.clone();
+    let name = form.queue;
     act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         match action.apply(&*store, &name).await {
             Ok(_) => Ok(action.done(&name)),

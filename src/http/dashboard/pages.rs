@@ -66,9 +66,9 @@ pub fn overview(
                         }
                         td.actions {
                             @if queue.paused {
-                                (action_button(context, &format!("/queues/{}/resume", encode(&queue.name)), "Resume", None))
+                                (queue_button(context, &queue.name, "resume", "Resume", None))
                             } @else {
-                                (action_button(context, &format!("/queues/{}/pause", encode(&queue.name)), "Pause", Some("Pause this queue? No host leases from it until it is resumed.")))
+                                (queue_button(context, &queue.name, "pause", "Pause", Some("Pause this queue? No host leases from it until it is resumed.")))
                             }
                         }
                     }
@@ -78,14 +78,28 @@ pub fn overview(
     }
 }
 
-/// The jobs list: the filter form, a page of jobs, the cursor links.
-pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i64>, now: DateTime<Utc>) -> Markup {
+/// A button pausing or resuming a queue. The name goes in the form, not
+/// the path: a queue may be named `.` or `..`, which a browser would
+/// resolve away in a path.
+fn queue_button(context: &Context, queue: &str, action: &str, label: &str, confirm: Option<&str>) -> Markup {
+    html! {
+        @if context.csrf.is_some() {
+            form.inline method="post" action={ "/queues/" (action) } data-confirm=[confirm] {
+                (hidden_fields(context))
+                input type="hidden" name="queue" value=(queue);
+                button type="submit" { (label) }
+            }
+        }
+    }
+}
+
+/// The jobs page's heading and filter form, which the live refresh leaves
+/// alone so that a filter being typed is not lost.
+pub fn job_filters(query: &JobQuery) -> Markup {
     let selected = query.state.as_deref().unwrap_or("");
     let field = |value: &Option<String>| value.clone().unwrap_or_default();
     let filtered = query.to_query_string();
     let title = if selected.is_empty() { "Jobs".to_string() } else { format!("Jobs: {selected}") };
-    let ended = JobState::parse(selected).is_some_and(JobState::is_final);
-    let retry_all = JobState::parse(selected).is_some_and(|s| retryable(s) || s == JobState::Scheduled);
     html! {
         h1 { (title) }
         details.filters open {
@@ -109,6 +123,16 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
             @if !filtered.is_empty() { a.reset href="/jobs" { "Clear" } }
         }
         }
+    }
+}
+
+/// A page of jobs with the bulk actions and the cursor links.
+pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i64>, now: DateTime<Utc>) -> Markup {
+    let selected = query.state.as_deref().unwrap_or("");
+    let filtered = query.to_query_string();
+    let ended = JobState::parse(selected).is_some_and(JobState::is_final);
+    let retry_all = JobState::parse(selected).is_some_and(|s| retryable(s) || s == JobState::Scheduled);
+    html! {
         @if context.csrf.is_some() && query.narrows() {
             div.bulk {
                 @if retry_all {
@@ -165,11 +189,15 @@ fn retryable(state: JobState) -> bool {
     matches!(state, JobState::Failed | JobState::Discarded | JobState::Cancelled)
 }
 
-/// The filter's fields, hidden, for a bulk form.
+/// The filter's fields and its cursor, hidden, for a bulk form: pressed
+/// again after a pass that left more, it goes on below that pass.
 fn filter_fields(query: &JobQuery) -> Markup {
     html! {
         @for (name, value) in query.narrowing() {
             input type="hidden" name=(name) value=(value);
+        }
+        @if let Some(before) = query.before.as_deref().filter(|b| !b.trim().is_empty()) {
+            input type="hidden" name="before" value=(before);
         }
     }
 }
