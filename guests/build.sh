@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds every example handler into guests/dist/NAME.wasm (a component).
+# Builds every example handler into guests/dist/NAME.wasm (a component):
+# the Rust ones, and the Python ones (guests/python/) when componentize-py
+# is installed (scripts/test.sh installs it; CI always has it).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -13,4 +15,7 @@ for manifest in */Cargo.toml; do
   cp -f "target/wasm32-wasip2/release/$name.wasm" "dist/$name.wasm.tmp"
   mv -f "dist/$name.wasm.tmp" "dist/$name.wasm"
 done
+if command -v componentize-py >/dev/null 2>&1; then
+  bash python/build.sh
+fi
 echo "built: $(ls dist | tr '\n' ' ')"

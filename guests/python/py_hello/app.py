@@ -1,0 +1,24 @@
+"""Greets the payload's ``name`` from Python: logs, reports progress,
+enqueues the Rust ``hello`` for each of ``children`` names, and fails
+its first ``fail_times`` attempts with a retryable error."""
+
+import wit_world
+
+from jobhost_guest import config, enqueue, log, output, parse_payload, progress, retry
+
+
+class WitWorld(wit_world.WitWorld):
+    def describe(self):
+        return config("py_hello", max_attempts=5, backoff_ms=(10, 100))
+
+    def run(self, ctx, payload):
+        data = parse_payload(payload)
+        if ctx.attempt <= int(data.get("fail_times", 0)):
+            raise retry("attempt %d failed on purpose" % ctx.attempt)
+        name = str(data.get("name", "world"))
+        log.info("greeting " + name)
+        children = data.get("children", [])
+        for done, child in enumerate(children):
+            enqueue("hello", {"name": child})
+            progress(done + 1, len(children))
+        return output({"greeting": "hello from Python, " + name, "attempt": ctx.attempt})

@@ -1,0 +1,122 @@
+"""Helpers for writing a jobhost job handler in Python.
+
+A handler is a module defining ``class WitWorld(wit_world.WitWorld)`` with
+``describe()`` and ``run(ctx, payload)``, built into a component with
+componentize-py against the repository's ``wit/`` (see docs/handlers.md).
+These helpers spare it the generated types' positional noise:
+
+    from jobhost_guest import config, limit, parse_payload, retry, log
+
+    class WitWorld(wit_world.WitWorld):
+        def describe(self):
+            return config("resize", max_attempts=5, concurrency=limit(2, key="{account}"))
+
+        def run(self, ctx, payload):
+            data = parse_payload(payload)
+            log.info("resizing " + data["image"])
+            return {"done": True}      # any JSON value, or None
+"""
+
+import json
+
+from componentize_py_types import Err
+from wit_world.imports import host, types
+
+__all__ = ["config", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue"]
+
+_CONFLICT = {"block": types.OnConflict.BLOCK, "discard": types.OnConflict.DISCARD, "raise": types.OnConflict.RAISE}
+_STRATEGY = {
+    "until-executed": types.UniqueStrategy.UNTIL_EXECUTED,
+    "while-executing": types.UniqueStrategy.WHILE_EXECUTING,
+}
+_DUPLICATE = {"skip": types.OnDuplicate.SKIP, "replace": types.OnDuplicate.REPLACE, "raise": types.OnDuplicate.RAISE}
+
+
+def config(name, queue=None, priority=None, max_attempts=None, backoff_ms=None, timeout_ms=None,
+           memory_limit_bytes=None, concurrency=None, unique=None):
+    """A job type's configuration; every option left out takes the host's default.
+
+    ``backoff_ms`` is a ``(base, cap)`` pair in milliseconds.
+    """
+    backoff = types.Backoff(base_ms=backoff_ms[0], cap_ms=backoff_ms[1]) if backoff_ms else None
+    return types.JobConfig(name=name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
+                           timeout_ms=timeout_ms, memory_limit_bytes=memory_limit_bytes, concurrency=concurrency,
+                           unique=unique, schedule=None)
+
+
+def limit(at_once, key=None, duration_secs=30, on_conflict="block"):
+    """At most ``at_once`` runs per rendered ``key`` fleet-wide; ``on_conflict``
+    is ``"block"``, ``"discard"`` or ``"raise"``."""
+    return types.Concurrency(limit=at_once, key=key, duration_secs=duration_secs, on_conflict=_CONFLICT[on_conflict])
+
+
+def unique(key, strategy="until-executed", on_duplicate=None):
+    """At most one job per rendered ``key`` at a time."""
+    duplicate = _DUPLICATE[on_duplicate] if on_duplicate else None
+    return types.Uniqueness(key=key, strategy=_STRATEGY[strategy], on_duplicate=duplicate)
+
+
+def parse_payload(payload):
+    """The payload as a dict; a payload that is not a JSON object fails the job without retry."""
+    try:
+        data = json.loads(payload)
+    except ValueError as error:
+        raise Err(types.JobError_Fail("payload is not JSON: %s" % error))
+    if not isinstance(data, dict):
+        raise Err(types.JobError_Fail("payload must be a JSON object"))
+    return data
+
+
+def output(value):
+    """What ``run`` returns for ``value``: its JSON text, or nothing for None."""
+    return None if value is None else json.dumps(value)
+
+
+def retry(reason):
+    """Ends the attempt as failed; the host retries with backoff while attempts remain."""
+    return Err(types.JobError_Retry(reason))
+
+
+def fail(reason):
+    """Ends the job as failed at once, without retry."""
+    return Err(types.JobError_Fail(reason))
+
+
+def snooze(seconds):
+    """Runs the job again after ``seconds`` without spending an attempt."""
+    return Err(types.JobError_Snooze(seconds))
+
+
+class _Log:
+    """Lines of the job's log, by level."""
+
+    def trace(self, message):
+        host.log(host.Level.TRACE, message)
+
+    def debug(self, message):
+        host.log(host.Level.DEBUG, message)
+
+    def info(self, message):
+        host.log(host.Level.INFO, message)
+
+    def warn(self, message):
+        host.log(host.Level.WARN, message)
+
+    def error(self, message):
+        host.log(host.Level.ERROR, message)
+
+
+log = _Log()
+
+
+def progress(done, total):
+    """Reports progress; it shows while the job runs."""
+    host.progress(done, total)
+
+
+def enqueue(job, payload, queue=None, priority=None, delay_ms=None):
+    """Enqueues a job of type ``job`` with a dict payload, written with this job's completion.
+
+    Raises ``Err(str)`` when the host refuses it (unknown type, bad payload, a full ``raise`` limit).
+    """
+    host.enqueue(job, json.dumps(payload), host.EnqueueOptions(queue=queue, priority=priority, delay_ms=delay_ms))
