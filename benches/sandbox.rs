@@ -1,7 +1,9 @@
 //! Per-job sandbox overhead and component load times.
 //!
-//! `cargo bench --bench sandbox` (after `guests/build.sh`). Prints a
-//! Markdown table; BENCHMARKS.md records the figures with machine and date.
+//! `cargo bench --bench sandbox [-- GUEST]` (after `guests/build.sh`), for
+//! the Rust `hello` by default or another greeting handler (`py_hello`, in
+//! Python). Prints a Markdown table; BENCHMARKS.md records the figures
+//! with machine and date.
 //!
 //! - per-job: instantiate `hello` from its `InstancePre` in a fresh store,
 //!   call `run`, drop the store; timed around `Runtime::run`, on one thread
@@ -17,12 +19,20 @@ use jobhost::component::{LoadedComponent, Runtime, StopSignal};
 use jobhost::config::RuntimeConfig;
 use jobhost::types::JobContext;
 
-const WARMUP: usize = 2_000;
-const RUNS: usize = 20_000;
-const LOADS: usize = 20;
+/// Runs and loads measured: (warm-up runs, runs, loads). A handler that
+/// bundles an interpreter runs in milliseconds and compiles in seconds, so
+/// it gets fewer.
+fn counts(guest: &str) -> (usize, usize, usize) {
+    if guest == "hello" { (2_000, 20_000, 20) } else { (50, 1_000, 3) }
+}
+
+/// The guest named on the command line (cargo passes its own `--bench`).
+fn guest() -> String {
+    std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_else(|| "hello".into())
+}
 
 fn hello_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("guests/dist/hello.wasm")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("guests/dist/{}.wasm", guest()))
 }
 
 fn context() -> JobContext {
@@ -59,7 +69,9 @@ async fn per_job(runtime: &Runtime, hello: &LoadedComponent, runs: usize) -> Vec
 }
 
 fn main() {
-    assert!(hello_path().exists(), "run guests/build.sh first");
+    assert!(hello_path().exists(), "run guests/build.sh first (no {})", hello_path().display());
+    let (warmup, runs, loads) = counts(&guest());
+    println!("guest: {}", guest());
     let cache = tempfile::tempdir().expect("temp dir");
     let config = RuntimeConfig { cache_dir: Some(cache.path().to_path_buf()), ..RuntimeConfig::default() };
     let runtime = Runtime::new(config.clone()).expect("runtime");
@@ -69,8 +81,8 @@ fn main() {
 
     let one_thread = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     let hello = Arc::new(one_thread.block_on(runtime.load_file(&hello_path())).expect("hello loads"));
-    one_thread.block_on(per_job(&runtime, &hello, WARMUP));
-    report("per-job, 1 thread", one_thread.block_on(per_job(&runtime, &hello, RUNS)));
+    one_thread.block_on(per_job(&runtime, &hello, warmup));
+    report("per-job, 1 thread", one_thread.block_on(per_job(&runtime, &hello, runs)));
 
     let two_threads =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
@@ -79,8 +91,8 @@ fn main() {
             .map(|_| {
                 let (runtime, hello) = (runtime.clone(), hello.clone());
                 tokio::spawn(async move {
-                    per_job(&runtime, &hello, WARMUP).await;
-                    per_job(&runtime, &hello, RUNS).await
+                    per_job(&runtime, &hello, warmup).await;
+                    per_job(&runtime, &hello, runs).await
                 })
             })
             .collect();
@@ -94,7 +106,7 @@ fn main() {
 
     let bytes = std::fs::read(hello_path()).expect("read hello");
     let uncached = Runtime::new(RuntimeConfig { cache_dir: None, ..config.clone() }).expect("runtime");
-    let compile: Vec<_> = (0..LOADS)
+    let compile: Vec<_> = (0..loads)
         .map(|_| {
             let started = Instant::now();
             one_thread.block_on(uncached.load_bytes(&hello_path(), bytes.clone())).expect("compiles");
@@ -102,7 +114,7 @@ fn main() {
         })
         .collect();
     report("load, compiling", compile);
-    let cached: Vec<_> = (0..LOADS)
+    let cached: Vec<_> = (0..loads)
         .map(|_| {
             let started = Instant::now();
             one_thread.block_on(runtime.load_bytes(&hello_path(), bytes.clone())).expect("loads");
