@@ -59,10 +59,15 @@ impl TokenArgs {
 const MAX_CONNECTIONS: u32 = 8;
 
 pub async fn serve(args: ServeArgs) -> ExitCode {
+    let limits = args.db.limits();
+    let config = args.token.http_config(args.listen, limits);
+    // A setting that cannot work fails before the wait for the database.
+    if let Err(error) = config.validate() {
+        return fail(error);
+    }
     let shutdown = CancellationToken::new();
     super::host::stop_on_signals(shutdown.clone());
     // Like a host, it waits for a database that is not up yet.
-    let limits = args.db.limits();
     let opened =
         crate::host::open_waiting(&args.db.database_url, MAX_CONNECTIONS, limits, !args.no_migrate, &shutdown).await;
     let store = match opened {
@@ -70,7 +75,6 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         Ok(None) => return ExitCode::SUCCESS,
         Err(error) => return fail(error),
     };
-    let config = args.token.http_config(args.listen, limits);
     let server = match crate::http::Server::bind(&config, store.clone(), crate::metrics::Metrics::default()).await {
         Ok(server) => server,
         Err(error) => return fail(error),

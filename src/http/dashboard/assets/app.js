@@ -4,7 +4,8 @@
 
 (function () {
   const main = document.getElementById("live");
-  if (!main) return;
+  // Pages without data-live (signing in, a problem) stay as they are.
+  if (!main || !main.dataset.live) return;
   const every = Number(main.dataset.live) || 2000;
   let busy = false;
   // The last markup the server sent: the page is replaced only when it changes.
