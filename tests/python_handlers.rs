@@ -45,9 +45,8 @@ async fn a_python_handler_logs_reports_progress_and_enqueues(db: TestDb) {
         db.store.job_list(&filter).await.unwrap().len() == 2
     })
     .await;
-    let children: Vec<(String, i64)> = db
-        .rows(format!("SELECT payload->>'name', parent_id FROM jobhost.archive WHERE job = 'hello' ORDER BY id"))
-        .await;
+    let children: Vec<(String, i64)> =
+        db.rows("SELECT payload->>'name', parent_id FROM jobhost.archive WHERE job = 'hello' ORDER BY id").await;
     assert_eq!(children, [("Grace".to_string(), id), ("Edsger".to_string(), id)]);
     host.stop().await;
 }
