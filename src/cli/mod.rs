@@ -14,6 +14,7 @@
 mod batch;
 mod components;
 mod host;
+mod new;
 mod operator;
 mod serve;
 
@@ -140,6 +141,9 @@ enum Command {
     /// Run one job in a sandbox, without a queue: its output on stdout, its
     /// logs and how it went on stderr; non-zero exit unless it completed.
     Exec(components::ExecArgs),
+    /// Write a ready-to-build handler project: its source, the WIT, a build
+    /// script, a sample payload.
+    New(new::NewArgs),
     /// Follow a directory of components, printing what loads, reloads, fails
     /// and unloads, until interrupted.
     Watch {
@@ -286,6 +290,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,
+            Command::New(args) => new::new(args),
         }
     });
     // A compile abandoned at shutdown may still run on a blocking thread;

@@ -1,0 +1,138 @@
+//! `jobhost new NAME --lang rust|python`: a ready-to-build handler project
+//! (its source, the WIT it implements, a build script, a sample payload and
+//! a README), so a first handler is one command and one build away. The
+//! files are compiled into the binary, the WIT among them, so a project
+//! always matches the host that wrote it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+
+use super::fail;
+
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The job type's name, also the project's: `a-z`, `0-9`, `_` and `-`,
+    /// starting with a letter.
+    name: String,
+    /// The language to write the handler in.
+    #[arg(long, value_enum, default_value = "rust")]
+    lang: Language,
+    /// Where to write the project [default: ./NAME]; it must not exist or be empty.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// The languages a project can be written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Language {
+    /// A cdylib crate built for wasm32-wasip2 with wit-bindgen.
+    Rust,
+    /// A module built with componentize-py, with jobhost's Python helpers.
+    Python,
+}
+
+const WIT: &str = include_str!("../../wit/job.wit");
+const README: &str = include_str!("templates/README.md.tmpl");
+const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.tmpl");
+const RUST_LIB: &str = include_str!("templates/rust/lib.rs.tmpl");
+const RUST_BUILD: &str = include_str!("templates/rust/build.sh.tmpl");
+const PYTHON_APP: &str = include_str!("templates/python/app.py.tmpl");
+const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.tmpl");
+const PYTHON_SDK: &str = include_str!("../../guests/python/sdk/jobhost_guest.py");
+const PAYLOAD: &str = "{\"name\": \"Ada\"}\n";
+
+/// The project's files, as (path, contents, executable).
+fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", name)
+            .replace("{{crate}}", &name.replace('-', "_"))
+            .replace("{{language}}", if lang == Language::Rust { "Rust" } else { "Python" })
+    };
+    let mut files = vec![
+        ("wit/job.wit", WIT.to_string(), false),
+        ("payload.json", PAYLOAD.to_string(), false),
+        ("README.md", fill(README), false),
+    ];
+    match lang {
+        Language::Rust => files.extend([
+            ("Cargo.toml", fill(RUST_CARGO), false),
+            ("src/lib.rs", fill(RUST_LIB), false),
+            ("build.sh", fill(RUST_BUILD), true),
+            (".gitignore", "target/\n*.wasm\n".to_string(), false),
+        ]),
+        Language::Python => files.extend([
+            ("app.py", fill(PYTHON_APP), false),
+            ("jobhost_guest.py", PYTHON_SDK.to_string(), false),
+            ("build.sh", fill(PYTHON_BUILD), true),
+            (".gitignore", "__pycache__/\n*.wasm\n".to_string(), false),
+        ]),
+    }
+    files
+}
+
+/// Why a name cannot be a project's.
+fn check_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let starts = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    let rest = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if starts && rest && name.len() <= 64 {
+        Ok(())
+    } else {
+        Err(format!("{name:?} cannot name a project: use 1 to 64 of a-z, 0-9, _ and -, starting with a letter"))
+    }
+}
+
+pub fn new(args: NewArgs) -> ExitCode {
+    if let Err(reason) = check_name(&args.name) {
+        return fail(reason);
+    }
+    let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
+    if std::fs::read_dir(&dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        return fail(format!("{} exists and is not empty: nothing was written", dir.display()));
+    }
+    for (path, contents, executable) in files(&args.name, args.lang) {
+        if let Err(error) = write(&dir.join(path), &contents, executable) {
+            return fail(format!("cannot write {}: {error}", dir.join(path).display()));
+        }
+    }
+    println!("wrote {} ({:?}): cd {} && ./build.sh", dir.display(), args.lang, dir.display());
+    ExitCode::SUCCESS
+}
+
+fn write(path: &Path, contents: &str, executable: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, contents)?;
+    if executable {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("resize-images").is_ok());
+        assert!(check_name("Resize").is_err());
+        assert!(check_name("9lives").is_err());
+        assert!(check_name("a.b").is_err());
+        assert!(check_name("").is_err());
+    }
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        for lang in [Language::Rust, Language::Python] {
+            for (path, contents, _) in files("my-job", lang) {
+                assert!(!contents.contains("{{"), "{path} keeps a placeholder");
+            }
+        }
+    }
+}
