@@ -21,14 +21,24 @@ pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Resu
     }
     let ids: Vec<Option<i64>> = jobs.iter().map(|j| j.batch_id).collect();
     let closed_ok: Vec<bool> = jobs.iter().map(|j| j.batch_by_member).collect();
-    let added = sqlx::query("SELECT jobhost.batch_add_members($1, $2)").bind(&ids).bind(&closed_ok).execute(conn).await;
-    match added {
-        Ok(_) => Ok(()),
-        // A missing or closed batch: the function's refusal, as SQLite names it too.
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22023") => {
-            Err(Error::BatchRefused(db.message().to_string()))
+    sqlx::query("SELECT jobhost.batch_add_members($1, $2)")
+        .bind(&ids)
+        .bind(&closed_ok)
+        .execute(conn)
+        .await
+        .map_err(refused_or_failed)?;
+    Ok(())
+}
+
+/// The batch functions' refusal of a missing or closed batch (SQLSTATE
+/// 22023) as [`Error::BatchRefused`], as SQLite names it too; any other
+/// error as it is.
+fn refused_or_failed(error: sqlx::Error) -> Error {
+    match error {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("22023") => {
+            Error::BatchRefused(db.message().to_string())
         }
-        Err(error) => Err(error.into()),
+        error => error.into(),
     }
 }
 
@@ -63,12 +73,7 @@ pub async fn write_in(conn: &mut PgConnection, batch: PreparedBatch) -> Result<(
 /// Closes a batch; false when it was closed already. A closed batch whose
 /// members have all ended finishes as this commits.
 pub async fn close(pool: &PgPool, id: i64) -> Result<bool> {
-    match sqlx::query_scalar("SELECT jobhost.batch_close($1)").bind(id).fetch_one(pool).await {
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22023") => {
-            Err(Error::BatchRefused(db.message().to_string()))
-        }
-        other => Ok(other?),
-    }
+    sqlx::query_scalar("SELECT jobhost.batch_close($1)").bind(id).fetch_one(pool).await.map_err(refused_or_failed)
 }
 
 /// Batches, newest first: one when `id` is given, else up to `limit`.
