@@ -143,3 +143,30 @@ async fn a_component_of_the_second_world_version_loads_and_runs() {
     assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.2.0 import");
     assert_eq!(report.effects.progress, Some((1, 1)));
 }
+
+/// A component instantiating `module` `count` times.
+fn instantiating(module: &str, count: usize) -> Vec<u8> {
+    let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();
+    wat::parse_str(format!("(component (core module $m {module}) {instances})")).unwrap()
+}
+
+#[tokio::test]
+async fn a_component_past_the_pools_limits_is_refused_naming_the_limit() {
+    let (runtime, _cache) = runtime();
+    let cases = [
+        (instantiating("", 51), "at most 50 core instances per component"),
+        (instantiating("(memory 1)", 5), "at most 4 linear memories per component"),
+        (instantiating("(memory 20000)", 1), "a memory of at most 1024 MiB"),
+    ];
+    for (bytes, limit) in cases {
+        let error = load_error(&runtime, bytes).await;
+        assert!(matches!(error.kind, LoadErrorKind::TooLarge(_)), "{error}");
+        let text = error.to_string();
+        assert!(text.contains("does not fit: needs more than this host's instance pool allows"), "{text}");
+        assert!(text.contains(limit), "{text}");
+    }
+    // Within every limit, the same shapes compile (and fail later, for
+    // want of the world's exports).
+    let error = load_error(&runtime, instantiating("(memory 1)", 4)).await;
+    assert!(matches!(error.kind, LoadErrorKind::World(_)), "{error}");
+}

@@ -10,7 +10,8 @@ use crate::config::RuntimeConfig;
 pub const LOAD_SLOTS: u32 = 4;
 
 /// Core instances one component may contain. Rust components have a handful;
-/// components from other toolchains (interpreters, adapters) have more.
+/// components from other toolchains have more (componentize-py's about 10,
+/// componentize-js's about 15).
 const CORE_INSTANCES_PER_COMPONENT: u32 = 50;
 
 /// Linear memories one component may contain.
@@ -44,6 +45,28 @@ pub fn build(config: &RuntimeConfig) -> wasmtime::Result<Engine> {
     let mut wasm = Config::new();
     wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool)).memory_init_cow(true);
     Engine::new(&wasm)
+}
+
+/// What a compile error says when the component cannot fit this host's
+/// instance pool, naming jobhost's limit it exceeds (wasmtime's own text
+/// names the pooling allocator's): `None` for any other compile error.
+/// Every pool slot is sized up front, so the check comes at compile time.
+pub fn pool_misfit(error: &wasmtime::Error, config: &RuntimeConfig) -> Option<String> {
+    let text = format!("{error:#}");
+    let limit = if text.contains("core module instances") {
+        format!("at most {CORE_INSTANCES_PER_COMPONENT} core instances per component")
+    } else if text.contains("linear memories") || text.contains("defined memories count") {
+        format!("at most {MEMORIES_PER_COMPONENT} linear memories per component")
+    } else if text.contains("tables") && (text.contains("pooling allocator") || text.contains("per-instance limit")) {
+        "the pool's tables per component".to_string()
+    } else if text.contains("minimum byte size") {
+        format!("a memory of at most {} MiB, the host's largest memory cap", config.max_memory_limit_bytes >> 20)
+    } else if text.contains("instance allocation for this") {
+        "the pool's instance size".to_string()
+    } else {
+        return None;
+    };
+    Some(format!("needs more than this host's instance pool allows ({limit}): {text}"))
 }
 
 /// Advances the engine's epoch every `tick` on a thread of its own, for as

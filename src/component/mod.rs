@@ -73,6 +73,11 @@ pub enum LoadErrorKind {
     /// The bytes are not a valid WebAssembly component.
     #[error("not a valid WebAssembly component: {0}")]
     Compile(String),
+    /// The component is valid but needs more than this host's instance
+    /// pool gives one component (core instances, memories, tables, memory
+    /// size); the text names the limit.
+    #[error("does not fit: {0}")]
+    TooLarge(String),
     /// The component does not fit the `jobhost:job` world: a missing
     /// export, or an import the host does not provide.
     #[error("does not implement the jobhost:job world: {0}")]
@@ -83,6 +88,11 @@ pub enum LoadErrorKind {
     /// `describe()` returned a configuration that cannot be used.
     #[error("invalid configuration: {0}")]
     Config(#[from] metadata::InvalidConfig),
+    /// A component fetched from the database is not what was deployed:
+    /// its bytes do not match the deployed digest, or it declares another
+    /// job type than the one it was deployed as.
+    #[error("does not match its deployment: {0}")]
+    Deployment(String),
     /// Another file already provides this job type.
     #[error("job type {name:?} is already provided by {}", other.display())]
     DuplicateName {
@@ -197,7 +207,43 @@ impl Runtime {
         let component = tokio::task::spawn_blocking(move || inner.compile(&key, &bytes))
             .await
             .map_err(|e| fail(LoadErrorKind::Compile(format!("compiler task failed: {e}"))))?
-            .map_err(|e| fail(LoadErrorKind::Compile(format!("{e:#}"))))?;
+            .map_err(|e| fail(self.compile_error(&e)))?;
+        self.link_and_describe(source, digest, component).await
+    }
+
+    /// Loads the component with this digest from the artifact cache alone,
+    /// without its bytes: a host serving deployed components fetches them
+    /// from the database only when this is `None` (not cached, or no cache).
+    pub async fn load_cached(&self, source: &Path, digest: &str) -> Option<Result<LoadedComponent, LoadError>> {
+        let inner = self.inner.clone();
+        let key = digest.to_string();
+        let cached = tokio::task::spawn_blocking(move || {
+            let cache = inner.cache.as_ref()?;
+            cache.load(&inner.engine, &key)
+        })
+        .await
+        .ok()
+        .flatten()?;
+        Some(self.link_and_describe(source, digest.to_string(), cached).await)
+    }
+
+    /// A compile error as a load error: a component too large for the
+    /// instance pool is told apart from one that is not valid.
+    fn compile_error(&self, error: &wasmtime::Error) -> LoadErrorKind {
+        match engine::pool_misfit(error, &self.inner.config) {
+            Some(misfit) => LoadErrorKind::TooLarge(misfit),
+            None => LoadErrorKind::Compile(format!("{error:#}")),
+        }
+    }
+
+    /// Links a compiled component to the host and reads its configuration.
+    async fn link_and_describe(
+        &self,
+        source: &Path,
+        digest: String,
+        component: Component,
+    ) -> Result<LoadedComponent, LoadError> {
+        let fail = |kind| LoadError { path: source.to_path_buf(), kind };
         let pre = self
             .inner
             .linker
