@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every example handler into guests/dist/NAME.wasm (a component):
-# the Rust ones, and the Python ones (guests/python/) when componentize-py
-# is installed (scripts/test.sh installs it; CI always has it).
+# the Rust ones, the Python ones (guests/python/) when componentize-py is
+# installed, and the JavaScript ones (guests/js/) when its toolchain is
+# (scripts/test.sh installs both; CI always has them).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -17,5 +18,8 @@ for manifest in */Cargo.toml; do
 done
 if command -v componentize-py >/dev/null 2>&1; then
   bash python/build.sh
+fi
+if [ -x js/node_modules/.bin/componentize-js ]; then
+  bash js/build.sh
 fi
 echo "built: $(ls dist | tr '\n' ' ')"

@@ -1,0 +1,26 @@
+/**
+ * Greets the payload's `name` from JavaScript: logs, reports progress,
+ * enqueues the Rust `hello` for each of `children` names, and fails its
+ * first `fail_times` attempts with a retryable error.
+ */
+
+import { config, enqueue, log, output, parsePayload, progress, retry } from '../sdk/jobhost_guest.js';
+
+export function describe() {
+  return config('js_hello', { maxAttempts: 5, backoffMs: [10, 100] });
+}
+
+export function run(ctx, payload) {
+  const data = parsePayload(payload);
+  if (ctx.attempt <= Number(data.fail_times ?? 0)) {
+    throw retry(`attempt ${ctx.attempt} failed on purpose`);
+  }
+  const name = String(data.name ?? 'world');
+  log.info('greeting ' + name);
+  const children = data.children ?? [];
+  children.forEach((child, done) => {
+    enqueue('hello', { name: child });
+    progress(done + 1, children.length);
+  });
+  return output({ greeting: 'hello from JavaScript, ' + name, attempt: ctx.attempt });
+}

@@ -1,0 +1,182 @@
+/**
+ * Helpers for writing a jobhost job handler in JavaScript.
+ *
+ * A handler is one ES module exporting `describe()` and `run(ctx, payload)`,
+ * built into a component with componentize-js against the repository's
+ * `wit/` (see guests/js/build.sh). These helpers spare it the bindings'
+ * conventions: WIT names in camelCase, `undefined` for a missing option,
+ * BigInt for u64, `{tag, val}` for variants and a thrown value for `err`.
+ *
+ *     import { config, limit, parsePayload, output, retry, log } from '../sdk/jobhost_guest.js';
+ *
+ *     export function describe() {
+ *       return config('resize', { maxAttempts: 5, concurrency: limit(2, { key: '{account}' }) });
+ *     }
+ *
+ *     export function run(ctx, payload) {      // may be async: see sleep()
+ *       const data = parsePayload(payload);
+ *       if (!data.image) throw retry('no image yet');
+ *       log.info('resizing ' + data.image);
+ *       return output({ done: true });          // any JSON value, or nothing
+ *     }
+ *
+ * `ctx` is `{jobId, attempt, queue, enqueuedAtMs, batchId, concurrencyKey}`;
+ * `jobId`, `enqueuedAtMs` and `batchId` are BigInt (u64), `attempt` a number.
+ * `throw retry(...)`, `fail(...)` or `snooze(...)` ends a run otherwise.
+ * Any other exception `run` does not catch traps the run, and the attempt is
+ * retried like any crash: the bindings try to lower it as a job-error and
+ * fail, so stderr says "invalid variant tag value `undefined` (received
+ * `TypeError: ...`)" with the original error's text.
+ */
+
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.3.0';
+
+/**
+ * A job type's configuration; every option left out takes the host's default.
+ * `backoffMs` is a `[base, cap]` pair in milliseconds.
+ */
+export function config(name, { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique } = {}) {
+  return {
+    name,
+    queue,
+    priority,
+    maxAttempts,
+    backoff: backoffMs ? { baseMs: backoffMs[0], capMs: backoffMs[1] } : undefined,
+    timeoutMs,
+    memoryLimitBytes: u64(memoryLimitBytes),
+    concurrency,
+    unique,
+    schedule: undefined,
+  };
+}
+
+/**
+ * At most `atOnce` runs per rendered `key` fleet-wide; `onConflict` is
+ * `'block'`, `'discard'` or `'raise'`.
+ */
+export function limit(atOnce, { key, durationSecs = 30, onConflict = 'block' } = {}) {
+  return { limit: atOnce, key, durationSecs, onConflict };
+}
+
+/**
+ * At most one job per rendered `key` at a time; `strategy` is
+ * `'until-executed'` or `'while-executing'`, `onDuplicate` `'skip'`,
+ * `'replace'` or `'raise'`.
+ */
+export function unique(key, { strategy = 'until-executed', onDuplicate } = {}) {
+  return { key, strategy, onDuplicate };
+}
+
+/**
+ * How `run` ends other than in success. Throw it (or return it): the
+ * bindings lower a thrown value's own `payload` as the `job-error`, and
+ * take a returned object whose `tag` is `'err'` as the whole result, so
+ * this carries both. It is an Error so that it has a stack when logged.
+ */
+export class JobError extends Error {
+  constructor(error, message) {
+    super(message);
+    this.name = 'JobError';
+    this.payload = error;
+    this.tag = 'err';
+    this.val = error;
+  }
+}
+
+/** Ends the attempt as failed; the host retries with backoff while attempts remain. */
+export function retry(reason) {
+  return new JobError({ tag: 'retry', val: String(reason) }, `retry: ${reason}`);
+}
+
+/** Ends the job as failed at once, without retry. */
+export function fail(reason) {
+  return new JobError({ tag: 'fail', val: String(reason) }, `fail: ${reason}`);
+}
+
+/** Runs the job again after `seconds` without spending an attempt. */
+export function snooze(seconds) {
+  return new JobError({ tag: 'snooze', val: seconds }, `snooze: ${seconds} s`);
+}
+
+/** The payload as an object; a payload that is not a JSON object fails the job without retry. */
+export function parsePayload(payload) {
+  let data;
+  try {
+    data = JSON.parse(payload);
+  } catch (error) {
+    throw fail(`payload is not JSON: ${error.message}`);
+  }
+  if (data === null || typeof data !== 'object' || Array.isArray(data)) {
+    throw fail('payload must be a JSON object');
+  }
+  return data;
+}
+
+/** What `run` returns for `value`: its JSON text, or nothing for null or undefined. */
+export function output(value) {
+  return value == null ? undefined : json(value);
+}
+
+/** Lines of the job's log, by level. */
+export const log = {
+  trace: (message) => hostLog('trace', String(message)),
+  debug: (message) => hostLog('debug', String(message)),
+  info: (message) => hostLog('info', String(message)),
+  warn: (message) => hostLog('warn', String(message)),
+  error: (message) => hostLog('error', String(message)),
+};
+
+/** Reports progress; it shows while the job runs. */
+export function progress(done, total) {
+  hostProgress(u64(done), u64(total));
+}
+
+/** Why the host refused an enqueue. Not a job error: uncaught, it traps the run. */
+export class EnqueueError extends Error {
+  constructor(job, reason) {
+    super(`enqueue of ${job} refused: ${reason}`);
+    this.name = 'EnqueueError';
+    this.reason = reason;
+  }
+}
+
+/**
+ * Enqueues a job of type `job` with `payload` (any JSON value, usually an
+ * object), written with this job's completion. Throws EnqueueError when the
+ * host refuses it (unknown type, bad payload or options, a full `raise` limit).
+ */
+export function enqueue(job, payload, { queue, priority, delayMs } = {}) {
+  try {
+    hostEnqueue(job, json(payload ?? {}), { queue, priority, delayMs: u64(delayMs) });
+  } catch (error) {
+    // The bindings throw their ComponentError, carrying the host's text as
+    // `payload`; thrown on as it is, `run` would lower it as a job-error.
+    if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
+      throw new EnqueueError(job, error.payload);
+    }
+    throw error;
+  }
+}
+
+/**
+ * Resolves after `ms` milliseconds. JavaScript cannot block, so `run` awaits
+ * it (`export async function run`): the engine's event loop then waits on a
+ * WASI monotonic-clock pollable, idle, instead of spinning.
+ */
+export function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/**
+ * JSON text of `value`. JSON.stringify throws on a BigInt (such as
+ * `ctx.jobId`), so each is a number, or its digits as a string past 2^53
+ * where a number would round.
+ */
+function json(value) {
+  return JSON.stringify(value, (_key, v) => (typeof v !== 'bigint' ? v : Number.isSafeInteger(Number(v)) ? Number(v) : String(v)));
+}
+
+/** A u64 for the bindings from a number (or BigInt); undefined stays none. */
+function u64(value) {
+  return value == null ? undefined : BigInt(typeof value === 'bigint' ? value : Math.trunc(value));
+}
