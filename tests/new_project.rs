@@ -54,6 +54,11 @@ fn a_new_python_project_builds_and_runs() {
 }
 
 #[test]
+fn a_new_javascript_project_builds_and_runs() {
+    a_new_project_builds_and_runs("js");
+}
+
+#[test]
 fn a_name_that_cannot_be_a_job_type_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let refused = jobhost(&["new", "Not.A.Name"], work.path());

@@ -1,4 +1,4 @@
-//! `jobhost new NAME --lang rust|python`: a ready-to-build handler project
+//! `jobhost new NAME --lang rust|python|js`: a ready-to-build handler project
 //! (its source, the WIT it implements, a build script, a sample payload and
 //! a README), so a first handler is one command and one build away. The
 //! files are compiled into the binary, the WIT among them, so a project
@@ -31,6 +31,18 @@ enum Language {
     Rust,
     /// A module built with componentize-py, with jobhost's Python helpers.
     Python,
+    /// An ES module built with componentize-js, with jobhost's JavaScript helpers.
+    Js,
+}
+
+impl Language {
+    fn name(self) -> &'static str {
+        match self {
+            Language::Rust => "Rust",
+            Language::Python => "Python",
+            Language::Js => "JavaScript",
+        }
+    }
 }
 
 const WIT: &str = include_str!("../../wit/job.wit");
@@ -41,6 +53,10 @@ const RUST_BUILD: &str = include_str!("templates/rust/build.sh.tmpl");
 const PYTHON_APP: &str = include_str!("templates/python/app.py.tmpl");
 const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.tmpl");
 const PYTHON_SDK: &str = include_str!("../../guests/python/sdk/jobhost_guest.py");
+const JS_APP: &str = include_str!("templates/js/app.js.tmpl");
+const JS_BUILD: &str = include_str!("templates/js/build.sh.tmpl");
+const JS_PACKAGE: &str = include_str!("templates/js/package.json.tmpl");
+const JS_SDK: &str = include_str!("../../guests/js/sdk/jobhost_guest.js");
 const PAYLOAD: &str = "{\"name\": \"Ada\"}\n";
 
 /// The project's files, as (path, contents, executable).
@@ -49,7 +65,7 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
         template
             .replace("{{name}}", name)
             .replace("{{crate}}", &name.replace('-', "_"))
-            .replace("{{language}}", if lang == Language::Rust { "Rust" } else { "Python" })
+            .replace("{{language}}", lang.name())
     };
     let mut files = vec![
         ("wit/job.wit", WIT.to_string(), false),
@@ -68,6 +84,13 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
             ("jobhost_guest.py", PYTHON_SDK.to_string(), false),
             ("build.sh", fill(PYTHON_BUILD), true),
             (".gitignore", "__pycache__/\n*.wasm\n".to_string(), false),
+        ]),
+        Language::Js => files.extend([
+            ("app.js", fill(JS_APP), false),
+            ("jobhost_guest.js", JS_SDK.to_string(), false),
+            ("package.json", fill(JS_PACKAGE), false),
+            ("build.sh", fill(JS_BUILD), true),
+            (".gitignore", "node_modules/\n*.wasm\n".to_string(), false),
         ]),
     }
     files
@@ -129,7 +152,7 @@ mod tests {
 
     #[test]
     fn every_placeholder_is_filled() {
-        for lang in [Language::Rust, Language::Python] {
+        for lang in [Language::Rust, Language::Python, Language::Js] {
             for (path, contents, _) in files("my-job", lang) {
                 assert!(!contents.contains("{{"), "{path} keeps a placeholder");
             }
