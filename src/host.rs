@@ -1,4 +1,5 @@
-//! A whole host: components from a watched directory, their job types
+//! A whole host: components from a watched directory and from the
+//! database's deployments, their job types
 //! registered fleet-wide, the worker, the maintenance sweeps and the
 //! schedule loop, until shutdown.
 
@@ -10,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::component::{DirectoryWatcher, Registry, Runtime, WatcherConfig};
 use crate::config::RuntimeConfig;
+use crate::deployments::DeploymentFollower;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
 use crate::registration::Registrar;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -22,8 +24,10 @@ use crate::worker::{KnownJobTypes, Worker, WorkerConfig};
 pub struct HostConfig {
     /// The database to share with the fleet.
     pub database_url: String,
-    /// The directory of components.
-    pub components: PathBuf,
+    /// The directory of components, if any.
+    pub components: Option<PathBuf>,
+    /// Also serve the components deployed through the database.
+    pub deployed: bool,
     /// Apply migrations at start.
     pub migrate: bool,
     /// The component runtime.
@@ -47,6 +51,9 @@ pub enum HostError {
     /// A setting cannot work.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// Neither a components directory nor the deployments to serve.
+    #[error("nothing to serve: name a components directory, the deployed components (`db`), or both")]
+    NothingToServe,
     /// The runtime could not start.
     #[error(transparent)]
     Runtime(#[from] crate::component::RuntimeError),
@@ -76,6 +83,9 @@ pub enum HostError {
 /// Anything that prevents the host from starting, or a task that panicked;
 /// other failures while running are logged and retried.
 pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), HostError> {
+    if config.components.is_none() && !config.deployed {
+        return Err(HostError::NothingToServe);
+    }
     if let Some(http) = &config.http {
         http.validate()?;
     }
@@ -98,14 +108,31 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let known = KnownJobTypes::default();
     known.refresh(store.as_ref()).await;
     let runtime = runtime.with_child_check(known.check(registry.clone(), store.clone(), config.limits));
-    let mut watcher = DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(&config.components))?;
+    let mut watcher = match &config.components {
+        Some(dir) => Some(DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(dir))?),
+        None => None,
+    };
+    let mut follower =
+        config.deployed.then(|| DeploymentFollower::new(runtime.clone(), registry.clone(), store.clone()));
     // The startup scan may compile many components; a shutdown stops it.
+    let startup = async {
+        if let Some(watcher) = watcher.as_mut() {
+            watcher.run_once().await?;
+        }
+        if let Some(follower) = follower.as_mut() {
+            // The follower looks again in a moment; a host starts anyway.
+            if let Err(error) = follower.run_once().await {
+                tracing::warn!(%error, "cannot read the deployed components at start; trying again");
+            }
+        }
+        Ok::<(), HostError>(())
+    };
     tokio::select! {
         () = shutdown.cancelled() => {
             tracing::info!("shutdown requested during the startup scan");
             return Ok(());
         }
-        scanned = watcher.run_once() => scanned?,
+        scanned = startup => scanned?,
     }
     let events = registry.subscribe();
     let mut registrar = Registrar::new(store.clone(), registry.clone());
@@ -123,7 +150,8 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let background = CancellationToken::new();
     let metrics = crate::metrics::Metrics::default();
     let http_store = store.clone();
-    let watching = supervisor.spawn("watcher", watcher.run(background.clone()));
+    let watching = watcher.map(|watcher| supervisor.spawn("watcher", watcher.run(background.clone())));
+    let following = follower.map(|follower| supervisor.spawn("deployments", follower.run(background.clone())));
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
     let maintenance = Maintenance::new(store.clone(), config.maintenance.clone())?.with_metrics(metrics.clone());
     let sweeping = supervisor.spawn("maintenance", maintenance.run(background.clone()));
@@ -158,7 +186,13 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     worker.run(stop).await;
 
     background.cancel();
-    let _ = tokio::join!(watching, registering, sweeping, scheduling, refreshing);
+    let _ = tokio::join!(registering, sweeping, scheduling, refreshing);
+    if let Some(watching) = watching {
+        let _ = watching.await;
+    }
+    if let Some(following) = following {
+        let _ = following.await;
+    }
     if let Some(serving) = serving {
         let _ = serving.await;
     }

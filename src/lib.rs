@@ -32,6 +32,7 @@ pub mod cli;
 pub mod client;
 pub mod component;
 pub mod config;
+pub mod deployments;
 pub mod host;
 pub mod http;
 pub mod maintenance;

@@ -16,9 +16,12 @@ use crate::worker::WorkerConfig;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The directory of components to serve.
-    #[arg(long, env = "JOBHOST_COMPONENTS")]
-    components: PathBuf,
+    /// Where the components to serve come from: a directory, watched for
+    /// changes, and/or `db`, the components deployed through the database
+    /// (`jobhost deploy`). Give both as `--components DIR --components db`
+    /// or `DIR,db`; a directory named `db` is `./db`.
+    #[arg(long, env = "JOBHOST_COMPONENTS", value_delimiter = ',', required = true, value_name = "DIR|db")]
+    components: Vec<String>,
     #[command(flatten)]
     db: DbArgs,
     /// Jobs run at once on this host.
@@ -70,9 +73,14 @@ pub async fn run(args: RunArgs) -> ExitCode {
     if args.http.is_none() && args.token.given() {
         tracing::warn!("--token and --allow-host mean nothing without --http: this host serves no HTTP");
     }
+    let (components, deployed) = match component_sources(&args.components) {
+        Ok(sources) => sources,
+        Err(message) => return fail(message),
+    };
     let config = crate::HostConfig {
         database_url: args.db.database_url,
-        components: args.components,
+        components,
+        deployed,
         migrate: !args.no_migrate,
         runtime: args.runtime.config(),
         worker: WorkerConfig {
@@ -101,6 +109,24 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(error),
     }
+}
+
+/// The directory and whether the deployed components are served, from the
+/// values of `--components`.
+fn component_sources(values: &[String]) -> Result<(Option<PathBuf>, bool), String> {
+    let mut dir = None;
+    let mut deployed = false;
+    for value in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        if value == "db" {
+            deployed = true;
+        } else if let Some(first) = dir.replace(PathBuf::from(value)) {
+            return Err(format!("--components names two directories ({} and {value}): serve one", first.display()));
+        }
+    }
+    if dir.is_none() && !deployed {
+        return Err("--components needs a directory, `db`, or both".into());
+    }
+    Ok((dir, deployed))
 }
 
 /// Cancels `shutdown` at the first SIGINT or SIGTERM, and exits at once at

@@ -8,11 +8,13 @@
 //!
 //! Flags shared by several commands are defined here; the commands live in
 //! `host` (`run`, the one that runs jobs), `operator` (the commands that
-//! read or change the database and exit) and `components` (the commands
-//! that work on component files without a database).
+//! read or change the database and exit), `deploy` (components deployed
+//! through the database) and `components` (the commands that work on
+//! component files without a database).
 
 mod batch;
 mod components;
+mod deploy;
 mod host;
 mod new;
 mod operator;
@@ -126,6 +128,16 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Validate a component as a host loads it and store it in the database:
+    /// every host serving `--components db` loads it within seconds, and it
+    /// replaces the type's version fleet-wide (running jobs finish on theirs).
+    Deploy(deploy::DeployArgs),
+    /// Stop serving a job type from the database (hosts unload it; its jobs wait).
+    Undeploy(deploy::UndeployArgs),
+    /// Serve an earlier deployed version of a job type again.
+    Rollback(deploy::RollbackArgs),
+    /// Each job type's deployed version and the version every live host serves.
+    Components(deploy::ComponentsArgs),
     /// Load components and print the validated configuration each declares,
     /// one JSON object per line.
     Inspect {
@@ -287,6 +299,10 @@ pub fn main(cli: Cli) -> ExitCode {
             }
             Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
             Command::Schedules { json, db } => operator::schedules(json, &db).await,
+            Command::Deploy(args) => deploy::deploy(args).await,
+            Command::Undeploy(args) => deploy::undeploy(args).await,
+            Command::Rollback(args) => deploy::rollback(args).await,
+            Command::Components(args) => deploy::components(args).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

@@ -58,9 +58,11 @@ impl From<Error> for ApiError {
                 StatusCode::BAD_REQUEST
             }
             Error::JobState { reason, .. } if reason == crate::store::NO_SUCH_JOB => StatusCode::NOT_FOUND,
-            Error::JobState { .. } | Error::LimitReached(_) | Error::Duplicate { .. } | Error::BatchRefused(_) => {
-                StatusCode::CONFLICT
-            }
+            Error::JobState { .. }
+            | Error::LimitReached(_)
+            | Error::Duplicate { .. }
+            | Error::BatchRefused(_)
+            | Error::DeployRefused(_) => StatusCode::CONFLICT,
             error if error.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };

@@ -13,11 +13,13 @@
 //! parameters, results, listings), [`lease`] (runs and renewals), [`host`]
 //! (fleet membership and job types), [`concurrency`] (per-key slots and
 //! blocked jobs), [`schedule`] (cursors, and the jobs of ticks), [`batch`]
-//! (groups of jobs, their counts and callbacks).
+//! (groups of jobs, their counts and callbacks), [`deploy`] (components
+//! deployed through the database and their history).
 
 mod backend;
 pub mod batch;
 pub mod concurrency;
+pub mod deploy;
 pub mod enqueue;
 pub mod finish;
 pub mod host;
@@ -37,6 +39,7 @@ use chrono::{DateTime, Utc};
 pub(crate) use backend::Backend;
 pub use batch::{Batch, BatchCounts, BatchState, Callbacks, NewBatch};
 pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
+pub use deploy::{DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
 pub use host::{HostInfo, HostRow, JobTypeRow};
@@ -129,6 +132,10 @@ pub enum Error {
     /// nothing was enqueued.
     #[error("{0}")]
     BatchRefused(String),
+    /// A deploy, undeploy or rollback that cannot apply (nothing deployed,
+    /// no earlier version, an unknown or ambiguous digest): nothing changed.
+    #[error("{0}")]
+    DeployRefused(String),
     /// A row the database returned does not read as the store expects (an
     /// unknown state name, a missing result row): the schema and this
     /// binary disagree.
@@ -163,7 +170,7 @@ impl Error {
     /// a refusal: those say nothing about the statement.
     pub fn is_refusal(&self) -> bool {
         match self {
-            Error::LimitReached(_) | Error::Duplicate { .. } | Error::BatchRefused(_) => true,
+            Error::LimitReached(_) | Error::Duplicate { .. } | Error::BatchRefused(_) | Error::DeployRefused(_) => true,
             Error::Database(sqlx::Error::Database(_)) => match self.database_code() {
                 Some(DatabaseCode::Sqlite(code)) => !SQLITE_NOT_REFUSALS.contains(&code),
                 Some(DatabaseCode::Sqlstate(code)) => {
@@ -334,6 +341,31 @@ pub trait Store: Backend + 'static {
     /// Where the data lives, for logs: a file's absolute path, or a
     /// server's host, port and database (never a password).
     fn location(&self) -> String;
+
+    /// Changes what the fleet serves for `job_type` from the database, in
+    /// one transaction holding the type's lock: stores a deployed
+    /// component's bytes (once per digest), appends the history entry the
+    /// request calls for, and tells listening hosts.
+    ///
+    /// # Errors
+    /// [`Error::DeployRefused`] when the request cannot apply; database errors.
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange>;
+
+    /// What the fleet serves from the database: each deployed type's version.
+    async fn deployments_current(&self) -> Result<Vec<Deployment>>;
+
+    /// The newest history entry's id (0 with none): hosts reconcile when it moves.
+    async fn deployments_revision(&self) -> Result<i64>;
+
+    /// A job type's history, newest first.
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>>;
+
+    /// A deployed component's bytes.
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Waits up to `timeout` for a change to the deployments: told at once
+    /// on PostgreSQL; on SQLite, a short wait after which the caller looks.
+    async fn deployments_wait(&self, timeout: std::time::Duration);
 
     /// Records the configurations this host loaded, so enqueuers without the
     /// component apply them.

@@ -115,7 +115,8 @@ impl TestHost {
         let cache = std::env::temp_dir().join("jobhost-test-cache");
         let mut config = jobhost::HostConfig {
             database_url: db.url.clone(),
-            components: components.path().to_path_buf(),
+            components: Some(components.path().to_path_buf()),
+            deployed: false,
             migrate: false,
             runtime: RuntimeConfig { cache_dir: Some(cache), ..RuntimeConfig::default() },
             worker: jobhost::worker::WorkerConfig {

@@ -42,6 +42,7 @@
 
 mod batch;
 mod concurrency;
+mod deploy;
 mod finish;
 mod host;
 mod job;
@@ -65,8 +66,9 @@ use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
-    Backend, Cancel, EnqueueLimits, Enqueued, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
-    KeyStatus, LeaseRenewal, Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
+    Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, FetchParams,
+    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId, RunProgress,
+    SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -87,6 +89,8 @@ pub struct PgStore {
     announcements: wait::Announcements,
     options: PgConnectOptions,
     wake: Arc<Notify>,
+    /// Woken by a deployment change (or a lost listener, which may have missed one).
+    deployed: Arc<Notify>,
     listening: Arc<OnceCell<()>>,
     /// What every enqueue through this store may carry.
     limits: EnqueueLimits,
@@ -121,6 +125,7 @@ impl PgStore {
             announcements: wait::Announcements::default(),
             options,
             wake: Arc::new(Notify::new()),
+            deployed: Arc::new(Notify::new()),
             listening: Arc::new(OnceCell::new()),
             limits: EnqueueLimits::default(),
         })
@@ -136,23 +141,27 @@ impl PgStore {
         &self.pool
     }
 
-    /// Starts the LISTEN task once; notifications wake `job_wait_available`.
+    /// Starts the LISTEN task once; notifications wake `job_wait_available`
+    /// (new jobs) and `deployments_wait` (deployment changes).
     async fn listen(&self) {
         let started = self
             .listening
             .get_or_try_init(|| async {
                 let mut listener = PgListener::connect_with(&self.listeners).await?;
-                listener.listen(CHANNEL).await?;
-                let wake = self.wake.clone();
+                listener.listen_all([CHANNEL, deploy::CHANNEL]).await?;
+                let (wake, deployed) = (self.wake.clone(), self.deployed.clone());
                 tokio::spawn(async move {
                     loop {
                         // The listener reconnects by itself after an error;
-                        // the fetch loop's polling covers what is missed.
+                        // the fetch loop's polling, and the deployment
+                        // follower's, cover what is missed.
                         match listener.recv().await {
+                            Ok(note) if note.channel() == deploy::CHANNEL => deployed.notify_one(),
                             Ok(_) => wake.notify_one(),
                             Err(error) => {
                                 tracing::warn!(%error, "notification listener lost its connection");
                                 wake.notify_one();
+                                deployed.notify_one();
                                 tokio::time::sleep(Duration::from_millis(500)).await;
                             }
                         }
@@ -162,7 +171,7 @@ impl PgStore {
             })
             .await;
         if let Err(error) = started {
-            tracing::warn!(%error, "cannot LISTEN for new jobs; polling only");
+            tracing::warn!(%error, "cannot LISTEN for new jobs and deployments; polling only");
         }
     }
 }
@@ -394,6 +403,31 @@ impl Store for PgStore {
     async fn job_wait_available(&self, timeout: Duration) {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
+    }
+
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+        deploy::change(&self.pool, job_type, request).await
+    }
+
+    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
+        deploy::current(&self.pool).await
+    }
+
+    async fn deployments_revision(&self) -> Result<i64> {
+        deploy::revision(&self.pool).await
+    }
+
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+        deploy::history(&self.pool, job_type).await
+    }
+
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        deploy::source(&self.pool, digest).await
+    }
+
+    async fn deployments_wait(&self, timeout: Duration) {
+        self.listen().await;
+        let _ = tokio::time::timeout(timeout, self.deployed.notified()).await;
     }
 }
 

@@ -26,6 +26,7 @@
 mod batch;
 mod commits;
 mod concurrency;
+mod deploy;
 mod finish;
 mod host;
 mod job;
@@ -50,10 +51,14 @@ use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
-    Backend, Cancel, EnqueueLimits, Enqueued, Error, FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow,
-    KeyStatus, LeaseRenewal, Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
+    Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, Error,
+    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId,
+    RunProgress, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
+
+/// How often a host serving deployed components looks for a change.
+const DEPLOYMENT_LOOK: Duration = Duration::from_millis(500);
 
 /// How long a write waits for another process's write lock before failing
 /// (the failure is retried like any transient database error).
@@ -728,6 +733,35 @@ impl Store for SqliteStore {
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
         let schedules = schedule::list(&self.reader, now_ms()).await?;
         Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
+    }
+
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+        let mut tx = self.write().await?;
+        let change = deploy::apply(&mut tx, job_type, request).await?;
+        tx.commit().await?;
+        Ok(change)
+    }
+
+    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
+        deploy::current(&self.reader).await
+    }
+
+    async fn deployments_revision(&self) -> Result<i64> {
+        deploy::revision(&self.reader).await
+    }
+
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+        deploy::history_in(&self.reader, job_type).await
+    }
+
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        deploy::source(&self.reader, digest).await
+    }
+
+    async fn deployments_wait(&self, timeout: Duration) {
+        // Another process's change shows only by looking; the look is one
+        // indexed read of the newest entry.
+        tokio::time::sleep(timeout.min(DEPLOYMENT_LOOK)).await;
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

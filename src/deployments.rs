@@ -1,0 +1,192 @@
+//! Serves the components deployed through the database (`jobhost deploy`),
+//! keeping the registry in step with what the fleet's database says each
+//! deployed job type runs.
+//!
+//! The same rule as the directory watcher's: reconcile by digest. When the
+//! history's newest entry moves (told by `NOTIFY` on PostgreSQL, seen by a
+//! short poll on SQLite, and looked at every few seconds in any case, for a
+//! notification lost with a connection), the follower reads every deployed
+//! type's digest and loads what it does not serve yet: from the compiled
+//! artifact cache when this machine has compiled it before, otherwise from
+//! the bytes in the database, checked against the digest they were
+//! deployed under. A version that fails to load here is refused and never
+//! replaces the one serving; it is not tried again until the deployment
+//! changes. Runs hold their component, so a job already running finishes
+//! on the version it started with.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{LoadError, LoadErrorKind, LoadedComponent, Registry, Runtime, digest_of};
+use crate::store::{Deployment, Store};
+
+/// The longest a change goes unseen when its notification was lost.
+const LOOK_EVERY: Duration = Duration::from_secs(5);
+
+/// The registry's name for the deployed component of `job_type`, standing
+/// where a file's path stands for a component from the directory.
+pub fn source_of(job_type: &str) -> PathBuf {
+    PathBuf::from(format!("database:{job_type}"))
+}
+
+/// Why a deployed version was not loaded this time.
+enum Missed {
+    /// The database could not be read: try again at the next look.
+    Unavailable(crate::store::Error),
+    /// The component cannot serve here: refused until the deployment changes.
+    Refused(LoadError),
+}
+
+/// Loads, replaces and unloads deployed components as the database says.
+pub struct DeploymentFollower {
+    runtime: Runtime,
+    registry: Arc<Registry>,
+    store: Arc<dyn Store>,
+    /// The digest installed for each deployed type.
+    served: HashMap<String, String>,
+    /// The history entry whose version was refused, by type: not tried
+    /// again until a newer entry (a new version, or the same one repaired).
+    refused: HashMap<String, i64>,
+    /// The digest of a type a file serves here, warned about once.
+    shadowed: HashMap<String, String>,
+    /// The newest history entry reconciled completely.
+    seen_revision: Option<i64>,
+}
+
+impl DeploymentFollower {
+    /// A follower feeding `registry` from `store`'s deployments.
+    pub fn new(runtime: Runtime, registry: Arc<Registry>, store: Arc<dyn Store>) -> Self {
+        DeploymentFollower {
+            runtime,
+            registry,
+            store,
+            served: HashMap::new(),
+            refused: HashMap::new(),
+            shadowed: HashMap::new(),
+            seen_revision: None,
+        }
+    }
+
+    /// Looks once and brings the registry in line with the deployments.
+    ///
+    /// # Errors
+    /// The database could not be read; the registry is left as it was, and
+    /// the next look tries again.
+    pub async fn run_once(&mut self) -> Result<(), crate::store::Error> {
+        let revision = self.store.deployments_revision().await?;
+        if self.seen_revision == Some(revision) {
+            return Ok(());
+        }
+        let deployed = self.store.deployments_current().await?;
+        let gone: Vec<String> =
+            self.served.keys().filter(|name| !deployed.iter().any(|d| d.job_type == **name)).cloned().collect();
+        for name in gone {
+            self.served.remove(&name);
+            self.registry.remove_path(&source_of(&name));
+        }
+        self.refused.retain(|name, entry| deployed.iter().any(|d| d.job_type == *name && d.entry == *entry));
+        let mut complete = true;
+        for deployment in &deployed {
+            let name = &deployment.job_type;
+            if self.served.get(name) == Some(&deployment.digest) || self.refused.get(name) == Some(&deployment.entry) {
+                continue;
+            }
+            if let Some(other) = self.registry.get(name).filter(|c| c.source != source_of(name)) {
+                // A file here serves the type; the deployed version waits
+                // for the file to go (looked at again every few seconds).
+                if self.shadowed.insert(name.clone(), deployment.digest.clone()).as_ref() != Some(&deployment.digest) {
+                    tracing::warn!(
+                        job = %name,
+                        file = %other.source.display(),
+                        "a deployed job type is served from a file on this host; the deployed version waits for it to go"
+                    );
+                }
+                complete = false;
+                continue;
+            }
+            match self.load(deployment).await {
+                Ok(component) => match self.registry.install(component) {
+                    Ok(_) => {
+                        self.served.insert(name.clone(), deployment.digest.clone());
+                    }
+                    Err(error) => {
+                        self.registry.reject(error);
+                        complete = false;
+                    }
+                },
+                Err(Missed::Unavailable(error)) => {
+                    tracing::warn!(job = %name, %error, "cannot fetch a deployed component; trying again");
+                    complete = false;
+                }
+                Err(Missed::Refused(error)) => {
+                    self.registry.reject(error);
+                    self.refused.insert(name.clone(), deployment.entry);
+                }
+            }
+        }
+        if complete {
+            self.seen_revision = Some(revision);
+        } else {
+            // Something waits (a file's type, the database): look again
+            // at the next interval even if nothing new is deployed.
+            self.seen_revision = None;
+        }
+        Ok(())
+    }
+
+    /// Compiles the deployed version, from this machine's artifact cache if
+    /// it is there, else from its bytes in the database.
+    async fn load(&self, deployment: &Deployment) -> Result<LoadedComponent, Missed> {
+        let source = source_of(&deployment.job_type);
+        let refused = |kind| Missed::Refused(LoadError { path: source.clone(), kind });
+        let loaded = match self.runtime.load_cached(&source, &deployment.digest).await {
+            Some(loaded) => loaded,
+            None => {
+                let bytes =
+                    self.store.component_source(&deployment.digest).await.map_err(Missed::Unavailable)?.ok_or_else(
+                        || refused(LoadErrorKind::Deployment("its bytes are not in the database".into())),
+                    )?;
+                let actual = digest_of(&bytes);
+                if actual != deployment.digest {
+                    return Err(refused(LoadErrorKind::Deployment(format!(
+                        "the stored bytes have digest {actual}, not the deployed {}",
+                        deployment.digest
+                    ))));
+                }
+                self.runtime.load_bytes(&source, bytes).await
+            }
+        };
+        let component = loaded.map_err(Missed::Refused)?;
+        if component.config.name != deployment.job_type {
+            return Err(refused(LoadErrorKind::Deployment(format!(
+                "it declares job type {:?}, not {:?}",
+                component.config.name, deployment.job_type
+            ))));
+        }
+        Ok(component)
+    }
+
+    /// Follows the deployments until `shutdown` fires. Failures to read the
+    /// database are logged and retried at the next look.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        // Listen before looking, so a change made after the look is heard.
+        self.store.deployments_wait(Duration::ZERO).await;
+        loop {
+            let looked = tokio::select! {
+                () = shutdown.cancelled() => return,
+                looked = self.run_once() => looked,
+            };
+            if let Err(error) = looked {
+                tracing::warn!(%error, "cannot read the deployed components; trying again");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.store.deployments_wait(LOOK_EVERY) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Components deployed through the database, in SQLite
+//! (migrations/sqlite/0008_deployments.sql). A change runs in a write
+//! transaction, which holds the file's one write lock: changes to a type
+//! are decided one after the other, each on the history the other left.
+
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::{now_ms, time_of};
+use crate::store::Result;
+use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
+
+type EntryRow = (i64, String, Option<String>, String, i64);
+
+/// Decides and records `request`, in the caller's write transaction.
+pub async fn apply(conn: &mut SqliteConnection, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+    let history = history_in(&mut *conn, job_type).await?;
+    let (mut change, action) = deploy::decide(job_type, &history, request)?;
+    let now = now_ms();
+    if let DeployRequest::Deploy { digest, bytes } = request {
+        // Written when new, or when the stored bytes differ from these
+        // validated ones: then they were damaged, and are repaired.
+        let written: Option<String> = sqlx::query_scalar(
+            "INSERT INTO component_sources (digest, job_type, bytes, uploaded_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (digest) DO UPDATE SET bytes = excluded.bytes
+             WHERE component_sources.bytes <> excluded.bytes
+             RETURNING digest",
+        )
+        .bind(digest)
+        .bind(job_type)
+        .bind(bytes)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+        change.changed |= written.is_some();
+    }
+    if !change.changed {
+        return Ok(change);
+    }
+    sqlx::query("INSERT INTO deployments (job_type, digest, action, at) VALUES ($1, $2, $3, $4)")
+        .bind(job_type)
+        .bind(&change.current)
+        .bind(action.as_str())
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(change)
+}
+
+pub async fn current(pool: &SqlitePool) -> Result<Vec<Deployment>> {
+    let rows: Vec<(i64, String, String, i64, i64, String)> = sqlx::query_as(
+        "SELECT d.id, d.job_type, d.digest, length(s.bytes), d.at, d.action
+         FROM deployments d
+         JOIN component_sources s ON s.digest = d.digest
+         WHERE d.id = (SELECT max(id) FROM deployments n WHERE n.job_type = d.job_type)
+         ORDER BY d.job_type",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(entry, job_type, digest, size_bytes, at, action)| {
+            let action = DeployAction::parse(&action)?;
+            Ok(Deployment { entry, job_type, digest, size_bytes, deployed_at: time_of(at), action })
+        })
+        .collect()
+}
+
+pub async fn revision(pool: &SqlitePool) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM deployments").fetch_one(pool).await?)
+}
+
+pub async fn history_in(executor: impl sqlx::SqliteExecutor<'_>, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+    let rows: Vec<EntryRow> =
+        sqlx::query_as("SELECT id, job_type, digest, action, at FROM deployments WHERE job_type = $1 ORDER BY id DESC")
+            .bind(job_type)
+            .fetch_all(executor)
+            .await?;
+    rows.into_iter()
+        .map(|(id, job_type, digest, action, at)| {
+            Ok(DeploymentEntry { id, job_type, digest, action: DeployAction::parse(&action)?, at: time_of(at) })
+        })
+        .collect()
+}
+
+pub async fn source(pool: &SqlitePool, digest: &str) -> Result<Option<Vec<u8>>> {
+    Ok(sqlx::query_scalar("SELECT bytes FROM component_sources WHERE digest = $1")
+        .bind(digest)
+        .fetch_optional(pool)
+        .await?)
+}
