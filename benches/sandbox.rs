@@ -1,8 +1,8 @@
 //! Per-job sandbox overhead and component load times.
 //!
 //! `cargo bench --bench sandbox [-- GUEST]` (after `guests/build.sh`), for
-//! the Rust `hello` by default or another greeting handler (`py_hello`, in
-//! Python). Prints a Markdown table; BENCHMARKS.md records the figures
+//! the Rust `hello` by default or another greeting handler (`py_hello` in
+//! Python, `js_hello` in JavaScript). Prints a Markdown table; BENCHMARKS.md records the figures
 //! with machine and date.
 //!
 //! - per-job: instantiate `hello` from its `InstancePre` in a fresh store,
