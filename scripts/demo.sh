@@ -6,8 +6,8 @@
 # nosy guest, concurrency limits blocking jobs and refusing one, a
 # duplicate of a unique job answered with the waiting job's id, a batch
 # with its callback and progress, a job's progress while it runs, a wait
-# for a job's result, and a schedule enqueueing a job every second once it
-# is dropped in; all of it on the web dashboard, whose address it prints
+# for a job's result, a schedule enqueueing a job every second once it
+# is dropped in, and a component deployed through the database; all of it on the web dashboard, whose address it prints
 # (run from a terminal, it keeps the dashboard up at the end until Ctrl-C).
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
@@ -25,7 +25,7 @@ step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
 cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher}.wasm "$components"
 step "$jobhost" migrate
-"$jobhost" run --components "$components" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
+"$jobhost" run --components "$components,db" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
 host=$!
 trap 'kill $host 2>/dev/null || true' EXIT
 until "$jobhost" stats | grep -q 'hosts alive: 1'; do sleep 0.2; done
@@ -91,6 +91,12 @@ until [ "$("$jobhost" jobs --job ticker --state completed | grep -c .)" -ge 3 ];
 step "$jobhost" schedules
 step "$jobhost" jobs --job ticker --limit 3
 step "$jobhost" job "$("$jobhost" jobs --job ticker --state completed --limit 1 --json | sed -E 's/^\{"id":([0-9]+).*/\1/')"
+# Deployed through the database instead of copied into the directory: the
+# host (serving `--components DIR,db`) loads it within a second or two.
+step "$jobhost" deploy guests/dist/limited.wasm
+until "$jobhost" components --json | grep -q '"job_type":"limited".*"hosts":{"[0-9a-f]'; do sleep 0.2; done
+step "$jobhost" components
+step "$jobhost" enqueue limited --payload '{"key": "acct-7", "ms": 100}' --wait --timeout 30s
 # The same numbers over HTTP, as JSON and as Prometheus metrics, and an
 # enqueue through the API (it needs the token).
 if command -v curl >/dev/null; then
