@@ -11,6 +11,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use jobhost::component::digest_of;
+use jobhost::store::DeployRequest;
 use serde_json::Value;
 
 use common::db::{TestDb, jobhost, on_both_backends};
@@ -220,6 +221,51 @@ async fn a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version(db:
     host.stop().await;
 }
 
+/// Changes to one type from many operators at once are decided one after
+/// another, each on the history the last one left: no entry repeats the
+/// version before it (two deploys of a new version racing would both add
+/// one), and the newest entry is what the type serves.
+async fn concurrent_changes_to_a_type_are_decided_one_after_another(db: TestDb) {
+    let versions: Vec<(String, Vec<u8>)> = ["hello", "hello_v2"]
+        .iter()
+        .map(|name| {
+            let bytes = std::fs::read(guest(name)).unwrap();
+            (digest_of(&bytes), bytes)
+        })
+        .collect();
+    let mut changes = Vec::new();
+    for round in 0..40 {
+        let store = db.store.clone();
+        let (digest, bytes) = versions[round % 2].clone();
+        changes.push(tokio::spawn(async move {
+            let request = if round % 5 == 4 {
+                DeployRequest::Rollback { to: None }
+            } else {
+                DeployRequest::Deploy { digest: &digest, bytes: &bytes }
+            };
+            match store.deployment_change("hello", request).await {
+                Ok(change) => change.changed,
+                // A rollback before anything was deployed twice.
+                Err(jobhost::store::Error::DeployRefused(_)) => false,
+                Err(error) => panic!("{error}"),
+            }
+        }));
+    }
+    let mut changed = 0;
+    for change in changes {
+        changed += i64::from(change.await.unwrap());
+    }
+    let history = db.store.deployment_history("hello").await.unwrap();
+    assert_eq!(history.len() as i64, changed, "one entry per change reported");
+    for pair in history.windows(2) {
+        assert_ne!(pair[0].digest, pair[1].digest, "an entry repeats the version before it: {history:?}");
+    }
+    let current = db.store.deployments_current().await.unwrap();
+    assert_eq!(current.len(), 1);
+    assert_eq!(Some(&current[0].digest), history[0].digest.as_ref());
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.component_sources").await, 2);
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -228,4 +274,5 @@ on_both_backends!(
     two_hosts_without_a_shared_directory_serve_what_is_deployed,
     a_new_version_replaces_the_old_one_while_its_job_finishes_and_rolls_back,
     a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version,
+    concurrent_changes_to_a_type_are_decided_one_after_another,
 );
