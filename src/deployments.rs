@@ -2,22 +2,26 @@
 //! keeping the registry in step with what the fleet's database says each
 //! deployed job type runs.
 //!
-//! The same rule as the directory watcher's: reconcile by digest. When the
-//! history's newest entry moves (told by `NOTIFY` on PostgreSQL, seen by a
-//! short poll on SQLite, and looked at every few seconds in any case, for a
-//! notification lost with a connection), the follower reads every deployed
-//! type's digest and loads what it does not serve yet: from the compiled
-//! artifact cache when this machine has compiled it before, otherwise from
-//! the bytes in the database, checked against the digest they were
-//! deployed under. A version that fails to load here is refused and never
-//! replaces the one serving; it is not tried again until the deployment
-//! changes. Runs hold their component, so a job already running finishes
-//! on the version it started with.
+//! The same rule as the directory watcher's: reconcile by digest. At each
+//! look (told by `NOTIFY` on PostgreSQL, a short poll on SQLite, and every
+//! few seconds in any case, for a notification lost with a connection) the
+//! follower reads every deployed type's digest, one small read, and loads
+//! what it does not serve yet. It compares the whole set rather than the
+//! newest entry's id: ids are handed out at insert, not at commit, so a
+//! change to one type can commit after a later-numbered change to another.
+//!
+//! A version loads from the compiled artifact cache when this machine has
+//! compiled it before, otherwise from the bytes in the database, checked
+//! against the digest they were deployed under. A version that fails to
+//! load here is refused and never replaces the one serving; it is tried
+//! again when the deployment changes, or a minute later. Runs hold their
+//! component, so a job already running finishes on the version it started
+//! with.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +30,9 @@ use crate::store::{Deployment, Store};
 
 /// The longest a change goes unseen when its notification was lost.
 const LOOK_EVERY: Duration = Duration::from_secs(5);
+
+/// How long a version this host refused waits before it is tried again.
+const RETRY_REFUSED: Duration = Duration::from_secs(60);
 
 /// The registry's name for the deployed component of `job_type`, standing
 /// where a file's path stands for a component from the directory.
@@ -48,13 +55,13 @@ pub struct DeploymentFollower {
     store: Arc<dyn Store>,
     /// The digest installed for each deployed type.
     served: HashMap<String, String>,
-    /// The history entry whose version was refused, by type: not tried
-    /// again until a newer entry (a new version, or the same one repaired).
-    refused: HashMap<String, i64>,
+    /// The history entry whose version was refused, by type, and when: not
+    /// tried again until a newer entry (a new version, or the same one
+    /// repaired), or [`RETRY_REFUSED`] later, in case the cause passed (a
+    /// `describe` out of time on a loaded machine).
+    refused: HashMap<String, (i64, Instant)>,
     /// The digest of a type a file serves here, warned about once.
     shadowed: HashMap<String, String>,
-    /// The newest history entry reconciled completely.
-    seen_revision: Option<i64>,
 }
 
 impl DeploymentFollower {
@@ -67,7 +74,6 @@ impl DeploymentFollower {
             served: HashMap::new(),
             refused: HashMap::new(),
             shadowed: HashMap::new(),
-            seen_revision: None,
         }
     }
 
@@ -77,10 +83,6 @@ impl DeploymentFollower {
     /// The database could not be read; the registry is left as it was, and
     /// the next look tries again.
     pub async fn run_once(&mut self) -> Result<(), crate::store::Error> {
-        let revision = self.store.deployments_revision().await?;
-        if self.seen_revision == Some(revision) {
-            return Ok(());
-        }
         let deployed = self.store.deployments_current().await?;
         let gone: Vec<String> =
             self.served.keys().filter(|name| !deployed.iter().any(|d| d.job_type == **name)).cloned().collect();
@@ -88,11 +90,14 @@ impl DeploymentFollower {
             self.served.remove(&name);
             self.registry.remove_path(&source_of(&name));
         }
-        self.refused.retain(|name, entry| deployed.iter().any(|d| d.job_type == *name && d.entry == *entry));
-        let mut complete = true;
+        self.refused.retain(|name, (entry, at)| {
+            at.elapsed() < RETRY_REFUSED && deployed.iter().any(|d| d.job_type == *name && d.entry == *entry)
+        });
         for deployment in &deployed {
             let name = &deployment.job_type;
-            if self.served.get(name) == Some(&deployment.digest) || self.refused.get(name) == Some(&deployment.entry) {
+            if self.served.get(name) == Some(&deployment.digest)
+                || self.refused.get(name).map(|r| r.0) == Some(deployment.entry)
+            {
                 continue;
             }
             if let Some(other) = self.registry.get(name).filter(|c| c.source != source_of(name)) {
@@ -105,7 +110,6 @@ impl DeploymentFollower {
                         "a deployed job type is served from a file on this host; the deployed version waits for it to go"
                     );
                 }
-                complete = false;
                 continue;
             }
             match self.load(deployment).await {
@@ -113,27 +117,16 @@ impl DeploymentFollower {
                     Ok(_) => {
                         self.served.insert(name.clone(), deployment.digest.clone());
                     }
-                    Err(error) => {
-                        self.registry.reject(error);
-                        complete = false;
-                    }
+                    Err(error) => self.registry.reject(error),
                 },
                 Err(Missed::Unavailable(error)) => {
                     tracing::warn!(job = %name, %error, "cannot fetch a deployed component; trying again");
-                    complete = false;
                 }
                 Err(Missed::Refused(error)) => {
                     self.registry.reject(error);
-                    self.refused.insert(name.clone(), deployment.entry);
+                    self.refused.insert(name.clone(), (deployment.entry, Instant::now()));
                 }
             }
-        }
-        if complete {
-            self.seen_revision = Some(revision);
-        } else {
-            // Something waits (a file's type, the database): look again
-            // at the next interval even if nothing new is deployed.
-            self.seen_revision = None;
         }
         Ok(())
     }
@@ -143,7 +136,17 @@ impl DeploymentFollower {
     async fn load(&self, deployment: &Deployment) -> Result<LoadedComponent, Missed> {
         let source = source_of(&deployment.job_type);
         let refused = |kind| Missed::Refused(LoadError { path: source.clone(), kind });
-        let loaded = match self.runtime.load_cached(&source, &deployment.digest).await {
+        let cached = match self.runtime.load_cached(&source, &deployment.digest).await {
+            Some(Ok(component)) => Some(Ok(component)),
+            // An artifact that loads but does not link or describe here is
+            // not trusted: the bytes in the database decide.
+            Some(Err(error)) => {
+                tracing::warn!(%error, "a cached deployed component failed to load; compiling it from the database");
+                None
+            }
+            None => None,
+        };
+        let loaded = match cached {
             Some(loaded) => loaded,
             None => {
                 let bytes =

@@ -72,7 +72,7 @@ async fn two_hosts_without_a_shared_directory_serve_what_is_deployed(db: TestDb)
     serving(&db, &a, "hello", &digest).await;
     serving(&db, &b, "hello", &digest).await;
 
-    // Each compiled it once from the database's bytes and cached the result.
+    // Each cached the compiled form under the digest.
     for cache in [&cache_a, &cache_b] {
         let cached: Vec<_> = std::fs::read_dir(cache.path()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert!(cached.iter().any(|n| n.to_string_lossy().starts_with(&digest)), "{cached:?}");
@@ -125,7 +125,7 @@ async fn a_new_version_replaces_the_old_one_while_its_job_finishes_and_rolls_bac
     serving(&db, &host, "hello", &v1).await;
 
     // A v1 job in flight while v2 is deployed finishes on v1.
-    let slow = enqueue(&db, "hello", r#"{"name": "slow", "delay_ms": 8000}"#).await;
+    let slow = enqueue(&db, "hello", r#"{"name": "slow", "delay_ms": 15000}"#).await;
     let running = format!("SELECT count(*) FROM jobhost.jobs WHERE id = {slow} AND state = 'running'");
     eventually(WITHIN, || async { db.scalar(&running).await == 1 }).await;
     let said = deploy(&db, "hello_v2");
@@ -146,6 +146,11 @@ async fn a_new_version_replaces_the_old_one_while_its_job_finishes_and_rolls_bac
     serving(&db, &host, "hello", &v1).await;
     let after = enqueue(&db, "hello", r#"{"name": "after"}"#).await;
     assert_eq!(output_of(&db, after).await["greeting"], "hello, after");
+    // The fleet's registered configuration is v1's again (v2 declares
+    // priority -1), though v2 was registered after it.
+    let registered = db.texts("SELECT digest FROM jobhost.job_types WHERE name = 'hello'").await;
+    assert_eq!(registered, std::slice::from_ref(&v1));
+    assert_eq!(db.scalar(format!("SELECT CAST(priority AS BIGINT) FROM jobhost.archive WHERE id = {after}")).await, 0);
     let listing = run_ok(&db, &["components"]);
     assert!(listing.starts_with(&format!("hello  rolled back to {}", &v1[..12])), "{listing}");
     run_ok(&db, &["rollback", "hello", "--to", &v2[..10]]);
@@ -199,7 +204,8 @@ async fn a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version(db:
     let (blob, now) = (db.dialect("decode('{}', 'hex')", "X'{}'"), db.dialect("now()", "0"));
     let blob = blob.replace("{}", &bytes);
     db.execute(format!(
-        "INSERT INTO jobhost.component_sources (digest, job_type, bytes, uploaded_at) VALUES ('{claimed}', 'hello', {blob}, {now})"
+        "INSERT INTO jobhost.component_sources (digest, job_type, bytes, config, uploaded_at)
+         SELECT '{claimed}', 'hello', {blob}, config, {now} FROM jobhost.component_sources WHERE digest = '{v1}'"
     ))
     .await;
     db.execute(format!(
@@ -221,6 +227,31 @@ async fn a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version(db:
     host.stop().await;
 }
 
+/// A type both a file and the deployments provide is served by one of
+/// them at a time, and the other takes over when the first goes.
+async fn a_file_and_a_deployment_of_one_type_take_turns(db: TestDb) {
+    let _fleet = ONE_FLEET.lock().await;
+    let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sources = format!("{},db", dir.path().display());
+    let mut host = Host::start(&mut host_command(&db.url, Path::new(&sources), cache.path()));
+    let (v1, v2) = (digest_of_guest("hello"), digest_of_guest("hello_v2"));
+    deploy(&db, "hello");
+    serving(&db, &host, "hello", &v1).await;
+    // The file arrives while the deployment serves: it waits, and takes
+    // over when the type is undeployed.
+    std::fs::copy(guest("hello_v2"), dir.path().join("hello.wasm")).unwrap();
+    run_ok(&db, &["undeploy", "hello"]);
+    serving(&db, &host, "hello", &v2).await;
+    // Deployed again while the file serves: the deployment waits, and
+    // takes over when the file is removed.
+    deploy(&db, "hello");
+    let listing = run_ok(&db, &["components"]);
+    assert!(listing.contains("(not the deployed version)"), "{listing}");
+    std::fs::remove_file(dir.path().join("hello.wasm")).unwrap();
+    serving(&db, &host, "hello", &v1).await;
+    host.stop().await;
+}
+
 /// Changes to one type from many operators at once are decided one after
 /// another, each on the history the last one left: no entry repeats the
 /// version before it (two deploys of a new version racing would both add
@@ -237,11 +268,12 @@ async fn concurrent_changes_to_a_type_are_decided_one_after_another(db: TestDb) 
     for round in 0..40 {
         let store = db.store.clone();
         let (digest, bytes) = versions[round % 2].clone();
+        let config = common::job_config("hello");
         changes.push(tokio::spawn(async move {
             let request = if round % 5 == 4 {
                 DeployRequest::Rollback { to: None }
             } else {
-                DeployRequest::Deploy { digest: &digest, bytes: &bytes }
+                DeployRequest::Deploy { digest: &digest, bytes: &bytes, config: &config }
             };
             match store.deployment_change("hello", request).await {
                 Ok(change) => change.changed,
@@ -275,4 +307,5 @@ on_both_backends!(
     a_new_version_replaces_the_old_one_while_its_job_finishes_and_rolls_back,
     a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version,
     concurrent_changes_to_a_type_are_decided_one_after_another,
+    a_file_and_a_deployment_of_one_type_take_turns,
 );

@@ -1,11 +1,12 @@
 -- Components deployed through the database (`jobhost deploy`); see
 -- migrations/postgres/0010_deployments.sql, which this follows. Hosts see a
--- change by polling the newest entry's id.
+-- change by polling.
 
 CREATE TABLE component_sources (
     digest      TEXT    PRIMARY KEY CHECK (length(digest) = 64 AND digest NOT GLOB '*[^0-9a-f]*'),
     job_type    TEXT    NOT NULL,
     bytes       BLOB    NOT NULL,
+    config      TEXT    NOT NULL CHECK (json_type(config) = 'object'),
     uploaded_at INTEGER NOT NULL
 ) STRICT;
 

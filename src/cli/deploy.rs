@@ -50,18 +50,13 @@ pub async fn deploy(args: DeployArgs) -> ExitCode {
         Err(code) => return code,
     };
     let name = &component.config.name;
-    let request = DeployRequest::Deploy { digest: &component.digest, bytes: &bytes };
+    // The change registers the configuration too, so enqueuers apply it
+    // before any host has loaded the version.
+    let request = DeployRequest::Deploy { digest: &component.digest, bytes: &bytes, config: &component.config };
     let change = match store.deployment_change(name, request).await {
         Ok(change) => change,
         Err(error) => return fail(error),
     };
-    // Enqueuers apply the new configuration at once, before any host has
-    // loaded the version (the hosts register it again when they do).
-    if let Err(error) = store.job_types_register(&[(component.config.clone(), component.digest.clone())]).await {
-        eprintln!(
-            "warning: deployed, but the configuration is not registered yet ({error}); hosts register it as they load it"
-        );
-    }
     report(name, &change, "deployed");
     ExitCode::SUCCESS
 }

@@ -118,6 +118,9 @@ fn component_sources(values: &[String]) -> Result<(Option<PathBuf>, bool), Strin
     let mut deployed = false;
     for value in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
         if value == "db" {
+            if std::path::Path::new("db").is_dir() {
+                eprintln!("warning: --components db means the deployed components; for the directory ./db write ./db");
+            }
             deployed = true;
         } else if let Some(first) = dir.replace(PathBuf::from(value)) {
             return Err(format!("--components names two directories ({} and {value}): serve one", first.display()));

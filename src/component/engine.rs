@@ -53,16 +53,22 @@ pub fn build(config: &RuntimeConfig) -> wasmtime::Result<Engine> {
 /// Every pool slot is sized up front, so the check comes at compile time.
 pub fn pool_misfit(error: &wasmtime::Error, config: &RuntimeConfig) -> Option<String> {
     let text = format!("{error:#}");
-    let limit = if text.contains("core module instances") {
+    // The size check's message also names "core module instances" (as a
+    // share of the bytes), so it is told apart first.
+    let limit = if text.contains("instance allocation for this") {
+        "the pool's instance size".to_string()
+    } else if text.contains("transitively contains") && text.contains("core module instances") {
         format!("at most {CORE_INSTANCES_PER_COMPONENT} core instances per component")
     } else if text.contains("linear memories") || text.contains("defined memories count") {
         format!("at most {MEMORIES_PER_COMPONENT} linear memories per component")
     } else if text.contains("tables") && (text.contains("pooling allocator") || text.contains("per-instance limit")) {
         "the pool's tables per component".to_string()
+    } else if text.contains("minimum element size") {
+        "the pool's table size".to_string()
     } else if text.contains("minimum byte size") {
         format!("a memory of at most {} MiB, the host's largest memory cap", config.max_memory_limit_bytes >> 20)
-    } else if text.contains("instance allocation for this") {
-        "the pool's instance size".to_string()
+    } else if text.contains("shared which is not supported") {
+        "no shared memories".to_string()
     } else {
         return None;
     };

@@ -331,9 +331,12 @@ impl Inner {
             return Ok(component);
         }
         let artifact = self.engine.precompile_component(bytes)?;
-        cache.store(digest, &artifact);
         // SAFETY: the artifact was produced just above by this engine.
-        unsafe { Component::deserialize(&self.engine, &artifact) }
+        let component = unsafe { Component::deserialize(&self.engine, &artifact) }?;
+        // Cached only once it fits this engine's pool: a misfit would be
+        // discarded at every later load.
+        cache.store(digest, &artifact);
+        Ok(component)
     }
 }
 

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher as _};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{LoadErrorKind, Registry, Runtime};
+use super::{LoadErrorKind, Registry, RegistryEvent, Runtime};
 
 /// Settings of a [`DirectoryWatcher`].
 #[derive(Debug, Clone)]
@@ -99,6 +99,9 @@ pub struct DirectoryWatcher {
     files: HashMap<PathBuf, FileState>,
     /// Entries skipped at the last scan, and why: each is warned about once.
     skipped: HashMap<PathBuf, String>,
+    /// Another source (the deployments) stopped serving a type: the next
+    /// scan tries the files that declared a type already served.
+    name_freed: bool,
 }
 
 impl DirectoryWatcher {
@@ -108,7 +111,14 @@ impl DirectoryWatcher {
     /// Invalid settings.
     pub fn new(runtime: Runtime, registry: Arc<Registry>, config: WatcherConfig) -> Result<Self, WatchError> {
         config.validate()?;
-        Ok(DirectoryWatcher { runtime, registry, config, files: HashMap::new(), skipped: HashMap::new() })
+        Ok(DirectoryWatcher {
+            runtime,
+            registry,
+            config,
+            files: HashMap::new(),
+            skipped: HashMap::new(),
+            name_freed: false,
+        })
     }
 
     /// Rescans the directory once and brings the registry in line with it.
@@ -124,7 +134,7 @@ impl DirectoryWatcher {
         }
         self.skipped = skipped;
         let gone: Vec<PathBuf> = self.files.keys().filter(|p| !present.contains(*p)).cloned().collect();
-        let freed_a_name = !gone.is_empty();
+        let freed_a_name = !gone.is_empty() || std::mem::take(&mut self.name_freed);
         for path in gone {
             self.files.remove(&path);
             self.registry.remove_path(&path);
@@ -183,6 +193,7 @@ impl DirectoryWatcher {
     /// None so far; the result is kept for errors that must end watching.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), WatchError> {
         let (events_tx, mut events) = mpsc::unbounded_channel();
+        let mut served = self.registry.subscribe();
         let mut watch = self.watch(&events_tx);
         if !self.rescan(&shutdown).await {
             watch = None;
@@ -195,6 +206,21 @@ impl DirectoryWatcher {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 _ = rescan.tick() => {}
+                unloaded = served.recv() => {
+                    // A type another source served is free: a file that
+                    // declared it (refused as a duplicate) may serve it now.
+                    let freed = match unloaded {
+                        Ok(RegistryEvent::Unloaded { path, .. }) => !self.files.contains_key(&path),
+                        Ok(_) => false,
+                        Err(broadcast::error::RecvError::Lagged(_)) => true,
+                        Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                    };
+                    let waiting = self.files.values().any(|f| matches!(f, FileState::Duplicate(_)));
+                    if !(freed && waiting) {
+                        continue;
+                    }
+                    self.name_freed = true;
+                }
                 _ = rewatch.tick(), if watch.is_none() => {
                     watch = self.watch(&events_tx);
                     if watch.is_none() {

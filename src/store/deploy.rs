@@ -111,6 +111,8 @@ pub enum DeployRequest<'a> {
         digest: &'a str,
         /// The component.
         bytes: &'a [u8],
+        /// The configuration it declared, validated.
+        config: &'a crate::types::JobConfig,
     },
     /// Serve an earlier version: the one named, or the one before.
     Rollback {

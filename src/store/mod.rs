@@ -354,9 +354,6 @@ pub trait Store: Backend + 'static {
     /// What the fleet serves from the database: each deployed type's version.
     async fn deployments_current(&self) -> Result<Vec<Deployment>>;
 
-    /// The newest history entry's id (0 with none): hosts reconcile when it moves.
-    async fn deployments_revision(&self) -> Result<i64>;
-
     /// A job type's history, newest first.
     async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>>;
 

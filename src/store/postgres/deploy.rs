@@ -5,10 +5,12 @@
 //! history the other left; its `NOTIFY` goes out when it commits.
 
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
+use crate::types::JobConfig;
 
 /// The channel on which deployment changes name their job type.
 pub const CHANNEL: &str = "jobhost_components";
@@ -28,11 +30,11 @@ async fn apply(conn: &mut PgConnection, job_type: &str, request: DeployRequest<'
         .await?;
     let history = history_in(&mut *conn, job_type).await?;
     let (mut change, action) = deploy::decide(job_type, &history, request)?;
-    if let DeployRequest::Deploy { digest, bytes } = request {
+    if let DeployRequest::Deploy { digest, bytes, config } = request {
         // Written when new, or when the stored bytes differ from these
         // validated ones: then they were damaged, and are repaired.
         let written: Option<String> = sqlx::query_scalar(
-            "INSERT INTO jobhost.component_sources (digest, job_type, bytes) VALUES ($1, $2, $3)
+            "INSERT INTO jobhost.component_sources (digest, job_type, bytes, config) VALUES ($1, $2, $3, $4)
              ON CONFLICT (digest) DO UPDATE SET bytes = excluded.bytes
              WHERE jobhost.component_sources.bytes <> excluded.bytes
              RETURNING digest",
@@ -40,6 +42,7 @@ async fn apply(conn: &mut PgConnection, job_type: &str, request: DeployRequest<'
         .bind(digest)
         .bind(job_type)
         .bind(bytes)
+        .bind(Json(config))
         .fetch_optional(&mut *conn)
         .await?;
         change.changed |= written.is_some();
@@ -53,8 +56,24 @@ async fn apply(conn: &mut PgConnection, job_type: &str, request: DeployRequest<'
         .bind(action.as_str())
         .execute(&mut *conn)
         .await?;
+    if let Some(digest) = &change.current {
+        register_served(conn, job_type, digest).await?;
+    }
     sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(job_type).execute(&mut *conn).await?;
     Ok(change)
+}
+
+/// Registers the configuration of the version now served, as its newest:
+/// enqueues apply it at once, before any host has loaded it, and a
+/// rollback brings back the settings of the version it serves.
+async fn register_served(conn: &mut PgConnection, job_type: &str, digest: &str) -> Result<()> {
+    let Json(config): Json<JobConfig> =
+        sqlx::query_scalar("SELECT config FROM jobhost.component_sources WHERE digest = $1")
+            .bind(digest)
+            .fetch_one(&mut *conn)
+            .await?;
+    super::host::renumber_as_newest(conn, job_type, digest).await?;
+    super::host::register_in(conn, &[(config, digest.to_string())]).await
 }
 
 pub async fn current(pool: &PgPool) -> Result<Vec<Deployment>> {
@@ -72,10 +91,6 @@ pub async fn current(pool: &PgPool) -> Result<Vec<Deployment>> {
             Ok(Deployment { entry, job_type, digest, size_bytes, deployed_at, action: DeployAction::parse(&action)? })
         })
         .collect()
-}
-
-pub async fn revision(pool: &PgPool) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM jobhost.deployments").fetch_one(pool).await?)
 }
 
 pub async fn history(pool: &PgPool, job_type: &str) -> Result<Vec<DeploymentEntry>> {

@@ -2,20 +2,27 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sqlx::PgPool;
 use sqlx::Row;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
 
 use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, Result};
 use crate::types::JobConfig;
 
 pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    register_in(&mut tx, types).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Records loaded configurations in the caller's transaction; the latest
+/// loaded version's configuration wins, fleet-wide.
+pub async fn register_in(conn: &mut PgConnection, types: &[(JobConfig, String)]) -> Result<()> {
     let names: Vec<&str> = types.iter().map(|(c, _)| c.name.as_str()).collect();
     let configs: Vec<Json<&JobConfig>> = types.iter().map(|(c, _)| Json(c)).collect();
     let digests: Vec<&str> = types.iter().map(|(_, d)| d.as_str()).collect();
-    let mut tx = pool.begin().await?;
-    // The latest loaded version's configuration wins, fleet-wide.
     let changed: Vec<String> = sqlx::query_scalar(
         "INSERT INTO jobhost.job_types (name, config, digest)
          SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[])
@@ -27,16 +34,30 @@ pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) ->
     .bind(&names)
     .bind(&configs)
     .bind(&digests)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut *conn)
     .await?;
     // A raised limit (or one removed) frees slots at once: blocked jobs of a
     // changed type take them now. A lowered limit only admits nothing more
     // until the key is under it; running holders are never interrupted.
-    let promoted = super::concurrency::promote_blocked_of_types(&mut tx, &changed).await?;
-    tx.commit().await?;
+    let promoted = super::concurrency::promote_blocked_of_types(conn, &changed).await?;
     if promoted > 0 {
         tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
     }
+    Ok(())
+}
+
+/// Makes `digest` the newest registered version of `name`, so registering
+/// it replaces whatever a later-seen digest stored (a rollback, a redeploy
+/// of an older build), which the forward-only rule would otherwise refuse.
+pub async fn renumber_as_newest(conn: &mut PgConnection, name: &str, digest: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO jobhost.job_type_digests AS d (name, digest) VALUES ($1, $2)
+         ON CONFLICT (name, digest) DO UPDATE SET seq = DEFAULT",
+    )
+    .bind(name)
+    .bind(digest)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -152,14 +152,20 @@ impl PgStore {
                 let (wake, deployed) = (self.wake.clone(), self.deployed.clone());
                 tokio::spawn(async move {
                     loop {
-                        // The listener reconnects by itself after an error;
-                        // the fetch loop's polling, and the deployment
-                        // follower's, cover what is missed.
-                        match listener.recv().await {
-                            Ok(note) if note.channel() == deploy::CHANNEL => deployed.notify_one(),
-                            Ok(_) => wake.notify_one(),
+                        // `try_recv` reports a lost connection (`None`)
+                        // before it reconnects at the next call: whatever
+                        // was announced meanwhile is lost, so both waiters
+                        // are woken to look for themselves.
+                        match listener.try_recv().await {
+                            Ok(Some(note)) if note.channel() == deploy::CHANNEL => deployed.notify_one(),
+                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(None) => {
+                                tracing::warn!("notification listener lost its connection; reconnecting");
+                                wake.notify_one();
+                                deployed.notify_one();
+                            }
                             Err(error) => {
-                                tracing::warn!(%error, "notification listener lost its connection");
+                                tracing::warn!(%error, "notification listener cannot reconnect; retrying");
                                 wake.notify_one();
                                 deployed.notify_one();
                                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -411,10 +417,6 @@ impl Store for PgStore {
 
     async fn deployments_current(&self) -> Result<Vec<Deployment>> {
         deploy::current(&self.pool).await
-    }
-
-    async fn deployments_revision(&self) -> Result<i64> {
-        deploy::revision(&self.pool).await
     }
 
     async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {

@@ -3,24 +3,32 @@
 //! transaction, which holds the file's one write lock: changes to a type
 //! are decided one after the other, each on the history the other left.
 
+use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{now_ms, time_of};
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
+use crate::types::JobConfig;
 
 type EntryRow = (i64, String, Option<String>, String, i64);
 
 /// Decides and records `request`, in the caller's write transaction.
-pub async fn apply(conn: &mut SqliteConnection, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+/// Returns the change and how many blocked jobs the served version's
+/// registered limit promoted.
+pub async fn apply(
+    conn: &mut SqliteConnection,
+    job_type: &str,
+    request: DeployRequest<'_>,
+) -> Result<(DeployChange, u64)> {
     let history = history_in(&mut *conn, job_type).await?;
     let (mut change, action) = deploy::decide(job_type, &history, request)?;
     let now = now_ms();
-    if let DeployRequest::Deploy { digest, bytes } = request {
+    if let DeployRequest::Deploy { digest, bytes, config } = request {
         // Written when new, or when the stored bytes differ from these
         // validated ones: then they were damaged, and are repaired.
         let written: Option<String> = sqlx::query_scalar(
-            "INSERT INTO component_sources (digest, job_type, bytes, uploaded_at) VALUES ($1, $2, $3, $4)
+            "INSERT INTO component_sources (digest, job_type, bytes, config, uploaded_at) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (digest) DO UPDATE SET bytes = excluded.bytes
              WHERE component_sources.bytes <> excluded.bytes
              RETURNING digest",
@@ -28,13 +36,14 @@ pub async fn apply(conn: &mut SqliteConnection, job_type: &str, request: DeployR
         .bind(digest)
         .bind(job_type)
         .bind(bytes)
+        .bind(Json(config))
         .bind(now)
         .fetch_optional(&mut *conn)
         .await?;
         change.changed |= written.is_some();
     }
     if !change.changed {
-        return Ok(change);
+        return Ok((change, 0));
     }
     sqlx::query("INSERT INTO deployments (job_type, digest, action, at) VALUES ($1, $2, $3, $4)")
         .bind(job_type)
@@ -43,7 +52,34 @@ pub async fn apply(conn: &mut SqliteConnection, job_type: &str, request: DeployR
         .bind(now)
         .execute(&mut *conn)
         .await?;
-    Ok(change)
+    let promoted = match &change.current {
+        Some(digest) => register_served(conn, job_type, digest, now).await?,
+        None => 0,
+    };
+    Ok((change, promoted))
+}
+
+/// Registers the configuration of the version now served, as its newest:
+/// enqueues apply it at once, before any host has loaded it, and a
+/// rollback brings back the settings of the version it serves (the
+/// forward-only rule of 0003 would otherwise keep a later-seen version's).
+async fn register_served(conn: &mut SqliteConnection, job_type: &str, digest: &str, now: i64) -> Result<u64> {
+    let Json(config): Json<JobConfig> = sqlx::query_scalar("SELECT config FROM component_sources WHERE digest = $1")
+        .bind(digest)
+        .fetch_one(&mut *conn)
+        .await?;
+    sqlx::query(
+        "INSERT INTO job_type_digests (id, name, digest, first_registered_at)
+         VALUES ((SELECT coalesce(max(id), 0) + 1 FROM job_type_digests), $1, $2, $3)
+         ON CONFLICT (name, digest) DO UPDATE SET id = (SELECT max(id) + 1 FROM job_type_digests)",
+    )
+    .bind(job_type)
+    .bind(digest)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let (_, promoted) = super::host::job_types_register(conn, &[(config, digest.to_string())]).await?;
+    Ok(promoted)
 }
 
 pub async fn current(pool: &SqlitePool) -> Result<Vec<Deployment>> {
@@ -62,10 +98,6 @@ pub async fn current(pool: &SqlitePool) -> Result<Vec<Deployment>> {
             Ok(Deployment { entry, job_type, digest, size_bytes, deployed_at: time_of(at), action })
         })
         .collect()
-}
-
-pub async fn revision(pool: &SqlitePool) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM deployments").fetch_one(pool).await?)
 }
 
 pub async fn history_in(executor: impl sqlx::SqliteExecutor<'_>, job_type: &str) -> Result<Vec<DeploymentEntry>> {

@@ -737,17 +737,14 @@ impl Store for SqliteStore {
 
     async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
         let mut tx = self.write().await?;
-        let change = deploy::apply(&mut tx, job_type, request).await?;
+        let (change, promoted) = deploy::apply(&mut tx, job_type, request).await?;
         tx.commit().await?;
+        self.announce(promoted > 0);
         Ok(change)
     }
 
     async fn deployments_current(&self) -> Result<Vec<Deployment>> {
         deploy::current(&self.reader).await
-    }
-
-    async fn deployments_revision(&self) -> Result<i64> {
-        deploy::revision(&self.reader).await
     }
 
     async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
