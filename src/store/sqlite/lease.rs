@@ -52,7 +52,9 @@ pub async fn renew(
     let run = |(job_id, lease_token, _): &(i64, i64, bool)| RunId { job_id: *job_id, lease_token: *lease_token };
     let renewed: Vec<RunId> = rows.iter().map(run).collect();
     let cancelled = rows.iter().filter(|r| r.2).map(run).collect();
-    let lost = runs.iter().filter(|r| !renewed.contains(r)).copied().collect();
+    // A set, so a host with a thousand runs does not compare a million pairs.
+    let kept: std::collections::HashSet<&RunId> = renewed.iter().collect();
+    let lost = runs.iter().filter(|r| !kept.contains(r)).copied().collect();
     Ok(LeaseRenewal { renewed, lost, cancelled })
 }
 
