@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use common::db::{TestDb, jobhost, on_both_backends};
 use common::fleet::{Host, ONE_FLEET, drained, host_command};
+use common::proxy::{Proxy, server_address, url_via};
 use common::{eventually, guest};
 
 const WITHIN: Duration = Duration::from_secs(60);
@@ -224,6 +225,29 @@ async fn a_bad_upload_is_refused_and_a_bad_row_never_replaces_a_good_version(db:
     let said = deploy(&db, "hello_v2");
     assert!(said.contains("its stored bytes repaired"), "{said}");
     serving(&db, &host, "hello", &claimed).await;
+    host.stop().await;
+}
+
+/// A host cut off from the database (its connections, the listener's
+/// among them, neither answer nor close) while a new version is deployed
+/// keeps serving the old one, and serves the new one once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cut_off_during_a_deploy_serves_the_new_version_once_back() {
+    let _fleet = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let proxy = Proxy::start(server_address()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut host = Host::start(&mut host_command(&url_via(&db.url, proxy.port()), Path::new("db"), cache.path()));
+    let (v1, v2) = (digest_of_guest("hello"), digest_of_guest("hello_v2"));
+    deploy(&db, "hello");
+    serving(&db, &host, "hello", &v1).await;
+    proxy.freeze();
+    // Deployed straight to the server: the host hears nothing of it.
+    deploy(&db, "hello_v2");
+    proxy.thaw();
+    serving(&db, &host, "hello", &v2).await;
+    let id = enqueue(&db, "hello", r#"{"name": "back"}"#).await;
+    assert_eq!(output_of(&db, id).await["version"], 2);
     host.stop().await;
 }
 
