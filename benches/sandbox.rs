@@ -10,6 +10,8 @@
 //!   and on two threads running side by side.
 //! - load: compile from scratch versus load from the artifact cache
 //!   (deserialize, link, `describe`).
+//! - a guest's 5 ms sleep (`sleep`, `std::thread::sleep`), by the guest's
+//!   own clock: how far past 5 ms it woke (with the Rust `hello` only).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -122,4 +124,36 @@ fn main() {
         })
         .collect();
     report("load, from cache", cached);
+
+    if guest() == "hello" {
+        report("guest's 5 ms sleep: time past 5 ms", one_thread.block_on(oversleep(&runtime, 200)));
+        // For comparison: what the tokio timer, which served guests' sleeps
+        // before, does with the same 5 ms on this machine now.
+        let tokio_sleeps = (0..200)
+            .map(|_| {
+                let started = Instant::now();
+                one_thread.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
+                started.elapsed() - Duration::from_millis(5)
+            })
+            .collect();
+        report("tokio's 5 ms sleep (the timer guests had before): time past 5 ms", tokio_sleeps);
+    }
+}
+
+/// How late a guest's 5 ms `std::thread::sleep` wakes, by its own clock
+/// (the `sleep` guest reports when its sleep began and ended).
+async fn oversleep(runtime: &Runtime, runs: usize) -> Vec<Duration> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("guests/dist/sleep.wasm");
+    let sleep = runtime.load_file(&path).await.expect("sleep loads");
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let report = runtime.run(&sleep, &context(), r#"{"ms":5}"#, StopSignal::new()).await;
+        let jobhost::types::RunOutcome::Completed { output: Some(output) } = report.outcome else {
+            panic!("sleep failed: {:?}", report.outcome);
+        };
+        let times: serde_json::Value = serde_json::from_str(output.get()).expect("sleep's output");
+        let slept_us = times["ended_us"].as_u64().unwrap() - times["started_us"].as_u64().unwrap();
+        samples.push(Duration::from_micros(slept_us.saturating_sub(5_000)));
+    }
+    samples
 }

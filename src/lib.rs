@@ -10,6 +10,7 @@
 //! - [`types`]: the shared vocabulary (job configuration, run outcomes).
 //! - [`template`]: concurrency and uniqueness key templates.
 //! - [`schedule`]: cron expressions in a time zone, and their ticks.
+//! - [`timer`]: sleeps timed finer than tokio's millisecond wheel.
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
 //! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
@@ -43,6 +44,7 @@ pub mod scheduler;
 pub mod store;
 pub mod supervisor;
 pub mod template;
+pub mod timer;
 pub mod types;
 pub mod worker;
 

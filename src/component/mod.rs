@@ -7,6 +7,7 @@ mod bindings;
 mod budget;
 mod cache;
 mod capture;
+mod clock;
 mod engine;
 pub mod metadata;
 mod progress;

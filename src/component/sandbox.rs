@@ -203,6 +203,7 @@ impl ResourceLimiter for MemoryCap {
 /// Only if two definitions collide, which is a host bug.
 pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_1::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
