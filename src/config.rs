@@ -16,6 +16,13 @@ pub struct RuntimeConfig {
     pub default_memory_limit_bytes: u64,
     /// The largest memory cap a component may declare; each pool slot is sized to it.
     pub max_memory_limit_bytes: u64,
+    /// Address space reserved up front for each linear-memory slot of the
+    /// instance pool. `None` keeps wasmtime's (4 GiB and a guard region),
+    /// which lets compiled guests skip bounds checks; a host at a concurrency
+    /// of thousands reserves terabytes that way, so a smaller reservation
+    /// (at least `max_memory_limit_bytes`) bounds it, at the price of an
+    /// explicit bounds check on the guests' memory accesses.
+    pub memory_reservation_bytes: Option<u64>,
     /// Timeout of a run whose component declares none.
     pub default_timeout: Duration,
     /// How often the worker renews leases. A concurrency `duration` is floored
@@ -49,6 +56,7 @@ impl Default for RuntimeConfig {
             max_concurrent_runs: 16,
             default_memory_limit_bytes: 128 << 20,
             max_memory_limit_bytes: 1 << 30,
+            memory_reservation_bytes: None,
             default_timeout: Duration::from_secs(300),
             heartbeat_interval: Duration::from_secs(5),
             output_limit_bytes: 64 << 10,
@@ -84,6 +92,12 @@ impl RuntimeConfig {
         }
         if self.max_memory_limit_bytes < 1 << 20 || self.max_memory_limit_bytes > 4 << 30 {
             return fail("max_memory_limit_bytes", "must be between 1 MiB and 4 GiB");
+        }
+        if self.memory_reservation_bytes.is_some_and(|bytes| bytes < self.max_memory_limit_bytes) {
+            return fail(
+                "memory_reservation_bytes",
+                "must be at least max_memory_limit_bytes, the largest memory a slot must hold",
+            );
         }
         if self.default_memory_limit_bytes > self.max_memory_limit_bytes {
             return fail("default_memory_limit_bytes", "must not exceed max_memory_limit_bytes");

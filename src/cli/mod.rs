@@ -54,7 +54,7 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a host: serve the components in a directory from the database's queues.
-    Run(host::RunArgs),
+    Run(Box<host::RunArgs>),
     /// Serve the HTTP API, the dashboard and Prometheus metrics, without
     /// running jobs (`run --http` serves them from a worker host).
     Serve(serve::ServeArgs),
@@ -218,6 +218,16 @@ struct RuntimeArgs {
     /// Timeout of a run whose component declares none (e.g. 5m).
     #[arg(long, value_parser = humantime::parse_duration)]
     default_timeout: Option<Duration>,
+    /// The largest memory cap a component may declare (e.g. 256MiB); every
+    /// slot of the instance pool is sized to it [default: 1GiB].
+    #[arg(long, value_parser = parse_bytes)]
+    max_memory: Option<u64>,
+    /// Address space reserved for each memory slot of the instance pool, at
+    /// least --max-memory. Without it each slot reserves 4GiB and guests need
+    /// no bounds checks; with it a high --concurrency reserves far less, and
+    /// guests' memory accesses are checked explicitly (somewhat slower).
+    #[arg(long, value_parser = parse_bytes)]
+    memory_reservation: Option<u64>,
     /// Where compiled components are cached [default: the user's cache directory].
     #[arg(long, env = "JOBHOST_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
@@ -243,6 +253,10 @@ impl RuntimeArgs {
         if let Some(timeout) = self.default_timeout {
             config.default_timeout = timeout;
         }
+        if let Some(bytes) = self.max_memory {
+            config.max_memory_limit_bytes = bytes;
+        }
+        config.memory_reservation_bytes = self.memory_reservation;
         if self.cache_dir.is_some() {
             config.cache_dir = self.cache_dir.clone();
         }
@@ -283,7 +297,7 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => host::run(args).await,
+            Command::Run(args) => host::run(*args).await,
             Command::Serve(args) => serve::serve(args).await,
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,

@@ -44,6 +44,9 @@ pub fn build(config: &RuntimeConfig) -> wasmtime::Result<Engine> {
 
     let mut wasm = Config::new();
     wasm.epoch_interruption(true).allocation_strategy(InstanceAllocationStrategy::Pooling(pool)).memory_init_cow(true);
+    if let Some(bytes) = config.memory_reservation_bytes {
+        wasm.memory_reservation(bytes);
+    }
     Engine::new(&wasm)
 }
 
