@@ -28,8 +28,14 @@ pub async fn fresh_db() -> (Arc<PgStore>, String) {
 }
 
 pub fn start_host(url: &str, components: &Path, cache: &Path) -> Child {
+    start_host_with(url, components, cache, &[])
+}
+
+/// A host at concurrency 10 with more flags of `jobhost run`.
+pub fn start_host_with(url: &str, components: &Path, cache: &Path, flags: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_jobhost"))
         .args(["run", "--no-migrate", "--concurrency", "10"])
+        .args(flags)
         .arg("--components")
         .arg(components)
         .arg("--cache-dir")
