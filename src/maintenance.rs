@@ -4,18 +4,31 @@
 //! a free slot are promoted, semaphores that disagree with their jobs are
 //! repaired, old archive rows and the rows of hosts long gone are pruned.
 //!
+//! Nothing in a pass grows with the size of the queue: each sweep takes a
+//! bounded batch through an index. The sweep of blocked jobs and the repair
+//! page through concurrency keys in (job type, key) order, a page per pass,
+//! keeping their place in this service's memory and starting again from the
+//! first key after the last; so every key is visited within
+//! ceil(keys / page) passes, however many others are busy.
+//!
 //! No row stalls them (guarantee 13): each sweep runs whatever the others
 //! did, and a set-based sweep the database refuses is split until the row
 //! it cannot process stands alone, which is failed with the reason.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ConfigError;
-use crate::store::Store;
+use crate::store::{KeyCursor, Store};
+
+/// A sweep's place, read and written between awaits (never held across one).
+fn lock(cursor: &Mutex<Option<KeyCursor>>) -> std::sync::MutexGuard<'_, Option<KeyCursor>> {
+    // A poisoned place is still a place: at worst a page is visited twice.
+    cursor.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Settings of the maintenance sweeps.
 #[derive(Debug, Clone)]
@@ -29,10 +42,13 @@ pub struct MaintenanceConfig {
     /// A host not seen for this long is dropped from the fleet's records
     /// (its jobs were rescued long before, when their leases expired).
     pub host_silence: Duration,
-    /// Keys whose blocked jobs are promoted per pass at most, the keys with
-    /// the oldest blocked job first.
+    /// Keys with blocked jobs the sweep visits per pass (a page; the next
+    /// pass goes on after the last), promoting those with a free slot.
     pub promote_keys: i64,
-    /// Time between semaphore repairs (they lock every idle semaphore briefly).
+    /// Keys the semaphore repair checks per repair (a page, as for
+    /// `promote_keys`): it locks each idle semaphore of the page briefly.
+    pub repair_keys: i64,
+    /// Time between semaphore repairs.
     pub repair_interval: Duration,
 }
 
@@ -44,7 +60,8 @@ impl Default for MaintenanceConfig {
             prune_batch: 10_000,
             host_silence: Duration::from_secs(24 * 3600),
             promote_keys: 1_000,
-            repair_interval: Duration::from_secs(30),
+            repair_keys: 1_000,
+            repair_interval: Duration::from_secs(5),
         }
     }
 }
@@ -63,6 +80,9 @@ impl MaintenanceConfig {
         }
         if self.promote_keys <= 0 {
             return Err(ConfigError { field: "promote_keys", reason: "must be positive".into() });
+        }
+        if self.repair_keys <= 0 {
+            return Err(ConfigError { field: "repair_keys", reason: "must be positive".into() });
         }
         Ok(())
     }
@@ -110,6 +130,12 @@ pub struct Maintenance {
     store: Arc<dyn Store>,
     config: MaintenanceConfig,
     metrics: crate::metrics::Metrics,
+    /// The last key the sweep of blocked jobs visited; `None` starts from
+    /// the first. In memory: a host that restarts starts again from the
+    /// first key, which costs one page, and hosts need not agree.
+    promote_cursor: Mutex<Option<KeyCursor>>,
+    /// The last key the semaphore repair checked, as `promote_cursor`.
+    repair_cursor: Mutex<Option<KeyCursor>>,
 }
 
 impl Maintenance {
@@ -119,7 +145,13 @@ impl Maintenance {
     /// Invalid settings.
     pub fn new(store: Arc<dyn Store>, config: MaintenanceConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        Ok(Maintenance { store, config, metrics: crate::metrics::Metrics::default() })
+        Ok(Maintenance {
+            store,
+            config,
+            metrics: crate::metrics::Metrics::default(),
+            promote_cursor: Mutex::new(None),
+            repair_cursor: Mutex::new(None),
+        })
     }
 
     /// Counts the leases its sweeps expire in `metrics`.
@@ -154,19 +186,9 @@ impl Maintenance {
         record(self.expire_leases(now).await);
         // Repair before promoting, so a slot the repair freed is used in this pass.
         if repair {
-            record(
-                self.store
-                    .semaphore_repair()
-                    .await
-                    .map(|f| PassReport { repaired: f.len() as u64, ..Default::default() }),
-            );
+            record(self.repair_page().await);
         }
-        record(
-            self.store
-                .blocked_promote(self.config.promote_keys)
-                .await
-                .map(|unblocked| PassReport { unblocked, ..Default::default() }),
-        );
+        record(self.promote_page().await);
         let retention_secs = self.config.retention.as_secs_f64();
         record(
             self.store
@@ -181,6 +203,25 @@ impl Maintenance {
                 .map(|hosts_pruned| PassReport { hosts_pruned, ..Default::default() }),
         );
         (report, errors)
+    }
+
+    /// Promotes the blocked jobs of the next page of keys that have a free
+    /// slot, and moves the place on. A page that fails leaves the place
+    /// where it was, so the next pass tries those keys again; a key the
+    /// database refuses is passed over inside the page (guarantee 13).
+    async fn promote_page(&self) -> crate::store::Result<PassReport> {
+        let after = lock(&self.promote_cursor).clone();
+        let page = self.store.blocked_promote(after.as_ref(), self.config.promote_keys).await?;
+        *lock(&self.promote_cursor) = page.next;
+        Ok(PassReport { unblocked: page.done, ..Default::default() })
+    }
+
+    /// Repairs the semaphores of the next page of keys and moves the place on.
+    async fn repair_page(&self) -> crate::store::Result<PassReport> {
+        let after = lock(&self.repair_cursor).clone();
+        let page = self.store.semaphore_repair_page(after.as_ref(), self.config.repair_keys).await?;
+        *lock(&self.repair_cursor) = page.next;
+        Ok(PassReport { repaired: page.done.len() as u64, ..Default::default() })
     }
 
     /// Due scheduled jobs pass the gate, set-based; when the database

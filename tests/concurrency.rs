@@ -291,10 +291,15 @@ async fn a_handed_back_job_keeps_its_slot(db: TestDb) {
     assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [first]);
 }
 
-async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys(db: TestDb) {
+/// Guarantee 4 with a paged sweep: a free key placed after thousands of busy
+/// ones in key order is reached within one round of pages, each pass
+/// visiting a page of keys whatever their state.
+async fn a_free_key_is_promoted_within_one_round_of_pages_despite_thousands_of_busy_keys(db: TestDb) {
     const BUSY: usize = 2_000;
+    const PAGE: usize = 100;
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    // Every busy key: one holder and one blocked job, blocked before the free key's.
+    // Every busy key: one holder and one blocked job, blocked before the free
+    // key's, and before it in key order ("busy-…" < "free").
     let busy: Vec<EnqueueParams> =
         (0..BUSY).flat_map(|i| [keyed("lim", &format!("busy-{i}")), keyed("lim", &format!("busy-{i}"))]).collect();
     db.store.job_enqueue(&busy).await.unwrap();
@@ -305,12 +310,90 @@ async fn a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_key
     db.execute("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").await;
     db.execute("DELETE FROM jobhost.semaphores WHERE key = 'free'").await;
 
-    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 100, ..Default::default() };
+    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: PAGE as i64, ..Default::default() };
     let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
-    let report = sweep.run_once(None).await.unwrap();
-    assert_eq!(report.unblocked, 1);
-    assert_eq!(state_of(&db, blocked).await, JobState::Available, "promoted in the first pass");
+    let round = (BUSY + 1).div_ceil(PAGE);
+    let mut passes = 0;
+    while state_of(&db, blocked).await == JobState::Blocked {
+        passes += 1;
+        assert!(passes <= round, "not promoted within a round of {round} pages");
+        let report = sweep.run_once(None).await.unwrap();
+        assert!(report.unblocked <= 1, "only the free key can be promoted: {report:?}");
+    }
+    assert_eq!(passes, round, "the free key is the last key, reached by the round's last page");
+    assert_eq!(state_of(&db, blocked).await, JobState::Available);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
+}
+
+/// The sweep visits a page of keys per pass in key order, busy or not, and
+/// starts again from the first key after the last: with a page of 10 keys,
+/// every other one free, a pass promotes the free keys of its page only
+/// (an unpaged sweep promoted up to 10 free keys, oldest blocked first).
+async fn the_sweep_visits_a_page_of_keys_per_pass_and_wraps(db: TestDb) {
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    // Blocked newest-first in key order, so "oldest blocked first" would
+    // start from the last key.
+    let names: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+    for name in names.iter().rev() {
+        db.store.job_enqueue(&[keyed("lim", name), keyed("lim", name)]).await.unwrap();
+    }
+    // Odd keys lose their holder by hand: a free slot nothing hands over.
+    for name in names.iter().skip(1).step_by(2) {
+        db.execute(format!("DELETE FROM jobhost.jobs WHERE concurrency_key = '{name}'")).await;
+        db.execute(format!("DELETE FROM jobhost.semaphores WHERE key = '{name}'")).await;
+    }
+    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 10, ..Default::default() };
+    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let promoted_keys = || async {
+        let mut keys = Vec::new();
+        for name in &names {
+            let blocked =
+                db.scalar(format!("SELECT count(*) FROM jobhost.blocked_jobs WHERE concurrency_key = '{name}'")).await;
+            if blocked == 0 {
+                keys.push(name.clone());
+            }
+        }
+        keys
+    };
+    let expect = |upto: usize| -> Vec<String> { names.iter().take(upto).skip(1).step_by(2).cloned().collect() };
+    assert_eq!(sweep.run_once(None).await.unwrap().unblocked, 5);
+    assert_eq!(promoted_keys().await, expect(10), "the first page: k00-k09");
+    assert_eq!(sweep.run_once(None).await.unwrap().unblocked, 5);
+    assert_eq!(promoted_keys().await, expect(20), "the second page: k10-k19");
+    assert_eq!(sweep.run_once(None).await.unwrap().unblocked, 2);
+    assert_eq!(promoted_keys().await, expect(25), "the last page: k20-k24");
+    // Back to the first key: a slot freed there is found by the next pass.
+    db.execute("DELETE FROM jobhost.jobs WHERE concurrency_key = 'k00'").await;
+    db.execute("DELETE FROM jobhost.semaphores WHERE key = 'k00'").await;
+    assert_eq!(sweep.run_once(None).await.unwrap().unblocked, 1, "the sweep wrapped to the first page");
+}
+
+/// The repair checks a page of keys per pass and goes on from there: with a
+/// page of 10, 25 keys with a wrong count (one with its row deleted) are
+/// fixed 10, 10 and 5 at a time, in key order.
+async fn the_repair_checks_a_page_of_keys_per_pass(db: TestDb) {
+    limited_type(&db, "lim", 3, OnConflict::Block, "v1").await;
+    let names: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+    let jobs: Vec<EnqueueParams> = names.iter().map(|name| keyed("lim", name)).collect();
+    db.store.job_enqueue(&jobs).await.unwrap();
+    db.execute("UPDATE jobhost.semaphores SET holders = 2").await;
+    db.execute("DELETE FROM jobhost.semaphores WHERE key = 'k12'").await;
+    let config = jobhost::maintenance::MaintenanceConfig { repair_keys: 10, ..Default::default() };
+    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let wrong = || db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE holders <> 1");
+    assert_eq!(sweep.run_once(None).await.unwrap().repaired, 10);
+    assert_eq!(wrong().await, 14, "k00-k09 fixed, k10-k24 left (k12 has no row)");
+    assert_eq!(holders(&db, "lim", "k09").await, 1);
+    assert_eq!(holders(&db, "lim", "k10").await, 2);
+    assert_eq!(sweep.run_once(None).await.unwrap().repaired, 10);
+    assert_eq!(holders(&db, "lim", "k12").await, 1, "the missing row is recreated in its page");
+    assert_eq!(wrong().await, 5);
+    assert_eq!(sweep.run_once(None).await.unwrap().repaired, 5);
+    assert_eq!(wrong().await, 0);
+    // Back to the first key.
+    db.execute("UPDATE jobhost.semaphores SET holders = 3 WHERE key = 'k00'").await;
+    assert_eq!(sweep.run_once(None).await.unwrap().repaired, 1, "the repair wrapped to the first page");
+    assert!(db.store.semaphore_repair().await.unwrap().is_empty(), "nothing left to fix");
 }
 
 async fn raise_and_discard_leave_no_semaphore_residue(db: TestDb) {
@@ -482,7 +565,9 @@ on_both_backends!(
     the_concurrency_view_lists_holders_and_blocked_jobs,
     a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call,
     blocks_racing_finishing_holders_strand_nothing,
-    a_free_key_is_promoted_in_the_first_sweep_despite_thousands_of_busy_keys,
+    a_free_key_is_promoted_within_one_round_of_pages_despite_thousands_of_busy_keys,
+    the_sweep_visits_a_page_of_keys_per_pass_and_wraps,
+    the_repair_checks_a_page_of_keys_per_pass,
 );
 
 /// PostgreSQL only (SQLite's writers take the whole file's lock): an

@@ -46,6 +46,21 @@ pub struct SemaphoreFix {
     pub actual: i32,
 }
 
+/// A place in the (job type, key) order of concurrency keys: the last key a
+/// paged maintenance sweep visited, where its next pass goes on.
+pub type KeyCursor = (String, String);
+
+/// What one page of a paged maintenance sweep did, and where the next page
+/// starts: `next` is the last key this page visited, `None` when the page
+/// reached the last key (the next pass starts again from the first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPage<T> {
+    /// What the page did.
+    pub done: T,
+    /// Where the next page goes on.
+    pub next: Option<KeyCursor>,
+}
+
 /// The (job type, key) of every slot a write freed, one entry per slot (a
 /// key listed twice gave back two).
 #[derive(Debug, Default)]

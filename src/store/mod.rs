@@ -38,7 +38,7 @@ use chrono::{DateTime, Utc};
 
 pub(crate) use backend::Backend;
 pub use batch::{Batch, BatchCounts, BatchState, Callbacks, NewBatch};
-pub use concurrency::{Holder, KeyStatus, SemaphoreFix, Slots};
+pub use concurrency::{Holder, KeyCursor, KeyPage, KeyStatus, SemaphoreFix, Slots};
 pub use deploy::{DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
@@ -471,13 +471,41 @@ pub trait Store: Backend + 'static {
     /// quarantined (guarantee 2). Returns whether the job was there.
     async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool>;
 
-    /// Promotes blocked jobs of up to `max_keys` keys that can take a slot
-    /// now, the keys with the oldest blocked job first. Returns how many jobs.
-    async fn blocked_promote(&self, max_keys: i64) -> Result<u64>;
+    /// Visits the next `max_keys` keys with blocked jobs after `after` (from
+    /// the first key when `None`), in (job type, key) order, and promotes
+    /// the blocked jobs of those that can take a slot now. A page, so a pass
+    /// costs the same however many keys and blocked jobs there are; a
+    /// sweep that follows `next` visits every key in turn, so busy keys
+    /// cannot starve one with a free slot (guarantee 4). Returns how many
+    /// jobs it promoted.
+    async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>>;
 
-    /// Corrects semaphores whose holder count disagrees with the live jobs
-    /// holding their slots; returns what it changed.
-    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>>;
+    /// Corrects the semaphores of the next `max_keys` keys after `after`
+    /// (from the first key when `None`) whose holder count disagrees with
+    /// the live jobs holding their slots, and recreates the missing rows of
+    /// keys with live holders; returns what it changed. A page, as for
+    /// [`Store::blocked_promote`].
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>>;
+
+    /// [`Store::semaphore_repair_page`] over every key, a page at a time:
+    /// for operators and tests that want the whole table checked now.
+    /// Returns what it changed.
+    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
+        let mut fixes = Vec::new();
+        let mut after: Option<KeyCursor> = None;
+        loop {
+            let page = self.semaphore_repair_page(after.as_ref(), 1_000).await?;
+            fixes.extend(page.done);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(fixes),
+            }
+        }
+    }
 
     /// Every key with holders or blocked jobs.
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>>;

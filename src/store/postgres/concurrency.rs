@@ -1,10 +1,11 @@
 //! Per-key concurrency in PostgreSQL: the calls into the gate, release,
-//! sweep and repair functions of 0004_concurrency.sql (where the locking is
-//! explained), and the operator's view of keys.
+//! sweep and repair functions of 0004_concurrency.sql and
+//! 0011_paged_sweeps.sql (where the locking is explained), and the
+//! operator's view of keys.
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix, Slots};
+use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
 const LIMIT_REACHED: &str = "JHL01";
@@ -37,17 +38,30 @@ pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
     Ok(())
 }
 
-pub async fn promote_blocked(pool: &PgPool, max_keys: i64) -> Result<u64> {
-    let keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.promotable_keys($1)")
-        .bind(max_keys as i32)
-        .fetch_all(pool)
-        .await?;
+/// The place before the first key: a job type's name is never empty.
+fn place(after: Option<&KeyCursor>) -> (&str, &str) {
+    after.map_or(("", ""), |(job, key)| (job.as_str(), key.as_str()))
+}
+
+pub async fn promote_blocked(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
+    let (after_job, after_key) = place(after);
+    // One key more than the page, to tell whether the page reached the end.
+    let mut keys: Vec<(String, String, bool)> =
+        sqlx::query_as("SELECT job, key, promotable FROM jobhost.promotable_keys($1, $2, $3)")
+            .bind(after_job)
+            .bind(after_key)
+            .bind(max_keys.saturating_add(1).min(i64::from(i32::MAX)) as i32)
+            .fetch_all(pool)
+            .await?;
+    let more = keys.len() as i64 > max_keys;
+    keys.truncate(max_keys as usize);
+    let next = if more { keys.last().map(|(job, key, _)| (job.clone(), key.clone())) } else { None };
     // One transaction per key: a key's promotion locks only that key, so the
     // sweep never holds one semaphore while waiting for another, and a key
     // the database refuses to promote stays blocked (guarantee 2) without
-    // holding back the keys after it (guarantee 13).
+    // holding back the keys after it (guarantee 13): the page goes on past it.
     let mut promoted = 0;
-    for (job, key) in keys {
+    for (job, key, _) in keys.into_iter().filter(|(_, _, promotable)| *promotable) {
         let moved = sqlx::query_scalar::<_, i32>("SELECT jobhost.promote_parked($1, $2)")
             .bind(&job)
             .bind(&key)
@@ -65,7 +79,7 @@ pub async fn promote_blocked(pool: &PgPool, max_keys: i64) -> Result<u64> {
     if promoted > 0 {
         tracing::info!(promoted, "promoted blocked jobs into free slots");
     }
-    Ok(promoted)
+    Ok(KeyPage { done: promoted, next })
 }
 
 pub async fn promote_blocked_of_types(conn: &mut PgConnection, job_types: &[String]) -> Result<u64> {
@@ -95,13 +109,40 @@ pub async fn free_slots(pool: &PgPool, job: &str, key: &str) -> Result<i64> {
     .await?)
 }
 
-pub async fn repair(pool: &PgPool) -> Result<Vec<SemaphoreFix>> {
+pub async fn repair(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+    let (after_job, after_key) = place(after);
+    // One key more than the page, to tell whether the page reached the end.
+    let mut keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.semaphore_page($1, $2, $3)")
+        .bind(after_job)
+        .bind(after_key)
+        .bind(max_keys.saturating_add(1).min(i64::from(i32::MAX)) as i32)
+        .fetch_all(pool)
+        .await?;
+    let more = keys.len() as i64 > max_keys;
+    keys.truncate(max_keys as usize);
+    let next = if more { keys.last().cloned() } else { None };
+    if keys.is_empty() {
+        return Ok(KeyPage { done: Vec::new(), next });
+    }
+    let (jobs, keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
+    // Locks the page's semaphore rows, SKIP LOCKED, until this statement
+    // commits: see repair_semaphores in 0011_paged_sweeps.sql.
     let fixes: Vec<(String, String, i32, i32)> =
-        sqlx::query_as("SELECT job, key, recorded, actual FROM jobhost.repair_semaphores()").fetch_all(pool).await?;
+        sqlx::query_as("SELECT job, key, recorded, actual FROM jobhost.repair_semaphores($1::text[], $2::text[])")
+            .bind(jobs)
+            .bind(keys)
+            .fetch_all(pool)
+            .await?;
     for (job, key, recorded, actual) in &fixes {
         tracing::warn!(job, key, recorded, actual, "repaired a semaphore whose holder count disagreed with its jobs");
     }
-    Ok(fixes.into_iter().map(|(job, key, recorded, actual)| SemaphoreFix { job, key, recorded, actual }).collect())
+    Ok(KeyPage {
+        done: fixes
+            .into_iter()
+            .map(|(job, key, recorded, actual)| SemaphoreFix { job, key, recorded, actual })
+            .collect(),
+        next,
+    })
 }
 
 pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {

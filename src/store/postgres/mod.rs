@@ -24,7 +24,7 @@
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
 //! | `promote_parked`, `release_slots` | 0004_concurrency | slots given back, blocked jobs promoted |
-//! | `promotable_keys`, `repair_semaphores` | 0004_concurrency | maintenance sweeps |
+//! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
 //! | `finish_runs` | 0004_concurrency | a batch of results, and the next fetch |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
@@ -67,8 +67,8 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, FetchParams,
-    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId, RunProgress,
-    SemaphoreFix, Stats, Store,
+    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenewal, Result, RunId,
+    RunProgress, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -320,12 +320,16 @@ impl Store for PgStore {
         job::promote_due(&self.pool, now).await
     }
 
-    async fn blocked_promote(&self, max_keys: i64) -> Result<u64> {
-        concurrency::promote_blocked(&self.pool, max_keys).await
+    async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
+        concurrency::promote_blocked(&self.pool, after, max_keys).await
     }
 
-    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
-        concurrency::repair(&self.pool).await
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+        concurrency::repair(&self.pool, after, max_keys).await
     }
 
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {

@@ -1,6 +1,6 @@
 //! Per-key concurrency in SQLite: the gate, the release, the sweep and the
 //! repair, with the same rules as the PostgreSQL functions of
-//! 0004_concurrency.sql.
+//! 0004_concurrency.sql and 0011_paged_sweeps.sql.
 //!
 //! The invariant: a job with a concurrency key holds one slot of its
 //! (job, key) semaphore exactly while it is in `jobs` as available or
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{iso, json_list};
-use crate::store::{Error, Holder, KeyStatus, Result, SemaphoreFix, Slots};
+use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
 /// do when the limit is reached. The limit is unlimited when the type no
@@ -212,23 +212,33 @@ pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64,
     Ok(moved.len() as u64)
 }
 
-/// Keys that have blocked jobs and could take a slot now, oldest blocked job
-/// first, so a crowd of full keys cannot starve one with a free slot.
-pub async fn promotable_keys(pool: &SqlitePool, max_keys: i64) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT b.job, b.concurrency_key
-         FROM blocked_jobs b
-         LEFT JOIN semaphores s ON s.job = b.job AND s.key = b.concurrency_key
-         WHERE s.job IS NULL
-            OR s.holders < coalesce((SELECT json_extract(t.config, '$.concurrency.limit')
-                                     FROM job_types t WHERE t.name = b.job), 2147483647)
-         GROUP BY b.job, b.concurrency_key
-         ORDER BY min(b.parked_at)
-         LIMIT $1",
-    )
-    .bind(max_keys)
-    .fetch_all(pool)
-    .await?)
+/// The place before the first key: a job type's name is never empty.
+fn place(after: Option<&KeyCursor>) -> (&str, &str) {
+    after.map_or(("", ""), |(job, key)| (job.as_str(), key.as_str()))
+}
+
+/// The next `max_keys` keys with blocked jobs after `after`, in (job, key)
+/// order, each with whether it could take a slot now, and where the next
+/// page goes on. A page, read one index probe per key however many jobs each
+/// has blocked; a sweep that follows it visits every key in turn, so a
+/// crowd of full keys cannot starve one with a free slot (guarantee 4).
+pub async fn promotable_keys(
+    pool: &SqlitePool,
+    after: Option<&KeyCursor>,
+    max_keys: i64,
+) -> Result<KeyPage<Vec<(String, String, bool)>>> {
+    let (after_job, after_key) = place(after);
+    // One key more than the page, to tell whether the page reached the end.
+    let mut keys: Vec<(String, String, bool)> = sqlx::query_as(include_str!("sql/promotable_keys.sql"))
+        .bind(after_job)
+        .bind(after_key)
+        .bind(max_keys.saturating_add(1))
+        .fetch_all(pool)
+        .await?;
+    let more = keys.len() as i64 > max_keys;
+    keys.truncate(max_keys as usize);
+    let next = if more { keys.last().map(|(job, key, _)| (job.clone(), key.clone())) } else { None };
+    Ok(KeyPage { done: keys, next })
 }
 
 /// The keys with blocked jobs of some job types, for promotion after their
@@ -248,21 +258,51 @@ pub async fn free_slots(conn: &mut SqliteConnection, job: &str, key: &str) -> Re
     Ok(state.limit - state.holders)
 }
 
-/// Sets each semaphore's holder count to the number of live jobs holding
-/// its slots where the two disagree (after rows were changed or deleted by
-/// hand), recreating missing rows, then promotes blocked jobs into any slot
-/// a fix freed. Returns what it changed.
-pub async fn repair(conn: &mut SqliteConnection, now: i64) -> Result<Vec<SemaphoreFix>> {
-    let fixes: Vec<(String, String, i64, i64)> =
-        sqlx::query_as(include_str!("sql/semaphore_repair.sql")).fetch_all(&mut *conn).await?;
+/// Sets the holder count of each semaphore of the next `max_keys` keys
+/// after `after` (keys with a semaphore row or live holders) to the number
+/// of live jobs holding its slots where the two disagree (after rows were
+/// changed or deleted by hand), recreating missing rows, then promotes
+/// blocked jobs into any slot a fix freed. A page, so the write lock is held
+/// for a bounded time. Returns what it changed and where the next page goes on.
+pub async fn repair(
+    conn: &mut SqliteConnection,
+    after: Option<&KeyCursor>,
+    max_keys: i64,
+    now: i64,
+) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+    let (after_job, after_key) = place(after);
+    let end: Option<(String, String, bool)> = sqlx::query_as(include_str!("sql/semaphore_page_end.sql"))
+        .bind(after_job)
+        .bind(after_key)
+        .bind(max_keys)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((last_job, last_key, more)) = end else {
+        return Ok(KeyPage { done: Vec::new(), next: None });
+    };
+    let fixes: Vec<(String, String, i64, i64)> = sqlx::query_as(include_str!("sql/semaphore_repair.sql"))
+        .bind(after_job)
+        .bind(after_key)
+        .bind(&last_job)
+        .bind(&last_key)
+        .fetch_all(&mut *conn)
+        .await?;
     for (job, key, _, actual) in &fixes {
         set_holders(conn, job, key, *actual, now).await?;
         fill(conn, job, key, 0, now).await?;
     }
-    Ok(fixes
-        .into_iter()
-        .map(|(job, key, recorded, actual)| SemaphoreFix { job, key, recorded: recorded as i32, actual: actual as i32 })
-        .collect())
+    Ok(KeyPage {
+        done: fixes
+            .into_iter()
+            .map(|(job, key, recorded, actual)| SemaphoreFix {
+                job,
+                key,
+                recorded: recorded as i32,
+                actual: actual as i32,
+            })
+            .collect(),
+        next: more.then_some((last_job, last_key)),
+    })
 }
 
 pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {

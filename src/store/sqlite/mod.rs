@@ -52,8 +52,8 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, Error,
-    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyStatus, LeaseRenewal, Result, RunId,
-    RunProgress, SemaphoreFix, Stats, Store,
+    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenewal,
+    Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -589,13 +589,14 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn blocked_promote(&self, max_keys: i64) -> Result<u64> {
-        let keys = concurrency::promotable_keys(&self.reader, max_keys).await?;
+    async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
+        let page = concurrency::promotable_keys(&self.reader, after, max_keys).await?;
         let mut promoted = 0;
         // One transaction per key keeps each hold of the write lock short.
         // A key the database refuses to promote stays blocked (guarantee 2)
-        // without holding back the keys after it (guarantee 13).
-        for (job, key) in keys {
+        // without holding back the keys after it (guarantee 13): the page
+        // goes on past it.
+        for (job, key, _) in page.done.into_iter().filter(|(_, _, promotable)| *promotable) {
             let mut tx = self.write().await?;
             match concurrency::fill(&mut tx, &job, &key, 0, now_ms()).await {
                 Ok(moved) => {
@@ -612,14 +613,18 @@ impl Store for SqliteStore {
             tracing::info!(promoted, "promoted blocked jobs into free slots");
         }
         self.announce(promoted > 0);
-        Ok(promoted)
+        Ok(KeyPage { done: promoted, next: page.next })
     }
 
-    async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
         let mut tx = self.write().await?;
-        let fixes = concurrency::repair(&mut tx, now_ms()).await?;
+        let page = concurrency::repair(&mut tx, after, max_keys, now_ms()).await?;
         tx.commit().await?;
-        for fix in &fixes {
+        for fix in &page.done {
             tracing::warn!(
                 job = fix.job,
                 key = fix.key,
@@ -628,7 +633,7 @@ impl Store for SqliteStore {
                 "repaired a semaphore whose holder count disagreed with its jobs"
             );
         }
-        Ok(fixes)
+        Ok(page)
     }
 
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
