@@ -155,6 +155,47 @@ async fn hog_is_stopped_at_its_memory_cap() {
     assert!(run(&runtime, &hello, json!({})).await.outcome.is_completed());
 }
 
+/// A pool whose memory slots reserve only what the largest memory needs
+/// (`--memory-reservation`, for hosts at a high concurrency) compiles guests
+/// with explicit bounds checks: the memory cap still holds, and guests run
+/// as before.
+#[tokio::test]
+async fn a_bounded_memory_reservation_still_caps_memory_and_runs_guests() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        max_memory_limit_bytes: 64 << 20,
+        default_memory_limit_bytes: 64 << 20,
+        memory_reservation_bytes: Some(64 << 20),
+        ..common::runtime_config(&cache)
+    };
+    let runtime = Runtime::new(config).unwrap();
+    let hog = load(&runtime, "hog").await;
+    let report = run(&runtime, &hog, json!({})).await;
+    assert_eq!(report.outcome, RunOutcome::Crashed { crash: Crash::MemoryExceeded { limit_bytes: 32 << 20 } });
+    let hello = load(&runtime, "hello").await;
+    assert!(run(&runtime, &hello, json!({"name": "bounded"})).await.outcome.is_completed());
+}
+
+#[tokio::test]
+async fn a_reservation_smaller_than_the_largest_memory_is_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig { memory_reservation_bytes: Some(16 << 20), ..common::runtime_config(&cache) };
+    let error = Runtime::new(config).err().expect("refused");
+    assert!(error.to_string().contains("memory_reservation_bytes"), "{error}");
+}
+
+/// A guest's sleep is timed finer than milliseconds, and never short.
+#[tokio::test]
+async fn a_guests_short_sleep_lasts_at_least_what_it_asked() {
+    let (runtime, _cache) = runtime();
+    let sleep = load(&runtime, "sleep").await;
+    for ms in [1, 3] {
+        let out = output(&run(&runtime, &sleep, json!({"ms": ms})).await.outcome);
+        let slept_us = out["ended_us"].as_u64().unwrap() - out["started_us"].as_u64().unwrap();
+        assert!(slept_us >= ms * 1000, "asked {ms} ms, slept {slept_us} µs");
+    }
+}
+
 #[tokio::test]
 async fn trap_reports_the_panic_message() {
     let (runtime, _cache) = runtime();

@@ -27,7 +27,8 @@ pub struct RunArgs {
     /// Jobs run at once on this host.
     #[arg(long, default_value_t = 10)]
     concurrency: usize,
-    /// The most jobs leased ahead of free run slots [default: the concurrency].
+    /// The most jobs leased ahead of free run slots; fewer while runs are
+    /// long (see --prefetch-wait) [default: 4 × the concurrency].
     #[arg(long)]
     prefetch: Option<usize>,
     /// How long a job leased ahead may wait for a run slot before it is
@@ -85,7 +86,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         runtime: args.runtime.config(),
         worker: WorkerConfig {
             concurrency: args.concurrency,
-            prefetch: args.prefetch.unwrap_or(args.concurrency),
+            prefetch: args.prefetch.unwrap_or_else(|| WorkerConfig::default_prefetch(args.concurrency)),
             prefetch_wait: args.prefetch_wait,
             queues: args.queues,
             heartbeat_interval: args.heartbeat,

@@ -13,6 +13,11 @@ pub struct WorkerConfig {
     /// free run slot, so the next fetch overlaps with running jobs instead
     /// of following them. Fewer while runs are long (see `prefetch_wait`).
     /// Their leases are renewed like running jobs'.
+    ///
+    /// Deep by default ([`WorkerConfig::default_prefetch`]): short jobs need
+    /// it to keep every run slot busy, and long ones do not get it, since
+    /// the host leases ahead only what its recent runs say will start
+    /// within `prefetch_wait`.
     pub prefetch: usize,
     /// How long a prefetched job may wait here for a run slot: the host
     /// prefetches only as many jobs as its recent runs say will start within
@@ -39,7 +44,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             concurrency: 10,
-            prefetch: 10,
+            prefetch: WorkerConfig::default_prefetch(10),
             prefetch_wait: Duration::from_secs(1),
             queues: vec!["default".to_string()],
             heartbeat_interval: Duration::from_secs(5),
@@ -52,6 +57,13 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The most jobs leased ahead at a concurrency, unless set: four per
+    /// run slot. At 10 slots of no-op jobs that took one host from about
+    /// 7,000 to about 10,000 jobs/s (BENCHMARKS.md, "Prefetch depth").
+    pub fn default_prefetch(concurrency: usize) -> usize {
+        concurrency.saturating_mul(4)
+    }
+
     /// Checks that the settings can work together.
     ///
     /// # Errors
