@@ -31,11 +31,14 @@ pub fn start_host(url: &str, components: &Path, cache: &Path) -> Child {
     start_host_with(url, components, cache, &[])
 }
 
-/// A host at concurrency 10 with more flags of `jobhost run`.
+/// A host at concurrency 10 with more flags of `jobhost run`, and those in
+/// `JOBHOST_BENCH_HOST_FLAGS` (space-separated), for comparing settings.
 pub fn start_host_with(url: &str, components: &Path, cache: &Path, flags: &[&str]) -> Child {
+    let from_env = std::env::var("JOBHOST_BENCH_HOST_FLAGS").unwrap_or_default();
     Command::new(env!("CARGO_BIN_EXE_jobhost"))
         .args(["run", "--no-migrate", "--concurrency", "10"])
         .args(flags)
+        .args(from_env.split_whitespace())
         .arg("--components")
         .arg(components)
         .arg("--cache-dir")
