@@ -50,6 +50,31 @@ pub struct SemaphoreFix {
 /// paged maintenance sweep visited, where its next pass goes on.
 pub type KeyCursor = (String, String);
 
+/// The place before the first key, for a page query: a job type's name is
+/// never empty.
+pub(crate) fn key_page_start(after: Option<&KeyCursor>) -> (&str, &str) {
+    after.map_or(("", ""), |(job, key)| (job.as_str(), key.as_str()))
+}
+
+/// How many keys a page query reads: one more than the page, to tell
+/// whether the page reached the last key.
+pub(crate) fn key_page_read(max_keys: i64) -> i64 {
+    max_keys.saturating_add(1)
+}
+
+/// Cuts rows read with [`key_page_read`] to the page, and says where the
+/// next page goes on: after the page's last key, or `None` at the end.
+pub(crate) fn key_page_cut<R>(
+    mut rows: Vec<R>,
+    max_keys: i64,
+    key_of: impl Fn(&R) -> KeyCursor,
+) -> (Vec<R>, Option<KeyCursor>) {
+    let more = rows.len() as i64 > max_keys;
+    rows.truncate(usize::try_from(max_keys).unwrap_or(0));
+    let next = if more { rows.last().map(key_of) } else { None };
+    (rows, next)
+}
+
 /// What one page of a paged maintenance sweep did, and where the next page
 /// starts: `next` is the last key this page visited, `None` when the page
 /// reached the last key (the next pass starts again from the first).

@@ -5,6 +5,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
+use crate::store::concurrency::{key_page_cut, key_page_read, key_page_start};
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
@@ -38,24 +39,16 @@ pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
     Ok(())
 }
 
-/// The place before the first key: a job type's name is never empty.
-fn place(after: Option<&KeyCursor>) -> (&str, &str) {
-    after.map_or(("", ""), |(job, key)| (job.as_str(), key.as_str()))
-}
-
 pub async fn promote_blocked(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-    let (after_job, after_key) = place(after);
-    // One key more than the page, to tell whether the page reached the end.
-    let mut keys: Vec<(String, String, bool)> =
+    let (after_job, after_key) = key_page_start(after);
+    let keys: Vec<(String, String, bool)> =
         sqlx::query_as("SELECT job, key, promotable FROM jobhost.promotable_keys($1, $2, $3)")
             .bind(after_job)
             .bind(after_key)
-            .bind(max_keys.saturating_add(1).min(i64::from(i32::MAX)) as i32)
+            .bind(key_page_read(max_keys).min(i64::from(i32::MAX)) as i32)
             .fetch_all(pool)
             .await?;
-    let more = keys.len() as i64 > max_keys;
-    keys.truncate(max_keys as usize);
-    let next = if more { keys.last().map(|(job, key, _)| (job.clone(), key.clone())) } else { None };
+    let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
     // One transaction per key: a key's promotion locks only that key, so the
     // sweep never holds one semaphore while waiting for another, and a key
     // the database refuses to promote stays blocked (guarantee 2) without
@@ -110,17 +103,14 @@ pub async fn free_slots(pool: &PgPool, job: &str, key: &str) -> Result<i64> {
 }
 
 pub async fn repair(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-    let (after_job, after_key) = place(after);
-    // One key more than the page, to tell whether the page reached the end.
-    let mut keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.semaphore_page($1, $2, $3)")
+    let (after_job, after_key) = key_page_start(after);
+    let keys: Vec<(String, String)> = sqlx::query_as("SELECT job, key FROM jobhost.semaphore_page($1, $2, $3)")
         .bind(after_job)
         .bind(after_key)
-        .bind(max_keys.saturating_add(1).min(i64::from(i32::MAX)) as i32)
+        .bind(key_page_read(max_keys).min(i64::from(i32::MAX)) as i32)
         .fetch_all(pool)
         .await?;
-    let more = keys.len() as i64 > max_keys;
-    keys.truncate(max_keys as usize);
-    let next = if more { keys.last().cloned() } else { None };
+    let (keys, next) = key_page_cut(keys, max_keys, Clone::clone);
     if keys.is_empty() {
         return Ok(KeyPage { done: Vec::new(), next });
     }

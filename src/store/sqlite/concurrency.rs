@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{iso, json_list};
+use crate::store::concurrency::{key_page_cut, key_page_read, key_page_start};
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
@@ -212,11 +213,6 @@ pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64,
     Ok(moved.len() as u64)
 }
 
-/// The place before the first key: a job type's name is never empty.
-fn place(after: Option<&KeyCursor>) -> (&str, &str) {
-    after.map_or(("", ""), |(job, key)| (job.as_str(), key.as_str()))
-}
-
 /// The next `max_keys` keys with blocked jobs after `after`, in (job, key)
 /// order, each with whether it could take a slot now, and where the next
 /// page goes on. A page, read one index probe per key however many jobs each
@@ -227,17 +223,14 @@ pub async fn promotable_keys(
     after: Option<&KeyCursor>,
     max_keys: i64,
 ) -> Result<KeyPage<Vec<(String, String, bool)>>> {
-    let (after_job, after_key) = place(after);
-    // One key more than the page, to tell whether the page reached the end.
-    let mut keys: Vec<(String, String, bool)> = sqlx::query_as(include_str!("sql/promotable_keys.sql"))
+    let (after_job, after_key) = key_page_start(after);
+    let keys: Vec<(String, String, bool)> = sqlx::query_as(include_str!("sql/promotable_keys.sql"))
         .bind(after_job)
         .bind(after_key)
-        .bind(max_keys.saturating_add(1))
+        .bind(key_page_read(max_keys))
         .fetch_all(pool)
         .await?;
-    let more = keys.len() as i64 > max_keys;
-    keys.truncate(max_keys as usize);
-    let next = if more { keys.last().map(|(job, key, _)| (job.clone(), key.clone())) } else { None };
+    let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
     Ok(KeyPage { done: keys, next })
 }
 
@@ -270,7 +263,7 @@ pub async fn repair(
     max_keys: i64,
     now: i64,
 ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-    let (after_job, after_key) = place(after);
+    let (after_job, after_key) = key_page_start(after);
     let end: Option<(String, String, bool)> = sqlx::query_as(include_str!("sql/semaphore_page_end.sql"))
         .bind(after_job)
         .bind(after_key)
