@@ -306,10 +306,18 @@ impl Worker {
             }
             drop(slots);
             if idle {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    Some(handoff) = handoffs.recv() => self.start(handoff, launch),
-                    () = self.store.job_wait_available(self.config.poll_interval) => {}
+                // Jobs the completer leases meanwhile start as they come, but
+                // say nothing of jobs left to fetch: only an announcement (or
+                // the poll) does. Looking after each would be an empty fetch
+                // per result written while a key's jobs are handed along.
+                let announced = self.store.job_wait_available(self.config.poll_interval);
+                tokio::pin!(announced);
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        Some(handoff) = handoffs.recv() => self.start(handoff, launch),
+                        () = &mut announced => break,
+                    }
                 }
             }
         }
