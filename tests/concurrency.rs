@@ -570,6 +570,59 @@ on_both_backends!(
     the_repair_checks_a_page_of_keys_per_pass,
 );
 
+/// The payload of the next notification `listener` receives.
+async fn announced(listener: &mut sqlx::postgres::PgListener) -> String {
+    let next = tokio::time::timeout(WITHIN, listener.recv()).await.expect("a notification");
+    next.unwrap().payload().to_string()
+}
+
+/// PostgreSQL only: a result whose write promotes a blocked job and leases
+/// it in the same call announces nothing, so idle hosts do not each run an
+/// empty fetch for a job already taken; a promotion the write leaves, to a
+/// host of other queues or to no fetch at all, is announced. Absence is shown
+/// by order: notifications arrive in commit order, so a sentinel sent after
+/// the write must be the first to arrive.
+#[tokio::test]
+async fn only_promotions_the_writing_host_did_not_lease_are_announced() {
+    let db = TestDb::postgres().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    enqueue(&db, "lim", "k").await;
+    let blocked = [enqueue(&db, "lim", "k").await, enqueue(&db, "lim", "k").await, enqueue(&db, "lim", "k").await];
+    let holder = fetch(&db, "lim", 10).await.remove(0);
+    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
+    listener.listen("jobhost_available").await.unwrap();
+    let sentinel = || sqlx::query("SELECT pg_notify('jobhost_available', 'sentinel')").execute(db.pool());
+
+    // Leased by the write that promoted it: nobody is told.
+    let (_, leased) = db
+        .store
+        .job_finish_and_fetch(vec![finish(&holder, completed())], &fetch_params("h", &["lim"], 1))
+        .await
+        .unwrap();
+    assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [blocked[0]]);
+    sentinel().await.unwrap();
+    assert_eq!(announced(&mut listener).await, "sentinel", "a promotion its own write leased was announced");
+
+    // The writing host serves other queues: the promotion is left, and told.
+    let mut elsewhere = fetch_params("h", &["lim"], 1);
+    elsewhere.queues = vec!["elsewhere".into()];
+    let (_, leased_elsewhere) =
+        db.store.job_finish_and_fetch(vec![finish(&leased[0], completed())], &elsewhere).await.unwrap();
+    assert!(leased_elsewhere.is_empty());
+    sentinel().await.unwrap();
+    assert_eq!(announced(&mut listener).await, "", "a promotion left by the write's fetch was not announced");
+    assert_eq!(announced(&mut listener).await, "sentinel");
+
+    // A write that fetches nothing announces its promotion too.
+    let next = fetch(&db, "lim", 1).await.remove(0);
+    assert_eq!(next.id, blocked[1]);
+    db.store.job_finish(vec![finish(&next, completed())]).await.unwrap();
+    sentinel().await.unwrap();
+    assert_eq!(announced(&mut listener).await, "", "a promotion by a write without a fetch was not announced");
+    assert_eq!(announced(&mut listener).await, "sentinel");
+    assert_eq!(state_of(&db, blocked[2]).await, JobState::Available);
+}
+
 /// PostgreSQL only (SQLite's writers take the whole file's lock): an
 /// application's open transaction holding a `jobhost.enqueue` of a key
 /// holds that key's semaphore until it commits. Only that key's results

@@ -18,7 +18,7 @@
 //!
 //! | Function | Migration | Does |
 //! |---|---|---|
-//! | `notify_available` | 0001_queue | trigger: wakes idle hosts on insert |
+//! | `notify_available` | 0012_quiet_promotions (first 0001_queue) | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
 //! | `fetch` | 0007_uniqueness (first 0003) | leases available jobs (a pinned plan), with their `while_executing` claims |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
@@ -26,7 +26,7 @@
 //! | `promote_parked`, `release_slots` | 0004_concurrency | slots given back, blocked jobs promoted |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
-//! | `finish_runs` | 0004_concurrency | a batch of results, and the next fetch |
+//! | `finish_runs` | 0012_quiet_promotions (first 0004_concurrency) | a batch of results, and the next fetch; announces only promotions it did not lease |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
 //! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
