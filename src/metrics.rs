@@ -21,6 +21,12 @@ struct TypeLabels {
     job_type: String,
 }
 
+/// Labels of a fetch: whether it leased any job.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FetchLabels {
+    found: &'static str,
+}
+
 /// Labels of a run's end.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RunLabels {
@@ -42,6 +48,7 @@ struct Inner {
     run_seconds: Histograms,
     instantiate_seconds: Histograms,
     enqueued: Family<TypeLabels, Counter>,
+    fetches: Family<FetchLabels, Counter>,
     lease_renewals: Counter,
     leases_lost: Counter,
     leases_expired: Counter,
@@ -81,6 +88,12 @@ impl Default for Metrics {
         );
         let enqueued = Family::<TypeLabels, Counter>::default();
         registry.register("jobhost_enqueued", "Jobs this process enqueued through its HTTP API", enqueued.clone());
+        let fetches = Family::<FetchLabels, Counter>::default();
+        registry.register(
+            "jobhost_fetches",
+            "Fetches this host's fetch loop sent for free slots, by whether they leased any job (found=jobs) or none (found=none); jobs leased along with results are not counted",
+            fetches.clone(),
+        );
         let lease_renewals = Counter::default();
         registry.register("jobhost_lease_renewals", "Leases this host renewed", lease_renewals.clone());
         let leases_lost = Counter::default();
@@ -108,6 +121,7 @@ impl Default for Metrics {
                 run_seconds,
                 instantiate_seconds,
                 enqueued,
+                fetches,
                 lease_renewals,
                 leases_lost,
                 leases_expired,
@@ -137,6 +151,12 @@ impl Metrics {
     /// Counts jobs of a type this process enqueued.
     pub fn enqueued(&self, job: &str, count: u64) {
         self.inner.enqueued.get_or_create(&TypeLabels { job_type: job.to_string() }).inc_by(count);
+    }
+
+    /// Counts a fetch of the fetch loop, by whether it leased any job.
+    pub fn fetched(&self, jobs: usize) {
+        let found = if jobs > 0 { "jobs" } else { "none" };
+        self.inner.fetches.get_or_create(&FetchLabels { found }).inc();
     }
 
     /// Counts a heartbeat's renewals and the runs it found lost.

@@ -521,6 +521,56 @@ async fn serve_prints_its_address_and_stops_on_sigterm() {
     serving.stop().await;
 }
 
+/// A host handing one key's jobs along, one at a time, leases each next job
+/// with the write of its holder's result. Its fetch loop, idle meanwhile,
+/// must not fetch after each of them (it did: an empty fetch per job), nor
+/// be woken by each promotion (it was: another). With polling set aside
+/// (`--poll 1h`), only the startup and the enqueue's announcement send it
+/// fetching, whatever the machine's speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_host_handing_a_keys_jobs_along_does_not_fetch_for_each() {
+    const JOBS: usize = 40;
+    let _fleet = common::fleet::ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = common::fleet::components(&["serial"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"));
+    command
+        .args(["run", "--no-migrate", "--concurrency", "8", "--poll", "1h", "--http", "127.0.0.1:0", "--token", TOKEN])
+        .arg("--components")
+        .arg(components.path())
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "warn,jobhost::host=info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut host = common::fleet::Host::start(&mut command);
+    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
+    let server = client_for(address_in(&line, "address=")).await;
+    common::eventually(Duration::from_secs(60), || async {
+        server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
+    })
+    .await;
+    // The host listens once its first fetch came back empty: a job enqueued
+    // before then would wait for the poll.
+    let listening = "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND query LIKE '%LISTEN%jobhost_available%'";
+    common::eventually(Duration::from_secs(60), || async { db.scalar(listening).await > 0 }).await;
+    let jobs: Vec<EnqueueParams> =
+        (0..JOBS).map(|_| EnqueueParams::new("serial", json!({"key": "k", "ms": 0}))).collect();
+    db.store.job_enqueue(&jobs).await.unwrap();
+    let archived = "SELECT count(*) FROM jobhost.archive WHERE state = 'completed'";
+    common::eventually(Duration::from_secs(60), || async { db.scalar(archived).await == JOBS as i64 }).await;
+
+    let scrape = server.get("/metrics").await.body;
+    let fetches = samples(&scrape, "jobhost_fetches");
+    let empty = fetches.get(&("jobhost_fetches_total".to_string(), "found=\"none\"".to_string())).copied();
+    assert!(empty.unwrap_or(0.0) <= 3.0, "{empty:?} empty fetches for {JOBS} jobs handed along one key:\n{scrape}");
+    let found = fetches.get(&("jobhost_fetches_total".to_string(), "found=\"jobs\"".to_string())).copied();
+    assert_eq!(found, Some(1.0), "only the enqueue's announcement found a job; the rest were leased with results");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_host_serves_the_metrics_of_its_runs() {
     let _fleet = common::fleet::ONE_FLEET.lock().await;

@@ -292,7 +292,10 @@ impl Worker {
             let params = spec.params(slots.len() as i64);
             let sent_at = Instant::now();
             let jobs = match self.store.job_fetch(&params).await {
-                Ok(jobs) => jobs,
+                Ok(jobs) => {
+                    self.metrics.fetched(jobs.len());
+                    jobs
+                }
                 Err(error) => {
                     tracing::warn!(%error, "fetch failed; retrying");
                     Vec::new()
