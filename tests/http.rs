@@ -521,6 +521,24 @@ async fn serve_prints_its_address_and_stops_on_sigterm() {
     serving.stop().await;
 }
 
+/// Starts `command` (a `jobhost run`) serving the HTTP API on a free port,
+/// and waits until its job types are registered; returns the running host
+/// (stopped when dropped) and a client of its API.
+async fn serving_host(command: &mut std::process::Command) -> (common::fleet::Host, TestServer) {
+    command
+        .args(["--http", "127.0.0.1:0", "--token", TOKEN])
+        .env("RUST_LOG", "warn,jobhost::host=info")
+        .stderr(std::process::Stdio::piped());
+    let mut host = common::fleet::Host::start(command);
+    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
+    let server = client_for(address_in(&line, "address=")).await;
+    common::eventually(Duration::from_secs(60), || async {
+        server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
+    })
+    .await;
+    (host, server)
+}
+
 /// A host handing one key's jobs along, one at a time, leases each next job
 /// with the write of its holder's result. Its fetch loop, idle meanwhile,
 /// must not fetch after each of them (it did: an empty fetch per job), nor
@@ -536,22 +554,14 @@ async fn an_idle_host_handing_a_keys_jobs_along_does_not_fetch_for_each() {
     let cache = tempfile::tempdir().unwrap();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"));
     command
-        .args(["run", "--no-migrate", "--concurrency", "8", "--poll", "1h", "--http", "127.0.0.1:0", "--token", TOKEN])
+        .args(["run", "--no-migrate", "--concurrency", "8", "--poll", "1h"])
         .arg("--components")
         .arg(components.path())
         .arg("--cache-dir")
         .arg(cache.path())
         .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "warn,jobhost::host=info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    let mut host = common::fleet::Host::start(&mut command);
-    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
-    let server = client_for(address_in(&line, "address=")).await;
-    common::eventually(Duration::from_secs(60), || async {
-        server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
-    })
-    .await;
+        .stdout(std::process::Stdio::null());
+    let (_host, server) = serving_host(&mut command).await;
     // The host listens once its first fetch came back empty: a job enqueued
     // before then would wait for the poll.
     let listening = "SELECT count(*) FROM pg_stat_activity
@@ -578,17 +588,7 @@ async fn a_worker_host_serves_the_metrics_of_its_runs() {
     let components = common::fleet::components(&["hello"]);
     let cache = tempfile::tempdir().unwrap();
     let mut command = common::fleet::host_command(&db.url, components.path(), cache.path());
-    command
-        .args(["--http", "127.0.0.1:0", "--token", TOKEN])
-        .env("RUST_LOG", "warn,jobhost::host=info")
-        .stderr(std::process::Stdio::piped());
-    let mut host = common::fleet::Host::start(&mut command);
-    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
-    let server = client_for(address_in(&line, "address=")).await;
-    common::eventually(Duration::from_secs(60), || async {
-        server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
-    })
-    .await;
+    let (mut host, server) = serving_host(&mut command).await;
     let mut ids = Vec::new();
     for name in ["Ada", "Grace", "Edsger"] {
         let created = server.post("/api/jobs", json!({"job": "hello", "payload": {"name": name}})).await;
