@@ -114,10 +114,19 @@ pub fn leased_job(row: &sqlx::postgres::PgRow) -> Result<FetchedJob> {
 
 pub async fn promote_due(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<u64> {
     // The gate, for jobs that have waited out a delay or a backoff; see
-    // jobhost.promote_due in 0004_concurrency.sql.
-    let promoted: i32 =
-        sqlx::query_scalar("SELECT jobhost.promote_due(coalesce($1, now()), 5000)").bind(now).fetch_one(pool).await?;
-    Ok(promoted as u64)
+    // jobhost.promote_due in 0004_concurrency.sql. In a transaction of its
+    // own: a failed single statement is answered before the server lets go
+    // of its row locks, and the isolating sweep that follows a refusal
+    // (SKIP LOCKED, on another connection) would pass over the very rows it
+    // must sort out. A rollback is answered only once they are free.
+    let mut tx = pool.begin().await?;
+    let promoted = sqlx::query_scalar::<_, i32>("SELECT jobhost.promote_due(coalesce($1, now()), 5000)")
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await
+        .map(|promoted| promoted as u64)
+        .map_err(Into::into);
+    super::commit_or_roll_back(tx, promoted).await
 }
 
 /// Scheduled jobs due by `now`, the longest due first.
