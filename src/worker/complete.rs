@@ -127,6 +127,12 @@ pub(super) async fn complete_loop(
         // jobs it leased were never started here, so their leases expire.
         let failure = match tokio::time::timeout(writes.deadline, write).await {
             Ok(Ok((results, leased))) => {
+                tracing::debug!(
+                    results = results.len(),
+                    leased = leased.len(),
+                    write_us = sent_at.elapsed().as_micros() as u64,
+                    "results written"
+                );
                 failed_sends = 0;
                 health.succeeded();
                 let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
