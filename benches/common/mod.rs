@@ -23,19 +23,39 @@ pub async fn fresh_db() -> (Arc<PgStore>, String) {
     sqlx::query("CREATE DATABASE jobhost_bench").execute(&admin).await.unwrap();
     let url = format!("{}/jobhost_bench", server());
     let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-    store.schema_migrate().await.unwrap();
+    if !migrated_by_host_binary(&url) {
+        store.schema_migrate().await.unwrap();
+    }
     (store, url)
+}
+
+/// With `JOBHOST_BENCH_BIN`, that binary migrates the database (and this
+/// build does not), so a build compared against this one runs on its own
+/// schema: much of the queue is SQL functions the migrations define.
+fn migrated_by_host_binary(url: &str) -> bool {
+    if std::env::var_os("JOBHOST_BENCH_BIN").is_none() {
+        return false;
+    }
+    let status = Command::new(host_binary()).arg("migrate").env("DATABASE_URL", url).stdout(Stdio::null()).status();
+    assert!(status.expect("run jobhost migrate").success(), "jobhost migrate failed");
+    true
 }
 
 pub fn start_host(url: &str, components: &Path, cache: &Path) -> Child {
     start_host_with(url, components, cache, &[])
 }
 
+/// The `jobhost` binary the benchmarks run: this build's, or the one
+/// `JOBHOST_BENCH_BIN` names, to compare two builds with one benchmark.
+pub fn host_binary() -> String {
+    std::env::var("JOBHOST_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_jobhost").into())
+}
+
 /// A host at concurrency 10 with more flags of `jobhost run`, and those in
 /// `JOBHOST_BENCH_HOST_FLAGS` (space-separated), for comparing settings.
 pub fn start_host_with(url: &str, components: &Path, cache: &Path, flags: &[&str]) -> Child {
     let from_env = std::env::var("JOBHOST_BENCH_HOST_FLAGS").unwrap_or_default();
-    Command::new(env!("CARGO_BIN_EXE_jobhost"))
+    Command::new(host_binary())
         .args(["run", "--no-migrate", "--concurrency", "10"])
         .args(flags)
         .args(from_env.split_whitespace())
@@ -79,8 +99,11 @@ impl BenchDb {
         let dir = tempfile::tempdir_in(std::env::var("JOBHOST_BENCH_SQLITE_DIR").unwrap_or_else(|_| "target".into()))
             .unwrap();
         let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let migrated = migrated_by_host_binary(&url);
         let store = Arc::new(SqliteStore::open(&url, 8).await.unwrap());
-        store.schema_migrate().await.unwrap();
+        if !migrated {
+            store.schema_migrate().await.unwrap();
+        }
         BenchDb::Sqlite { store, url, _dir: dir }
     }
 
