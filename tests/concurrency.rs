@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use jobhost::store::{EnqueueParams, Error, FetchedJob, FinishOutcome, FinishResult, JobState};
 use jobhost::template::KeyTemplate;
-use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict};
+use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict, OnDuplicate, UniqueConfig, UniqueStrategy};
 use serde_json::json;
 
 use common::db::{Backend, TestDb, on_both_backends};
@@ -550,7 +550,115 @@ async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {
     );
 }
 
+/// A write that frees a key leases what it promotes only in fetch order:
+/// an available job ahead of the promoted one (a lower priority number)
+/// takes the writing host's budget first, one behind it waits. A promoted
+/// job leased by the write is an ordinary run: attempt counted, lease and
+/// slot held, finished once.
+async fn a_write_leases_its_promotions_in_fetch_order(db: TestDb) {
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    db.store.job_types_register(&[(job_config("plain"), "v1".to_string())]).await.unwrap();
+    let with_priority = |job: &str, key: Option<&str>, priority: i16| {
+        let mut params = EnqueueParams::new(job, key.map_or(json!({}), |key| json!({ "key": key })));
+        params.priority = Some(priority);
+        params
+    };
+    let both = |budget| fetch_params("h", &["lim", "plain"], budget);
+    db.store.job_enqueue(&[with_priority("lim", Some("k"), 5)]).await.unwrap();
+    let holder = fetch(&db, "lim", 1).await.remove(0);
+
+    // An available job of priority 0 comes first: the promoted job waits.
+    let ids =
+        db.store.job_enqueue(&[with_priority("lim", Some("k"), 5), with_priority("plain", None, 0)]).await.unwrap();
+    let (promoted, first) = (ids[0], ids[1]);
+    let (_, leased) = db.store.job_finish_and_fetch(vec![finish(&holder, completed())], &both(1)).await.unwrap();
+    assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [first], "the job ahead took the budget");
+    assert_eq!(state_of(&db, promoted).await, JobState::Available);
+    assert_eq!(holders(&db, "lim", "k").await, 1, "the promoted job holds the slot while it waits");
+    db.store.job_finish(vec![finish(&leased[0], completed())]).await.unwrap();
+
+    // Behind it, an available job of priority 9 waits for the promoted one.
+    let holder = fetch(&db, "lim", 1).await.remove(0);
+    assert_eq!(holder.id, promoted);
+    let ids =
+        db.store.job_enqueue(&[with_priority("lim", Some("k"), 5), with_priority("plain", None, 9)]).await.unwrap();
+    let (promoted, behind) = (ids[0], ids[1]);
+    let (_, leased) = db.store.job_finish_and_fetch(vec![finish(&holder, completed())], &both(1)).await.unwrap();
+    assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted], "the promoted job came first");
+    assert_eq!(leased[0].attempt, 1);
+    assert_eq!(leased[0].concurrency_key.as_deref(), Some("k"));
+    assert_eq!(state_of(&db, promoted).await, JobState::Running);
+    assert_eq!(state_of(&db, behind).await, JobState::Available);
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+
+    // A budget of two takes the next promotion and the job behind it.
+    let next = enqueue(&db, "lim", "k").await;
+    let (_, leased) = db.store.job_finish_and_fetch(vec![finish(&leased[0], completed())], &both(2)).await.unwrap();
+    let mut got = leased.iter().map(|j| j.id).collect::<Vec<_>>();
+    got.sort();
+    assert_eq!(got, [next.min(behind), next.max(behind)]);
+    db.store.job_finish(leased.iter().map(|j| finish(j, completed())).collect()).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 6);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "every slot given back once");
+}
+
+/// A promoted job with a `while_executing` uniqueness key, leased by the
+/// write that promoted it, runs with its claim bound to that run.
+async fn a_promotion_leased_by_its_write_takes_its_while_executing_claim(db: TestDb) {
+    let mut config = job_config("solo");
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{key}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{u}").unwrap(),
+        strategy: UniqueStrategy::WhileExecuting,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    let params = || EnqueueParams::new("solo", json!({"key": "k", "u": "x"}));
+    db.store.job_enqueue(&[params()]).await.unwrap();
+    let holder = fetch(&db, "solo", 1).await.remove(0);
+    let promoted = db.store.job_enqueue(&[params()]).await.unwrap()[0];
+    assert_eq!(state_of(&db, promoted).await, JobState::Blocked);
+
+    let (_, leased) = db
+        .store
+        .job_finish_and_fetch(vec![finish(&holder, completed())], &fetch_params("h", &["solo"], 1))
+        .await
+        .unwrap();
+    assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted]);
+    let claims = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
+    assert_eq!(claims, [(promoted, leased[0].lease_token)], "the run holds its while_executing claim");
+}
+
+/// A write leases no promotion of a paused queue: the promoted job waits,
+/// available and holding its slot, until the queue resumes.
+async fn a_write_leases_no_promotion_of_a_paused_queue(db: TestDb) {
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    enqueue(&db, "lim", "k").await;
+    let holder = fetch(&db, "lim", 1).await.remove(0);
+    let promoted = enqueue(&db, "lim", "k").await;
+    assert!(db.store.queue_pause("default").await.unwrap());
+    let (_, leased) = db
+        .store
+        .job_finish_and_fetch(vec![finish(&holder, completed())], &fetch_params("h", &["lim"], 1))
+        .await
+        .unwrap();
+    assert!(leased.is_empty(), "a paused queue's promotion was leased");
+    assert_eq!(state_of(&db, promoted).await, JobState::Available);
+    assert_eq!(holders(&db, "lim", "k").await, 1);
+    assert!(db.store.queue_resume("default").await.unwrap());
+    assert_eq!(fetch(&db, "lim", 1).await.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted]);
+}
+
 on_both_backends!(
+    a_write_leases_no_promotion_of_a_paused_queue,
+    a_write_leases_its_promotions_in_fetch_order,
+    a_promotion_leased_by_its_write_takes_its_while_executing_claim,
     a_handed_back_job_keeps_its_slot,
     a_blocked_job_is_promoted_however_long_it_waited,
     a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself,

@@ -23,10 +23,11 @@
 //! | `fetch` | 0007_uniqueness (first 0003) | leases available jobs (a pinned plan), with their `while_executing` claims |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
-//! | `promote_parked`, `release_slots` | 0004_concurrency | slots given back, blocked jobs promoted |
+//! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
+//! | `release_slots`, `release_slots_leasing` | 0013_promotions_leased (first 0004_concurrency) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
-//! | `finish_runs` | 0012_quiet_promotions (first 0004_concurrency) | a batch of results, and the next fetch; announces only promotions it did not lease |
+//! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
 //! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
