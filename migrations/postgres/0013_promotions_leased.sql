@@ -14,6 +14,22 @@
 -- job ahead of those. A promoted job with a while_executing unique key is
 -- left to the fetch, which takes its claim.
 
+-- The priorities of the first max_jobs available jobs a fetch of these
+-- queues and job types would read, locked by others or not (so a promotion
+-- placed after them errs toward the fetch). The plan is pinned as the
+-- fetch's is: an ordered read of jobs_fetch, never a sort of every
+-- available job.
+CREATE FUNCTION jobhost.fetch_ahead(queues text[], job_types text[], max_jobs bigint)
+RETURNS SETOF smallint
+LANGUAGE sql STABLE
+SET enable_sort = off
+AS $$
+    SELECT j.priority FROM jobhost.jobs j
+    WHERE j.state = 'available' AND j.queue = ANY(queues) AND j.job = ANY(job_types)
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT max_jobs
+$$;
+
 -- Slots given back (first in 0004_concurrency as release_slots, which now
 -- calls this). With max_jobs > 0, the promoted jobs the writing host's
 -- fetch would lease first go in running, leased to host for their type's
@@ -27,24 +43,11 @@ CREATE FUNCTION jobhost.release_slots_leasing(
 LANGUAGE plpgsql AS $$
 DECLARE
     orphan record;
-    ahead smallint[] := '{}';
 BEGIN
     PERFORM 1 FROM jobhost.semaphores s
     WHERE (s.job, s.key) IN (SELECT t.job, t.key FROM unnest(job_types, slot_keys) AS t(job, key))
     ORDER BY s.job, s.key
     FOR UPDATE;
-
-    -- The priorities of the first max_jobs available jobs this host's fetch
-    -- would read, locked by others or not (so this errs toward the fetch).
-    IF max_jobs > 0 THEN
-        SELECT coalesce(array_agg(a.priority), '{}') INTO ahead
-        FROM (
-            SELECT j.priority FROM jobhost.jobs j
-            WHERE j.state = 'available' AND j.queue = ANY(queues) AND j.job = ANY(fetch_types)
-            ORDER BY j.priority, j.run_at, j.id
-            LIMIT max_jobs
-        ) a;
-    END IF;
 
     WITH freed AS (
         SELECT t.job, t.key, count(*)::integer AS n
@@ -81,13 +84,17 @@ BEGIN
         FROM moved m
         LEFT JOIN unnest(fetch_types, fetch_leases) AS s(job, lease_secs) ON s.job = m.job
     ),
+    ahead AS MATERIALIZED (
+        -- Read only when there is a servable promotion to place.
+        SELECT a.priority FROM jobhost.fetch_ahead(queues, fetch_types, max_jobs) AS a(priority)
+    ),
     placed AS (
         -- A servable promotion's place in the fetch: the servable promotions
         -- before it, and the available jobs of its priority or before.
         SELECT v.*,
                v.servable AND max_jobs > 0
                AND (row_number() OVER (PARTITION BY v.servable ORDER BY v.priority, v.id) - 1)
-                   + (SELECT count(*) FROM unnest(ahead) AS a(priority) WHERE a.priority <= v.priority)
+                   + (SELECT count(*) FROM ahead a WHERE a.priority <= v.priority)
                    < max_jobs AS lease
         FROM servable v
     ),

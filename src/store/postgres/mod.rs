@@ -24,7 +24,7 @@
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
 //! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
-//! | `release_slots`, `release_slots_leasing` | 0013_promotions_leased (first 0004_concurrency) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
+//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
 //! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
