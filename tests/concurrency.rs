@@ -655,7 +655,67 @@ async fn a_write_leases_no_promotion_of_a_paused_queue(db: TestDb) {
     assert_eq!(fetch(&db, "lim", 1).await.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted]);
 }
 
+/// One write that frees many keys (a result write carries a result per key
+/// in the serial shape) gives each key exactly its freed slots, to its own
+/// blocked jobs in promotion order (priority, then arrival), counts every
+/// holder, and deletes the semaphore of a key left with none.
+async fn one_write_freeing_many_keys_fills_each_in_promotion_order(db: TestDb) {
+    limited_type(&db, "lim", 2, OnConflict::Block, "v1").await;
+    let with_priority = |key: &str, priority: i16| {
+        let mut params = keyed("lim", key);
+        params.priority = Some(priority);
+        params
+    };
+    let keys = ["a", "b", "c"];
+    for key in keys {
+        db.store.job_enqueue(&[keyed("lim", key), keyed("lim", key)]).await.unwrap();
+    }
+    enqueue(&db, "lim", "alone").await;
+    // Per key, blocked: one at priority 5, one at 1, another at 5, one at 0.
+    let mut blocked = Vec::new();
+    for key in keys {
+        let ids = db
+            .store
+            .job_enqueue(&[with_priority(key, 5), with_priority(key, 1), with_priority(key, 5), with_priority(key, 0)])
+            .await
+            .unwrap();
+        blocked.push(ids);
+    }
+    let holders_now = fetch(&db, "lim", 100).await;
+    assert_eq!(holders_now.len(), 7, "two holders per key and the lone one");
+
+    db.store.job_finish(holders_now.iter().map(|job| finish(job, completed())).collect()).await.unwrap();
+    for (key, ids) in keys.iter().zip(&blocked) {
+        let states = [
+            state_of(&db, ids[0]).await,
+            state_of(&db, ids[1]).await,
+            state_of(&db, ids[2]).await,
+            state_of(&db, ids[3]).await,
+        ];
+        use JobState::{Available, Blocked};
+        assert_eq!(states, [Blocked, Available, Blocked, Available], "key {key}: priorities 0 and 1 first");
+        assert_eq!(holders(&db, "lim", key).await, 2, "key {key}");
+    }
+    let lone = db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE key = 'alone'").await;
+    assert_eq!(lone, 0, "a key left with no holder keeps no semaphore");
+
+    // A slot freed in each key again: the older of the two at priority 5 goes first.
+    let running = fetch(&db, "lim", 100).await;
+    assert_eq!(running.len(), 6);
+    let firsts: Vec<i64> = blocked.iter().map(|ids| ids[3]).collect();
+    let ending: Vec<_> =
+        running.iter().filter(|job| firsts.contains(&job.id)).map(|job| finish(job, completed())).collect();
+    assert_eq!(ending.len(), 3);
+    db.store.job_finish(ending).await.unwrap();
+    for (key, ids) in keys.iter().zip(&blocked) {
+        assert_eq!(state_of(&db, ids[0]).await, JobState::Available, "key {key}: the older job at priority 5");
+        assert_eq!(state_of(&db, ids[2]).await, JobState::Blocked, "key {key}: the younger job at priority 5");
+        assert_eq!(holders(&db, "lim", key).await, 2, "key {key}");
+    }
+}
+
 on_both_backends!(
+    one_write_freeing_many_keys_fills_each_in_promotion_order,
     a_write_leases_no_promotion_of_a_paused_queue,
     a_write_leases_its_promotions_in_fetch_order,
     a_promotion_leased_by_its_write_takes_its_while_executing_claim,

@@ -161,56 +161,96 @@ async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i6
 
 /// Gives back one slot per entry of `slots` and hands the freed slots to
 /// blocked jobs, in the transaction that ended the holders' hold (guarantees
-/// 1, 4 and 7). Returns how many blocked jobs were promoted.
-pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<u64> {
+/// 1, 4 and 7). Returns the ids of the blocked jobs it promoted.
+pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<Vec<i64>> {
     let mut freed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slot in slots.iter() {
         *freed.entry(slot).or_default() += 1;
     }
-    let mut promoted = 0;
-    for ((job, key), n) in freed {
-        promoted += fill(conn, job, key, n, now).await?;
-    }
-    Ok(promoted)
+    let keys: Vec<(&str, &str, i64)> = freed.into_iter().map(|((job, key), n)| (job, key, n)).collect();
+    fill_keys(conn, &keys, now).await
 }
 
 /// Gives back `freed` slots of one key (zero for a sweep), then promotes
-/// blocked jobs, highest priority then oldest, into whatever slots are free,
-/// and records the holders. Returns how many jobs it promoted.
+/// blocked jobs into whatever slots are free. Returns how many it promoted.
 pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64, now: i64) -> Result<u64> {
-    let state = key_state(conn, job, key).await?;
-    let remaining = (state.holders - freed).max(0);
-    let free = (state.limit - remaining).max(0);
-    let mut moved: Vec<i64> = Vec::new();
-    if free > 0 {
-        moved = sqlx::query_scalar(
-            "INSERT INTO jobs (id, job, queue, priority, payload, state, attempt, max_attempts, run_at, enqueued_at,
-                               started_at, concurrency_key, batch_id, parent_id, errors, progress)
-             SELECT id, job, queue, priority, payload, 'available', attempt, max_attempts, $4, enqueued_at,
-                    started_at, concurrency_key, batch_id, parent_id, errors, progress
-             FROM blocked_jobs WHERE job = $1 AND concurrency_key = $2
-             ORDER BY priority, parked_at, id
-             LIMIT $3
-             RETURNING id",
-        )
-        .bind(job)
-        .bind(key)
-        .bind(free)
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await?;
+    Ok(fill_keys(conn, &[(job, key, freed)], now).await?.len() as u64)
+}
+
+/// Gives back slots of many keys at once (`(job, key, freed)`), promotes
+/// blocked jobs, highest priority then oldest, into whatever slots each key
+/// has free, and records the holders. Returns the ids it promoted. At most
+/// five statements however many keys a write frees: each statement is a hop
+/// to the connection's thread, and one result write can free a key per result.
+async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now: i64) -> Result<Vec<i64>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let states: Vec<(String, String, i64, i64, Option<i64>)> =
+        sqlx::query_as(include_str!("sql/release_states.sql")).bind(json_list(keys)).fetch_all(&mut *conn).await?;
+    // Per key: the holders recorded, those left once the freed slots are
+    // back, and the slots free for blocked jobs.
+    let mut left: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
+    let mut wanted: Vec<(&str, &str, i64)> = Vec::new();
+    for (job, key, freed, recorded, limit) in &states {
+        let remaining = (recorded - freed).max(0);
+        let free = (limit.unwrap_or(i64::from(i32::MAX)) - remaining).max(0);
+        if free > 0 {
+            wanted.push((job, key, free));
+        }
+        left.insert((job.clone(), key.clone()), (*recorded, remaining));
+    }
+    let mut promoted = Vec::new();
+    if !wanted.is_empty() {
+        let moved: Vec<(i64, String, String)> = sqlx::query_as(include_str!("sql/release_promote.sql"))
+            .bind(json_list(&wanted))
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await?;
         if !moved.is_empty() {
+            let ids: Vec<i64> = moved.iter().map(|(id, _, _)| *id).collect();
             sqlx::query("DELETE FROM blocked_jobs WHERE id IN (SELECT value FROM json_each($1))")
-                .bind(json_list(&moved))
+                .bind(json_list(&ids))
                 .execute(&mut *conn)
                 .await?;
         }
+        for (id, job, key) in moved {
+            promoted.push(id);
+            if let Some((_, holders)) = left.get_mut(&(job, key)) {
+                *holders += 1;
+            }
+        }
     }
-    let holders = remaining + moved.len() as i64;
-    if holders != state.holders || holders == 0 {
-        set_holders(conn, job, key, holders, now).await?;
+    let mut changed: Vec<(&str, &str, i64)> = Vec::new();
+    let mut emptied: Vec<(&str, &str)> = Vec::new();
+    for ((job, key), (recorded, holders)) in &left {
+        if *holders == 0 {
+            emptied.push((job, key));
+        } else if holders != recorded {
+            changed.push((job, key, *holders));
+        }
     }
-    Ok(moved.len() as u64)
+    if !changed.is_empty() {
+        sqlx::query(
+            "INSERT INTO semaphores (job, key, holders, updated_at)
+             SELECT value ->> 0, value ->> 1, value ->> 2, $2 FROM json_each($1) WHERE true
+             ON CONFLICT (job, key) DO UPDATE SET holders = excluded.holders, updated_at = excluded.updated_at",
+        )
+        .bind(json_list(&changed))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !emptied.is_empty() {
+        sqlx::query(
+            "DELETE FROM semaphores
+             WHERE (job, key) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+        )
+        .bind(json_list(&emptied))
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(promoted)
 }
 
 /// The next `max_keys` keys with blocked jobs after `after`, in (job, key)

@@ -68,6 +68,6 @@ pub async fn write(
         Some(next) => job::fetch(conn, next, now).await?,
         None => Vec::new(),
     };
-    let any_available = any_available || promoted > 0 || !enqueued.is_empty();
+    let any_available = any_available || !promoted.is_empty() || !enqueued.is_empty();
     Ok((Written { written, deferred: HashSet::new(), leased }, any_available))
 }

@@ -172,7 +172,6 @@ pub fn leased_job(row: &SqliteRow) -> Result<FetchedJob> {
     })
 }
 
-/// Scheduled jobs that have come due pass the gate. Returns (due, admitted).
 /// Passes due scheduled jobs through the gate: every due job, or only those
 /// of `only`. Returns (due, admitted).
 pub async fn promote_due(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>) -> Result<(u64, u64)> {
