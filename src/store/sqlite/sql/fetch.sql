@@ -4,6 +4,12 @@
 -- order (priority, then run time, then id). The caller holds the write
 -- lock, so no other fetch can pick the same rows; tokens are $4 + 1, $4 + 2, ...
 -- The caller then claims the keys of the while_executing jobs leased.
+--
+-- The limit is `+$3`, not `$3`: SQLite plans a statement whose LIMIT is a
+-- bare parameter with the value bound and plans it again whenever the value
+-- changes, and a host's budget changes from one fetch to the next. Not
+-- knowing the limit, the planner could scan every job for the final
+-- update; `jobs.id IN picked` keeps it to looking the picked rows up by id.
 WITH types AS (
     SELECT t.value ->> 0 AS job, t.value ->> 1 AS lease_secs FROM json_each($1) t
 ),
@@ -17,7 +23,7 @@ candidates AS MATERIALIZED (
       -- A while_executing job whose key a run holds is passed over, in place.
       AND NOT EXISTS (SELECT 1 FROM unique_claims c WHERE c.job = k.job AND c.unique_key = k.unique_key)
     ORDER BY j.priority, j.run_at, j.id
-    LIMIT $3
+    LIMIT +$3
 ),
 picked AS (
     SELECT c.id, c.lease_secs, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS n
@@ -37,6 +43,6 @@ SET state = 'running',
     host_id = $5,
     started_at = $6
 FROM picked p
-WHERE jobs.id = p.id
+WHERE jobs.id = p.id AND jobs.id IN (SELECT id FROM picked)
 RETURNING jobs.id, jobs.lease_token, jobs.job, jobs.queue, jobs.payload, jobs.attempt, jobs.max_attempts,
           jobs.enqueued_at, jobs.batch_id, jobs.concurrency_key, jobs.lease_secs
