@@ -161,8 +161,8 @@ async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i6
 
 /// Gives back one slot per entry of `slots` and hands the freed slots to
 /// blocked jobs, in the transaction that ended the holders' hold (guarantees
-/// 1, 4 and 7). Returns the ids of the blocked jobs it promoted.
-pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<Vec<i64>> {
+/// 1, 4 and 7). Returns how many blocked jobs it promoted.
+pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Result<u64> {
     let mut freed: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for slot in slots.iter() {
         *freed.entry(slot).or_default() += 1;
@@ -174,17 +174,17 @@ pub async fn release(conn: &mut SqliteConnection, slots: &Slots, now: i64) -> Re
 /// Gives back `freed` slots of one key (zero for a sweep), then promotes
 /// blocked jobs into whatever slots are free. Returns how many it promoted.
 pub async fn fill(conn: &mut SqliteConnection, job: &str, key: &str, freed: i64, now: i64) -> Result<u64> {
-    Ok(fill_keys(conn, &[(job, key, freed)], now).await?.len() as u64)
+    fill_keys(conn, &[(job, key, freed)], now).await
 }
 
 /// Gives back slots of many keys at once (`(job, key, freed)`), promotes
 /// blocked jobs, highest priority then oldest, into whatever slots each key
-/// has free, and records the holders. Returns the ids it promoted. At most
+/// has free, and records the holders. Returns how many it promoted. At most
 /// five statements however many keys a write frees: each statement is a hop
 /// to the connection's thread, and one result write can free a key per result.
-async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now: i64) -> Result<Vec<i64>> {
+async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now: i64) -> Result<u64> {
     if keys.is_empty() {
-        return Ok(Vec::new());
+        return Ok(0);
     }
     let states: Vec<(String, String, i64, i64, Option<i64>)> =
         sqlx::query_as(include_str!("sql/release_states.sql")).bind(json_list(keys)).fetch_all(&mut *conn).await?;
@@ -200,7 +200,7 @@ async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now:
         }
         left.insert((job.clone(), key.clone()), (*recorded, remaining));
     }
-    let mut promoted = Vec::new();
+    let mut promoted = 0;
     if !wanted.is_empty() {
         let moved: Vec<(i64, String, String)> = sqlx::query_as(include_str!("sql/release_promote.sql"))
             .bind(json_list(&wanted))
@@ -214,8 +214,8 @@ async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now:
                 .execute(&mut *conn)
                 .await?;
         }
-        for (id, job, key) in moved {
-            promoted.push(id);
+        promoted = moved.len() as u64;
+        for (_, job, key) in moved {
             if let Some((_, holders)) = left.get_mut(&(job, key)) {
                 *holders += 1;
             }

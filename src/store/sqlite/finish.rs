@@ -14,31 +14,38 @@ use super::{concurrency, iso, job, json_list};
 use crate::store::finish::{FinishPlan, Written};
 use crate::store::{FetchParams, Result, Slots};
 
-/// Writes `plan` at `now`; returns what was written and whether any job
-/// became available (requeued at once, promoted, or a child enqueued).
+/// What a result write did, for its commit and its announcement.
+pub struct Wrote {
+    pub written: Written,
+    /// A job became available: requeued at once, promoted, or a child enqueued.
+    pub any_available: bool,
+    /// A batch member may have ended (archived, or discarded by the gate
+    /// as a child or batch was enqueued), so the commit settles batches.
+    pub may_finish_batch: bool,
+}
+
+/// Writes `plan` at `now`.
 pub async fn write(
     conn: &mut SqliteConnection,
     plan: &FinishPlan,
     next: Option<&FetchParams>,
     now: i64,
-) -> Result<(Written, bool)> {
+) -> Result<Wrote> {
     let mut written = HashSet::new();
     let mut freed = Slots::default();
     let mut any_available = false;
+    let mut may_finish_batch = false;
     if !plan.endings.is_empty() {
-        let ended: Vec<(i64, String, Option<String>)> = sqlx::query_as(include_str!("sql/finish_archive.sql"))
-            .bind(json_list(&plan.endings))
-            .bind(now)
-            .bind(iso(now))
-            .fetch_all(&mut *conn)
-            .await?;
-        let ids: Vec<i64> = ended.iter().map(|(id, _, _)| *id).collect();
-        sqlx::query("DELETE FROM jobs WHERE id IN (SELECT value FROM json_each($1))")
-            .bind(json_list(&ids))
-            .execute(&mut *conn)
-            .await?;
-        for (id, job, key) in ended {
+        let ended: Vec<(i64, String, Option<String>, Option<i64>)> =
+            sqlx::query_as(include_str!("sql/finish_archive.sql"))
+                .bind(json_list(&plan.endings))
+                .bind(now)
+                .bind(iso(now))
+                .fetch_all(&mut *conn)
+                .await?;
+        for (id, job, key, batch_id) in ended {
             written.insert(id);
+            may_finish_batch |= batch_id.is_some();
             freed.push(&job, key.as_deref());
         }
     }
@@ -60,14 +67,20 @@ pub async fn write(
         }
     }
     let promoted = concurrency::release(conn, &freed, now).await?;
-    let mut enqueued = job::insert(conn, &plan.children_of(&written), now).await?;
-    for batch in plan.batches_of(&written) {
+    let children = plan.children_of(&written);
+    let batches = plan.batches_of(&written);
+    may_finish_batch |= !children.is_empty() || !batches.is_empty();
+    let mut enqueued = job::insert(conn, &children, now).await?;
+    for batch in batches {
         enqueued.extend(super::batch::write(conn, batch.clone(), now).await?.1);
     }
     let leased = match next {
         Some(next) => job::fetch(conn, next, now).await?,
         None => Vec::new(),
     };
-    let any_available = any_available || !promoted.is_empty() || !enqueued.is_empty();
-    Ok((Written { written, deferred: HashSet::new(), leased }, any_available))
+    Ok(Wrote {
+        written: Written { written, deferred: HashSet::new(), leased },
+        any_available: any_available || promoted > 0 || !enqueued.is_empty(),
+        may_finish_batch,
+    })
 }

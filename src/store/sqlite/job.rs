@@ -134,24 +134,24 @@ pub async fn fetch(conn: &mut SqliteConnection, params: &FetchParams, now: i64) 
     if params.limit <= 0 || params.job_types.is_empty() || params.queues.is_empty() {
         return Ok(Vec::new());
     }
-    // Reserves `limit` tokens; the ones no job takes are never used.
-    let base: i64 =
-        sqlx::query_scalar("UPDATE counters SET value = value + $1 WHERE name = 'lease_token' RETURNING value - $1")
-            .bind(params.limit)
-            .fetch_one(&mut *conn)
-            .await?;
     let rows = sqlx::query(include_str!("sql/fetch.sql"))
         .bind(json_list(&params.job_types))
         .bind(json_list(&params.queues))
         .bind(params.limit)
-        .bind(base)
         .bind(&params.host_id)
         .bind(now)
         .fetch_all(&mut *conn)
         .await?;
-    let mut jobs = rows.iter().map(leased_job).collect::<Result<Vec<_>>>()?;
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let job = leased_job(row)?;
+        if row.try_get::<bool, _>("while_executing")? {
+            runs.push((job.id, job.lease_token));
+        }
+        jobs.push(job);
+    }
     jobs.sort_by_key(|j| j.lease_token);
-    let runs: Vec<(i64, i64)> = jobs.iter().map(|j| (j.id, j.lease_token)).collect();
     unique::claim_runs(conn, &runs, now).await?;
     Ok(jobs)
 }

@@ -18,7 +18,9 @@
 //!   on a connection of its own.
 //! - **Deferred work at commit.** Where PostgreSQL decides a batch's end
 //!   in a deferred trigger, every write here settles finished batches (their
-//!   callbacks) just before it commits (`Write::commit`, `batch::settle`).
+//!   callbacks) just before it commits (`Write::commit`, `batch::settle`),
+//!   except a result write that archived no batch member and enqueued
+//!   nothing: it cannot have finished a batch.
 //!
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).
@@ -233,7 +235,7 @@ impl SqliteStore {
             }
         })
         .await?;
-        Ok(Write { tx, limits: self.limits, wake: self.wake.clone() })
+        Ok(Write { tx, limits: self.limits, wake: self.wake.clone(), settle: true })
     }
 
     /// Whether any connection (another process's, or this one's writer)
@@ -300,12 +302,22 @@ struct Write {
     tx: Transaction<'static, Sqlite>,
     limits: EnqueueLimits,
     wake: Arc<Notify>,
+    /// Whether the commit settles batches: true unless the write says it
+    /// ended no batch member.
+    settle: bool,
 }
 
 impl Write {
+    /// Says whether this write may have ended a batch member. A result
+    /// write that ended none skips the settle, a statement that would find
+    /// nothing to do.
+    fn settles_batches(&mut self, may_finish_batch: bool) {
+        self.settle = may_finish_batch;
+    }
+
     /// Settles finished batches, then commits.
     async fn commit(mut self) -> Result<()> {
-        let available = batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
+        let available = self.settle && batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
         self.tx.commit().await?;
         if available {
             self.wake.notify_one();
@@ -409,10 +421,11 @@ impl Backend for SqliteStore {
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
         let mut tx = self.write().await?;
-        let (written, any_available) = finish::write(&mut tx, plan, next, now_ms()).await?;
+        let wrote = finish::write(&mut tx, plan, next, now_ms()).await?;
+        tx.settles_batches(wrote.may_finish_batch);
         tx.commit().await?;
-        self.announce(any_available);
-        Ok(written)
+        self.announce(wrote.any_available);
+        Ok(wrote.written)
     }
 
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {

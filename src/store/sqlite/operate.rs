@@ -281,7 +281,7 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Op
     {
         slots.push(&job, key.as_deref());
     }
-    Ok(Some(concurrency::release(conn, &slots, now).await?.len() as u64))
+    Ok(Some(concurrency::release(conn, &slots, now).await?))
 }
 
 /// Explains why an operator action did not apply to a job.

@@ -1,15 +1,21 @@
 -- Leases up to $3 available jobs of the given queues ($2, a JSON array, less
 -- the paused ones) and
--- job types ($1, a JSON array of [name, lease_secs]) to host $5, in fetch
+-- job types ($1, a JSON array of [name, lease_secs]) to host $4, in fetch
 -- order (priority, then run time, then id). The caller holds the write
--- lock, so no other fetch can pick the same rows; tokens are $4 + 1, $4 + 2, ...
--- The caller then claims the keys of the while_executing jobs leased.
+-- lock, so no other fetch can pick the same rows.
+--
+-- Two statements, sent as one round trip to the connection's thread: the
+-- first reserves $3 lease tokens (those no job takes are never used), the
+-- second leases jobs with tokens base + 1, base + 2, ..., and says of each
+-- whether it has a while_executing key, whose claim the caller then takes.
 --
 -- The limit is `+$3`, not `$3`: SQLite plans a statement whose LIMIT is a
 -- bare parameter with the value bound and plans it again whenever the value
 -- changes, and a host's budget changes from one fetch to the next. Not
 -- knowing the limit, the planner could scan every job for the final
 -- update; `jobs.id IN picked` keeps it to looking the picked rows up by id.
+UPDATE counters SET value = value + $3 WHERE name = 'lease_token';
+
 WITH types AS (
     SELECT t.value ->> 0 AS job, t.value ->> 1 AS lease_secs FROM json_each($1) t
 ),
@@ -37,12 +43,13 @@ picked AS (
 UPDATE jobs
 SET state = 'running',
     attempt = jobs.attempt + 1,
-    lease_token = $4 + p.n,
+    lease_token = (SELECT value - $3 FROM counters WHERE name = 'lease_token') + p.n,
     lease_secs = p.lease_secs,
-    lease_expires_at = $6 + p.lease_secs * 1000,
-    host_id = $5,
-    started_at = $6
+    lease_expires_at = $5 + p.lease_secs * 1000,
+    host_id = $4,
+    started_at = $5
 FROM picked p
 WHERE jobs.id = p.id AND jobs.id IN (SELECT id FROM picked)
 RETURNING jobs.id, jobs.lease_token, jobs.job, jobs.queue, jobs.payload, jobs.attempt, jobs.max_attempts,
-          jobs.enqueued_at, jobs.batch_id, jobs.concurrency_key, jobs.lease_secs
+          jobs.enqueued_at, jobs.batch_id, jobs.concurrency_key, jobs.lease_secs,
+          EXISTS (SELECT 1 FROM unique_keys k WHERE k.job_id = jobs.id AND k.while_executing) AS while_executing
