@@ -235,7 +235,7 @@ impl SqliteStore {
             }
         })
         .await?;
-        Ok(Write { tx, limits: self.limits, wake: self.wake.clone(), settle: true })
+        Ok(Write { tx, limits: self.limits, wake: self.wake.clone() })
     }
 
     /// Whether any connection (another process's, or this one's writer)
@@ -302,22 +302,19 @@ struct Write {
     tx: Transaction<'static, Sqlite>,
     limits: EnqueueLimits,
     wake: Arc<Notify>,
-    /// Whether the commit settles batches: true unless the write says it
-    /// ended no batch member.
-    settle: bool,
 }
 
 impl Write {
-    /// Says whether this write may have ended a batch member. A result
-    /// write that ended none skips the settle, a statement that would find
-    /// nothing to do.
-    fn settles_batches(&mut self, may_finish_batch: bool) {
-        self.settle = may_finish_batch;
+    /// Settles finished batches, then commits.
+    async fn commit(self) -> Result<()> {
+        self.commit_settling(true).await
     }
 
-    /// Settles finished batches, then commits.
-    async fn commit(mut self) -> Result<()> {
-        let available = self.settle && batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
+    /// Commits, settling finished batches first only if `may_finish_batch`:
+    /// a write that ended no batch member skips a statement that would find
+    /// nothing to do.
+    async fn commit_settling(mut self, may_finish_batch: bool) -> Result<()> {
+        let available = may_finish_batch && batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
         self.tx.commit().await?;
         if available {
             self.wake.notify_one();
@@ -422,8 +419,7 @@ impl Backend for SqliteStore {
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
         let mut tx = self.write().await?;
         let wrote = finish::write(&mut tx, plan, next, now_ms()).await?;
-        tx.settles_batches(wrote.may_finish_batch);
-        tx.commit().await?;
+        tx.commit_settling(wrote.may_finish_batch).await?;
         self.announce(wrote.any_available);
         Ok(wrote.written)
     }
