@@ -107,6 +107,10 @@ pub struct PassReport {
     pub hosts_pruned: u64,
     /// Jobs maintenance could not process, failed with the reason.
     pub quarantined: u64,
+    /// Jobs left for the next pass because another transaction held what
+    /// they needed (an application's open transaction on their key) for
+    /// longer than a sweep waits.
+    pub busy: u64,
 }
 
 impl PassReport {
@@ -119,6 +123,7 @@ impl PassReport {
         self.pruned += other.pruned;
         self.hosts_pruned += other.hosts_pruned;
         self.quarantined += other.quarantined;
+        self.busy += other.busy;
     }
 }
 
@@ -277,14 +282,20 @@ impl Maintenance {
                 tracing::error!(%error, sweep = what, "the database refused a sweep; isolating the rows it cannot take");
                 self.isolated(what, ids.await?, step).await
             }
+            Err(error) if error.is_lock_timeout() => {
+                tracing::info!(%error, sweep = what, "another transaction holds rows a sweep needs; sweeping around them");
+                self.isolated(what, ids.await?, step).await
+            }
             done => done,
         }
     }
 
-    /// Runs `step` over `ids`, halving every part the database refuses until
-    /// each row it cannot process stands alone; that row is quarantined with
-    /// the reason and the rest are done (guarantee 13). k bad rows among n
-    /// cost about k·log2(n) statements, and only in the pass that finds them.
+    /// Runs `step` over `ids`, halving every part the database refuses (or
+    /// that waits too long for a lock) until each row it cannot process
+    /// stands alone; the rest are done (guarantee 13). A row the database
+    /// refuses is quarantined with the reason; a row another transaction
+    /// holds is busy, not bad, and is left for the next pass. k such rows
+    /// among n cost about k·log2(n) statements.
     async fn isolated<F, Fut>(&self, what: &str, ids: Vec<i64>, step: F) -> crate::store::Result<PassReport>
     where
         F: Fn(Vec<i64>) -> Fut,
@@ -295,10 +306,18 @@ impl Maintenance {
         while let Some(part) = parts.pop() {
             match step(part.clone()).await {
                 Ok(done) => report.add(done),
-                Err(error) if error.is_refusal() && part.len() > 1 => {
+                Err(error) if (error.is_refusal() || error.is_lock_timeout()) && part.len() > 1 => {
                     let (first, second) = part.split_at(part.len() / 2);
                     parts.push(second.to_vec());
                     parts.push(first.to_vec());
+                }
+                Err(error) if error.is_lock_timeout() => {
+                    tracing::info!(
+                        job_id = part[0],
+                        sweep = what,
+                        "another transaction holds this job's rows; next pass"
+                    );
+                    report.busy += 1;
                 }
                 Err(error) if error.is_refusal() => {
                     let id = part[0];

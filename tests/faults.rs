@@ -434,7 +434,8 @@ async fn a_result_whose_reply_is_lost_is_written_once() {
 }
 
 /// A result the database will not take, failing without a refusal (here a
-/// trigger cancels the statement, as a `statement_timeout` would), cannot
+/// trigger fails the statement as the server does a value too large for it
+/// to hold: "invalid memory alloc request size", an internal error), cannot
 /// hold back the host's other results: the batch is halved until that
 /// result stands alone, its job is failed with the reason, and every other
 /// job completes. Before, the same batch was sent every 200 ms for ever.
@@ -448,7 +449,7 @@ async fn a_result_the_database_will_not_take_fails_alone() {
         "CREATE FUNCTION jobhost.test_cancel_poison() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
-                 RAISE EXCEPTION 'canceling statement due to statement timeout' USING ERRCODE = '57014';
+                 RAISE EXCEPTION 'invalid memory alloc request size 1073741824' USING ERRCODE = 'XX000';
              END IF;
              RETURN NEW;
          END $$",
@@ -489,7 +490,7 @@ async fn a_result_the_database_will_not_take_fails_alone() {
     assert_eq!(failed.len(), 1, "only the result the database would not take failed: {failed:?}");
     assert!(
         failed[0].starts_with(&format!("{POISON}: the run's result could not be written"))
-            && failed[0].contains("statement timeout"),
+            && failed[0].contains("invalid memory alloc request size"),
         "it failed with the reason: {failed:?}"
     );
     let log = complete_lines(&log);

@@ -227,3 +227,190 @@ async fn the_sql_enqueue_refuses_payloads_past_the_databases_setting() {
     sqlx::query(enqueue).execute(&mut *conn).await.expect("accepted under a larger setting");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 1);
 }
+
+/// A job type `lim1` limited to one at a time per `{key}`, with one attempt:
+/// the expiry of its lease ends the job, giving back its slot.
+async fn register_single_attempt(db: &TestDb) {
+    let mut limited = job_config("lim1");
+    limited.max_attempts = 1;
+    limited.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{key}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    db.store.job_types_register(&[(limited, "d-lim1".into())]).await.unwrap();
+}
+
+/// Sets a database-wide `lock_timeout` (as an operator might) and opens a
+/// store after it, whose sessions would take it up unless they override it.
+async fn store_under_database_lock_timeout(db: &TestDb, timeout: &str) -> std::sync::Arc<dyn jobhost::store::Store> {
+    let name = db.texts("SELECT current_database()::text").await.remove(0);
+    db.execute(format!("ALTER DATABASE {name} SET lock_timeout = '{timeout}'")).await;
+    jobhost::store::open(&db.url, 4).await.unwrap()
+}
+
+/// An application's open transaction enqueues to key `key` through SQL,
+/// holding the key's semaphore row until it commits.
+async fn application_holding_key(db: &TestDb, job: &str, key: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut application = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.enqueue($1, jsonb_build_object('key', $2::text))")
+        .bind(job)
+        .bind(key)
+        .execute(&mut *application)
+        .await
+        .unwrap();
+    application
+}
+
+/// Issue 32, item 1, as reproduced: with a database-wide `lock_timeout`, a
+/// delayed limited job came due while an application's transaction held its
+/// key, and maintenance archived it as failed ("could not process this
+/// job") on attempt 0. A lock wait says nothing about the row: the due job
+/// is left for the next pass, the other due jobs pass the gate meanwhile,
+/// and once the application commits it is admitted (here blocked behind
+/// the application's job, which took the key's one slot).
+#[tokio::test]
+async fn a_due_job_whose_key_is_locked_waits_and_is_never_failed() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    let store = store_under_database_lock_timeout(&db, "100ms").await;
+    let locked = enqueue(&db, delayed("lim", json!({"key": "q"}))).await;
+    let free = enqueue(&db, delayed("lim", json!({"key": "r"}))).await;
+    let plain = enqueue(&db, delayed("mail", json!({"n": 1}))).await;
+    let application = application_holding_key(&db, "lim", "q").await;
+
+    let later = Utc::now() + chrono::Duration::hours(2);
+    let maintenance = jobhost::maintenance::Maintenance::new(store, Default::default()).unwrap();
+    let report = maintenance.run_once(Some(later)).await.expect("a lock wait is not a failed sweep");
+    assert_eq!((report.quarantined, report.busy, report.promoted), (0, 1, 2), "{report:?}");
+    assert_eq!(state_of(&db, locked).await, JobState::Scheduled, "left due for the next pass");
+    assert_eq!((state_of(&db, free).await, state_of(&db, plain).await), (JobState::Available, JobState::Available));
+
+    application.commit().await.unwrap();
+    let report = maintenance.run_once(Some(later)).await.unwrap();
+    assert_eq!((report.quarantined, report.busy), (0, 0), "{report:?}");
+    assert_eq!(state_of(&db, locked).await, JobState::Blocked, "admitted through the gate once the lock went");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 0, "nothing was failed");
+}
+
+/// An expired lease whose job has spent its attempts gives its slot back;
+/// while an application holds that key, the expiry waits for the next pass
+/// instead of failing the job as a row it cannot process. It then ends the
+/// job as any expiry does, with the lease's own reason.
+#[tokio::test]
+async fn an_expiry_that_waits_for_a_lock_fails_nothing_early() {
+    let db = TestDb::postgres().await;
+    register_single_attempt(&db).await;
+    let store = store_under_database_lock_timeout(&db, "100ms").await;
+    let id = enqueue(&db, EnqueueParams::new("lim1", json!({"key": "q"}))).await;
+    let run = db.store.job_fetch(&fetch_params("h", &["lim1"], 1)).await.unwrap().remove(0);
+    let started = jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token };
+    common::confirm_started(&db, &[started]).await;
+    let application = application_holding_key(&db, "lim1", "q").await;
+
+    let later = Utc::now() + chrono::Duration::hours(2);
+    let maintenance = jobhost::maintenance::Maintenance::new(store, Default::default()).unwrap();
+    let report = maintenance.run_once(Some(later)).await.unwrap();
+    assert_eq!((report.quarantined, report.failed, report.busy), (0, 0, 1), "{report:?}");
+    assert_eq!(state_of(&db, id).await, JobState::Running, "still its host's until the expiry can end it");
+
+    application.commit().await.unwrap();
+    let report = maintenance.run_once(Some(later)).await.unwrap();
+    assert_eq!((report.quarantined, report.failed), (0, 1), "{report:?}");
+    let ended = db.store.job_get(id).await.unwrap().unwrap().row;
+    assert_eq!(ended.state, JobState::Failed);
+    assert!(ended.error.unwrap_or_default().starts_with("lease expired"), "ended by its lease, not by maintenance");
+    assert_eq!(state_of(&db, id + 1).await, JobState::Available, "the application's job took the freed slot");
+}
+
+/// A completion whose child must wait for its key (an application's open
+/// transaction enqueuing to it) waits, under a database-wide
+/// `lock_timeout` too; before, the timeout made the write fail as a result
+/// the database refused, and the host recorded the completed run as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    let store = store_under_database_lock_timeout(&db, "100ms").await;
+    let parent = enqueue(&db, EnqueueParams::new("mail", json!({}))).await;
+    let run = store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+    let application = application_holding_key(&db, "lim", "q").await;
+    let child = jobhost::types::ChildJob {
+        job: "lim".into(),
+        payload: json!({"key": "q"}),
+        queue: None,
+        priority: None,
+        delay_ms: None,
+        batch: None,
+    };
+    let outcome = jobhost::store::FinishOutcome::Completed {
+        output: None,
+        children: vec![child].into(),
+        batches: Default::default(),
+    };
+    let finishing = tokio::spawn({
+        let store = store.clone();
+        let finish = common::finish(&run, outcome);
+        async move { store.job_finish(vec![finish]).await }
+    });
+    // The write is waiting for the application's lock: let it wait longer
+    // than the database-wide timeout before the application commits.
+    common::eventually(std::time::Duration::from_secs(30), || async {
+        db.scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'jobhost' AND wait_event_type = 'Lock'
+               AND clock_timestamp() - query_start > interval '300 milliseconds'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    application.commit().await.unwrap();
+    let written = finishing.await.unwrap().expect("the write waited for the lock instead of failing");
+    assert_eq!(written, vec![jobhost::store::FinishResult::Done]);
+    assert_eq!(state_of(&db, parent).await, JobState::Completed);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE job = 'lim'").await, 1, "its child");
+}
+
+/// What the database says when a statement waited too long or was
+/// cancelled is neither a refusal (a bad row, to be failed) nor final: the
+/// same statement may pass later. Each error here is the server's own.
+#[tokio::test]
+async fn waits_and_cancels_are_transient_not_refusals() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    enqueue(&db, EnqueueParams::new("mail", json!({}))).await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let mut error_of = async |setting: &str, statement: &str| {
+        sqlx::query(sqlx::AssertSqlSafe(setting.to_string())).execute(&mut *conn).await.unwrap();
+        let error = jobhost::store::Error::from(
+            sqlx::query(sqlx::AssertSqlSafe(statement.to_string())).execute(&mut *conn).await.unwrap_err(),
+        );
+        sqlx::query("RESET ALL").execute(&mut *conn).await.unwrap();
+        error
+    };
+    let lock_timeout = error_of("SET lock_timeout = '50ms'", "SELECT 1 FROM jobhost.jobs FOR UPDATE").await;
+    let nowait = error_of("SET lock_timeout = 0", "SELECT 1 FROM jobhost.jobs FOR UPDATE NOWAIT").await;
+    let statement_timeout = error_of("SET statement_timeout = '50ms'", "SELECT pg_sleep(5)").await;
+    for (what, error) in
+        [("lock timeout", &lock_timeout), ("nowait", &nowait), ("statement timeout", &statement_timeout)]
+    {
+        assert!(!error.is_refusal() && error.is_transient(), "{what}: {error}");
+    }
+    assert!(lock_timeout.is_lock_timeout() && nowait.is_lock_timeout() && !statement_timeout.is_lock_timeout());
+    holder.rollback().await.unwrap();
+
+    // The server ends a session idle in a transaction past its timeout.
+    let mut idle = db.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '50ms'").execute(&mut *idle).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *idle).await.unwrap();
+    common::eventually(std::time::Duration::from_secs(30), || async {
+        db.scalar(format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}")).await == 0
+    })
+    .await;
+    let error = jobhost::store::Error::from(sqlx::query("SELECT 1").execute(&mut *idle).await.unwrap_err());
+    assert!(!error.is_refusal(), "an idle-in-transaction timeout: {error}");
+}

@@ -153,14 +153,25 @@ pub enum Error {
 
 impl Error {
     /// True for a transaction rolled back for a deadlock or serialization
-    /// failure (PostgreSQL SQLSTATE class 40), and for a write that found the
-    /// SQLite file busy or locked: the same statement may pass later.
+    /// failure (PostgreSQL SQLSTATE class 40), for a statement that waited
+    /// too long or was cancelled (a lock timeout, a statement timeout, an
+    /// idle-in-transaction timeout, an operator's cancel), and for a write
+    /// that found the SQLite file busy or locked: the same statement may
+    /// pass later, and nothing is wrong with its rows.
     pub fn is_transient(&self) -> bool {
         match self.database_code() {
             Some(DatabaseCode::Sqlite(code)) => matches!(code, SQLITE_BUSY | SQLITE_LOCKED),
-            Some(DatabaseCode::Sqlstate(code)) => code.starts_with("40"),
+            Some(DatabaseCode::Sqlstate(code)) => code.starts_with("40") || SQLSTATE_WAITS.contains(&code.as_str()),
             None => false,
         }
+    }
+
+    /// True when a PostgreSQL statement gave up waiting for a lock another
+    /// transaction holds (SQLSTATE 55P03, from a `lock_timeout`): the rows
+    /// it wanted are busy, not bad. Maintenance, whose sessions wait only
+    /// briefly, leaves such rows for its next pass.
+    pub fn is_lock_timeout(&self) -> bool {
+        matches!(self.database_code(), Some(DatabaseCode::Sqlstate(code)) if code == LOCK_NOT_AVAILABLE)
     }
 
     /// True when the database answered and refused the statement (bad data,
@@ -175,6 +186,7 @@ impl Error {
                 Some(DatabaseCode::Sqlite(code)) => !SQLITE_NOT_REFUSALS.contains(&code),
                 Some(DatabaseCode::Sqlstate(code)) => {
                     !SQLSTATE_CLASSES_NOT_REFUSALS.iter().any(|class| code.starts_with(class))
+                        && !SQLSTATE_WAITS.contains(&code.as_str())
                 }
                 None => true,
             },
@@ -266,6 +278,18 @@ const SQLITE_NOT_REFUSALS: [i32; 12] = [SQLITE_BUSY, SQLITE_LOCKED, 7, 8, 9, 10,
 /// insufficient resources (disk full, out of memory), operator intervention
 /// (shutdown), system error (I/O), internal error.
 const SQLSTATE_CLASSES_NOT_REFUSALS: [&str; 6] = ["08", "40", "53", "57", "58", "XX"];
+
+/// SQLSTATEs of a statement that waited too long or was cancelled, which
+/// say nothing about its rows: a lock timeout or a `NOWAIT` that found a row
+/// locked (55P03, `lock_not_available`), an idle-in-transaction timeout
+/// (25P03) and a statement timeout or cancel (57014, `query_canceled`).
+/// jobhost's own sessions turn the first and the last off where waiting is
+/// right (see `postgres::PgStore::connect`), but an operator's or a
+/// database's setting may still reach them.
+const SQLSTATE_WAITS: [&str; 3] = [LOCK_NOT_AVAILABLE, "25P03", "57014"];
+
+/// SQLSTATE `lock_not_available`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The reason of an [`Error::JobState`] for a job id that is nowhere.
 pub const NO_SUCH_JOB: &str = "does not exist";

@@ -169,8 +169,8 @@ pub(super) async fn complete_loop(
                 pending = writer.write_one_by_one(pending).await;
                 continue;
             }
-            Ok(Err(error)) => error.to_string(),
-            Err(_) => format!("no answer within {:?}", writes.deadline),
+            Ok(Err(error)) => SendFailure::of(&error),
+            Err(_) => SendFailure::unanswered(writes.deadline),
         };
         if give_up.is_cancelled() {
             tracing::error!(%failure, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
@@ -210,7 +210,7 @@ async fn write_waiting_on_keys(writer: Writer, mut pending: Vec<Done>, give_up: 
                 pending = writer.write_one_by_one(pending).await;
                 continue;
             }
-            Ok(Err(error)) => error.to_string(),
+            Ok(Err(error)) => SendFailure::of(&error),
             Err(_) => {
                 tracing::warn!(deadline = ?writes.deadline, jobs = pending.len(), "results still wait for their keys; retrying");
                 continue;
@@ -229,9 +229,35 @@ async fn write_waiting_on_keys(writer: Writer, mut pending: Vec<Done>, give_up: 
 
 /// Sends of one batch that fail, without the database refusing it, before
 /// the batch is split: a failure that repeats while the database answers
-/// is likely the batch's own (a statement timeout, a result too large to
-/// send), not the connection's.
+/// is likely the batch's own (a result too large to send, a statement that
+/// never finishes), not the connection's. A transient failure (a deadlock,
+/// a lock or statement timeout, a cancel) never counts: it says nothing
+/// about the batch (guarantee 13).
 const SENDS_BEFORE_SPLITTING: u32 = 3;
+
+/// Why a send of results failed.
+struct SendFailure {
+    reason: String,
+    /// The database said the statement may pass later and nothing is wrong
+    /// with its rows: the batch is sent again, never split.
+    transient: bool,
+}
+
+impl SendFailure {
+    fn of(error: &crate::store::Error) -> Self {
+        SendFailure { reason: error.to_string(), transient: error.is_transient() }
+    }
+
+    fn unanswered(deadline: Duration) -> Self {
+        SendFailure { reason: format!("no answer within {deadline:?}"), transient: false }
+    }
+}
+
+impl std::fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
 
 /// The wait before sending a failed batch again: doubling from 200 ms to 5 s.
 fn retry_delay(failed_sends: u32) -> Duration {
@@ -242,8 +268,8 @@ impl Writer {
     /// After a failed send: logs it, and once the same batch has failed
     /// [`SENDS_BEFORE_SPLITTING`] times while the database answers, splits
     /// it (see [`Writer::write_splitting`]). Returns what is still to be sent.
-    async fn retry_or_split(&self, pending: Vec<Done>, failure: &str, failed_sends: u32) -> Vec<Done> {
-        if failed_sends < SENDS_BEFORE_SPLITTING || !self.answers().await {
+    async fn retry_or_split(&self, pending: Vec<Done>, failure: &SendFailure, failed_sends: u32) -> Vec<Done> {
+        if failure.transient || failed_sends < SENDS_BEFORE_SPLITTING || !self.answers().await {
             tracing::warn!(%failure, jobs = pending.len(), failed_sends, "cannot write results; retrying");
             return pending;
         }
@@ -263,8 +289,9 @@ impl Writer {
 
     /// Halves a batch that keeps failing until each failing part is a single
     /// result, and fails that result's job with the reason, so one result the
-    /// database will not take (a statement that times out, children too large
-    /// to send) cannot hold back the host's other results. Stops at the first
+    /// database will not take (one too large for the server to hold, one
+    /// whose statement never finishes) cannot hold back the host's other
+    /// results. Stops at the first
     /// sign that the database itself is down and returns what it did not write.
     async fn write_splitting(&self, batch: Vec<Done>) -> Vec<Done> {
         let deadline = self.writes.deadline;
@@ -281,9 +308,10 @@ impl Writer {
                     unwritten.extend(self.write_one_by_one(part).await);
                     continue;
                 }
-                // A full disk answers pings too; what failed is the
-                // database, not these results: they wait, whole.
-                Ok(Err(error)) if error.is_out_of_resources() => {
+                // A full disk answers pings too, and a lock or a deadlock
+                // is another transaction's doing; what failed is not these
+                // results: they wait, whole.
+                Ok(Err(error)) if error.is_out_of_resources() || error.is_transient() => {
                     unwritten.extend(part);
                     unwritten.extend(parts.into_iter().flatten());
                     break;

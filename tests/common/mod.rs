@@ -191,6 +191,12 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
     }
 }
 
+/// Tells the store that the guests of `runs` started, as a host does for
+/// each run it starts: an attempt is spent only by a run that started.
+pub async fn confirm_started(db: &db::TestDb, runs: &[jobhost::store::RunId]) {
+    db.store.lease_started(runs).await.expect("record the runs' start");
+}
+
 /// A successful run with no children.
 pub fn completed() -> jobhost::store::FinishOutcome {
     let output = jobhost::types::JsonText::from(&serde_json::json!({"ok": true}));

@@ -66,6 +66,11 @@ pub async fn promote_blocked(pool: &PgPool, after: Option<&KeyCursor>, max_keys:
             Err(error) if error.is_refusal() => {
                 tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
             }
+            // Another transaction holds the key's semaphore (an application
+            // enqueuing to it): its blocked jobs wait for the next pass.
+            Err(error) if error.is_lock_timeout() => {
+                tracing::info!(job, key, "a key's semaphore is held by another transaction; promoting it next pass");
+            }
             Err(error) => return Err(error),
         }
     }

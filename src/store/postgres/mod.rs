@@ -76,6 +76,13 @@ use crate::types::JobConfig;
 /// How long the server lets a session sit idle inside a transaction.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
 
+/// How long a maintenance sweep waits for a row another transaction holds
+/// (an application's open transaction on a key, an operator's statement)
+/// before it leaves that row for its next pass: a sweep never stalls behind
+/// one lock, and the rows it could not lock are busy, not bad (guarantee 13).
+/// jobhost's own transactions hold a row for milliseconds.
+const SWEEP_LOCK_TIMEOUT: &str = "250ms";
+
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
 
@@ -83,6 +90,9 @@ const CHANNEL: &str = "jobhost_available";
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The maintenance sweeps' connections, whose lock waits are bounded
+    /// ([`SWEEP_LOCK_TIMEOUT`]), apart from `pool`, whose sessions wait.
+    sweeps: PgPool,
     /// The LISTEN connections (new jobs; waited-for jobs' ends), apart from
     /// `pool`, so listening never takes a connection the work needs.
     listeners: PgPool,
@@ -110,18 +120,35 @@ impl PgStore {
         // sweep would pass over those rows for as long as it stays frozen;
         // the server aborts such a transaction instead. jobhost's own
         // transactions last milliseconds.
+        //
+        // A `lock_timeout` or `statement_timeout` set for the whole database
+        // or role would make a result write that waits for an application's
+        // lock fail as if its result were bad: jobhost's sessions wait
+        // instead, bounding their waits themselves (deadlines, fences,
+        // SKIP LOCKED), and its sweeps wait briefly (SWEEP_LOCK_TIMEOUT).
+        // A session's startup options take precedence over database and role
+        // settings.
         let options = options
             .application_name("jobhost")
-            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT)])
+            .options([
+                ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT),
+                ("statement_timeout", "0"),
+                ("lock_timeout", "0"),
+            ])
             .log_statements(tracing::log::LevelFilter::Trace);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.clone())
             .await?;
+        let sweeps = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options.clone().options([("lock_timeout", SWEEP_LOCK_TIMEOUT)]));
         let listeners = PgPoolOptions::new().max_connections(2).connect_lazy_with(options.clone());
         Ok(PgStore {
             pool,
+            sweeps,
             listeners,
             announcements: wait::Announcements::default(),
             options,
@@ -278,7 +305,7 @@ impl Store for PgStore {
     }
 
     async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
-        host::host_prune(&self.pool, silent_secs).await
+        host::host_prune(&self.sweeps, silent_secs).await
     }
 
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
@@ -294,7 +321,7 @@ impl Store for PgStore {
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        lease::expire(&self.pool, now, None).await
+        lease::expire(&self.sweeps, now, None).await
     }
 
     async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
@@ -302,7 +329,7 @@ impl Store for PgStore {
     }
 
     async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
-        job::promote_due_ids(&self.pool, now, ids).await
+        job::promote_due_ids(&self.sweeps, now, ids).await
     }
 
     async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
@@ -310,19 +337,19 @@ impl Store for PgStore {
     }
 
     async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
-        lease::expire(&self.pool, now, Some(ids)).await
+        lease::expire(&self.sweeps, now, Some(ids)).await
     }
 
     async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
-        job::quarantine(&self.pool, id, reason).await
+        job::quarantine(&self.sweeps, id, reason).await
     }
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
-        job::promote_due(&self.pool, now).await
+        job::promote_due(&self.sweeps, now).await
     }
 
     async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-        concurrency::promote_blocked(&self.pool, after, max_keys).await
+        concurrency::promote_blocked(&self.sweeps, after, max_keys).await
     }
 
     async fn semaphore_repair_page(
@@ -330,7 +357,7 @@ impl Store for PgStore {
         after: Option<&KeyCursor>,
         max_keys: i64,
     ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-        concurrency::repair(&self.pool, after, max_keys).await
+        concurrency::repair(&self.sweeps, after, max_keys).await
     }
 
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
@@ -342,7 +369,7 @@ impl Store for PgStore {
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        job::archive_prune(&self.pool, now, retention_secs, limit).await
+        job::archive_prune(&self.sweeps, now, retention_secs, limit).await
     }
 
     async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
