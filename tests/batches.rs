@@ -249,6 +249,49 @@ async fn members_discarded_by_the_gate_are_counted_even_in_the_creating_transact
     assert_eq!(jobs_of(&db, "on_bad").await, 2);
 }
 
+/// A failed member of a finished batch, retried while another job holds
+/// its key's only slot: the gate blocks it (or discards it) after it has
+/// left the batch, so the finished batch's record stays as it was, however
+/// the retried job ends. Before, PostgreSQL ran the gate first and the
+/// blocked job kept its batch, whose counts then read more endings than
+/// members. One rule on both backends.
+async fn a_retried_member_of_a_finished_batch_leaves_it_whatever_the_gate_does(db: TestDb) {
+    for on_conflict in [OnConflict::Block, OnConflict::Discard] {
+        let db = if on_conflict == OnConflict::Block { &db } else { &TestDb::new(db.backend).await };
+        register(db).await;
+        limited(db, on_conflict).await;
+        let (id, _) =
+            db.store.batch_create(&all_callbacks(), &[EnqueueParams::new("lim", json!({"k": "one"}))]).await.unwrap();
+        let run = fetch(db, "lim", 1).await.remove(0);
+        db.store.job_finish(vec![finish(&run, FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
+        let finished = batch(db, id).await;
+        assert_eq!(
+            (finished.state, counts_of(&finished)),
+            (BatchState::Failed, BTreeMap::from([("failed".into(), 1)]))
+        );
+        // Another job takes the key's only slot; the failed member is retried.
+        let holder = db.store.job_enqueue(&[EnqueueParams::new("lim", json!({"k": "one"}))]).await.unwrap()[0];
+        db.store.job_retry(run.id).await.unwrap();
+        let retried = db.store.job_get(run.id).await.unwrap().unwrap();
+        let expected = if on_conflict == OnConflict::Block { JobState::Blocked } else { JobState::Discarded };
+        assert_eq!((retried.row.state, retried.batch_id), (expected, None), "{on_conflict:?}: it left the batch");
+        assert_eq!(counts_of(&batch(db, id).await), counts_of(&finished), "{on_conflict:?}: the record is unchanged");
+        // The holder ends; a blocked retry is promoted and runs to completion.
+        let held = fetch(db, "lim", 1).await.remove(0);
+        assert_eq!(held.id, holder);
+        db.store.job_finish(vec![finish(&held, completed())]).await.unwrap();
+        if on_conflict == OnConflict::Block {
+            let rerun = fetch(db, "lim", 1).await.remove(0);
+            assert_eq!((rerun.id, rerun.batch_id), (run.id, None));
+            db.store.job_finish(vec![finish(&rerun, completed())]).await.unwrap();
+        }
+        let after = batch(db, id).await;
+        assert_eq!((after.state, counts_of(&after)), (finished.state, counts_of(&finished)), "{on_conflict:?}");
+        assert_eq!(after.counts.total, 1);
+        assert_eq!(jobs_of(db, "on_bad").await, 1, "{on_conflict:?}: its callbacks fired once");
+    }
+}
+
 async fn a_duplicate_of_a_unique_job_is_not_a_member(db: TestDb) {
     register(&db).await;
     let mut config = job_config("once");
@@ -390,6 +433,7 @@ on_both_backends!(
     an_open_batch_fires_only_once_closed,
     blocked_members_count_as_pending_and_are_never_lost,
     members_discarded_by_the_gate_are_counted_even_in_the_creating_transaction,
+    a_retried_member_of_a_finished_batch_leaves_it_whatever_the_gate_does,
     a_duplicate_of_a_unique_job_is_not_a_member,
     a_callback_that_cannot_be_enqueued_is_recorded_and_the_last_member_still_ends,
     a_new_batch_refuses_what_could_never_be_enqueued,

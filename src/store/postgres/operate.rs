@@ -162,9 +162,9 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     if revived > 0 {
         sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
     }
-    super::concurrency::admit(&mut tx, &[id]).await?;
-    // After the gate, as an enqueue: its batch counts it pending again, or
-    // it leaves a batch that has finished.
+    // Before the gate, which may block or discard the job: its batch counts
+    // it pending again, or it leaves a batch that has finished, so whatever
+    // the gate does with it is counted (or not) by the batch it now has.
     if let Some((Some(batch), state)) = &ended {
         sqlx::query("SELECT jobhost.batch_retry_member($1, $2, $3)")
             .bind(id)
@@ -173,6 +173,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
             .execute(&mut *tx)
             .await?;
     }
+    super::concurrency::admit(&mut tx, &[id]).await?;
     super::notify_available(&mut tx).await?;
     tx.commit().await?;
     Ok(())
