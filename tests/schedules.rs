@@ -115,6 +115,53 @@ async fn a_new_schedule_starts_at_its_registration_and_catches_up_with_the_lates
     assert_eq!(ticks.len(), 6);
 }
 
+/// Issue 32, item 2, as reproduced: a registration changing the calendar
+/// (`*/2` to every second) was open while a host enqueued the old
+/// calendar's next tick; the new calendar started at the transaction's
+/// start and enqueued that tick again. It now starts where its row is
+/// written, never before a tick already enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_written_while_a_calendar_change_is_open_is_not_enqueued_again() {
+    let db = TestDb::postgres().await;
+    let mut every_two = scheduled("report", 1, serde_json::json!({}));
+    every_two.schedule.as_mut().unwrap().cron = "*/2 * * * * *".into();
+    register(&db, &every_two, "d1").await;
+    serve(&db, &["report"]).await;
+
+    // The registration of another calendar, as a deploy would write it,
+    // begins; a host looks at the schedule while it is open.
+    let mut registration = db.pool().begin().await.unwrap();
+    let opened: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *registration).await.unwrap();
+    let mut looking = scheduler(db.dyn_store());
+    let even = |at: DateTime<Utc>| {
+        let whole = at.trunc_subsecs(0) + seconds(1);
+        if whole.timestamp() % 2 == 0 { whole } else { whole + seconds(1) }
+    };
+    let tick = even(opened.max(since(&db, "report").await));
+    let look = looking.run_once(Some(tick + TimeDelta::milliseconds(100))).await.unwrap();
+    assert_eq!(look.enqueued, [("report".to_string(), tick)], "the old calendar's tick, after the transaction began");
+
+    let mut every_second = every_two.clone();
+    every_second.schedule.as_mut().unwrap().cron = "* * * * * *".into();
+    sqlx::query(
+        "INSERT INTO jobhost.job_types (name, config, digest) VALUES ('report', $1, 'd2')
+         ON CONFLICT (name) DO UPDATE SET config = excluded.config, digest = excluded.digest, updated_at = now()",
+    )
+    .bind(sqlx::types::Json(&every_second))
+    .execute(&mut *registration)
+    .await
+    .unwrap();
+    registration.commit().await.unwrap();
+
+    let changed = &db.store.schedule_list(None).await.unwrap().schedules[0];
+    assert_eq!(changed.schedule.cron, "* * * * * *");
+    assert!(changed.cursor() >= tick, "the new calendar starts after the enqueued tick: {changed:?}");
+    // The same host looks on, a second and a half later: the new calendar's
+    // ticks since, and not the one already enqueued.
+    looking.run_once(Some(tick + TimeDelta::milliseconds(1_600))).await.unwrap();
+    assert_eq!(tick_texts(&db, "report").await, [text(tick), text(tick + seconds(1))]);
+}
+
 async fn two_hosts_looking_at_once_enqueue_each_tick_once(db: TestDb) {
     register(&db, &scheduled("report", 1, serde_json::json!({})), "d1").await;
     serve(&db, &["report"]).await;
@@ -159,6 +206,7 @@ async fn a_changed_calendar_starts_afresh_and_an_unserved_type_does_not_tick(db:
     register(&db, &changed, "d3").await;
     let fresh = &db.store.schedule_list(None).await.unwrap().schedules[0];
     assert!(fresh.since > registered && fresh.last_tick.is_none(), "{fresh:?}");
+    assert!(fresh.since >= last.unwrap(), "never before a tick already enqueued: {fresh:?}");
 
     // No live host serves it: no tick, however much time passes.
     db.store.host_remove(&host.id).await.unwrap();

@@ -35,7 +35,7 @@
 //! | `claim_unique`, `replace_waiting` | 0007_uniqueness | uniqueness claims at enqueue; `on_duplicate` `replace` |
 //! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
-//! | `schedules_follow_registration` | 0008_schedules | trigger: a changed calendar restarts its schedule |
+//! | `schedules_follow_registration` | 0014_schedule_since (first 0008_schedules) | trigger: a changed calendar restarts its schedule, never before a tick already enqueued |
 //! | `enqueue` | 0009_batches (first 0002, then 0004, 0005, 0007) | the SQL enqueue, now into a batch |
 //! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
 //! | `archived` | 0009_batches | trigger: batches count their archived members; waiters are told |
