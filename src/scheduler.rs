@@ -6,13 +6,14 @@
 //! The database decides which ticks were enqueued (each schedule's cursor,
 //! moved with a compare-and-set in the transaction that inserts the jobs;
 //! see [`crate::store::schedule`]), so any number of hosts may look at once
-//! and each tick is enqueued once. The one thing a host keeps in memory is
-//! since when it has been looking at each schedule without a pause: a tick
-//! that came due since then is enqueued however late, and the ticks before
-//! it were missed while no host looked, of which only the schedule's
-//! `backfill` latest are enqueued ([`crate::schedule::due_ticks`]). A
-//! restart forgets it, which is what makes the gap of a restart count as
-//! missed.
+//! and each tick is enqueued once. It also keeps the fleet's latest look at
+//! each schedule: a tick that came due after a look of any host, no longer
+//! than `max_pause` before this one, is enqueued however late; the ticks
+//! before it were missed while no host looked, of which only the
+//! schedule's `backfill` latest are enqueued ([`crate::schedule::due_ticks`]).
+//! So a host that starts while others look (or a moment after they all
+//! stopped) carries on where they were, and only a gap in which no host
+//! looked for longer than `max_pause` counts as missed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,9 +91,17 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     config: SchedulerConfig,
     /// Per job type, the time of this host's last look that handled it,
-    /// while it keeps looking without a pause longer than `max_pause`.
+    /// while it keeps looking without a pause longer than `max_pause`: the
+    /// fleet's record of looks, kept in the database, is written only every
+    /// [`LOOK_RECORD_EVERY`]th of `max_pause`, and may not be written at all.
     looked: HashMap<String, DateTime<Utc>>,
 }
+
+/// How stale the fleet's record of a schedule's latest look may grow, as a
+/// part of `max_pause`, before a look writes it again: fresh enough that a
+/// gap shorter than `max_pause` by more than this never counts as missed,
+/// with a write every few seconds per schedule rather than every look.
+const LOOK_RECORD_EVERY: i32 = 4;
 
 impl Scheduler {
     /// A loop over `store`.
@@ -117,6 +126,8 @@ impl Scheduler {
         let max_pause = TimeDelta::from_std(self.config.max_pause).unwrap_or(TimeDelta::MAX);
         let mut report = LookReport { now: Some(now), ..LookReport::default() };
         let mut looked = HashMap::new();
+        let mut to_record = Vec::new();
+        let record_after = max_pause / LOOK_RECORD_EVERY;
         for state in listing.schedules.iter().filter(|state| state.served) {
             let calendar = match Calendar::new(&state.schedule) {
                 Ok(calendar) => calendar,
@@ -126,7 +137,8 @@ impl Scheduler {
                     continue;
                 }
             };
-            let previous = self.looked.get(&state.job).copied();
+            // This host's last look, or the fleet's, whichever is later.
+            let previous = self.looked.get(&state.job).copied().max(state.looked_at);
             let since = previous.filter(|at| now - *at <= max_pause);
             let ticks = due_ticks(&calendar, state.cursor(), since, now, state.schedule.backfill);
             let handled = if ticks.is_empty() {
@@ -153,6 +165,9 @@ impl Scheduler {
             match (handled, previous) {
                 (true, _) => {
                     looked.insert(state.job.clone(), now);
+                    if state.looked_at.is_none_or(|at| now - at >= record_after) {
+                        to_record.push(state.job.clone());
+                    }
                 }
                 (false, Some(at)) => {
                     looked.insert(state.job.clone(), at);
@@ -166,6 +181,13 @@ impl Scheduler {
         // A schedule no live host serves (or that is gone) forgets its
         // looks: its ticks are missed until one does.
         self.looked = looked;
+        if !to_record.is_empty()
+            && let Err(error) = self.store.schedule_looked(&to_record, now).await
+        {
+            // The record only stays older: at worst a host starting later
+            // counts a few more ticks as missed.
+            tracing::warn!(%error, "cannot record this look at the schedules");
+        }
         Ok(report)
     }
 

@@ -162,6 +162,30 @@ async fn a_tick_written_while_a_calendar_change_is_open_is_not_enqueued_again() 
     assert_eq!(tick_texts(&db, "report").await, [text(tick), text(tick + seconds(1))]);
 }
 
+/// Issue 32, item 3, as reproduced: host A stopped (SIGSTOP) for less than
+/// `max_pause` and host C started meanwhile; C, with no memory of earlier
+/// looks, enqueued only the latest tick and moved the cursor past the
+/// others, which were never enqueued. The fleet's latest look is in the
+/// database: C carries on from A's look and enqueues every late tick.
+async fn a_host_starting_while_the_fleet_looks_enqueues_every_late_tick(db: TestDb) {
+    register(&db, &scheduled("report", 1, serde_json::json!({})), "d1").await;
+    serve(&db, &["report"]).await;
+    let whole = since(&db, "report").await.trunc_subsecs(0);
+    let just_after = |tick: DateTime<Utc>| tick + TimeDelta::milliseconds(100);
+
+    let mut a = scheduler(db.dyn_store());
+    a.run_once(Some(just_after(whole + seconds(2)))).await.unwrap();
+    assert_eq!(tick_texts(&db, "report").await, [text(whole + seconds(2))], "a new schedule's backfill of one");
+    // A is frozen; C starts five seconds later, well within `max_pause`.
+    let mut c = scheduler(db.dyn_store());
+    let look = c.run_once(Some(just_after(whole + seconds(7)))).await.unwrap();
+    let expected: Vec<String> = (2..=7).map(|n| text(whole + seconds(n))).collect();
+    assert_eq!(tick_texts(&db, "report").await, expected, "every tick since the fleet's last look: {look:?}");
+    // A wakes and looks: the cursor is past its ticks; nothing twice.
+    a.run_once(Some(just_after(whole + seconds(8)))).await.unwrap();
+    assert_eq!(tick_texts(&db, "report").await.len(), 7);
+}
+
 async fn two_hosts_looking_at_once_enqueue_each_tick_once(db: TestDb) {
     register(&db, &scheduled("report", 1, serde_json::json!({})), "d1").await;
     serve(&db, &["report"]).await;
@@ -313,6 +337,7 @@ on_both_backends!(
     a_new_schedule_starts_at_its_registration_and_catches_up_with_the_latest_ticks,
     two_hosts_looking_at_once_enqueue_each_tick_once,
     a_changed_calendar_starts_afresh_and_an_unserved_type_does_not_tick,
+    a_host_starting_while_the_fleet_looks_enqueues_every_late_tick,
     a_tick_the_enqueue_rules_refuse_is_skipped_not_retried,
     a_unique_types_tick_is_skipped_while_an_earlier_ticks_job_holds_its_key,
     operators_list_schedules,
@@ -429,9 +454,12 @@ async fn a_restart_catches_up_with_the_latest_missed_ticks_and_repeats_none(db: 
     let before = ticker_jobs(&db).await;
     let last_before = before.last().expect("ticks before the stop").0;
 
-    // Down for more ticks than the backfill, by the clock ticks are read by.
+    // Down for more ticks than the backfill, and longer than a pause the
+    // fleet still counts as looking (`max_pause`), by the clock ticks are
+    // read by: a shorter gap's ticks would all be enqueued, as late ones.
     let clock = db.dialect("(extract(epoch FROM now()) * 1000)::bigint", "CAST(unixepoch('subsec') * 1000 AS INTEGER)");
-    let down_until = (last_before + seconds(BACKFILL as i64 + 4)).timestamp_millis();
+    let max_pause = SchedulerConfig::default().max_pause.as_secs() as i64;
+    let down_until = (last_before + seconds((BACKFILL as i64 + 4).max(max_pause + 2))).timestamp_millis();
     eventually(WITHIN, || async { db.scalar(format!("SELECT {clock}")).await > down_until }).await;
 
     let mut hosts = start();

@@ -606,6 +606,12 @@ pub trait Store: Backend + 'static {
     /// clock either way).
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules>;
 
+    /// Records that a look at `at` (its clock) handled the schedules of
+    /// `jobs`: it wrote their due ticks or found none due. The fleet's
+    /// latest look, not one host's memory, tells a late tick from a missed
+    /// one ([`ScheduleState::looked_at`]).
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()>;
+
     /// Enqueues one job per tick of a schedule, moving its cursor past them
     /// in the same transaction, unless another host moved it first; a tick
     /// whose job the enqueue rules or the database refuse is skipped with

@@ -30,6 +30,12 @@ pub struct ScheduleState {
     pub last_tick: Option<DateTime<Utc>>,
     /// Whether a live host serves the job type: only then does it tick.
     pub served: bool,
+    /// The latest look of any host of the fleet that handled the schedule
+    /// (wrote its due ticks or found none due), by the clock of that look,
+    /// recorded at most every few seconds: what tells a tick that came due
+    /// while the fleet was looking (enqueued however late) from one missed
+    /// while none was (only the latest `backfill` of those are enqueued).
+    pub looked_at: Option<DateTime<Utc>>,
 }
 
 impl ScheduleState {
@@ -44,7 +50,12 @@ impl ScheduleState {
         served: bool,
     ) -> Option<Self> {
         let schedule = config.schedule.clone()?;
-        Some(ScheduleState { job, config, schedule, since, last_tick, served })
+        Some(ScheduleState { job, config, schedule, since, last_tick, served, looked_at: None })
+    }
+
+    /// The state, with the fleet's latest look at it.
+    pub fn with_looked_at(self, looked_at: Option<DateTime<Utc>>) -> Self {
+        ScheduleState { looked_at, ..self }
     }
 
     /// The cursor: every tick at or before it is done.

@@ -438,6 +438,10 @@ impl Store for PgStore {
         schedule::list(&self.pool, now).await
     }
 
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+        schedule::looked(&self.pool, jobs, at).await
+    }
+
     async fn job_wait_available(&self, timeout: Duration) {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;

@@ -9,14 +9,16 @@ use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{Schedules, TickWrite};
 use crate::store::{Enqueued, Error, Result};
 
-/// The clock, and a schedule's job, registration, cursor, configuration and
-/// whether it is served (all null but the clock when there is none).
+/// The clock, and a schedule's job, registration, cursor, configuration,
+/// the fleet's latest look and whether it is served (all null but the clock
+/// when there is none).
 type Row = (
     DateTime<Utc>,
     Option<String>,
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
     Option<Json<serde_json::Value>>,
+    Option<DateTime<Utc>>,
     Option<bool>,
 );
 
@@ -27,12 +29,27 @@ pub async fn list(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<Schedules
         rows.first().map(|row| row.0).ok_or_else(|| Error::Decode("the schedule listing returned no clock".into()))?;
     let schedules = rows
         .into_iter()
-        .filter_map(|(_, job, since, last_tick, config, served)| {
+        .filter_map(|(_, job, since, last_tick, config, looked_at, served)| {
             let (job, since, Json(config)) = (job?, since?, config?);
             crate::store::schedule::state_of(job, config, since, last_tick, served.unwrap_or(false))
+                .map(|state| state.with_looked_at(looked_at))
         })
         .collect();
     Ok(Schedules { now, schedules })
+}
+
+/// Records a look at `at` that handled the schedules of `jobs`; an earlier
+/// look never replaces a later one. Locks: those schedules' rows, briefly.
+pub async fn looked(pool: &PgPool, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "UPDATE jobhost.schedules SET looked_at = $2
+         WHERE job = ANY($1) AND (looked_at IS NULL OR looked_at < $2)",
+    )
+    .bind(jobs)
+    .bind(at)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Moves the cursor and inserts the jobs in one transaction, or writes

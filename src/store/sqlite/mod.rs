@@ -755,6 +755,13 @@ impl Store for SqliteStore {
         Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
     }
 
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+        let mut tx = self.write().await?;
+        schedule::looked(&mut tx, jobs, at.timestamp_millis()).await?;
+        tx.commit_settling(false).await?;
+        Ok(())
+    }
+
     async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
         let mut tx = self.write().await?;
         let (change, promoted) = deploy::apply(&mut tx, job_type, request).await?;

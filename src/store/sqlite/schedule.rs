@@ -9,15 +9,15 @@ use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{ScheduleState, TickWrite};
 use crate::store::{Enqueued, Result};
 
-/// A schedule's job, registration and cursor (ms), configuration, and
-/// whether a live host serves it.
-type Row = (String, i64, Option<i64>, Json<serde_json::Value>, bool);
+/// A schedule's job, registration and cursor (ms), configuration, the
+/// fleet's latest look (ms), and whether a live host serves it.
+type Row = (String, i64, Option<i64>, Json<serde_json::Value>, Option<i64>, bool);
 
 /// Every schedule, with whether a live host serves its type (it renewed its
 /// row within its last few heartbeats, by `now`, this machine's clock).
 pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<ScheduleState>> {
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT s.job, s.since, s.last_tick, t.config,
+        "SELECT s.job, s.since, s.last_tick, t.config, s.looked_at,
                 EXISTS (SELECT 1 FROM hosts h, json_each(h.job_types) j
                         WHERE j.value = s.job AND h.last_seen_at >= $1 - $2 * h.heartbeat_ms)
          FROM schedules s JOIN job_types t ON t.name = s.job
@@ -29,10 +29,25 @@ pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<ScheduleState>> {
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(job, since, last_tick, Json(config), served)| {
+        .filter_map(|(job, since, last_tick, Json(config), looked_at, served)| {
             crate::store::schedule::state_of(job, config, time_of(since), last_tick.map(time_of), served)
+                .map(|state| state.with_looked_at(looked_at.map(time_of)))
         })
         .collect())
+}
+
+/// Records a look at `at` (ms) that handled the schedules of `jobs`; an
+/// earlier look never replaces a later one.
+pub async fn looked(conn: &mut SqliteConnection, jobs: &[String], at: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE schedules SET looked_at = $2
+         WHERE job IN (SELECT value FROM json_each($1)) AND (looked_at IS NULL OR looked_at < $2)",
+    )
+    .bind(Json(jobs))
+    .bind(at)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Moves the cursor and inserts the jobs, or writes nothing when the cursor

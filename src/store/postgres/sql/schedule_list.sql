@@ -4,7 +4,7 @@
 -- database's. One row of nulls but the clock when there is no schedule, so
 -- the clock always comes back. Reads only; locks nothing.
 WITH clock AS (SELECT coalesce($1::timestamptz, now()) AS now)
-SELECT clock.now, s.job, s.since, s.last_tick, t.config,
+SELECT clock.now, s.job, s.since, s.last_tick, t.config, s.looked_at,
        EXISTS (SELECT 1 FROM jobhost.hosts h
                WHERE s.job = ANY (h.job_types)
                  AND h.last_seen_at >= now() - $2 * h.heartbeat_ms * interval '1 millisecond') AS served
