@@ -834,3 +834,146 @@ async fn an_applications_open_transaction_holds_back_only_its_own_key() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "the slot was given back once");
     host.stop().await;
 }
+
+/// A job of type `last`, limited to one per `{key}`, on its last attempt
+/// and running on host `h`: the expiry of its lease ends it, giving back
+/// its key's slot. Returns the run.
+async fn running_on_its_last_attempt(db: &TestDb) -> FetchedJob {
+    let mut config = job_config("last");
+    config.max_attempts = 1;
+    config.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{key}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
+    enqueue(db, "last", "q").await;
+    let run = fetch(db, "last", 1).await.remove(0);
+    common::confirm_started(db, &[jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token }]).await;
+    run
+}
+
+/// Sessions of this test's database waiting for a lock.
+async fn waiting_for_locks(db: &TestDb) -> i64 {
+    db.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        .await
+}
+
+/// Whether the key `q` of `last` is free to lock now (nobody holds its semaphore row).
+async fn key_is_free(db: &TestDb) -> bool {
+    db.scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM jobhost.semaphores WHERE job = 'last' AND key = 'q'
+                               FOR UPDATE SKIP LOCKED) s",
+    )
+    .await
+        == 1
+}
+
+/// Guarantee 5 under a lock-order race (issue 32, item 6): a host's late
+/// result for a job arrives while the expiry of that job's lease is under
+/// way. The expiry holds the job's row (here held at its archive insert by
+/// an uncommitted row of the same id, so the interleaving is certain) when
+/// the result comes; before, the result took the job's key, waited for the
+/// job's row, and the expiry then waited for the key: a deadlock, broken by
+/// the server after a second with one of them rolled back. Every path that
+/// ends a job now locks job rows, then keys, then batches: the result waits
+/// for the row holding nothing, the expiry ends the job, and the result is
+/// then a duplicate that changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_result_and_the_expiry_of_its_lease_never_deadlock() {
+    let db = TestDb::postgres().await;
+    let run = running_on_its_last_attempt(&db).await;
+    let mut blocker = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, enqueued_at)
+         VALUES ($1, 'last', 'default', 0, '{}', 'failed', 0, 1, now())",
+    )
+    .bind(run.id)
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let expiring = tokio::spawn({
+        let pool = db.pool().clone();
+        async move {
+            sqlx::query_as::<_, (i32, i32, i32)>("SELECT * FROM jobhost.expire_leases($1, NULL, 1000)")
+                .bind(later)
+                .fetch_one(&pool)
+                .await
+        }
+    });
+    eventually(WITHIN, || async { waiting_for_locks(&db).await == 1 }).await;
+    let finishing = tokio::spawn({
+        let store = db.dyn_store();
+        let result = finish(&run, completed());
+        async move { store.job_finish_and_fetch(vec![result], &fetch_params("h", &["last"], 0)).await }
+    });
+    // It waits for the expiry's row, or (were it to take the key first and
+    // find it held) comes back at once.
+    eventually(WITHIN, || async { finishing.is_finished() || waiting_for_locks(&db).await == 2 }).await;
+    blocker.rollback().await.unwrap();
+
+    let expired = expiring.await.unwrap().expect("the expiry was not rolled back");
+    assert_eq!(expired, (0, 1, 0), "the expiry ended the job (requeued, failed, held back)");
+    let (results, _) = finishing.await.unwrap().expect("the late result was not rolled back");
+    assert_eq!(results, vec![FinishResult::Duplicate], "the late result found its lease gone");
+    assert_eq!(state_of(&db, run.id).await, JobState::Failed);
+    assert_eq!(holders(&db, "last", "q").await, 0, "the slot was given back once");
+}
+
+/// The first half of that order: a result write waits for its job's row
+/// before it takes the job's key, so while it waits, the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_waiting_for_its_job_row_holds_no_key() {
+    let db = TestDb::postgres().await;
+    let run = running_on_its_last_attempt(&db).await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE")
+        .bind(run.id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let finishing = tokio::spawn({
+        let store = db.dyn_store();
+        let result = finish(&run, completed());
+        async move { store.job_finish_and_fetch(vec![result], &fetch_params("h", &["last"], 0)).await }
+    });
+    eventually(WITHIN, || async { waiting_for_locks(&db).await == 1 }).await;
+    assert!(key_is_free(&db).await, "the result holds the job's key while it waits for the job's row");
+    holder.commit().await.unwrap();
+    let (results, _) = finishing.await.unwrap().unwrap();
+    assert_eq!(results, vec![FinishResult::Done]);
+    assert_eq!(holders(&db, "last", "q").await, 0);
+}
+
+/// The second half: an expiry never waits while it holds job rows. A job
+/// whose key another transaction holds (an application enqueuing to it) is
+/// left, running and expired, for the next pass.
+#[tokio::test]
+async fn an_expiry_passes_over_a_job_whose_key_another_transaction_holds() {
+    let db = TestDb::postgres().await;
+    let run = running_on_its_last_attempt(&db).await;
+    let mut application = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.enqueue('last', '{\"key\": \"q\"}')").execute(&mut *application).await.unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    // A bound far beyond a statement that waits for nothing.
+    let mut conn = db.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *conn).await.unwrap();
+    let expired: (i32, i32, i32) = sqlx::query_as("SELECT * FROM jobhost.expire_leases($1, NULL, 1000)")
+        .bind(later)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("the expiry did not wait for the key");
+    conn.commit().await.unwrap();
+    assert_eq!(expired, (0, 0, 1), "held back, not ended");
+    assert_eq!(state_of(&db, run.id).await, JobState::Running);
+    application.commit().await.unwrap();
+    let expired: (i32, i32, i32) = sqlx::query_as("SELECT * FROM jobhost.expire_leases($1, NULL, 1000)")
+        .bind(later)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(expired, (0, 1, 0), "ended once the key was free");
+    assert_eq!(state_of(&db, run.id + 1).await, JobState::Available, "the application's job took the freed slot");
+}

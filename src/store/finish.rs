@@ -62,6 +62,11 @@ pub struct FinishPlan {
     /// out while another transaction holds that key's semaphore or that
     /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
     pub deferrable: Vec<RunId>,
+    /// The jobs of runs holding a concurrency key, or in a batch, whose
+    /// write waits for those locks instead ([`LockedKeys::Wait`]): a backend
+    /// with row locks takes their job rows, keys and batches in the lock
+    /// order every path that ends a job follows, before it writes.
+    pub lock_first: Vec<i64>,
     /// Every run's job, in the order results are reported.
     order: Vec<i64>,
 }
@@ -141,12 +146,16 @@ impl FinishPlan {
             children: Vec::new(),
             batches: Vec::new(),
             deferrable: Vec::new(),
+            lock_first: Vec::new(),
             order: Vec::with_capacity(runs.len()),
         };
         for run in runs {
             plan.order.push(run.id);
-            if locked == LockedKeys::Defer && (run.concurrency_key.is_some() || run.batch_id.is_some()) {
-                plan.deferrable.push(run.run());
+            if run.concurrency_key.is_some() || run.batch_id.is_some() {
+                match locked {
+                    LockedKeys::Defer => plan.deferrable.push(run.run()),
+                    LockedKeys::Wait => plan.lock_first.push(run.id),
+                }
             }
             plan.push(run, configs, limits);
         }

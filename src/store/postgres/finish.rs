@@ -18,9 +18,11 @@ use crate::types::JsonText;
 pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<(Written, bool)> {
     let rows = FinishRows::of(plan);
     // Children and opened batches must commit with their parent's
-    // completion (guarantee 9), so a plan with them is one transaction.
+    // completion (guarantee 9), so a plan with them is one transaction; so
+    // is a plan that waits for its runs' keys and batches, which it takes
+    // first, in the lock order (jobhost.lock_for_ending in 0016_lock_order).
     // Otherwise the plan is one statement.
-    if !plan.has_children() {
+    if !plan.has_children() && plan.lock_first.is_empty() {
         return rows.write(pool, next).await;
     }
     // The children go in before the next fetch, so the fetch's claims on
@@ -28,6 +30,9 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
     // waiting on a child's key never holds up a claim another fetch waits on.
     let mut tx = pool.begin().await?;
     let work = async {
+        if !plan.lock_first.is_empty() {
+            sqlx::query("SELECT jobhost.lock_for_ending($1)").bind(&plan.lock_first).execute(&mut *tx).await?;
+        }
         let (mut written, any_available) = rows.write(&mut *tx, None).await?;
         let children = plan.children_of(&written.written);
         let mut enqueued = super::job::insert(&mut tx, &children).await?;

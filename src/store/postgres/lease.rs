@@ -1,8 +1,8 @@
 //! Lease renewal and expiry in PostgreSQL.
 
 use chrono::{DateTime, Utc};
+use sqlx::PgPool;
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgPool};
 
 use crate::store::{LeaseRenewal, Result, RunId, RunProgress};
 
@@ -60,24 +60,27 @@ pub async fn renew(pool: &PgPool, host_id: &str, runs: &[RunId], progress: &[Run
     Ok(renewal)
 }
 
-/// Rescues expired leases, of every job or only of `only`.
+/// Rescues expired leases, of every job or only of `only`: see
+/// jobhost.expire_leases in 0016_lock_order.sql, which locks in the order
+/// every path that ends a job does and never waits while it holds a job
+/// row. In a transaction of its own, rolled back before a failure returns
+/// (see [`super::commit_or_roll_back`]).
 pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<(u64, u64)> {
     let mut tx = pool.begin().await?;
-    let expired = expire_in(&mut tx, now, only).await;
-    super::commit_or_roll_back(tx, expired).await
-}
-
-async fn expire_in(conn: &mut PgConnection, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<(u64, u64)> {
-    let (requeued, failed, jobs, keys): (i64, i64, Vec<String>, Vec<String>) =
-        sqlx::query_as(include_str!("sql/expire.sql")).bind(now).bind(only).fetch_one(&mut *conn).await?;
-    let mut slots = crate::store::Slots::default();
-    for (job, key) in jobs.iter().zip(&keys) {
-        slots.push(job, Some(key));
-    }
-    super::concurrency::release(conn, &slots).await?;
-    if requeued > 0 {
-        super::notify_available(conn).await?;
+    let expired = sqlx::query_as::<_, (i32, i32, i32)>(
+        "SELECT requeued, failed, held_back FROM jobhost.expire_leases(coalesce($1, now()), $2, 1000)",
+    )
+    .bind(now)
+    .bind(only)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Into::into);
+    let (requeued, failed, held_back) = super::commit_or_roll_back(tx, expired).await?;
+    if requeued > 0 || failed > 0 {
         tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
+    }
+    if held_back > 0 {
+        tracing::info!(held_back, "expired leases wait for a key or batch another transaction holds");
     }
     Ok((requeued as u64, failed as u64))
 }

@@ -30,7 +30,9 @@
 //! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
-//! | `finish_runs_unless_locked` | 0005_fault_tolerance | `finish_runs`, deferring locked keys |
+//! | `finish_runs_unless_locked` | 0016_lock_order (first 0005_fault_tolerance, then 0009) | `finish_runs`, its runs' rows locked first, deferring locked keys and batches |
+//! | `expire_leases` | 0016_lock_order | expired leases rescued, passing over jobs whose key or batch another transaction holds |
+//! | `lock_for_ending` | 0016_lock_order | a job's row, key and batch locked in the lock order, for paths that wait for them |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
 //! | `claim_unique`, `replace_waiting` | 0007_uniqueness | uniqueness claims at enqueue; `on_duplicate` `replace` |
 //! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |

@@ -162,6 +162,9 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     if revived > 0 {
         sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
     }
+    // The key's semaphore before the batch's row, as every path that ends
+    // or admits a job takes them.
+    sqlx::query("SELECT jobhost.lock_for_ending($1)").bind([id]).execute(&mut *tx).await?;
     // Before the gate, which may block or discard the job: its batch counts
     // it pending again, or it leaves a batch that has finished, so whatever
     // the gate does with it is counted (or not) by the batch it now has.
@@ -183,7 +186,9 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     let mut tx = pool.begin().await?;
     // A waiting or available job, or a blocked one, goes to the archive; an
     // available limited job gives its slot back in the same transaction.
-    // Locks: the job's row, then its semaphore.
+    // Locks, in the order every path that ends a job takes them: the job's
+    // row, its key's semaphore, its batch's row.
+    sqlx::query("SELECT jobhost.lock_for_ending($1)").bind([id]).execute(&mut *tx).await?;
     let cancelled: Option<(String, Option<String>)> =
         sqlx::query_as(include_str!("sql/cancel.sql")).bind(id).fetch_optional(&mut *tx).await?;
     let Some((job, key)) = cancelled else {
