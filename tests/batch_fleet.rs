@@ -79,7 +79,7 @@ async fn a_thousand_member_batch_survives_a_killed_host(db: TestDb) {
     let killed = db.dialect("errors::text", "errors");
     assert!(
         db.scalar(format!(
-            "SELECT count(*) FROM jobhost.archive WHERE batch_id = {id} AND {killed} LIKE '%lease expired: host {doomed}'"
+            "SELECT count(*) FROM jobhost.archive WHERE batch_id = {id} AND {killed} LIKE '%lease expired%host {doomed}'"
         ))
         .await
             > 0,

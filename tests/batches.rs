@@ -394,7 +394,7 @@ async fn progress_shows_while_a_job_runs_and_sums_into_its_batch(db: TestDb) {
     let runs = fetch(&db, "work", 4).await;
     let ids: Vec<RunId> = runs.iter().map(|r| RunId { job_id: r.id, lease_token: r.lease_token }).collect();
     let progress = [RunProgress { run: ids[0], done: 1, total: 4 }, RunProgress { run: ids[1], done: 3, total: 4 }];
-    let renewal = db.store.lease_renew("h", &ids, &progress).await.unwrap();
+    let renewal = common::renew(&db, "h", &ids, &progress).await;
     assert_eq!(renewal.renewed.len(), 4);
     let job = db.store.job_get(runs[0].id).await.unwrap().unwrap();
     assert_eq!(job.progress, Some(json!({"done": 1, "total": 4})), "visible while it runs");
@@ -402,7 +402,7 @@ async fn progress_shows_while_a_job_runs_and_sums_into_its_batch(db: TestDb) {
     assert!((batch(&db, id).await.progress - 0.25).abs() < 1e-9, "a quarter and three quarters of four jobs");
     // A stale run's report is not written.
     let stale = RunProgress { run: RunId { lease_token: ids[2].lease_token + 1000, ..ids[2] }, done: 4, total: 4 };
-    db.store.lease_renew("h", &ids, &[stale]).await.unwrap();
+    common::renew(&db, "h", &ids, &[stale]).await;
     assert_eq!(db.store.job_get(runs[2].id).await.unwrap().unwrap().progress, None);
     db.store.job_finish(vec![finish(&runs[0], completed())]).await.unwrap();
     assert!((batch(&db, id).await.progress - 0.4375).abs() < 1e-9, "an ended member counts whole");

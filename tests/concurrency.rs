@@ -502,7 +502,8 @@ async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_blocked_job(db: T
     db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
     enqueue(&db, "lim", "k").await;
     let blocked = enqueue(&db, "lim", "k").await;
-    fetch(&db, "lim", 1).await;
+    let run = fetch(&db, "lim", 1).await.remove(0);
+    common::confirm_started(&db, &[jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token }]).await;
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
     assert_eq!(state_of(&db, blocked).await, JobState::Available);

@@ -362,8 +362,11 @@ async fn a_restarted_server_loses_nothing() {
 /// writes the batch again; the first write consumed every (job id, lease
 /// token) in it, so the retry is a duplicate: no second slot release, no
 /// second promotion, and no key ever runs two at once. The lost write may
-/// also have leased the next jobs to the host, which never saw them; those
-/// come back when their leases (1 s) expire, and still complete once.
+/// also have leased the next jobs to the host, which never saw them: the
+/// host's next heartbeat finds them leased to it and never confirmed, and
+/// hands them back (or, failing that, their leases of 1 s expire); either
+/// way they run once, on their first attempt: an attempt is spent only by
+/// a run that started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_whose_reply_is_lost_is_written_once() {
     // `serial` runs one job per key at once. Forty short jobs a key keep
@@ -422,15 +425,65 @@ async fn a_result_whose_reply_is_lost_is_written_once() {
     let duplicates = lines("result discarded: its lease is gone");
     assert!(retried >= 1, "the host wrote the results whose answer it lost again");
     assert!(duplicates >= 1, "the second write found those results already written, and said so");
-    let redelivered =
-        db.scalar("SELECT count(*) FROM jobhost.archive WHERE errors::text LIKE '%lease expired: host %'").await;
+    let handed_back = lines("handed back jobs leased to this host by a write whose answer was lost");
+    let expired =
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE errors::text LIKE '%lease expired before host %'").await;
     eprintln!(
         "stage: {retried} write(s) retried, {duplicates} result(s) found already written, \
-         {redelivered} job(s) redelivered after their leases expired"
+         {handed_back} hand-back(s) of jobs the lost write leased, {expired} job(s) whose unconfirmed lease expired"
     );
     // The lost write freed a key and leased its next job (on PostgreSQL,
-    // inserted already leased); that job came back by its lease, and ran once.
-    assert!(redelivered >= 1, "the job the lost write leased came back when its lease expired");
+    // inserted already leased); that job came back without a run, and ran once.
+    assert!(handed_back + expired as usize >= 1, "the job the lost write leased came back");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE attempt <> 1").await,
+        0,
+        "no attempt was spent by a run that never started"
+    );
+}
+
+/// Guarantee 5, the attempt half (issue 32, item 5): the jobs a lost write
+/// leased are handed back at once, not when their leases expire. `limited`
+/// holds a key's slot for a 10 s lease; the lost write frees slots and
+/// leases the key's next jobs to the host, which never learns of them. Its
+/// next heartbeat finds them leased to it, unconfirmed and older than every
+/// write still in flight, and hands them back with their attempt; so every
+/// job completes on its first attempt and none comes back by a lease's
+/// expiry (which would hold its key for 10 s first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_a_lost_write_leased_are_handed_back_at_once() {
+    const JOBS: usize = 60;
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    let components = components(&["limited"]);
+    let cache = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(server_address()).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = host_via_proxy(&db, &proxy, components.path(), cache.path(), &log);
+    wait_serving(&db, &[&host], 1).await;
+    db.store.job_enqueue(&(0..JOBS).map(|i| limited(i, i % 2, 30)).collect::<Vec<_>>()).await.expect("enqueue");
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await > 0 })
+        .await;
+    let lost = tokio::time::timeout(WITHIN, proxy.lose_reply_to("finish_runs"))
+        .await
+        .expect("a write of results went through the proxy")
+        .expect("the connection lasted until the server answered");
+    assert!(lost.committed, "the write whose answer was lost committed: {lost:?}");
+
+    drained(&db, WITHIN).await;
+    host.stop().await;
+    completed_once(&db, "limited", JOBS).await;
+    nothing_left(&db).await;
+    let log = complete_lines(&log);
+    let handed_back = log.matches("handed back jobs leased to this host by a write whose answer was lost").count();
+    assert!(handed_back >= 1, "the host handed back what the lost write leased:\n{log}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE errors::text LIKE '%lease expired%'").await,
+        0,
+        "no job waited for its lease to expire"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE attempt <> 1").await, 0, "nor spent an attempt");
 }
 
 /// A result the database will not take, failing without a refusal (here a
@@ -561,9 +614,11 @@ async fn a_job_whose_host_dies_on_every_attempt_fails_after_its_last() {
             // Its maintenance hands the job over once the last host's lease expired.
             host = start_host(&db, components.path(), cache.path());
         }
+        // Killed once its host confirmed the run's start (the heartbeat after
+        // it): an attempt is spent only by a run that started.
         let running = format!(
             "SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running' AND attempt = {attempt}
-               AND host_id LIKE '{}'",
+               AND host_id LIKE '{}' AND confirmed_token = lease_token",
             host.id_pattern()
         );
         eventually(WITHIN, || async { db.scalar(&running).await == 1 }).await;

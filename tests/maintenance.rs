@@ -158,6 +158,8 @@ async fn a_job_keeps_only_its_newest_errors(db: TestDb) {
     for round in 0..30 {
         let running = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
         assert_eq!(running.len(), 1, "round {round}");
+        let run = jobhost::store::RunId { job_id: running[0].id, lease_token: running[0].lease_token };
+        common::confirm_started(&db, &[run]).await;
         // An expired lease on a job with attempts left appends an error and requeues it.
         assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0), "round {round}");
     }

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use jobhost::store::{EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState, LeaseRenewal, RunId};
+use jobhost::store::{
+    EnqueueParams, FinishOutcome, FinishResult, JobFilter, JobState, LeaseRenew, LeaseRenewal, RunId, StrayLease,
+};
 use jobhost::types::ChildJob;
 use serde_json::json;
 
@@ -305,12 +307,55 @@ async fn snoozes_and_hand_backs_give_the_attempt_back(db: TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1);
 }
 
+/// Guarantee 5 (issue 32, item 5): an attempt is spent only by a run that
+/// started. A lease whose host never confirmed a start (its write's answer
+/// lost, the host gone at once, the job still waiting for a run slot)
+/// expires with its attempt given back, even on the job's last attempt;
+/// a confirmed one is charged. After three unconfirmed expiries the next is
+/// charged too, so a job whose run takes every host down before its first
+/// heartbeat is not retried for ever.
+async fn a_lease_its_host_never_confirmed_gives_its_attempt_back(db: TestDb) {
+    let mut once = common::job_config("once");
+    once.max_attempts = 1;
+    db.store.job_types_register(&[(once, "v1".into())]).await.unwrap();
+    let id = db.store.job_enqueue(&[EnqueueParams::new("once", json!({}))]).await.unwrap()[0];
+    let later = Utc::now() + chrono::Duration::hours(1);
+    let run_of = |job: &jobhost::store::FetchedJob| RunId { job_id: job.id, lease_token: job.lease_token };
+    for round in 0..3 {
+        let leased = db.store.job_fetch(&fetch_params("h", &["once"], 1)).await.unwrap().remove(0);
+        assert_eq!(leased.attempt, 1, "round {round}: the first attempt, every time");
+        if round == 1 {
+            // Renewed while it waited for a run slot: still not started.
+            let renew = LeaseRenew { host_id: "h", runs: &[run_of(&leased)], started: &[], progress: &[] };
+            assert_eq!(db.store.lease_renew(&renew).await.unwrap().renewed.len(), 1);
+        }
+        assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0), "round {round}: requeued");
+        let job = db.store.job_get(id).await.unwrap().unwrap();
+        assert_eq!((job.row.state, job.row.attempts), (JobState::Available, 0), "round {round}");
+        let error = job.row.error.unwrap_or_default();
+        assert_eq!(error, "lease expired before host h started the run: attempt 1 given back", "round {round}");
+    }
+    db.store.job_fetch(&fetch_params("h", &["once"], 1)).await.unwrap();
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1), "the fourth unconfirmed expiry is charged");
+
+    // A started run's lease is confirmed by the renewal that follows the
+    // start, and its expiry spends the attempt.
+    let id = db.store.job_enqueue(&[EnqueueParams::new("once", json!({}))]).await.unwrap()[0];
+    let leased = db.store.job_fetch(&fetch_params("h", &["once"], 1)).await.unwrap().remove(0);
+    common::renew(&db, "h", &[run_of(&leased)], &[]).await;
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
+    let failed = db.store.job_get(id).await.unwrap().unwrap().row;
+    assert_eq!((failed.state, failed.attempts), (JobState::Failed, 1));
+    assert!(failed.error.unwrap_or_default().starts_with("lease expired: host h stopped during the run"));
+}
+
 async fn an_expired_lease_on_the_last_attempt_fails_the_job(db: TestDb) {
     let db = with_types(db, &["mail"]).await;
     db.store.job_enqueue(&[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let later = Utc::now() + chrono::Duration::hours(1);
     for _ in 0..3 {
-        db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap();
+        let run = db.store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
+        common::confirm_started(&db, &[RunId { job_id: run.id, lease_token: run.lease_token }]).await;
         db.store.lease_expire(Some(later)).await.unwrap();
     }
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 0);
@@ -328,12 +373,18 @@ async fn renewal_extends_only_the_hosts_own_current_leases(db: TestDb) {
     let jobs = two_running(&db, "mail").await;
     let current = RunId { job_id: jobs[0].id, lease_token: jobs[0].lease_token };
     let stale = RunId { job_id: jobs[1].id, lease_token: jobs[1].lease_token + 999 };
-    let renewal = db.store.lease_renew("h", &[current, stale], &[]).await.unwrap();
-    assert_eq!(renewal, LeaseRenewal { renewed: vec![current], lost: vec![stale], cancelled: vec![] });
-    let renewal = db.store.lease_renew("other-host", &[current], &[]).await.unwrap();
+    let renewal = common::renew(&db, "h", &[current, stale], &[]).await;
+    let unasked = RunId { job_id: jobs[1].id, lease_token: jobs[1].lease_token };
+    let stray = StrayLease { run: unasked, attempt: 1, concurrency_key: None, batch_id: None };
     assert_eq!(
         renewal,
-        LeaseRenewal { renewed: vec![], lost: vec![current], cancelled: vec![] },
+        LeaseRenewal { renewed: vec![current], lost: vec![stale], cancelled: vec![], strays: vec![stray] },
+        "the run it did not ask about, never confirmed, is a stray"
+    );
+    let renewal = common::renew(&db, "other-host", &[current], &[]).await;
+    assert_eq!(
+        renewal,
+        LeaseRenewal { renewed: vec![], lost: vec![current], cancelled: vec![], strays: vec![] },
         "another host's lease is not ours"
     );
 }
@@ -768,6 +819,7 @@ on_both_backends!(
     retries_wait_in_schedule_then_pass_when_due_by_the_database_clock,
     snoozes_and_hand_backs_give_the_attempt_back,
     an_expired_lease_on_the_last_attempt_fails_the_job,
+    a_lease_its_host_never_confirmed_gives_its_attempt_back,
     renewal_extends_only_the_hosts_own_current_leases,
     operators_retry_cancel_list_and_prune,
     delayed_jobs_wait_until_due,
@@ -786,17 +838,16 @@ async fn a_renewal_passes_over_a_locked_row_without_waiting_or_losing_it() {
         .execute(&mut *locker)
         .await
         .unwrap();
-    let renewal = tokio::time::timeout(Duration::from_secs(5), db.store.lease_renew("h", &runs, &[]))
+    let renewal = tokio::time::timeout(Duration::from_secs(5), common::renew(&db, "h", &runs, &[]))
         .await
-        .expect("a renewal never waits on a row lock")
-        .unwrap();
+        .expect("a renewal never waits on a row lock");
     assert_eq!(
         renewal,
-        LeaseRenewal { renewed: vec![runs[1]], lost: vec![], cancelled: vec![] },
+        LeaseRenewal { renewed: vec![runs[1]], lost: vec![], cancelled: vec![], strays: vec![] },
         "the locked run is neither renewed nor lost"
     );
     locker.rollback().await.unwrap();
-    assert_eq!(db.store.lease_renew("h", &runs, &[]).await.unwrap().renewed.len(), 2);
+    assert_eq!(common::renew(&db, "h", &runs, &[]).await.renewed.len(), 2);
 }
 
 /// A statement that hangs (here: the running job's row locked by another

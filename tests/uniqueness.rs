@@ -193,6 +193,8 @@ async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors
     unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
     let id = enqueue(&db, keyed("solo", "k")).await.id();
     let stale = fetch(&db, "solo", 10).await.remove(0);
+    let started = jobhost::store::RunId { job_id: stale.id, lease_token: stale.lease_token };
+    common::confirm_started(&db, &[started]).await;
     // Its host goes silent; the lease expires and the same job runs again.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     db.store.lease_expire(Some(later)).await.unwrap();

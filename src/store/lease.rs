@@ -34,6 +34,52 @@ impl RunProgress {
     }
 }
 
+/// What a host asks of its leases at a heartbeat.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRenew<'a> {
+    /// The host.
+    pub host_id: &'a str,
+    /// The runs whose leases it renews.
+    pub runs: &'a [RunId],
+    /// Those of `runs` whose guests have started: their leases are
+    /// confirmed, so an expiry of them spends the attempt (guarantee 5).
+    pub started: &'a [RunId],
+    /// The latest progress of running ones, recorded where renewed.
+    pub progress: &'a [RunProgress],
+}
+
+/// A run leased to a host that the host neither asked to renew nor ever
+/// confirmed: leased by a write whose answer never reached it (a lost
+/// reply, an abandoned write), or one still on its way. What the host needs
+/// to hand it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrayLease {
+    /// The run.
+    pub run: RunId,
+    /// Its attempt, as the lease counted it.
+    pub attempt: i32,
+    /// Its concurrency key, if limited.
+    pub concurrency_key: Option<String>,
+    /// Its batch, if a member.
+    pub batch_id: Option<i64>,
+}
+
+/// A stray as both backends read it: job id, lease token, attempt,
+/// concurrency key, batch.
+pub(crate) type StrayRow = (i64, i64, i32, Option<String>, Option<i64>);
+
+impl From<StrayRow> for StrayLease {
+    fn from((job_id, lease_token, attempt, concurrency_key, batch_id): StrayRow) -> Self {
+        StrayLease { run: RunId { job_id, lease_token }, attempt, concurrency_key, batch_id }
+    }
+}
+
+/// How many times a job's lease may expire unconfirmed and give its attempt
+/// back; after that, an unconfirmed expiry is charged too, so a job whose
+/// run brings every host that takes it down before its first heartbeat is
+/// not retried for ever. PostgreSQL's `jobhost.expiry_charges` says the same.
+pub const UNCONFIRMED_EXPIRIES_REFUNDED: i32 = 3;
+
 /// What a renewal found for the runs it was asked about. A run in neither
 /// list is still this host's but its row was locked by another transaction
 /// (this host's own result write, an operator's statement): it was not
@@ -49,6 +95,9 @@ pub struct LeaseRenewal {
     /// Runs (renewed too) an operator asked to cancel: their guests stop
     /// and they end as cancelled.
     pub cancelled: Vec<RunId>,
+    /// The host's other running jobs that it never confirmed, which it may
+    /// not know of: see [`StrayLease`].
+    pub strays: Vec<StrayLease>,
 }
 
 /// The lease a job of this type gets: its concurrency `duration` for a

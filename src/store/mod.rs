@@ -47,7 +47,7 @@ pub use job::{
     Cancel, EnqueueParams, Enqueued, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
     JobFilter, JobRow, JobState, LockedKeys, Stats,
 };
-pub use lease::{LeaseRenewal, RunId, RunProgress};
+pub use lease::{LeaseRenew, LeaseRenewal, RunId, RunProgress, StrayLease};
 pub use schedule::{Fired, ScheduleState, ScheduleStatus, Schedules, Tick};
 
 /// Why a storage operation failed.
@@ -455,7 +455,8 @@ pub trait Store: Backend + 'static {
         finish::finish(self, finishes, Some(next), LockedKeys::Defer).await
     }
 
-    /// Records that the guests of `runs` have started now: for jobs that
+    /// Records that the guests of `runs` have started now, confirming their
+    /// leases (an expiry of them then spends the attempt): for jobs that
     /// waited on their host for a run slot after their lease, whose
     /// `started_at` the fetch set to the lease time. A run no longer current
     /// changes nothing. One statement for all of them.
@@ -464,12 +465,17 @@ pub trait Store: Backend + 'static {
     /// Renews the leases a host still holds, in one statement that never
     /// waits on a row lock: says which runs were renewed and which are no
     /// longer this host's (see [`LeaseRenewal`]). Each renewed run among
-    /// `progress` records its latest progress, so it shows while the job runs.
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal>;
+    /// `started` is confirmed, and each among `progress` records its latest
+    /// progress, so it shows while the job runs. Also reads the host's
+    /// running jobs it did not ask about and never confirmed (strays).
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal>;
 
     /// Returns jobs whose lease expired to `available`, or to the archive as
     /// failed when their attempts are spent (as cancelled when an operator
-    /// asked to cancel them). Returns (requeued, archived).
+    /// asked to cancel them). A lease whose host never confirmed the run's
+    /// start gives its attempt back instead (at most
+    /// [`lease::UNCONFIRMED_EXPIRIES_REFUNDED`] times a job). Returns
+    /// (requeued, archived).
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)>;
 
     /// Passes scheduled jobs that have come due through the gate. Returns how many.

@@ -110,6 +110,9 @@ pub(super) async fn complete_loop(
         }
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let sent_at = Instant::now();
+        // Dropped with the write if it is abandoned: what it may have leased
+        // is then a stray the heartbeat hands back.
+        let call = leases.leasing_call();
         let write = async {
             // One job per fetch slot the batch frees, as far as the prefetch
             // allows while runs are long.
@@ -135,6 +138,8 @@ pub(super) async fn complete_loop(
                 );
                 failed_sends = 0;
                 health.succeeded();
+                call.answered(&leased);
+                drop(call);
                 let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
                 let mut deferred = Vec::new();
                 for (mut done, result) in pending.drain(..).zip(results) {

@@ -7,7 +7,7 @@
 //! hangs (a partition, a lock, an exhausted pool) cannot delay it; the
 //! renewal only ever moves a fence later, by the time it was sent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{LiveProgress, StopSignal};
-use crate::store::{HostInfo, LeaseRenewal, RunId, RunProgress, Store};
+use crate::store::{
+    FetchedJob, Finish, FinishOutcome, HostInfo, LeaseRenew, LeaseRenewal, RunId, RunProgress, Store, StrayLease,
+};
 
 use super::WorkerConfig;
 use super::health::WriteHealth;
@@ -43,6 +45,9 @@ struct Held {
     /// An operator asked to cancel the job: the run ends as cancelled
     /// unless its guest completed first.
     cancelled: bool,
+    /// Its guest has started (it is not waiting for a run slot): renewals
+    /// confirm its lease, so an expiry of it spends the attempt.
+    started: bool,
 }
 
 /// The reason a cancelled run is stopped with, kept as its last error.
@@ -56,12 +61,105 @@ pub struct Leases {
     held: Arc<Mutex<HashMap<RunId, Held>>>,
     /// Wakes the fence task when a lease is added: its fence may come first.
     added: Arc<Notify>,
+    calls: Arc<Mutex<LeasingCalls>>,
 }
+
+/// The calls that lease jobs to this host (its fetches, and its result
+/// writes that lease the next jobs), so the heartbeat can tell a lease the
+/// host will never learn of (leased by a call whose answer was lost or
+/// abandoned) from one still on its way.
+///
+/// Lease tokens come from one sequence, so a call leases tokens larger than
+/// every token drawn before it was sent, among them every token any earlier
+/// answer carried. A stray lease whose token is at most the smallest such
+/// floor of the calls that may still answer, and at most the largest token
+/// seen so far, was leased by a call that has finished: if this host does
+/// not hold it by then, it never will.
+#[derive(Default)]
+struct LeasingCalls {
+    next: u64,
+    /// The calls whose answer may still be used, each with the largest
+    /// token this host had been answered with when it was sent.
+    in_flight: HashMap<u64, i64>,
+    /// The largest lease token any answer has carried.
+    largest_seen: i64,
+    /// Runs an answer carried that are not held yet: on their way to start.
+    arriving: HashSet<RunId>,
+}
+
+/// A call that may lease jobs to this host, from its send until its answer
+/// is in hand or it is abandoned (dropped).
+pub struct LeasingCall {
+    calls: Arc<Mutex<LeasingCalls>>,
+    id: u64,
+}
+
+impl LeasingCall {
+    /// The call's answer: the jobs it leased are on their way to be held.
+    pub fn answered(&self, jobs: &[FetchedJob]) {
+        let mut calls = lock_calls(&self.calls);
+        for job in jobs {
+            calls.largest_seen = calls.largest_seen.max(job.lease_token);
+            calls.arriving.insert(RunId { job_id: job.id, lease_token: job.lease_token });
+        }
+    }
+}
+
+impl Drop for LeasingCall {
+    fn drop(&mut self) {
+        lock_calls(&self.calls).in_flight.remove(&self.id);
+    }
+}
+
+fn lock_calls(calls: &Mutex<LeasingCalls>) -> std::sync::MutexGuard<'_, LeasingCalls> {
+    // Updates are plain map operations that cannot panic midway.
+    calls.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Why a stray lease is handed back: the host never knew of its job.
+pub const STRAY: &str = "leased to this host by a write whose answer never reached it";
 
 impl Leases {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Held>> {
         // Updates are plain map operations that cannot panic midway.
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a call that may lease jobs to this host, before it is sent.
+    pub fn leasing_call(&self) -> LeasingCall {
+        let mut calls = lock_calls(&self.calls);
+        let id = calls.next;
+        calls.next += 1;
+        let floor = calls.largest_seen;
+        calls.in_flight.insert(id, floor);
+        LeasingCall { calls: self.calls.clone(), id }
+    }
+
+    /// The largest token a stray lease may have for this host to be sure,
+    /// whatever happens after this moment, that no call it may still use
+    /// the answer of leased it (see [`LeasingCalls`]).
+    fn stray_floor(&self) -> i64 {
+        let calls = lock_calls(&self.calls);
+        calls.in_flight.values().copied().fold(calls.largest_seen, i64::min)
+    }
+
+    /// The strays a renewal found that this host can hand back: leased
+    /// before `floor` (taken before the renewal was sent) and neither held
+    /// nor on their way to be held now.
+    fn strays_to_hand_back(&self, strays: Vec<StrayLease>, floor: i64) -> Vec<StrayLease> {
+        let held = self.lock();
+        let calls = lock_calls(&self.calls);
+        strays
+            .into_iter()
+            .filter(|s| s.run.lease_token <= floor && !held.contains_key(&s.run) && !calls.arriving.contains(&s.run))
+            .collect()
+    }
+
+    /// Notes that a run's guest has started: renewals confirm its lease.
+    pub fn started(&self, run: RunId) {
+        if let Some(held) = self.lock().get_mut(&run) {
+            held.started = true;
+        }
     }
 
     /// Records a lease taken by a fetch sent at `sent_at`, with the run's
@@ -76,8 +174,18 @@ impl Leases {
     ) {
         let fence_at = sent_at + lease.saturating_sub(margin);
         let (signal, progress) = link;
-        let held = Held { lease, fence_at, signal, progress, ended_at: None, overdue: false, cancelled: false };
+        let held = Held {
+            lease,
+            fence_at,
+            signal,
+            progress,
+            ended_at: None,
+            overdue: false,
+            cancelled: false,
+            started: false,
+        };
         self.lock().insert(run, held);
+        lock_calls(&self.calls).arriving.remove(&run);
         self.added.notify_one();
     }
 
@@ -111,11 +219,13 @@ impl Leases {
     }
 
     /// The runs to renew at `now`: every running one, and each ended one
-    /// whose result has been on its way for less than a lease; and the
-    /// running ones' progress that changed since it was last sent.
-    fn to_renew(&self, now: Instant) -> (Vec<RunId>, Vec<RunProgress>) {
+    /// whose result has been on its way for less than a lease; those of
+    /// them whose guests started; and the running ones' progress that
+    /// changed since it was last sent.
+    fn to_renew(&self, now: Instant) -> (Vec<RunId>, Vec<RunId>, Vec<RunProgress>) {
         let mut held = self.lock();
         let mut renew = Vec::with_capacity(held.len());
+        let mut started = Vec::with_capacity(held.len());
         let mut progress = Vec::new();
         let mut overdue = Vec::new();
         for (run, lease) in held.iter_mut() {
@@ -126,7 +236,12 @@ impl Leases {
                         overdue.push(run.job_id);
                     }
                 }
-                _ => renew.push(*run),
+                _ => {
+                    renew.push(*run);
+                    if lease.started {
+                        started.push(*run);
+                    }
+                }
             }
             if lease.ended_at.is_none()
                 && let Some((done, total)) = lease.progress.take_changed()
@@ -140,7 +255,7 @@ impl Leases {
                 "results not written within a lease of their runs' end; no longer renewing their leases, so the jobs will be redelivered"
             );
         }
-        (renew, progress)
+        (renew, started, progress)
     }
 
     /// Progress a renewal did not deliver goes with the next one.
@@ -251,11 +366,15 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
                 "results cannot be written: not renewing leases, so this host's jobs go to the rest of the fleet"
             );
         } else {
-            let (asked, progress) = leases.to_renew(sent_at);
-            match tokio::time::timeout(deadline, store.lease_renew(&host.id, &asked, &progress)).await {
-                Ok(Ok(renewal)) => {
+            let (asked, started, progress) = leases.to_renew(sent_at);
+            let floor = leases.stray_floor();
+            let renew = LeaseRenew { host_id: &host.id, runs: &asked, started: &started, progress: &progress };
+            match tokio::time::timeout(deadline, store.lease_renew(&renew)).await {
+                Ok(Ok(mut renewal)) => {
                     metrics.leases_renewed(renewal.renewed.len(), renewal.lost.len());
                     leases.renewed(&renewal, margin, sent_at);
+                    let strays = leases.strays_to_hand_back(std::mem::take(&mut renewal.strays), floor);
+                    hand_back_strays(store.as_ref(), strays, deadline).await;
                     // A run passed over for a lock did not write its progress.
                     let renewed: std::collections::HashSet<&RunId> = renewal.renewed.iter().collect();
                     let unwritten: Vec<RunProgress> =
@@ -277,6 +396,37 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
             Ok(Err(error)) => tracing::warn!(%error, "cannot refresh this host's fleet membership"),
             Err(_) => tracing::warn!(?deadline, "refreshing this host's fleet membership got no answer in time"),
         }
+    }
+}
+
+/// Hands back jobs leased to this host by a call whose answer never
+/// reached it, at once and with their attempt given back, so they start
+/// elsewhere now instead of when their lease expires (a whole concurrency
+/// `duration` for a limited key, holding the key meanwhile). Each is matched
+/// on its lease token, so one since taken over changes nothing. One that
+/// cannot be handed back now is found by the next heartbeat.
+async fn hand_back_strays(store: &dyn Store, strays: Vec<StrayLease>, deadline: Duration) {
+    if strays.is_empty() {
+        return;
+    }
+    let jobs: Vec<i64> = strays.iter().map(|s| s.run.job_id).collect();
+    let releases = strays
+        .into_iter()
+        .map(|s| Finish {
+            id: s.run.job_id,
+            lease_token: s.run.lease_token,
+            attempt: s.attempt,
+            outcome: FinishOutcome::Release { reason: STRAY.to_string() },
+            log: serde_json::Value::Null,
+            progress: None,
+            concurrency_key: s.concurrency_key,
+            batch_id: s.batch_id,
+        })
+        .collect();
+    match tokio::time::timeout(deadline, store.job_finish(releases)).await {
+        Ok(Ok(_)) => tracing::warn!(?jobs, "handed back jobs leased to this host by a write whose answer was lost"),
+        Ok(Err(error)) => tracing::warn!(%error, ?jobs, "cannot hand back jobs leased by a lost write; retrying"),
+        Err(_) => tracing::warn!(?jobs, "handing back jobs leased by a lost write got no answer; retrying"),
     }
 }
 
@@ -312,7 +462,8 @@ mod tests {
         leases.hold(run(2, 8), LEASE, MARGIN, fetched, (lost.clone(), LiveProgress::new()));
         leases.hold(run(3, 9), LEASE, MARGIN, fetched, (busy.clone(), LiveProgress::new()));
         let renewed_at = fetched + Duration::from_secs(5);
-        let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![run(2, 8)], cancelled: vec![] };
+        let renewal =
+            LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![run(2, 8)], cancelled: vec![], ..Default::default() };
         leases.renewed(&renewal, MARGIN, renewed_at);
         assert!(lost.is_stopped(), "a lost lease is someone else's");
         assert!(!kept.is_stopped() && !busy.is_stopped());
@@ -330,7 +481,8 @@ mod tests {
         leases.hold(run(1, 7), LEASE, MARGIN, fetched, (old.clone(), LiveProgress::new()));
         leases.hold(run(1, 8), LEASE, MARGIN, fetched, (new.clone(), LiveProgress::new()));
         assert_eq!(leases.count(), 2);
-        let renewal = LeaseRenewal { renewed: vec![run(1, 8)], lost: vec![run(1, 7)], cancelled: vec![] };
+        let renewal =
+            LeaseRenewal { renewed: vec![run(1, 8)], lost: vec![run(1, 7)], cancelled: vec![], ..Default::default() };
         leases.renewed(&renewal, MARGIN, fetched + Duration::from_secs(5));
         assert!(old.is_stopped() && !new.is_stopped(), "the old run is lost, the new one renewed");
         leases.release(run(1, 7));
@@ -362,10 +514,68 @@ mod tests {
         let leases = Leases::default();
         let signal = StopSignal::new();
         leases.hold(run(1, 7), LEASE, MARGIN, Instant::now(), (signal.clone(), LiveProgress::new()));
-        let renewal = LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![], cancelled: vec![run(1, 7)] };
+        let renewal =
+            LeaseRenewal { renewed: vec![run(1, 7)], lost: vec![], cancelled: vec![run(1, 7)], ..Default::default() };
         leases.renewed(&renewal, MARGIN, Instant::now());
         assert_eq!(signal.reason(), Some(CANCELLED));
         assert!(leases.ended(run(1, 7)), "the run ends as cancelled");
+    }
+
+    fn leased(job_id: i64, lease_token: i64) -> FetchedJob {
+        FetchedJob {
+            id: job_id,
+            lease_token,
+            job: "j".into(),
+            queue: "default".into(),
+            payload: serde_json::json!({}),
+            attempt: 1,
+            max_attempts: 3,
+            enqueued_at: chrono::Utc::now(),
+            batch_id: None,
+            concurrency_key: None,
+            lease_secs: 10,
+        }
+    }
+
+    fn stray(job_id: i64, lease_token: i64) -> StrayLease {
+        StrayLease { run: run(job_id, lease_token), attempt: 1, concurrency_key: None, batch_id: None }
+    }
+
+    fn handed_back(leases: &Leases, strays: &[StrayLease], floor: i64) -> Vec<RunId> {
+        leases.strays_to_hand_back(strays.to_vec(), floor).into_iter().map(|s| s.run).collect()
+    }
+
+    /// A lease this host does not hold is handed back only once no call
+    /// whose answer it may still use can have leased it: its token is no
+    /// larger than every token drawn before such a call was sent.
+    #[test]
+    fn only_strays_no_live_call_can_have_leased_are_handed_back() {
+        let leases = Leases::default();
+        let fetch = leases.leasing_call();
+        fetch.answered(&[leased(1, 5)]);
+        drop(fetch);
+        let floor = leases.stray_floor();
+        assert_eq!(floor, 5);
+        assert!(handed_back(&leases, &[stray(1, 5)], floor).is_empty(), "answered, on its way to start");
+        leases.hold(run(1, 5), LEASE, MARGIN, Instant::now(), (StopSignal::new(), LiveProgress::new()));
+        assert!(handed_back(&leases, &[stray(1, 5)], floor).is_empty(), "held");
+
+        // A write in flight may lease any token drawn after it was sent.
+        let write = leases.leasing_call();
+        let floor = leases.stray_floor();
+        assert_eq!(handed_back(&leases, &[stray(2, 4), stray(3, 7)], floor), [run(2, 4)]);
+        // Its answer came, with a larger token: token 7 was not its own, so
+        // its call has ended without this host ever learning of it.
+        write.answered(&[leased(4, 9)]);
+        drop(write);
+        let floor = leases.stray_floor();
+        assert_eq!(handed_back(&leases, &[stray(3, 7), stray(4, 9)], floor), [run(3, 7)]);
+        // An abandoned call's leases are strays once nothing older is in flight.
+        let abandoned = leases.leasing_call();
+        let later = leases.leasing_call();
+        drop(abandoned);
+        assert_eq!(leases.stray_floor(), 9, "the call still in flight was sent after token 9 was seen");
+        drop(later);
     }
 
     /// A renewal that never answers cannot hold the fence back: the guest

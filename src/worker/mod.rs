@@ -291,9 +291,11 @@ impl Worker {
             slots.truncate(limit);
             let params = spec.params(slots.len() as i64);
             let sent_at = Instant::now();
+            let call = self.leases.leasing_call();
             let jobs = match self.store.job_fetch(&params).await {
                 Ok(jobs) => {
                     self.metrics.fetched(jobs.len());
+                    call.answered(&jobs);
                     jobs
                 }
                 Err(error) => {
@@ -307,6 +309,7 @@ impl Worker {
                 let slot = slots.pop().expect("the fetch returns at most `limit` jobs");
                 self.start(Handoff { job, slot, sent_at }, launch);
             }
+            drop(call);
             drop(slots);
             if idle {
                 // Jobs the completer leases meanwhile start as they come, but
@@ -375,10 +378,13 @@ impl Worker {
                         None
                     }
                 };
-                if running.is_some() && waiting_since.elapsed() >= STARTED_AT_SLACK {
-                    // The fetch set `started_at` to the lease time; the job
-                    // starts only now. Off the run's path, in a batch.
-                    started.note(run);
+                if running.is_some() {
+                    leases.started(run);
+                    if waiting_since.elapsed() >= STARTED_AT_SLACK {
+                        // The fetch set `started_at` to the lease time; the
+                        // job starts only now. Off the run's path, in a batch.
+                        started.note(run);
+                    }
                 }
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {

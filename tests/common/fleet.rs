@@ -143,7 +143,7 @@ pub async fn wait_serving(db: &TestDb, hosts: &[&Host], job_types: usize) {
 pub async fn redone_after(db: &TestDb, host: &Host) -> i64 {
     let errors = db.dialect("errors::text", "errors");
     db.scalar(format!(
-        "SELECT count(*) FROM jobhost.archive WHERE {errors} LIKE '%lease expired: host {}'",
+        "SELECT count(*) FROM jobhost.archive WHERE {errors} LIKE '%lease expired%host {}'",
         host.id_pattern()
     ))
     .await

@@ -197,6 +197,18 @@ pub async fn confirm_started(db: &db::TestDb, runs: &[jobhost::store::RunId]) {
     db.store.lease_started(runs).await.expect("record the runs' start");
 }
 
+/// Renews `runs` as host `host`'s heartbeat would, every one of them
+/// started, recording `progress`.
+pub async fn renew(
+    db: &db::TestDb,
+    host: &str,
+    runs: &[jobhost::store::RunId],
+    progress: &[jobhost::store::RunProgress],
+) -> jobhost::store::LeaseRenewal {
+    let renew = jobhost::store::LeaseRenew { host_id: host, runs, started: runs, progress };
+    db.store.lease_renew(&renew).await.expect("renew")
+}
+
 /// A successful run with no children.
 pub fn completed() -> jobhost::store::FinishOutcome {
     let output = jobhost::types::JsonText::from(&serde_json::json!({"ok": true}));

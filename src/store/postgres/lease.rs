@@ -4,17 +4,18 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use crate::store::{LeaseRenewal, Result, RunId, RunProgress};
+use crate::store::lease::StrayRow;
+use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
 
-/// Sets the `started_at` of the current runs among `runs` to now. Locks:
-/// those jobs' rows.
+/// Sets the `started_at` of the current runs among `runs` to now and
+/// confirms their leases. Locks: those jobs' rows.
 pub async fn started(pool: &PgPool, runs: &[RunId]) -> Result<()> {
     if runs.is_empty() {
         return Ok(());
     }
     let (ids, tokens): (Vec<i64>, Vec<i64>) = runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
     sqlx::query(
-        "UPDATE jobhost.jobs j SET started_at = now()
+        "UPDATE jobhost.jobs j SET started_at = now(), confirmed_token = j.lease_token
          FROM unnest($1::bigint[], $2::bigint[]) AS r(id, lease_token)
          WHERE j.id = r.id AND j.lease_token = r.lease_token AND j.state = 'running'",
     )
@@ -25,38 +26,52 @@ pub async fn started(pool: &PgPool, runs: &[RunId]) -> Result<()> {
     Ok(())
 }
 
-/// Renews every running job of this host in one statement. Locks: the
-/// renewed rows, briefly, taken with `SKIP LOCKED` so a renewal never waits
-/// behind another transaction (this host's own result write stuck on a
-/// semaphore row, an operator's statement); a skipped run is reported as
-/// neither renewed nor lost and keeps its fence. Whether a run is lost is
-/// read from the statement's snapshot, where a locked row is still visible.
-pub async fn renew(pool: &PgPool, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
-    if runs.is_empty() {
-        return Ok(LeaseRenewal::default());
-    }
-    let (ids, tokens): (Vec<i64>, Vec<i64>) = runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
-    let rows: Vec<(i64, i64, bool, bool, bool)> = sqlx::query_as(include_str!("sql/renew.sql"))
-        .bind(host_id)
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(progress.iter().map(|p| p.run.job_id).collect::<Vec<_>>())
-        .bind(progress.iter().map(|p| p.run.lease_token).collect::<Vec<_>>())
-        .bind(progress.iter().map(|p| Json(p.document())).collect::<Vec<_>>())
-        .fetch_all(pool)
-        .await?;
+/// Renews every running job of this host in one statement, confirming
+/// those that started. Locks: the renewed rows, briefly, taken with `SKIP
+/// LOCKED` so a renewal never waits behind another transaction (this
+/// host's own result write stuck on a semaphore row, an operator's
+/// statement); a skipped run is reported as neither renewed nor lost and
+/// keeps its fence. Whether a run is lost is read from the statement's
+/// snapshot, where a locked row is still visible. A second statement reads
+/// the host's strays (a read; locks nothing).
+pub async fn renew(pool: &PgPool, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = renew.runs.iter().map(|r| (r.job_id, r.lease_token)).unzip();
     let mut renewal = LeaseRenewal::default();
-    for (job_id, lease_token, renewed, cancel, ours) in rows {
-        let run = RunId { job_id, lease_token };
-        if cancel {
-            renewal.cancelled.push(run);
-        }
-        if renewed {
-            renewal.renewed.push(run);
-        } else if !ours {
-            renewal.lost.push(run);
+    if !renew.runs.is_empty() {
+        let progress = renew.progress;
+        let rows: Vec<(i64, i64, bool, bool, bool)> = sqlx::query_as(include_str!("sql/renew.sql"))
+            .bind(renew.host_id)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(progress.iter().map(|p| p.run.job_id).collect::<Vec<_>>())
+            .bind(progress.iter().map(|p| p.run.lease_token).collect::<Vec<_>>())
+            .bind(progress.iter().map(|p| Json(p.document())).collect::<Vec<_>>())
+            .bind(renew.started.iter().map(|r| r.job_id).collect::<Vec<_>>())
+            .fetch_all(pool)
+            .await?;
+        for (job_id, lease_token, renewed, cancel, ours) in rows {
+            let run = RunId { job_id, lease_token };
+            if cancel {
+                renewal.cancelled.push(run);
+            }
+            if renewed {
+                renewal.renewed.push(run);
+            } else if !ours {
+                renewal.lost.push(run);
+            }
         }
     }
+    let strays: Vec<StrayRow> = sqlx::query_as(
+        "SELECT id, lease_token, attempt, concurrency_key, batch_id FROM jobhost.jobs
+         WHERE host_id = $1 AND state = 'running' AND confirmed_token IS DISTINCT FROM lease_token
+           AND (id, lease_token) NOT IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))",
+    )
+    .bind(renew.host_id)
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_all(pool)
+    .await?;
+    renewal.strays = strays.into_iter().map(StrayLease::from).collect();
     Ok(renewal)
 }
 

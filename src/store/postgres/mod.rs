@@ -31,7 +31,8 @@
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
 //! | `unpaused` | 0005_fault_tolerance | the queues not paused |
 //! | `finish_runs_unless_locked` | 0016_lock_order (first 0005_fault_tolerance, then 0009) | `finish_runs`, its runs' rows locked first, deferring locked keys and batches |
-//! | `expire_leases` | 0016_lock_order | expired leases rescued, passing over jobs whose key or batch another transaction holds |
+//! | `expire_leases` | 0017_confirmed_leases (first 0016_lock_order) | expired leases rescued, passing over jobs whose key or batch another transaction holds; an unconfirmed lease gives its attempt back |
+//! | `expiry_charges`, `expiry_ends` | 0017_confirmed_leases | whether an expired lease spends its attempt, and ends its job |
 //! | `lock_for_ending` | 0016_lock_order | a job's row, key and batch locked in the lock order, for paths that wait for them |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
 //! | `claim_unique`, `replace_waiting` | 0007_uniqueness | uniqueness claims at enqueue; `on_duplicate` `replace` |
@@ -70,8 +71,8 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, FetchParams,
-    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenewal, Result, RunId,
-    RunProgress, SemaphoreFix, Stats, Store,
+    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal,
+    Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -318,8 +319,8 @@ impl Store for PgStore {
         lease::started(&self.pool, runs).await
     }
 
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
-        lease::renew(&self.pool, host_id, runs, progress).await
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+        lease::renew(&self.pool, renew).await
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {

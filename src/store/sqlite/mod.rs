@@ -54,8 +54,8 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, Error,
-    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenewal,
-    Result, RunId, RunProgress, SemaphoreFix, Stats, Store,
+    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
+    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
 
@@ -536,14 +536,15 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn lease_renew(&self, host_id: &str, runs: &[RunId], progress: &[RunProgress]) -> Result<LeaseRenewal> {
-        if runs.is_empty() {
-            return Ok(LeaseRenewal::default());
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+        let mut renewal = LeaseRenewal::default();
+        if !renew.runs.is_empty() {
+            let mut tx = self.write().await?;
+            renewal = lease::renew(&mut tx, renew, now_ms()).await?;
+            tx.commit_settling(false).await?;
         }
-        let mut tx = self.write().await?;
-        let renewed = lease::renew(&mut tx, host_id, runs, progress).await?;
-        tx.commit().await?;
-        Ok(renewed)
+        renewal.strays = lease::strays(&self.reader, renew.host_id, renew.runs).await?;
+        Ok(renewal)
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {

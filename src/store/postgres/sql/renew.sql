@@ -1,7 +1,8 @@
 -- Renews the leases a host asks about and says, for each run, whether it
 -- was renewed, whether an operator asked to cancel it, and whether it is
 -- still this host's; a renewed run among $4..$6 (ids, tokens, documents)
--- records its latest progress. Locks: the rows renewed,
+-- records its latest progress, and one among $7 (ids of runs whose guests
+-- started) is confirmed: its expiry will spend the attempt. Locks: the rows renewed,
 -- taken with SKIP LOCKED so a row another transaction holds is passed over
 -- instead of waited for. Every part of the statement sees one snapshot, so
 -- a row locked by an uncommitted transaction still reads as this host's.
@@ -15,7 +16,8 @@ WITH asked AS (
 ), renewed AS (
     UPDATE jobhost.jobs j
     SET lease_expires_at = now() + j.lease_secs * interval '1 second',
-        progress = coalesce(p.progress, j.progress)
+        progress = coalesce(p.progress, j.progress),
+        confirmed_token = CASE WHEN j.id = ANY($7::bigint[]) THEN j.lease_token ELSE j.confirmed_token END
     FROM lockable l
     LEFT JOIN unnest($4::bigint[], $5::bigint[], $6::jsonb[]) AS p(id, lease_token, progress)
         ON p.id = l.id AND p.lease_token = l.lease_token
