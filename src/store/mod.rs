@@ -99,6 +99,18 @@ pub enum Error {
     /// than its newest one: it was migrated by a different build.
     #[error("this database has migration {0}, which this jobhost does not carry: use the jobhost that migrated it")]
     SchemaUnknown(i64),
+    /// A migration kept giving up on its locks: a transaction held its
+    /// tables for longer than migrating waits.
+    #[error(
+        "migration {version} could not take its locks for {waited_secs} s: another transaction holds its tables; \
+         end it (see pg_stat_activity) or migrate again later"
+    )]
+    MigrationBlocked {
+        /// The migration.
+        version: i64,
+        /// How long it kept trying.
+        waited_secs: u64,
+    },
     /// The database URL names no supported backend.
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedUrl(String),

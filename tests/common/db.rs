@@ -59,6 +59,16 @@ impl TestDb {
     /// A database of its own on the PostgreSQL server at `server`
     /// (`postgres://USER@HOST:PORT`, no database name).
     pub async fn postgres_on(server: &str) -> TestDb {
+        Self::postgres_migrated_to(server, None).await
+    }
+
+    /// A database of its own on the local server, migrated only up to
+    /// `version`: for tests of the migrations themselves.
+    pub async fn postgres_at(version: i64) -> TestDb {
+        Self::postgres_migrated_to(&server_url(), Some(version)).await
+    }
+
+    async fn postgres_migrated_to(server: &str, version: Option<i64>) -> TestDb {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let name = format!("jobhost_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let admin = PgPool::connect(&format!("{server}/postgres")).await.expect("connect to PostgreSQL");
@@ -70,7 +80,7 @@ impl TestDb {
         admin.close().await;
         let url = format!("{server}/{name}");
         let store = PgStore::connect(&url, 20).await.expect("connect to the test database");
-        store.schema_migrate().await.expect("migrations apply");
+        store.schema_migrate_to(version).await.expect("migrations apply");
         let options: PgConnectOptions = url.parse().expect("a PostgreSQL URL");
         let pool = PgPoolOptions::new()
             .max_connections(5)

@@ -51,6 +51,7 @@ mod finish;
 mod host;
 mod job;
 mod lease;
+mod migrate;
 mod operate;
 mod schedule;
 mod unique;
@@ -167,6 +168,17 @@ impl PgStore {
         PgStore { limits, ..self }
     }
 
+    /// Applies the migrations up to `target` (all when `None`), each
+    /// without holding a table the fleet writes for longer than a moment
+    /// (see [`migrate`]): for upgrades staged a migration at a time, and the
+    /// tests that run each migration under a working fleet.
+    ///
+    /// # Errors
+    /// As [`Store::schema_migrate`].
+    pub async fn schema_migrate_to(&self, target: Option<i64>) -> Result<()> {
+        migrate::run(&self.options, &sqlx::migrate!("./migrations/postgres"), target).await
+    }
+
     /// The pool, for tests that check invariants with their own SQL.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -257,26 +269,7 @@ impl Store for PgStore {
     }
 
     async fn schema_migrate(&self) -> Result<()> {
-        // One connection whose search path keeps the migrator's bookkeeping
-        // table in the jobhost schema. The migrator takes an advisory lock,
-        // so hosts starting together apply each migration once.
-        let options = self.options.clone().options([("search_path", "jobhost")]);
-        let pool = PgPoolOptions::new().max_connections(1).connect_with(options).await?;
-        let created = sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&pool).await;
-        if created.is_err() {
-            // Another host created it at the same moment; anything else fails again here.
-            sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&pool).await?;
-        }
-        let migrator = sqlx::migrate!("./migrations/postgres");
-        let migrated = match applied_migrations(&pool).await {
-            Ok(applied) => match super::schema::check_known(&applied, &migrator) {
-                Ok(()) => migrator.run(&pool).await.map_err(Into::into),
-                Err(refused) => Err(refused),
-            },
-            Err(error) => Err(error),
-        };
-        pool.close().await;
-        migrated
+        self.schema_migrate_to(None).await
     }
 
     async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
@@ -499,11 +492,11 @@ async fn notify_available(conn: &mut sqlx::PgConnection) -> Result<()> {
 }
 
 /// The versions of the migrations the database records as applied (none on a new database).
-async fn applied_migrations(pool: &PgPool) -> Result<Vec<i64>> {
+async fn applied_migrations(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
     let recorded: bool =
-        sqlx::query_scalar("SELECT to_regclass('jobhost._sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+        sqlx::query_scalar("SELECT to_regclass('jobhost._sqlx_migrations') IS NOT NULL").fetch_one(&mut *conn).await?;
     if !recorded {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_scalar("SELECT version FROM jobhost._sqlx_migrations").fetch_all(pool).await?)
+    Ok(sqlx::query_scalar("SELECT version FROM jobhost._sqlx_migrations").fetch_all(conn).await?)
 }
