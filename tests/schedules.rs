@@ -95,23 +95,24 @@ async fn a_new_schedule_starts_at_its_registration_and_catches_up_with_the_lates
     assert!(look.enqueued.is_empty(), "{look:?}");
     assert_eq!(look.next_tick, Some(whole + seconds(1)));
 
-    // Ten ticks later, a host that has not looked since: the latest two (its backfill).
+    // Twelve ticks later, longer than `max_pause` after any host looked: a
+    // host starting then enqueues the latest two (its backfill).
     let mut starting = scheduler(db.dyn_store());
-    let now = whole + TimeDelta::milliseconds(10_500);
+    let now = whole + TimeDelta::milliseconds(12_500);
     starting.run_once(Some(now)).await.unwrap();
-    assert_eq!(tick_texts(&db, "report").await, [text(whole + seconds(9)), text(whole + seconds(10))]);
+    assert_eq!(tick_texts(&db, "report").await, [text(whole + seconds(11)), text(whole + seconds(12))]);
     let scopes = db.texts("SELECT payload->>'scope' FROM jobhost.jobs WHERE job = 'report'").await;
     assert_eq!(scopes, ["all", "all"], "the declared payload, with the tick added");
 
     // The same host looking on: every tick since its last look, even two at once.
     starting.run_once(Some(now + seconds(2))).await.unwrap();
     assert_eq!(tick_texts(&db, "report").await.len(), 4);
-    assert_eq!(tick_texts(&db, "report").await[3], text(whole + seconds(12)));
+    assert_eq!(tick_texts(&db, "report").await[3], text(whole + seconds(14)));
 
     // After a pause longer than `max_pause` the ticks in between were missed.
     starting.run_once(Some(now + seconds(40))).await.unwrap();
     let ticks = tick_texts(&db, "report").await;
-    assert_eq!(ticks[4..], [text(whole + seconds(49)), text(whole + seconds(50))]);
+    assert_eq!(ticks[4..], [text(whole + seconds(51)), text(whole + seconds(52))]);
     assert_eq!(ticks.len(), 6);
 }
 
