@@ -418,7 +418,7 @@ async fn waiting_for_a_job_returns_when_it_ends(db: TestDb) {
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     let ended = waiter.await.unwrap().unwrap().expect("it ended within the wait");
     assert_eq!(ended.row.state, JobState::Completed);
-    assert_eq!(ended.row.output, Some(json!({"ok": true})));
+    assert_eq!(ended.output, Some(json!({"ok": true})));
     // An ended job answers at once; a live one runs out the clock; a missing one is an error.
     assert!(db.store.job_wait(id, Duration::ZERO).await.unwrap().is_some());
     let live = db.store.job_enqueue(&work(1)).await.unwrap()[0];
@@ -533,14 +533,14 @@ async fn a_running_job_opens_a_batch_whose_callback_fires_once_its_members_end(d
         "label": "opened by a job", "callback_payload": {"name": "callback"}}});
     let parent = run_to_end(&db, "batcher", open).await;
     assert_eq!(parent.row.state, JobState::Completed, "{:?}", parent.row.error);
-    assert_eq!(parent.row.output.as_ref().unwrap()["opened"], 0);
+    assert_eq!(parent.output.as_ref().unwrap()["opened"], 0);
     let opened = the_only_batch(&db).await;
     assert_eq!((opened.label.as_deref(), opened.counts.total), (Some("opened by a job"), 3));
     let id = opened.id;
     common::eventually(WITHIN, || async { batch(&db, id).await.callback_jobs.contains_key("on_finish") }).await;
     let callback = batch(&db, id).await.callback_jobs["on_finish"];
     let ended = db.store.job_wait(callback, WITHIN).await.unwrap().unwrap();
-    assert_eq!(ended.row.output.as_ref().unwrap()["greeting"], "hello, callback");
+    assert_eq!(ended.output.as_ref().unwrap()["greeting"], "hello, callback");
     assert_eq!(ended.payload["_batch"]["completed"], 3);
     host.stop().await;
     assert_eq!(jobs_of(&db, "hello").await, 4, "three members and one callback");

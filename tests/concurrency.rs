@@ -87,7 +87,7 @@ async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself(db: Tes
     let next = db.store.job_get(next).await.unwrap().unwrap();
     assert_eq!(long.row.state, JobState::Completed);
     assert_eq!(long.row.attempts, 1, "never presumed dead: {:?}", long.errors);
-    let (long_out, next_out) = (long.row.output.unwrap(), next.row.output.unwrap());
+    let (long_out, next_out) = (long.output.unwrap(), next.output.unwrap());
     assert!(
         long_out["ended_ms"].as_u64().unwrap() - long_out["started_ms"].as_u64().unwrap() >= 3000,
         "ran past three durations"

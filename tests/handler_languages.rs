@@ -70,7 +70,7 @@ async fn logs_reports_progress_and_enqueues(db: TestDb, lang: &Language) {
     let job = ended(&db, id).await;
     assert_eq!(job.row.state, JobState::Completed, "{job:?}");
     let greeting = format!("{}Ada", lang.greeting);
-    assert_eq!(job.row.output, Some(json!({"greeting": greeting, "attempt": 1})));
+    assert_eq!(job.output, Some(json!({"greeting": greeting, "attempt": 1})));
     let lines = &job.log.as_ref().unwrap()["lines"];
     assert_eq!(lines[0]["message"], "greeting Ada", "{lines}");
     assert_eq!(lines[0]["level"], "info");
@@ -96,7 +96,7 @@ async fn is_retried_and_an_exception_traps(db: TestDb, lang: &Language) {
     let id = enqueue(&db, &lang.hello(), json!({"name": "Barbara", "fail_times": 2})).await;
     let job = ended(&db, id).await;
     assert_eq!(job.row.state, JobState::Completed, "{job:?}");
-    assert_eq!(job.row.output.as_ref().unwrap()["attempt"], 3);
+    assert_eq!(job.output.as_ref().unwrap()["attempt"], 3);
     let errors = job.errors.as_array().unwrap();
     assert_eq!(errors.len(), 2);
     assert_eq!(errors[1]["error"], "attempt 2 failed on purpose");

@@ -195,7 +195,7 @@ async fn numbers_reach_the_guest_and_come_back_unchanged(db: TestDb) {
             .await;
         let job = db.store.job_get(id).await.unwrap().unwrap();
         assert_eq!(exact(&job.payload["echo"]), sent, "the stored payload");
-        assert_eq!(exact(&job.row.output.unwrap()["echo"]), sent, "what the guest saw, echoed");
+        assert_eq!(exact(&job.output.unwrap()["echo"]), sent, "what the guest saw, echoed");
 
         let shown = jobhost(&db, &["job", &id.to_string()]);
         let shown: Value = serde_json::from_slice(&shown.stdout).expect("jobhost job prints JSON");

@@ -516,7 +516,7 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only(d
         async move { store.job_get(id).await.unwrap().unwrap() }
     };
     let hello = get(hello).await;
-    assert_eq!(hello.row.output, Some(json!({"greeting": "hello, Ada", "job_id": hello.row.id})));
+    assert_eq!(hello.output, Some(json!({"greeting": "hello, Ada", "job_id": hello.row.id})));
     assert_eq!(hello.log.unwrap()["lines"][0]["message"], "greeting Ada");
 
     let flaky = get(flaky).await;
@@ -533,7 +533,7 @@ async fn a_host_runs_jobs_retries_and_keeps_children_of_completed_parents_only(d
     let children = |parent: i64| db.scalar(format!("SELECT count(*) FROM jobhost.archive WHERE parent_id = {parent}"));
     assert_eq!(children(parent).await, 3);
     // Inside a host, the fleet's job types are known: the guest saw the error.
-    let parent_output = get(parent).await.row.output.unwrap();
+    let parent_output = get(parent).await.output.unwrap();
     assert!(parent_output["unknown_type_error"].as_str().unwrap().contains("unknown job type"), "{parent_output}");
     assert_eq!(children(failed_parent).await, 0, "a failed parent leaves no children (guarantee 9)");
     host.stop().await;

@@ -159,7 +159,7 @@ async fn wait_for(store: &dyn Store, id: i64, timeout: Duration) -> ExitCode {
         }
         Err(error) => return fail(error),
     };
-    let output = job.row.output.as_ref().map_or("null".to_string(), |o| o.to_string());
+    let output = job.output.as_ref().map_or("null".to_string(), |o| o.to_string());
     println!("{output}");
     if let Some(error) = &job.row.error {
         eprintln!("job {id} {}: {error}", job.row.state);

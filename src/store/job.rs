@@ -325,7 +325,9 @@ pub struct JobFilter {
     pub limit: i64,
 }
 
-/// A job in a listing.
+/// A job in a listing: a summary, never its payload, output, errors or
+/// log, so a page of them costs the same whatever the jobs hold (a job's
+/// documents come one job at a time, in [`JobDetail`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobRow {
     /// The job's id.
@@ -340,9 +342,8 @@ pub struct JobRow {
     pub attempts: i32,
     /// Its rendered concurrency key.
     pub concurrency_key: Option<String>,
-    /// The guest's output document, for a completed job.
-    pub output: Option<serde_json::Value>,
-    /// The last attempt's error.
+    /// The last attempt's error; in a listing its first
+    /// [`ERROR_PREVIEW_CHARS`] characters.
     pub error: Option<String>,
     /// When it was enqueued.
     #[serde(serialize_with = "super::timestamp::serialize")]
@@ -355,12 +356,17 @@ pub struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// How much of a job's last error a listing shows.
+pub const ERROR_PREVIEW_CHARS: i64 = 500;
+
 /// One job in full.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobDetail {
     /// The listing fields.
     #[serde(flatten)]
     pub row: JobRow,
+    /// The guest's output document, for a completed job.
+    pub output: Option<serde_json::Value>,
     /// Its priority.
     pub priority: i16,
     /// The payload document.

@@ -247,7 +247,7 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
             dt { "Finished" } dd { (time(row.finished_at, now)) }
         }
         section { h2 { "Payload" } (json_block(&job.payload)) }
-        @if let Some(output) = &row.output { section { h2 { "Output" } (json_block(output)) } }
+        @if let Some(output) = &job.output { section { h2 { "Output" } (json_block(output)) } }
         @if let Some(errors) = job.errors.as_array().filter(|e| !e.is_empty()) {
             section {
                 h2 { "Errors" }

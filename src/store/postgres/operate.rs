@@ -6,7 +6,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result, Stats};
 
-/// The columns shared by listings of live and archived jobs.
+/// The columns of one job in full, from each table.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at,
     priority, payload, max_attempts, errors, NULL::jsonb AS log, progress, run_at, host_id, parent_id, batch_id";
@@ -18,6 +18,16 @@ const ARCHIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, 
     errors -> -1 ->> 'error' AS error, enqueued_at, started_at, finished_at,
     priority, payload, max_attempts, errors, log, progress, NULL::timestamptz AS run_at, host_id, parent_id, batch_id";
 
+/// The columns a listing shows (and filters on), from each table: never a
+/// payload, an output or a log, and the last error cut to its preview, so
+/// a page costs the same whatever the jobs hold.
+const LIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key,
+    left(errors -> -1 ->> 'error', $10) AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at, batch_id";
+const BLOCKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key,
+    left(errors -> -1 ->> 'error', $10) AS error, enqueued_at, started_at, NULL::timestamptz AS finished_at, batch_id";
+const ARCHIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key,
+    left(errors -> -1 ->> 'error', $10) AS error, enqueued_at, started_at, finished_at, batch_id";
+
 fn row_of(row: &sqlx::postgres::PgRow) -> Result<JobRow> {
     let state: String = row.try_get("state")?;
     Ok(JobRow {
@@ -27,7 +37,6 @@ fn row_of(row: &sqlx::postgres::PgRow) -> Result<JobRow> {
         state: JobState::parse(&state).ok_or_else(|| Error::Decode(format!("unknown job state {state:?}")))?,
         attempts: row.try_get("attempt")?,
         concurrency_key: row.try_get("concurrency_key")?,
-        output: row.try_get::<Option<Json<serde_json::Value>>, _>("output")?.map(|j| j.0),
         error: row.try_get("error")?,
         enqueued_at: row.try_get("enqueued_at")?,
         started_at: row.try_get("started_at")?,
@@ -40,11 +49,11 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
     // Built from constants only; every value is a bound parameter.
     let sql = format!(
         "SELECT * FROM (
-             SELECT {LIVE_COLUMNS} FROM jobhost.jobs
+             SELECT {LIVE_LIST_COLUMNS} FROM jobhost.jobs
              UNION ALL
-             SELECT {BLOCKED_COLUMNS} FROM jobhost.blocked_jobs
+             SELECT {BLOCKED_LIST_COLUMNS} FROM jobhost.blocked_jobs
              UNION ALL
-             SELECT {ARCHIVE_COLUMNS} FROM jobhost.archive
+             SELECT {ARCHIVE_LIST_COLUMNS} FROM jobhost.archive
          ) all_jobs
          WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job = $2)
            AND ($4::bigint IS NULL OR batch_id = $4) AND ($5::text IS NULL OR queue = $5)
@@ -63,6 +72,7 @@ pub async fn list(pool: &PgPool, filter: &JobFilter) -> Result<Vec<JobRow>> {
         .bind(filter.enqueued_since)
         .bind(filter.enqueued_before)
         .bind(filter.before_id)
+        .bind(crate::store::job::ERROR_PREVIEW_CHARS as i32)
         .fetch_all(pool)
         .await?;
     rows.iter().map(row_of).collect()
@@ -82,6 +92,7 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<JobDetail>> {
     };
     Ok(Some(JobDetail {
         row: row_of(&row)?,
+        output: row.try_get::<Option<Json<serde_json::Value>>, _>("output")?.map(|j| j.0),
         priority: row.try_get("priority")?,
         payload: row.try_get::<Json<serde_json::Value>, _>("payload")?.0,
         max_attempts: row.try_get("max_attempts")?,

@@ -33,7 +33,6 @@ fn row_of(row: &SqliteRow) -> Result<JobRow> {
         state: JobState::parse(&state).ok_or_else(|| Error::Decode(format!("unknown job state {state:?}")))?,
         attempts: row.try_get("attempt")?,
         concurrency_key: row.try_get("concurrency_key")?,
-        output: json_column(row, "output")?,
         error: row.try_get("error")?,
         enqueued_at: time_of(row.try_get("enqueued_at")?),
         started_at: row.try_get::<Option<i64>, _>("started_at")?.map(time_of),
@@ -44,12 +43,14 @@ fn row_of(row: &SqliteRow) -> Result<JobRow> {
 /// The columns a listing shows, from each table. Reading a column stored
 /// after the payload walks the payload's overflow pages, so only the rows
 /// listed pay for them.
-const LIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
-    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
-const BLOCKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key, NULL AS output,
-    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, NULL AS finished_at";
-const ARCHIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, output,
-    json_extract(errors, '$[#-1].error') AS error, enqueued_at, started_at, finished_at";
+const LIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key,
+    substr(json_extract(errors, '$[#-1].error'), 1, $ERROR_PREVIEW) AS error, enqueued_at, started_at,
+    NULL AS finished_at";
+const BLOCKED_LIST_COLUMNS: &str = "id, job, queue, 'blocked' AS state, attempt, concurrency_key,
+    substr(json_extract(errors, '$[#-1].error'), 1, $ERROR_PREVIEW) AS error, enqueued_at, started_at,
+    NULL AS finished_at";
+const ARCHIVE_LIST_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key,
+    substr(json_extract(errors, '$[#-1].error'), 1, $ERROR_PREVIEW) AS error, enqueued_at, started_at, finished_at";
 
 /// Lists jobs newest first: the ids are picked first, from indexes and the
 /// id order alone, and only the picked rows are read.
@@ -105,7 +106,8 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter) -> Result<Vec<JobRow>> 
          SELECT {ARCHIVE_LIST_COLUMNS} FROM archive WHERE id IN picked
          ORDER BY id DESC",
         picks.join(" UNION ALL ")
-    );
+    )
+    .replace("$ERROR_PREVIEW", &crate::store::job::ERROR_PREVIEW_CHARS.to_string());
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(filter.limit);
     for value in texts.into_iter().filter_map(|(_, value)| value.as_ref()) {
         query = query.bind(value);
@@ -131,6 +133,7 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
     };
     Ok(Some(JobDetail {
         row: row_of(&row)?,
+        output: json_column(&row, "output")?,
         priority: row.try_get("priority")?,
         payload: json_column(&row, "payload")?.unwrap_or_default(),
         max_attempts: row.try_get("max_attempts")?,

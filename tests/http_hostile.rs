@@ -1,0 +1,135 @@
+//! The HTTP server against a hostile client (issue 33), with real sockets
+//! and a real `jobhost serve` process where its own memory is measured.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+use jobhost::store::{EnqueueParams, FinishOutcome};
+use jobhost::types::JsonText;
+use serde_json::json;
+
+use common::db::{TestDb, on_both_backends};
+use common::http::TestServer;
+use common::{fetch_params, finish, job_config};
+
+/// A `jobhost serve` process, killed when dropped.
+struct Served {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl Served {
+    fn start(db: &TestDb, args: &[&str]) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(["serve", "--no-migrate", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start jobhost serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("its address");
+        let address = line.split("http://").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap();
+        Served { address: address.parse().unwrap(), child }
+    }
+
+    /// A figure of `/proc/PID/status` in bytes: `VmRSS` (resident now) or
+    /// `VmHWM` (the most it has been resident).
+    fn memory(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+/// Fifty archived jobs, each with a payload, an output and a log of about
+/// a mebibyte: what made one listing cost the server gigabytes.
+async fn fifty_heavy_jobs(db: &TestDb) {
+    db.store.job_types_register(&[(job_config("heavy"), "v1".into())]).await.unwrap();
+    let blob = |c: char, bytes: usize| c.to_string().repeat(bytes);
+    let jobs: Vec<_> =
+        (0..50).map(|i| EnqueueParams::new("heavy", json!({ "i": i, "blob": blob('p', MIB - 64) }))).collect();
+    for chunk in jobs.chunks(10) {
+        db.store.job_enqueue(chunk).await.unwrap();
+    }
+    loop {
+        let runs = db.store.job_fetch(&fetch_params("h", &["heavy"], 10)).await.unwrap();
+        if runs.is_empty() {
+            break;
+        }
+        let results = runs
+            .iter()
+            .map(|run| {
+                let output = JsonText::from(&json!({ "report": blob('o', MIB) }));
+                let outcome = FinishOutcome::Completed {
+                    output: Some(output),
+                    children: Vec::new().into(),
+                    batches: Default::default(),
+                };
+                jobhost::store::Finish { log: json!({ "lines": [blob('l', MIB)] }), ..finish(run, outcome) }
+            })
+            .collect();
+        db.store.job_finish(results).await.unwrap();
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 50);
+}
+
+/// Issue 33, item 1: a listing reads a summary of each job, never its
+/// payload, output or log, so no listing, however large its page and
+/// whatever the jobs hold, takes the server past 50 MB above idle. Before,
+/// `/api/jobs?limit=50` over these jobs took it from 15 MB to 3.3 GB.
+async fn a_listing_costs_the_server_little_whatever_the_jobs_hold(db: TestDb) {
+    fifty_heavy_jobs(&db).await;
+    let served = Served::start(&db, &[]);
+    let client = TestServer::at(served.address);
+    assert!(client.get("/api/health").await.status.is_success());
+    let idle = served.memory("VmRSS");
+    let above_idle = || served.memory("VmHWM").saturating_sub(idle) as f64 / MIB as f64;
+    for path in ["/api/jobs?limit=50", "/api/jobs?limit=500", "/api/jobs?state=completed", "/jobs", "/jobs?job=heavy"] {
+        let answer = client.get(path).await;
+        assert!(answer.status.is_success(), "{path}: {}", answer.status);
+        assert!(answer.body.len() < 200_000, "{path} answered {} bytes", answer.body.len());
+        assert!(!answer.body.contains("ooooooooo"), "{path} carries an output");
+        let above = above_idle();
+        assert!(above < 50.0, "{path} took the server {above:.1} MiB above idle");
+    }
+    eprintln!(
+        "{:?}: idle {:.1} MiB; every listing alone, {:.1} MiB above",
+        db.backend,
+        idle as f64 / MIB as f64,
+        above_idle()
+    );
+    // Ten at once: each takes a connection of its own, and on SQLite each
+    // connection's page cache and thread are this process's.
+    let mut lists = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let client = TestServer::at(served.address);
+        lists.spawn(async move { client.get("/api/jobs?limit=500").await });
+    }
+    while let Some(answer) = lists.join_next().await {
+        assert_eq!(answer.unwrap().json()["jobs"].as_array().unwrap().len(), 50);
+    }
+    let above = above_idle();
+    eprintln!("{:?}: ten listings at once, {above:.1} MiB above idle", db.backend);
+    assert!(above < 100.0, "ten listings at once took the server {above:.1} MiB above idle");
+    // One job in full still has it all.
+    let one = client.get("/api/jobs?limit=1").await.json()["jobs"][0]["id"].as_i64().unwrap();
+    let detail = client.get(&format!("/api/jobs/{one}")).await.json();
+    assert_eq!(detail["output"]["report"].as_str().map(str::len), Some(MIB));
+}
+
+on_both_backends!(a_listing_costs_the_server_little_whatever_the_jobs_hold);
