@@ -7,9 +7,15 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use jobhost::http::{ConnectionLimits, HttpConfig};
 use jobhost::store::{EnqueueParams, FinishOutcome};
 use jobhost::types::JsonText;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use common::db::{TestDb, on_both_backends};
 use common::http::TestServer;
@@ -133,3 +139,68 @@ async fn a_listing_costs_the_server_little_whatever_the_jobs_hold(db: TestDb) {
 }
 
 on_both_backends!(a_listing_costs_the_server_little_whatever_the_jobs_hold);
+
+/// A server holding only `max_connections` at once, closing one that has
+/// not sent a request head within `header_timeout`.
+async fn bounded_server(db: &TestDb, max_connections: usize, header_timeout: Duration) -> TestServer {
+    let config = HttpConfig {
+        connections: ConnectionLimits { max_connections, header_timeout },
+        ..HttpConfig::new("127.0.0.1:0".parse().unwrap())
+    };
+    TestServer::serving(&config, db.dyn_store(), jobhost::metrics::Metrics::default()).await
+}
+
+/// A connection that sends half a request head and then nothing.
+async fn half_request(address: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    stream.write_all(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").await.expect("write half a head");
+    stream
+}
+
+/// Issue 33, item 2 (slowloris): a connection that never finishes its
+/// request head is closed after the header timeout, and more of them than
+/// the server serves at once only wait their turn in the kernel's queue;
+/// `/api/health` is still answered. Before, such connections stayed open
+/// for ever, and 1,030 of them took every descriptor of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_requests_past_the_connection_cap_never_keep_health_from_answering() {
+    let db = TestDb::sqlite().await;
+    let server = bounded_server(&db, 16, Duration::from_millis(500)).await;
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        held.push(half_request(server.address).await);
+    }
+    let health = tokio::time::timeout(Duration::from_secs(30), server.get("/api/health")).await;
+    assert_eq!(health.expect("answered while half-requests wait").status, StatusCode::OK);
+    for mut stream in held {
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut rest))
+            .await
+            .expect("the server closed the half-request")
+            .ok();
+    }
+}
+
+/// The cap holds: while as many half-requests as the server serves are
+/// open (its header timeout long), a whole request on one more connection
+/// waits, and is answered as soon as one of them goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_for_a_free_one() {
+    let db = TestDb::sqlite().await;
+    let server = bounded_server(&db, 4, Duration::from_secs(120)).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(half_request(server.address).await);
+    }
+    let mut waiting = tokio::spawn({
+        let client = TestServer::at(server.address);
+        async move { client.get("/api/health").await }
+    });
+    // Not answered while every connection the server serves is held (a
+    // server without the cap answers at once).
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut waiting).await;
+    assert!(early.is_err(), "answered beyond the cap: {early:?}");
+    drop(held.pop());
+    let answer = tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("answered once a connection went");
+    assert_eq!(answer.unwrap().status, StatusCode::OK);
+}

@@ -10,6 +10,7 @@
 
 mod access;
 mod api;
+mod connections;
 mod dashboard;
 mod error;
 mod query;
@@ -27,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 
 pub use access::MIN_TOKEN_LENGTH;
+pub use connections::ConnectionLimits;
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
@@ -44,6 +46,9 @@ pub struct HttpConfig {
     /// `localhost`: a name not listed is refused, so a page elsewhere
     /// whose name was rebound to this address cannot read through it.
     pub allowed_hosts: Vec<String>,
+    /// How many connections are served at once, and how long one may take
+    /// to send a request's head.
+    pub connections: ConnectionLimits,
 }
 
 impl HttpConfig {
@@ -69,6 +74,7 @@ impl HttpConfig {
             max_body_bytes: body_limit(crate::store::EnqueueLimits::default().max_payload_bytes),
             request_timeout: REQUEST_TIMEOUT,
             allowed_hosts: Vec::new(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -206,6 +212,7 @@ async fn within(
 pub struct Server {
     listener: tokio::net::TcpListener,
     router: Router,
+    limits: ConnectionLimits,
 }
 
 impl Server {
@@ -235,7 +242,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| HttpError::Bind { address: config.listen, source })?;
-        Ok(Server { listener, router })
+        Ok(Server { listener, router, limits: config.connections })
     }
 
     /// The address it listens on.
@@ -245,12 +252,7 @@ impl Server {
 
     /// Serves until `shutdown`, then lets requests in flight finish.
     pub async fn serve(self, shutdown: CancellationToken) {
-        let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(error) = served {
-            tracing::error!(%error, "the HTTP server stopped");
-        }
+        connections::serve(self.listener, self.router, self.limits, shutdown).await;
     }
 }
 
