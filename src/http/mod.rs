@@ -145,6 +145,36 @@ async fn refuse_oversized(
     }
 }
 
+/// Refuses a request that would change something from a caller without
+/// the credentials for it before any of its body is read or parsed (the
+/// handlers check again, with the body): a bearer token under `/api`, a
+/// signed-in session for the dashboard's forms. Reads pass.
+async fn credentials_first(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let method = request.method();
+    if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
+        return next.run(request).await;
+    }
+    if request.uri().path().starts_with("/api") {
+        return match state.access.check_bearer(request.headers()) {
+            Ok(()) => next.run(request).await,
+            // The rest of the body is never read: the connection closes.
+            Err(refusal) => {
+                let mut response = error::ApiError::from(refusal).into_response();
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+                response
+            }
+        };
+    }
+    dashboard::require_session(&state, request, next).await
+}
+
 /// Refuses a request addressed to a host name other than `localhost` and
 /// the `allowed` names (an IP address always passes): what a browser sends
 /// when a page of another site has rebound its name to this address.
@@ -232,6 +262,7 @@ impl Server {
             .merge(dashboard::routes())
             .merge(scrape::routes())
             .layer(DefaultBodyLimit::max(max_body))
+            .layer(axum::middleware::from_fn_with_state(state.clone(), credentials_first))
             .layer(axum::middleware::from_fn(move |request, next| refuse_oversized(max_body, request, next)))
             .layer(axum::middleware::from_fn(move |request, next| within(timeout, request, next)))
             .layer(axum::middleware::from_fn(move |request, next| {

@@ -12,7 +12,7 @@ mod layout;
 mod pages;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -61,7 +61,51 @@ pub fn routes() -> Router<AppState> {
         .route("/assets/style.css", get(|| asset("text/css; charset=utf-8", STYLE)))
         .route("/assets/app.js", get(|| asset("text/javascript; charset=utf-8", SCRIPT)))
         .fallback(fallback)
+        .layer(DefaultBodyLimit::max(FORM_BYTES))
         .layer(axum::middleware::from_fn(page_headers))
+}
+
+/// The largest form the dashboard takes: its forms carry a token, a
+/// filter and a return path, never a payload.
+const FORM_BYTES: usize = 16 * 1024;
+
+/// Refuses a form that changes something from a browser without a
+/// signed-in session (or to a read-only server), or one declaring more
+/// than [`FORM_BYTES`], before any of its body is read: a request nobody
+/// may make costs the server nothing to refuse. Signing in is the one form
+/// taken without a session. The handler checks the form's CSRF token.
+pub async fn require_session(
+    state: &AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let refusal = if request.uri().path() == "/login" {
+        None
+    } else if !state.access.writable() {
+        Some(super::access::Refusal::ReadOnly)
+    } else if !state.access.signed_in(request.headers()) {
+        Some(super::access::Refusal::Unauthorized)
+    } else {
+        None
+    };
+    let Some(refusal) = refusal else {
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > FORM_BYTES as u64) {
+            let context = context(state, request.headers(), request.uri());
+            let page = layout::problem(&context, "Too large", &format!("a form is at most {FORM_BYTES} bytes"));
+            return (StatusCode::PAYLOAD_TOO_LARGE, [(header::CONNECTION, "close")], page).into_response();
+        }
+        return next.run(request).await;
+    };
+    let context = context(state, request.headers(), request.uri());
+    let status =
+        if refusal == super::access::Refusal::Unauthorized { StatusCode::UNAUTHORIZED } else { StatusCode::FORBIDDEN };
+    (status, [(header::CONNECTION, "close")], layout::problem(&context, "Not allowed", refusal.message()))
+        .into_response()
 }
 
 /// What the browser is told about every dashboard answer: run only this
@@ -324,14 +368,40 @@ struct ActionForm {
     return_to: Option<String>,
 }
 
-/// A bulk form: its fields and the filter it applies to.
+/// A bulk form: its fields and the filter it applies to, each by name (a
+/// field the filter does not have is refused, never collected).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct BulkForm {
     #[serde(default)]
     csrf: String,
     return_to: Option<String>,
-    #[serde(flatten)]
-    filter: std::collections::HashMap<String, String>,
+    state: Option<String>,
+    job: Option<String>,
+    queue: Option<String>,
+    key: Option<String>,
+    batch: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    before: Option<String>,
+    limit: Option<String>,
+}
+
+impl BulkForm {
+    /// The filter the form's fields spell.
+    fn query(&self) -> JobQuery {
+        JobQuery {
+            state: self.state.clone(),
+            job: self.job.clone(),
+            queue: self.queue.clone(),
+            key: self.key.clone(),
+            batch: self.batch.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+            before: self.before.clone(),
+            limit: self.limit.clone(),
+        }
+    }
 }
 
 /// The longest notice carried to the next page: hex-encoded in a cookie,
@@ -458,9 +528,8 @@ async fn jobs_cancel(
 async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, action: BulkAction) -> Response {
     let store = state.store.clone();
     let budget = state.work_budget;
-    let fields = serde_json::to_value(&form.filter).unwrap_or_default();
+    let query = form.query();
     act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
-        let query: JobQuery = serde_json::from_value(fields).map_err(|e| e.to_string())?;
         if !query.narrows() {
             return Err("a bulk action needs a filter".to_string());
         }
