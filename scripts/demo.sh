@@ -31,7 +31,7 @@ trap 'kill $host 2>/dev/null || true' EXIT
 until "$jobhost" stats | grep -q 'hosts alive: 1'; do sleep 0.2; done
 # The dashboard, API and metrics over the same database (a free port;
 # JOBHOST_DEMO_LISTEN picks one), with a token so its buttons work.
-export JOBHOST_TOKEN="${JOBHOST_TOKEN:-demo-token-$(date +%s)-$$}"
+export JOBHOST_TOKEN="${JOBHOST_TOKEN:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 "$jobhost" serve --listen "${JOBHOST_DEMO_LISTEN:-127.0.0.1:0}" > "$components/serve.log" 2>&1 &
 serve=$!
 trap 'kill $host $serve 2>/dev/null || true' EXIT
@@ -98,9 +98,9 @@ until "$jobhost" components --json | grep -q '"job_type":"limited".*"hosts":{"[0
 step "$jobhost" components
 step "$jobhost" enqueue limited --payload '{"key": "acct-7", "ms": 100}' --wait --timeout 30s
 # The same numbers over HTTP, as JSON and as Prometheus metrics, and an
-# enqueue through the API (it needs the token).
+# enqueue through the API (reads and changes need the token).
 if command -v curl >/dev/null; then
-  step curl -s "$dashboard/api/stats"
+  step curl -s "$dashboard/api/stats" -H "Authorization: Bearer $JOBHOST_TOKEN"
   echo; step curl -s -X POST "$dashboard/api/jobs" -H "Authorization: Bearer $JOBHOST_TOKEN" \
     -H 'content-type: application/json' -d '{"job": "hello", "payload": {"name": "HTTP"}}'
   echo; curl -s "$dashboard/metrics" | grep '^jobhost_jobs{' | head -n 5

@@ -149,7 +149,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let supervisor = Supervisor::new(stop.clone());
     let background = CancellationToken::new();
     let metrics = crate::metrics::Metrics::default();
-    let http_store = store.clone();
+
     let watching = watcher.map(|watcher| supervisor.spawn("watcher", watcher.run(background.clone())));
     let following = follower.map(|follower| supervisor.spawn("deployments", follower.run(background.clone())));
     let registering = supervisor.spawn("registration", registrar.run(events, background.clone()));
@@ -169,12 +169,26 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     // Bound once everything that can fail to start has started.
     let serving = match &config.http {
         Some(http) => {
-            let server = crate::http::Server::bind(http, http_store, metrics.clone()).await;
+            // A pool of its own: pages and scrapes never take the workers'
+            // connections, and a slow read is given up at half its deadline.
+            let opened = crate::store::open_for_http(
+                &config.database_url,
+                HTTP_CONNECTIONS,
+                config.limits,
+                http.request_timeout / 2,
+            )
+            .await;
+            let server = match opened {
+                Ok(http_store) => {
+                    crate::http::Server::bind(http, http_store, metrics.clone()).await.map_err(Into::into)
+                }
+                Err(error) => Err(HostError::from(error)),
+            };
             let server = match server {
                 Ok(server) => server,
                 Err(error) => {
                     background.cancel();
-                    return Err(error.into());
+                    return Err(error);
                 }
             };
             tracing::info!(address = %server.local_addr(), "serving the HTTP API, dashboard and metrics");
@@ -207,6 +221,10 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
 /// The first wait for a database that is unavailable at start; it doubles
 /// up to [`OPEN_RETRY_MAX`].
 const OPEN_RETRY_FIRST: Duration = Duration::from_millis(250);
+
+/// Connections a host's HTTP server has to the database, apart from its
+/// workers'.
+const HTTP_CONNECTIONS: u32 = 4;
 
 /// The longest wait between attempts to reach the database at start.
 const OPEN_RETRY_MAX: Duration = Duration::from_secs(10);

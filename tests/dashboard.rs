@@ -117,6 +117,34 @@ async fn look_at_every_page(browser: &Client, server: &TestServer, screen: Scree
     }
 }
 
+/// Opens `path` on a server whose reads need the token: the browser lands
+/// on the sign-in form, is refused a wrong token, and with the right one
+/// returns to `path`. Screenshots of the form and the refusal are kept.
+async fn sign_in(browser: &Client, server: &TestServer, screen: Screen, path: &str) {
+    browser.goto(&format!("{}{path}", server.url())).await.unwrap();
+    until(browser, WAIT, "the sign-in form", "return document.querySelector('form.login') !== null").await;
+    assert!(browser.current_url().await.unwrap().path().ends_with("/login"), "a page needs a session first");
+    let overflow = script(browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+    assert!(overflow.as_i64().unwrap() <= 0, "the sign-in form is wider than the {} screen", screen.name());
+    screenshot(browser, screen, "sign-in").await;
+    let form = browser.form(Locator::Css("form.login")).await.unwrap();
+    form.set_by_name("token", "not-the-token-at-all").await.unwrap().submit().await.unwrap();
+    // A submitted form navigates after the command returns: wait for the page it leads to.
+    until(browser, WAIT, "the refusal", "return document.querySelector('.problem') !== null").await;
+    assert!(text(browser, ".problem").await.contains("not this server's token"));
+    screenshot(browser, screen, "sign-in-refused").await;
+    let form = browser.form(Locator::Css("form.login")).await.unwrap();
+    form.set_by_name("token", TOKEN).await.unwrap().submit().await.unwrap();
+    until(browser, WAIT, "signed in", "return document.querySelector('.notice') !== null").await;
+    assert_eq!(text(browser, ".notice").await, "Signed in: changes are allowed");
+    let url = browser.current_url().await.unwrap();
+    let back = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_string(),
+    };
+    assert_eq!(back, path, "back where it started");
+}
+
 /// The state badge in the job page's heading.
 async fn heading_state(browser: &Client) -> String {
     text(browser, "h1 .badge").await
@@ -138,9 +166,10 @@ async fn the_dashboard_in_a_real_browser() {
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     let driver = Driver::start();
 
-    // Every page at both widths, with each state on the overview.
+    // Signed in, every page at both widths, with each state on the overview.
     for screen in [Screen::Desktop, Screen::Phone] {
         let browser = driver.session(screen).await;
+        sign_in(&browser, &server, screen, "/").await;
         look_at_every_page(&browser, &server, screen, failed, batch).await;
         browser.goto(&server.url()).await.unwrap();
         let stats = db.store.job_stats().await.unwrap();
@@ -154,20 +183,15 @@ async fn the_dashboard_in_a_real_browser() {
     }
 
     let browser = driver.session(Screen::Desktop).await;
-    // Read-only until signed in: no action buttons.
-    browser.goto(&format!("{}/jobs/{failed}", server.url())).await.unwrap();
+    // A server that reads publicly shows the pages without a session, and
+    // no action buttons until one signs in.
+    let public = TestServer::start_public(db.dyn_store(), Some(TOKEN)).await;
+    browser.goto(&format!("{}/jobs/{failed}", public.url())).await.unwrap();
+    assert_eq!(heading_state(&browser).await, "failed");
     assert!(browser.find(Locator::Css("button")).await.is_err(), "actions show only when signed in");
-    browser.find(Locator::LinkText("Sign in")).await.unwrap().click().await.unwrap();
-    let form = browser.form(Locator::Css("form.login")).await.unwrap();
-    form.set_by_name("token", "not-the-token-at-all").await.unwrap().submit().await.unwrap();
-    // A submitted form navigates after the command returns: wait for the page it leads to.
-    until(&browser, WAIT, "the refusal", "return document.querySelector('.problem') !== null").await;
-    assert!(text(&browser, ".problem").await.contains("not this server's token"));
-    let form = browser.form(Locator::Css("form.login")).await.unwrap();
-    form.set_by_name("token", TOKEN).await.unwrap().submit().await.unwrap();
-    until(&browser, WAIT, "signed in", "return document.querySelector('.notice') !== null").await;
-    assert_eq!(text(&browser, ".notice").await, "Signed in: changes are allowed");
-    assert!(browser.current_url().await.unwrap().path().ends_with(&format!("/jobs/{failed}")), "back where it started");
+    assert!(browser.find(Locator::LinkText("Sign in")).await.is_ok());
+    // The job, from a page that needs the session: signing in returns to it.
+    sign_in(&browser, &server, Screen::Desktop, &format!("/jobs/{failed}")).await;
 
     // Retry the failed job; the host runs it, and the page shows it without a reload.
     assert_eq!(heading_state(&browser).await, "failed");
@@ -250,7 +274,7 @@ async fn forms_need_the_session_and_its_csrf_token() {
         .get_all("set-cookie")
         .iter()
         .map(|v| v.to_str().unwrap())
-        .find(|c| c.starts_with("jobhost_session="))
+        .find(|c| c.starts_with(&format!("jobhost_session_{}=", server.address.port())))
         .unwrap();
     assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
     let session = cookie.split(';').next().unwrap().to_string();

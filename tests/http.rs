@@ -498,9 +498,12 @@ fn address_in(line: &str, prefix: &str) -> std::net::SocketAddr {
     address.parse().unwrap_or_else(|e| panic!("{address:?} in {line:?}: {e}"))
 }
 
-/// A client for a server some process started.
-async fn client_for(address: std::net::SocketAddr) -> TestServer {
-    TestServer::at(address)
+/// A client for a server some process started, presenting `token` if given.
+async fn client_for(address: std::net::SocketAddr, token: Option<&str>) -> TestServer {
+    match token {
+        Some(token) => TestServer::at_with_token(address, token),
+        None => TestServer::at(address),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,7 +518,7 @@ async fn serve_prints_its_address_and_stops_on_sigterm() {
     let mut serving = common::fleet::Host::start(&mut command);
     let line = line_with(serving.take_stdout(), "dashboard and API on").recv().expect("serve prints its address");
     assert!(line.contains("read-only"), "{line}");
-    let server = client_for(address_in(&line, "http://")).await;
+    let server = client_for(address_in(&line, "http://"), None).await;
     assert_eq!(server.get("/api/health").await.json()["database"], "ok");
     assert_eq!(server.post("/api/queues/default/pause", json!({})).await.status, StatusCode::FORBIDDEN);
     serving.stop().await;
@@ -531,7 +534,7 @@ async fn serving_host(command: &mut std::process::Command) -> (common::fleet::Ho
         .stderr(std::process::Stdio::piped());
     let mut host = common::fleet::Host::start(command);
     let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
-    let server = client_for(address_in(&line, "address=")).await;
+    let server = client_for(address_in(&line, "address="), Some(TOKEN)).await;
     common::eventually(Duration::from_secs(60), || async {
         server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
     })

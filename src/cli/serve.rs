@@ -26,9 +26,10 @@ pub struct ServeArgs {
 /// Who may use the HTTP side.
 #[derive(Debug, Args)]
 pub struct TokenArgs {
-    /// Allow changes over HTTP (enqueue, retry, cancel, pause) to requests
-    /// presenting this token (at least 16 characters); without it the API
-    /// and dashboard are read-only.
+    /// Allow changes over HTTP (enqueue, retry, cancel, pause), and reads
+    /// unless --public-read, to requests presenting this token (at least 64
+    /// bits: `openssl rand -hex 32`); without it the API and dashboard are
+    /// read-only.
     #[arg(long, env = "JOBHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// A host name the server is reached by (repeat for more): requests
@@ -36,6 +37,17 @@ pub struct TokenArgs {
     /// always pass.
     #[arg(long = "allow-host", value_name = "NAME")]
     allow_hosts: Vec<String>,
+    /// Serve reads (the dashboard's pages and the API's GETs, every job's
+    /// payload and output among them) to anyone who reaches the server,
+    /// with or without the token. Without it, a server with a token needs
+    /// it (or a signed-in session) for reads too, and one without a token
+    /// refuses to listen where other machines reach it.
+    #[arg(long)]
+    public_read: bool,
+    /// A token that scrapes /metrics and nothing else (at least 64 bits).
+    /// Without it, /metrics is open to anyone who reaches the server.
+    #[arg(long, env = "JOBHOST_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
 }
 
 impl TokenArgs {
@@ -43,6 +55,8 @@ impl TokenArgs {
     pub fn http_config(&self, listen: SocketAddr, limits: crate::store::EnqueueLimits) -> crate::http::HttpConfig {
         crate::http::HttpConfig {
             token: self.token.clone(),
+            metrics_token: self.metrics_token.clone(),
+            public_read: self.public_read,
             max_body_bytes: crate::http::body_limit(limits.max_payload_bytes),
             allowed_hosts: self.allow_hosts.clone(),
             ..crate::http::HttpConfig::new(listen)
@@ -51,7 +65,7 @@ impl TokenArgs {
 
     /// Whether any of it was given (it means nothing without a server).
     pub fn given(&self) -> bool {
-        self.token.is_some() || !self.allow_hosts.is_empty()
+        self.token.is_some() || !self.allow_hosts.is_empty() || self.public_read || self.metrics_token.is_some()
     }
 }
 
@@ -67,19 +81,29 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
     }
     let shutdown = CancellationToken::new();
     super::host::stop_on_signals(shutdown.clone());
-    // Like a host, it waits for a database that is not up yet.
-    let opened =
-        crate::host::open_waiting(&args.db.database_url, MAX_CONNECTIONS, limits, !args.no_migrate, &shutdown).await;
-    let store = match opened {
-        Ok(Some(store)) => store,
+    // Like a host, it waits for a database that is not up yet (and
+    // migrates it), on a connection it then lets go.
+    let opened = crate::host::open_waiting(&args.db.database_url, 1, limits, !args.no_migrate, &shutdown).await;
+    match opened {
+        Ok(Some(_ready)) => {}
         Ok(None) => return ExitCode::SUCCESS,
+        Err(error) => return fail(error),
+    }
+    // Every statement a request makes is given up at half its deadline.
+    let limit = config.request_timeout / 2;
+    let store = match crate::store::open_for_http(&args.db.database_url, MAX_CONNECTIONS, limits, limit).await {
+        Ok(bounded) => bounded,
         Err(error) => return fail(error),
     };
     let server = match crate::http::Server::bind(&config, store.clone(), crate::metrics::Metrics::default()).await {
         Ok(server) => server,
         Err(error) => return fail(error),
     };
-    let access = if config.token.is_some() { "changes need the token" } else { "read-only: no --token" };
+    let access = match (config.token.is_some(), config.public_read) {
+        (true, false) => "reads and changes need the token",
+        (true, true) => "changes need the token; reads are public",
+        (false, _) => "read-only: no --token",
+    };
     // On stdout, so scripts starting it on port 0 can read the address.
     println!("dashboard and API on http://{} ({access}); database {}", server.local_addr(), store.location());
     server.serve(shutdown).await;

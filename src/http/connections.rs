@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -59,10 +60,10 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimi
         } else if slots.available_permits() > limits.max_connections / 2 {
             told = false;
         }
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of descriptors, or a connection reset while queued:
                     // wait a moment rather than spin.
@@ -72,7 +73,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimi
                 }
             },
         };
-        let service = TowerToHyperService::new(router.clone());
+        // Each request knows the address it came from (wrong tokens are counted by it).
+        let service = TowerToHyperService::new(router.clone().layer(Extension(ConnectInfo(peer))));
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             // A client that went away, or one closed for its timeout.

@@ -45,6 +45,7 @@ impl From<Refusal> for ApiError {
         let status = match refusal {
             Refusal::ReadOnly | Refusal::Forged => StatusCode::FORBIDDEN,
             Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+            Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
         };
         ApiError { status, message: refusal.message().to_string() }
     }
@@ -67,7 +68,15 @@ impl From<Error> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
+            // The database's own words (its name, the server's text) go to
+            // the log; the caller is told what it can act on.
             tracing::warn!(%error, "an HTTP request failed in the store");
+            let message = if status == StatusCode::SERVICE_UNAVAILABLE {
+                "the database is unavailable; try again later (the server's log says why)"
+            } else {
+                "the database failed to answer this request (the server's log says why)"
+            };
+            return ApiError { status, message: message.to_string() };
         }
         ApiError { status, message: error.to_string() }
     }

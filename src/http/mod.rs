@@ -5,14 +5,18 @@
 //!
 //! Read-only unless started with a token: every request that changes
 //! something presents it ([`access`]), as a bearer token to the API or as
-//! a signed-in session with a CSRF token to the dashboard's forms. Request
-//! bodies are bounded; every input is validated before the store sees it.
+//! a signed-in session with a CSRF token to the dashboard's forms; with a
+//! token, reads need it too unless the server reads publicly. Who a request
+//! comes from is worked out, and what it may not do refused, before its
+//! body is read ([`guard`]). Connections and request bodies are bounded;
+//! every input is validated before the store sees it.
 
 mod access;
 mod api;
 mod connections;
 mod dashboard;
 mod error;
+mod guard;
 mod query;
 mod scrape;
 mod views;
@@ -27,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-pub use access::MIN_TOKEN_LENGTH;
+pub use crate::store::session::SessionLifetime;
+pub use access::{MIN_TOKEN_BITS, token_bits};
 pub use connections::ConnectionLimits;
 
 /// Where and how to serve.
@@ -35,8 +40,16 @@ pub use connections::ConnectionLimits;
 pub struct HttpConfig {
     /// The address to listen on; `127.0.0.1:8080` unless told otherwise.
     pub listen: SocketAddr,
-    /// The token that unlocks changes; without one the server is read-only.
+    /// The token that unlocks changes, and reads unless `public_read`;
+    /// without one the server is read-only.
     pub token: Option<String>,
+    /// A token that only scrapes `/metrics`; without one (and without
+    /// `token`) metrics are open.
+    pub metrics_token: Option<String>,
+    /// Reads are open to anyone who reaches the server, token or not.
+    pub public_read: bool,
+    /// How long a dashboard session lasts.
+    pub sessions: SessionLifetime,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// How long a request may take: past it the answer is 503, so a page
@@ -52,12 +65,22 @@ pub struct HttpConfig {
 }
 
 impl HttpConfig {
-    /// Checks what can be checked before binding: the token's length.
+    /// Checks what can be checked before binding: each token is hard
+    /// enough to guess, and a server every network can reach does not show
+    /// every job to all of it by oversight.
     ///
     /// # Errors
-    /// [`HttpError::WeakToken`].
+    /// [`HttpError::WeakToken`], [`HttpError::OpenToNetwork`].
     pub fn validate(&self) -> Result<(), HttpError> {
-        access::Access::new(self.token.as_deref()).map(|_| ()).ok_or(HttpError::WeakToken)
+        for (which, token) in [("--token", &self.token), ("--metrics-token", &self.metrics_token)] {
+            if let Some(bits) = token.as_deref().map(token_bits).filter(|bits| *bits < MIN_TOKEN_BITS) {
+                return Err(HttpError::WeakToken { which, bits: bits.floor() as u32 });
+            }
+        }
+        if self.token.is_none() && !self.public_read && !self.listen.ip().is_loopback() {
+            return Err(HttpError::OpenToNetwork { listen: self.listen });
+        }
+        Ok(())
     }
 }
 
@@ -71,6 +94,9 @@ impl HttpConfig {
         HttpConfig {
             listen,
             token: None,
+            metrics_token: None,
+            public_read: false,
+            sessions: SessionLifetime::default(),
             max_body_bytes: body_limit(crate::store::EnqueueLimits::default().max_payload_bytes),
             request_timeout: REQUEST_TIMEOUT,
             allowed_hosts: Vec::new(),
@@ -96,9 +122,27 @@ pub const BODY_SLACK: usize = 16 * 1024;
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    /// The token is too short to resist guessing.
-    #[error("the token must be at least {MIN_TOKEN_LENGTH} characters")]
-    WeakToken,
+    /// A token too easy to guess.
+    #[error(
+        "{which} is too easy to guess (about {bits} bits; at least {MIN_TOKEN_BITS} are needed): \
+         make one with `openssl rand -hex 32`"
+    )]
+    WeakToken {
+        /// Which token.
+        which: &'static str,
+        /// About how many guesses, in bits, it would take.
+        bits: u32,
+    },
+    /// A server without a token on an address other machines reach would
+    /// show every job to them.
+    #[error(
+        "{listen} can be reached from other machines, and without --token anyone there could read every job: \
+         give a --token (then reads need it too), or --public-read to serve them to all on purpose"
+    )]
+    OpenToNetwork {
+        /// The address.
+        listen: SocketAddr,
+    },
     /// The address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -121,123 +165,6 @@ struct AppState {
     work_budget: std::time::Duration,
 }
 
-/// Refuses a request whose declared length is past the limit before any of
-/// its body is read; one that declares none is cut off at the limit as it
-/// is read (the body limit layer).
-async fn refuse_oversized(
-    max: usize,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(length) if length > max as u64 => error::ApiError {
-            status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("the request body is {length} bytes, more than the {max} bytes accepted"),
-        }
-        .into_response(),
-        _ => next.run(request).await,
-    }
-}
-
-/// Refuses a request that would change something from a caller without
-/// the credentials for it before any of its body is read or parsed (the
-/// handlers check again, with the body): a bearer token under `/api`, a
-/// signed-in session for the dashboard's forms. Reads pass.
-async fn credentials_first(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let method = request.method();
-    if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
-        return next.run(request).await;
-    }
-    if request.uri().path().starts_with("/api") {
-        return match state.access.check_bearer(request.headers()) {
-            Ok(()) => next.run(request).await,
-            // The rest of the body is never read: the connection closes.
-            Err(refusal) => {
-                let mut response = error::ApiError::from(refusal).into_response();
-                response
-                    .headers_mut()
-                    .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-                response
-            }
-        };
-    }
-    dashboard::require_session(&state, request, next).await
-}
-
-/// Refuses a request addressed to a host name other than `localhost` and
-/// the `allowed` names (an IP address always passes): what a browser sends
-/// when a page of another site has rebound its name to this address.
-async fn only_known_hosts(
-    allowed: &[String],
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let host = request.headers().get(axum::http::header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string);
-    match host {
-        Some(host) if !host_allowed(&host, allowed) => error::ApiError {
-            status: axum::http::StatusCode::FORBIDDEN,
-            message: format!(
-                "requests addressed to {host:?} are refused: name it with --allow-host to serve it (IP addresses and \
-                 localhost always pass)"
-            ),
-        }
-        .into_response(),
-        _ => next.run(request).await,
-    }
-}
-
-/// Whether a `Host` header names an IP address, `localhost` or an allowed name.
-fn host_allowed(host: &str, allowed: &[String]) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(bracketed) => {
-            return bracketed.split(']').next().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
-        }
-        None => {
-            host.rsplit_once(':').map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
-        }
-    };
-    name.parse::<std::net::IpAddr>().is_ok()
-        || name.eq_ignore_ascii_case("localhost")
-        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
-}
-
-/// Answers 503 for a request not done within `timeout`: a database cut
-/// off mid-statement would otherwise hold the page (and its connection)
-/// until the operating system gave up on it.
-async fn within(
-    timeout: std::time::Duration,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let path = request.uri().path().to_string();
-    match tokio::time::timeout(timeout, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            tracing::warn!(path, ?timeout, "an HTTP request got no answer from the database in time");
-            let message =
-                format!("no answer within {}: the database may be unreachable", humantime::format_duration(timeout));
-            if path.starts_with("/api") {
-                error::ApiError { status: axum::http::StatusCode::SERVICE_UNAVAILABLE, message }.into_response()
-            } else {
-                (axum::http::StatusCode::SERVICE_UNAVAILABLE, message).into_response()
-            }
-        }
-    }
-}
-
 /// A bound server, not yet serving: its address is known (port 0 picks one).
 pub struct Server {
     listener: tokio::net::TcpListener,
@@ -252,7 +179,18 @@ impl Server {
     /// # Errors
     /// A token too short, or an address that cannot be bound.
     pub async fn bind(config: &HttpConfig, store: Arc<dyn Store>, metrics: Metrics) -> Result<Server, HttpError> {
-        let access = access::Access::new(config.token.as_deref()).ok_or(HttpError::WeakToken)?;
+        config.validate()?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| HttpError::Bind { address: config.listen, source })?;
+        let port = listener.local_addr().map_or(config.listen.port(), |a| a.port());
+        let access = access::Access::new(
+            config.token.as_deref(),
+            config.metrics_token.as_deref(),
+            config.public_read,
+            port,
+            config.sessions,
+        );
         let state = AppState { store, access: Arc::new(access), metrics, work_budget: config.request_timeout / 2 };
         let max_body = config.max_body_bytes;
         let timeout = config.request_timeout;
@@ -262,17 +200,14 @@ impl Server {
             .merge(dashboard::routes())
             .merge(scrape::routes())
             .layer(DefaultBodyLimit::max(max_body))
-            .layer(axum::middleware::from_fn_with_state(state.clone(), credentials_first))
-            .layer(axum::middleware::from_fn(move |request, next| refuse_oversized(max_body, request, next)))
-            .layer(axum::middleware::from_fn(move |request, next| within(timeout, request, next)))
+            .layer(axum::middleware::from_fn_with_state(state.clone(), guard::admit))
+            .layer(axum::middleware::from_fn(move |request, next| guard::refuse_oversized(max_body, request, next)))
+            .layer(axum::middleware::from_fn(move |request, next| guard::within(timeout, request, next)))
             .layer(axum::middleware::from_fn(move |request, next| {
                 let allowed = allowed.clone();
-                async move { only_known_hosts(&allowed, request, next).await }
+                async move { guard::only_known_hosts(&allowed, request, next).await }
             }))
             .with_state(state);
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| HttpError::Bind { address: config.listen, source })?;
         Ok(Server { listener, router, limits: config.connections })
     }
 
@@ -284,21 +219,5 @@ impl Server {
     /// Serves until `shutdown`, then lets requests in flight finish.
     pub async fn serve(self, shutdown: CancellationToken) {
         connections::serve(self.listener, self.router, self.limits, shutdown).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_allowed;
-
-    #[test]
-    fn only_addresses_localhost_and_allowed_names_pass() {
-        let allowed = vec!["jobs.internal".to_string()];
-        for host in ["127.0.0.1:8080", "10.0.0.7", "[::1]:8080", "localhost:8080", "LOCALHOST", "jobs.internal:80"] {
-            assert!(host_allowed(host, &allowed), "{host}");
-        }
-        for host in ["evil.example:8080", "evil.example", "127.0.0.1.evil.example", "[evil]:80", "jobs.internal.evil"] {
-            assert!(!host_allowed(host, &allowed), "{host}");
-        }
     }
 }

@@ -21,7 +21,11 @@ pub struct QueueView {
 
 /// Every queue with jobs or a pause, by name.
 pub async fn queues(store: &dyn Store) -> crate::store::Result<Vec<QueueView>> {
-    let stats = store.job_stats().await?;
+    Ok(queues_of(store.job_stats().await?))
+}
+
+/// The queues `stats` counts, for a page that has read them already.
+pub fn queues_of(stats: crate::store::Stats) -> Vec<QueueView> {
     let mut queues: BTreeMap<String, QueueView> = stats
         .queues
         .into_iter()
@@ -33,7 +37,7 @@ pub async fn queues(store: &dyn Store) -> crate::store::Result<Vec<QueueView>> {
             .or_insert_with(|| QueueView { name, paused: false, counts: BTreeMap::new() })
             .paused = true;
     }
-    Ok(queues.into_values().collect())
+    queues.into_values().collect()
 }
 
 /// What to do to a queue, as the path names it.

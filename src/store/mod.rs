@@ -28,6 +28,7 @@ pub mod lease;
 pub mod postgres;
 pub mod schedule;
 mod schema;
+pub mod session;
 pub mod sqlite;
 mod timestamp;
 
@@ -340,6 +341,27 @@ pub async fn open_existing(
     open_as(url, max_connections, limits, false).await
 }
 
+/// [`open_existing`] for the HTTP server: a pool of its own, apart from a
+/// host's workers (which `run --http` would otherwise share), and on
+/// PostgreSQL each statement given up after `statement_timeout`, so no
+/// request (a filter the archive has no index for, a slow page) holds a
+/// connection or the database past its deadline.
+///
+/// # Errors
+/// As [`open_existing`].
+pub async fn open_for_http(
+    url: &str,
+    max_connections: u32,
+    limits: EnqueueLimits,
+    statement_timeout: std::time::Duration,
+) -> Result<std::sync::Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = postgres::PgStore::connect_bounded(url, max_connections, Some(statement_timeout)).await?;
+        return Ok(std::sync::Arc::new(store.with_limits(limits)));
+    }
+    open_existing(url, max_connections, limits).await
+}
+
 /// Opens the store a URL names; `create` lets an embedded file be created.
 async fn open_as(
     url: &str,
@@ -629,6 +651,17 @@ pub trait Store: Backend + 'static {
     /// latest look, not one host's memory, tells a late tick from a missed
     /// one ([`ScheduleState::looked_at`]).
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()>;
+
+    /// Records a new signed-in session, known by its id's digest, and
+    /// forgets the sessions that expired under `lifetime`.
+    async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<()>;
+
+    /// Whether the session is signed in and not expired under `lifetime`;
+    /// records its use (every [`session::TOUCH_EVERY_SECS`] at most).
+    async fn session_check(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<bool>;
+
+    /// Ends a session: a sign-out, on every server of the fleet.
+    async fn session_revoke(&self, digest: &str) -> Result<()>;
 
     /// Enqueues one job per tick of a schedule, moving its cursor past them
     /// in the same transaction, unless another host moved it first; a tick

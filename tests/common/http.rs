@@ -21,6 +21,9 @@ pub struct TestServer {
     pub address: SocketAddr,
     client: Client<HttpConnector, Full<bytes::Bytes>>,
     stop: CancellationToken,
+    /// The server's token, sent with reads ([`TestServer::get`]): a server
+    /// with a token lets only its holders read.
+    token: Option<String>,
 }
 
 /// An answer: its status, headers and body.
@@ -54,6 +57,16 @@ impl TestServer {
         Self::serving(&config, store, metrics).await
     }
 
+    /// [`TestServer::start`] with reads open to anyone (`--public-read`).
+    pub async fn start_public(store: Arc<dyn Store>, token: Option<&str>) -> TestServer {
+        let config = HttpConfig {
+            token: token.map(str::to_string),
+            public_read: true,
+            ..HttpConfig::new("127.0.0.1:0".parse().unwrap())
+        };
+        Self::serving(&config, store, jobhost::metrics::Metrics::default()).await
+    }
+
     /// A server with `config`, on the port it names (0: any).
     pub async fn serving(config: &HttpConfig, store: Arc<dyn Store>, metrics: jobhost::metrics::Metrics) -> TestServer {
         let server = Server::bind(config, store, metrics).await.expect("bind the HTTP server");
@@ -61,13 +74,26 @@ impl TestServer {
         let stop = CancellationToken::new();
         tokio::spawn(server.serve(stop.clone()));
         let client = Client::builder(TokioExecutor::new()).build_http();
-        TestServer { address, client, stop }
+        let token = if config.public_read { None } else { config.token.clone() };
+        TestServer { address, client, stop, token }
     }
 
     /// A client for a server another process serves at `address`.
     pub fn at(address: SocketAddr) -> TestServer {
         let client = Client::builder(TokioExecutor::new()).build_http();
-        TestServer { address, client, stop: CancellationToken::new() }
+        TestServer { address, client, stop: CancellationToken::new(), token: None }
+    }
+
+    /// A client for a server another process serves at `address` with
+    /// `token`, which its reads present.
+    pub fn at_with_token(address: SocketAddr, token: &str) -> TestServer {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        TestServer { address, client, stop: CancellationToken::new(), token: Some(token.to_string()) }
+    }
+
+    /// A client of the same server that presents no token.
+    pub fn anonymous(&self) -> TestServer {
+        TestServer::at(self.address)
     }
 
     /// The server's base URL.
@@ -120,9 +146,9 @@ impl TestServer {
         String::from_utf8_lossy(&answer).into_owned()
     }
 
-    /// A GET.
+    /// A GET, with the server's token if it has one.
     pub async fn get(&self, path: &str) -> Answer {
-        self.send(Method::GET, path, None, None).await
+        self.send(Method::GET, path, None, self.token.as_deref()).await
     }
 
     /// A JSON POST with the test token.

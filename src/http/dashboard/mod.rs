@@ -11,8 +11,9 @@
 mod layout;
 mod pages;
 
+use axum::Extension;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Form, Path, Query, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -21,7 +22,7 @@ use maud::Markup;
 use serde::Deserialize;
 
 use super::AppState;
-use super::access::SESSION_COOKIE;
+use super::access::{Caller, Refusal};
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction};
 use crate::store::Cancel;
@@ -32,7 +33,7 @@ const STYLE: &str = include_str!("assets/style.css");
 const SCRIPT: &str = include_str!("assets/app.js");
 
 /// The header the page script sends when it asks for a page's main part only.
-const LIVE_HEADER: &str = "x-jobhost-live";
+pub const LIVE_HEADER: &str = "x-jobhost-live";
 
 /// The cookie carrying a form's result to the page it returns to.
 const NOTICE_COOKIE: &str = "jobhost_notice";
@@ -67,46 +68,7 @@ pub fn routes() -> Router<AppState> {
 
 /// The largest form the dashboard takes: its forms carry a token, a
 /// filter and a return path, never a payload.
-const FORM_BYTES: usize = 16 * 1024;
-
-/// Refuses a form that changes something from a browser without a
-/// signed-in session (or to a read-only server), or one declaring more
-/// than [`FORM_BYTES`], before any of its body is read: a request nobody
-/// may make costs the server nothing to refuse. Signing in is the one form
-/// taken without a session. The handler checks the form's CSRF token.
-pub async fn require_session(
-    state: &AppState,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let refusal = if request.uri().path() == "/login" {
-        None
-    } else if !state.access.writable() {
-        Some(super::access::Refusal::ReadOnly)
-    } else if !state.access.signed_in(request.headers()) {
-        Some(super::access::Refusal::Unauthorized)
-    } else {
-        None
-    };
-    let Some(refusal) = refusal else {
-        let declared = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|length| length > FORM_BYTES as u64) {
-            let context = context(state, request.headers(), request.uri());
-            let page = layout::problem(&context, "Too large", &format!("a form is at most {FORM_BYTES} bytes"));
-            return (StatusCode::PAYLOAD_TOO_LARGE, [(header::CONNECTION, "close")], page).into_response();
-        }
-        return next.run(request).await;
-    };
-    let context = context(state, request.headers(), request.uri());
-    let status =
-        if refusal == super::access::Refusal::Unauthorized { StatusCode::UNAUTHORIZED } else { StatusCode::FORBIDDEN };
-    (status, [(header::CONNECTION, "close")], layout::problem(&context, "Not allowed", refusal.message()))
-        .into_response()
-}
+pub const FORM_BYTES: usize = 16 * 1024;
 
 /// What the browser is told about every dashboard answer: run only this
 /// server's script, never in a frame (clickjacking), never cache a page
@@ -146,25 +108,51 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 /// Unknown paths: JSON under `/api`, a page elsewhere.
-async fn fallback(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+async fn fallback(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     if uri.path().starts_with("/api") {
         return super::api::not_found().await.into_response();
     }
-    let context = context(&state, &headers, &uri);
+    let context = context(&state, &caller, &headers, &uri);
     let page = layout::problem(&context, "Not found", &format!("There is no page at {}.", uri.path()));
     (StatusCode::NOT_FOUND, page).into_response()
 }
 
 /// What a page knows of its request.
-fn context(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Context {
+fn context(state: &AppState, caller: &Caller, headers: &HeaderMap, uri: &Uri) -> Context {
     Context {
         here: uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
-        csrf: state.access.csrf_for(headers).map(str::to_string),
+        csrf: caller.csrf().map(str::to_string),
         writable: state.access.writable(),
-        notice: super::access::cookie(headers, NOTICE_COOKIE)
-            .and_then(|hexed| hex::decode(hexed).ok())
-            .and_then(|bytes| String::from_utf8(bytes).ok()),
+        notice: super::access::cookie(headers, NOTICE_COOKIE).and_then(|signed| state.access.notice_read(signed)),
     }
+}
+
+/// The page refusing a request before its handler ran (see
+/// [`super::guard::admit`]).
+pub fn refusal_page(state: &AppState, request: &axum::extract::Request, refusal: Refusal) -> Response {
+    let context = context(state, &Caller::default(), request.headers(), request.uri());
+    let status = match refusal {
+        Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
+        Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
+        Refusal::ReadOnly | Refusal::Forged => StatusCode::FORBIDDEN,
+    };
+    (status, layout::problem(&context, "Not allowed", refusal.message())).into_response()
+}
+
+/// A path as a query parameter's value: every byte but letters, digits
+/// and `/-_.~` percent-encoded.
+pub fn encode_component(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// A page, or only its main part when the page script asks for it.
@@ -191,14 +179,16 @@ fn render_with(
 fn failed(context: &Context, error: crate::store::Error) -> Response {
     let status =
         if error.is_unavailable() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+    // The database's own words (its name, the server's text) go to the log.
     tracing::warn!(%error, "a dashboard page could not be read");
-    (status, layout::problem(context, "The database cannot be read", &error.to_string())).into_response()
+    let message = "The page could not be read from the database; the server's log says why.";
+    (status, layout::problem(context, "The database cannot be read", message)).into_response()
 }
 
 /// Runs `read`, then renders its page, or the failure.
 macro_rules! page {
-    ($state:expr, $headers:expr, $uri:expr, $title:expr, $section:expr, |$context:ident| $read:expr) => {{
-        let $context = context(&$state, &$headers, &$uri);
+    ($state:expr, $caller:expr, $headers:expr, $uri:expr, $title:expr, $section:expr, |$context:ident| $read:expr) => {{
+        let $context = context(&$state, &$caller, &$headers, &$uri);
         let read: crate::store::Result<Markup> = async { $read }.await;
         match read {
             Ok(main) => render(&$context, &$headers, $title, $section, main),
@@ -207,13 +197,19 @@ macro_rules! page {
     }};
 }
 
-async fn overview(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+async fn overview(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     let store = &*state.store;
-    page!(state, headers, uri, "Overview", "/", |context| {
+    page!(state, caller, headers, uri, "Overview", "/", |context| {
         let stats = store.job_stats().await?;
         let minute = views::throughput(store, 60.0).await?;
         let hour = views::throughput(store, 3600.0).await?;
-        let queues = views::queues(store).await?;
+        // The stats are read once, for the cards and the queues both.
+        let queues = views::queues_of(stats.clone());
         Ok(pages::overview(&context, &stats, &minute, &hour, &queues))
     })
 }
@@ -222,9 +218,10 @@ async fn jobs(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let context = context(&state, &headers, &uri);
+    let context = context(&state, &caller, &headers, &uri);
     let query = match query {
         Ok(Query(query)) => query,
         Err(rejection) => return bad_request(&context, &rejection.body_text()),
@@ -248,8 +245,14 @@ fn bad_request(context: &Context, message: &str) -> Response {
     (StatusCode::BAD_REQUEST, layout::problem(context, "That filter does not read", message)).into_response()
 }
 
-async fn job(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<i64>) -> Response {
-    let context = context(&state, &headers, &uri);
+async fn job(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
     match state.store.job_get(id).await {
         Ok(Some(job)) => {
             render(&context, &headers, &format!("Job {id}"), "/jobs", pages::job(&context, &job, Utc::now()))
@@ -262,32 +265,58 @@ async fn job(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path(i
     }
 }
 
-async fn keys(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    page!(state, headers, uri, "Concurrency keys", "/keys", |context| {
+async fn keys(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Concurrency keys", "/keys", |context| {
         Ok(pages::keys(&state.store.semaphore_list().await?))
     })
 }
 
-async fn hosts(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    page!(state, headers, uri, "Hosts", "/hosts", |context| {
+async fn hosts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Hosts", "/hosts", |context| {
         Ok(pages::hosts(&state.store.host_list().await?, Utc::now()))
     })
 }
 
-async fn job_types(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    page!(state, headers, uri, "Job types", "/types", |context| {
+async fn job_types(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Job types", "/types", |context| {
         Ok(pages::job_types(&views::job_types(&*state.store).await?, Utc::now()))
     })
 }
 
-async fn batches(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    page!(state, headers, uri, "Batches", "/batches", |context| {
+async fn batches(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Batches", "/batches", |context| {
         Ok(pages::batches(&state.store.batch_list(PAGE).await?, Utc::now()))
     })
 }
 
-async fn batch(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<i64>) -> Response {
-    let context = context(&state, &headers, &uri);
+async fn batch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
     match state.store.batch_get(id).await {
         Ok(Some(batch)) => {
             render(&context, &headers, &format!("Batch {id}"), "/batches", pages::batch(&batch, Utc::now()))
@@ -300,8 +329,13 @@ async fn batch(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Path
     }
 }
 
-async fn schedules(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    page!(state, headers, uri, "Schedules", "/schedules", |context| {
+async fn schedules(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Schedules", "/schedules", |context| {
         Ok(pages::schedules(&views::schedules(&*state.store).await?, Utc::now()))
     })
 }
@@ -325,14 +359,16 @@ async fn login_form(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<ReturnQuery>,
 ) -> Response {
-    let context = context(&state, &headers, &uri);
+    let context = context(&state, &caller, &headers, &uri);
     if !state.access.writable() {
         return read_only(&context);
     }
     let return_to = return_path(query.return_to.as_deref().unwrap_or("/"));
-    layout::page_with(&context, "Sign in", "", None, pages::login(return_to, false), false).into_response()
+    let form = pages::login(return_to, state.access.reads_need_login(), None);
+    layout::page_with(&context, "Sign in", "", None, form, false).into_response()
 }
 
 fn read_only(context: &Context) -> Response {
@@ -346,18 +382,39 @@ struct LoginForm {
     return_to: Option<String>,
 }
 
-async fn login(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form(form): Form<LoginForm>) -> Response {
-    let context = context(&state, &headers, &uri);
+async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Extension(ConnectInfo(peer)): Extension<ConnectInfo<std::net::SocketAddr>>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
     let return_to = return_path(form.return_to.as_deref().unwrap_or("/"));
-    let (Some(session), true) = (state.access.session_value(), state.access.token_matches(&form.token)) else {
-        if !state.access.writable() {
-            return read_only(&context);
-        }
-        let page = layout::page_with(&context, "Sign in", "", None, pages::login(return_to, true), false);
-        return (StatusCode::UNAUTHORIZED, page).into_response();
+    if !state.access.writable() {
+        return read_only(&context);
+    }
+    if !state.access.token_matches(&form.token) {
+        let (status, problem) = if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
+            (StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
+        } else {
+            (StatusCode::UNAUTHORIZED, "That is not this server's token.")
+        };
+        let form = pages::login(return_to, state.access.reads_need_login(), Some(problem));
+        return (status, layout::page_with(&context, "Sign in", "", None, form, false)).into_response();
+    }
+    let id = match state.access.sign_in(&*state.store).await {
+        Ok(id) => id,
+        Err(error) => return failed(&context, error),
     };
-    let cookie = format!("{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict");
-    redirect_with(return_to, Some(cookie), "Signed in: changes are allowed")
+    // Over TLS (a proxy in front says so), the cookie goes only over TLS.
+    let secure = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.eq_ignore_ascii_case("https"));
+    let cookie = state.access.session_cookie(&id, secure);
+    redirect_with(&state.access, return_to, Some(cookie), "Signed in: changes are allowed")
 }
 
 /// A form's common fields.
@@ -423,10 +480,11 @@ impl From<String> for Done {
 
 /// Redirects to `path` (303, so the browser follows with a GET), setting
 /// `cookie` if given and the notice shown there.
-fn redirect_with(path: &str, cookie: Option<String>, notice: &str) -> Response {
+fn redirect_with(access: &super::access::Access, path: &str, cookie: Option<String>, notice: &str) -> Response {
     let mut response = Redirect::to(path).into_response();
     let notice: String = notice.chars().take(NOTICE_MAX_CHARS).collect();
-    let notice = format!("{NOTICE_COOKIE}={}; Max-Age=60; Path=/; HttpOnly; SameSite=Strict", hex::encode(notice));
+    let notice =
+        format!("{NOTICE_COOKIE}={}; Max-Age=60; Path=/; HttpOnly; SameSite=Strict", access.notice_value(&notice));
     for value in cookie.into_iter().chain([notice]) {
         if let Ok(value) = HeaderValue::from_str(&value) {
             response.headers_mut().append(header::SET_COOKIE, value);
@@ -439,6 +497,7 @@ fn redirect_with(path: &str, cookie: Option<String>, notice: &str) -> Response {
 /// it did (or why it could not).
 async fn act<F, D>(
     state: &AppState,
+    caller: &Caller,
     headers: &HeaderMap,
     uri: &Uri,
     csrf: &str,
@@ -449,8 +508,8 @@ where
     F: std::future::Future<Output = Result<D, String>>,
     D: Into<Done>,
 {
-    if let Err(refusal) = state.access.check_form(headers, csrf) {
-        let context = context(state, headers, uri);
+    if let Err(refusal) = caller.check_form(&state.access, headers, csrf) {
+        let context = context(state, caller, headers, uri);
         let status = match refusal {
             super::access::Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
             _ => StatusCode::FORBIDDEN,
@@ -459,18 +518,31 @@ where
     }
     let back = return_path(return_to.unwrap_or("/"));
     match action.await.map(Into::into) {
-        Ok(Done { notice, go_to }) => redirect_with(go_to.as_deref().map_or(back, return_path), None, &notice),
-        Err(why) => redirect_with(back, None, &format!("Not done: {why}")),
+        Ok(Done { notice, go_to }) => {
+            redirect_with(&state.access, go_to.as_deref().map_or(back, return_path), None, &notice)
+        }
+        Err(why) => redirect_with(&state.access, back, None, &format!("Not done: {why}")),
     }
 }
 
-async fn logout(State(state): State<AppState>, headers: HeaderMap, uri: Uri, Form(form): Form<ActionForm>) -> Response {
-    let mut response = act(&state, &headers, &uri, &form.csrf, Some("/"), async { Ok("Signed out".to_string()) }).await;
-    if response.status() == StatusCode::SEE_OTHER {
-        response.headers_mut().append(
-            header::SET_COOKIE,
-            HeaderValue::from_static("jobhost_session=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"),
-        );
+async fn logout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let store = state.store.clone();
+    let ending = caller.session.as_ref().map(|s| s.digest.clone()).unwrap_or_default();
+    let mut response = act(&state, &caller, &headers, &uri, &form.csrf, Some("/"), async move {
+        // Ended in the database: the cookie signs no one in anywhere again.
+        store.session_revoke(&ending).await.map(|()| "Signed out".to_string()).map_err(|e| e.to_string())
+    })
+    .await;
+    if response.status() == StatusCode::SEE_OTHER
+        && let Ok(cleared) = HeaderValue::from_str(&state.access.cleared_cookie())
+    {
+        response.headers_mut().append(header::SET_COOKIE, cleared);
     }
     response
 }
@@ -479,11 +551,12 @@ async fn job_retry(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
     Form(form): Form<ActionForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         store.job_retry(id).await.map(|()| format!("Job {id} will run again")).map_err(|e| e.to_string())
     })
     .await
@@ -493,11 +566,12 @@ async fn job_cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
     Form(form): Form<ActionForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         match store.job_cancel(id).await {
             Ok(Cancel::Cancelled) => Ok(format!("Job {id} cancelled")),
             Ok(Cancel::Requested) => Ok(format!("Job {id} is running: its host stops it within two heartbeats")),
@@ -511,25 +585,34 @@ async fn jobs_retry(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Form(form): Form<BulkForm>,
 ) -> Response {
-    bulk(state, headers, uri, form, BulkAction::Retry).await
+    bulk(state, caller, headers, uri, form, BulkAction::Retry).await
 }
 
 async fn jobs_cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Form(form): Form<BulkForm>,
 ) -> Response {
-    bulk(state, headers, uri, form, BulkAction::Cancel).await
+    bulk(state, caller, headers, uri, form, BulkAction::Cancel).await
 }
 
-async fn bulk(state: AppState, headers: HeaderMap, uri: Uri, form: BulkForm, action: BulkAction) -> Response {
+async fn bulk(
+    state: AppState,
+    caller: Caller,
+    headers: HeaderMap,
+    uri: Uri,
+    form: BulkForm,
+    action: BulkAction,
+) -> Response {
     let store = state.store.clone();
     let budget = state.work_budget;
     let query = form.query();
-    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         if !query.narrows() {
             return Err("a bulk action needs a filter".to_string());
         }
@@ -573,12 +656,13 @@ async fn queue_act(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
+    Extension(caller): Extension<Caller>,
     Path(action): Path<QueueAction>,
     Form(form): Form<QueueForm>,
 ) -> Response {
     let store = state.store.clone();
     let name = form.queue;
-    act(&state, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         match action.apply(&*store, &name).await {
             Ok(_) => Ok(action.done(&name)),
             Err(Ok(reason)) => Err(reason),

@@ -514,11 +514,16 @@ pub fn schedules(schedules: &[ScheduleStatus], now: DateTime<Utc>) -> Markup {
 }
 
 /// The sign-in form.
-pub fn login(return_to: &str, failed: bool) -> Markup {
+/// The sign-in form; `problem` says why the last try was refused.
+pub fn login(return_to: &str, reads_need_login: bool, problem: Option<&str>) -> Markup {
     html! {
         h1 { "Sign in" }
-        p { "Changes (retry, cancel, pause) need the token this server was started with." }
-        @if failed { p.problem { "That is not this server's token." } }
+        @if reads_need_login {
+            p { "This server shows its jobs, and changes them, only for those with the token it was started with." }
+        } @else {
+            p { "Changes (retry, cancel, pause) need the token this server was started with." }
+        }
+        @if let Some(problem) = problem { p.problem { (problem) } }
         form.login method="post" action="/login" {
             input type="hidden" name="return_to" value=(return_to);
             label { "Token" input type="password" name="token" autocomplete="current-password" required autofocus; }

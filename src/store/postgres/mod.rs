@@ -54,6 +54,7 @@ mod lease;
 mod migrate;
 mod operate;
 mod schedule;
+mod session;
 mod unique;
 mod wait;
 
@@ -70,6 +71,7 @@ use super::batch::{Batch, PreparedBatch};
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
+use super::session::SessionLifetime;
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, FetchParams,
     FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal,
@@ -117,6 +119,17 @@ impl PgStore {
     /// # Errors
     /// The URL is invalid or the server cannot be reached.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        Self::connect_bounded(url, max_connections, None).await
+    }
+
+    /// [`PgStore::connect`], each statement of its pool given up after
+    /// `statement_timeout` when one is given: for the HTTP server, whose
+    /// requests must not hold a connection (or the database) past their
+    /// deadline, whatever a filter asks of the archive.
+    ///
+    /// # Errors
+    /// As [`PgStore::connect`].
+    pub async fn connect_bounded(url: &str, max_connections: u32, statement_timeout: Option<Duration>) -> Result<Self> {
         let options: PgConnectOptions = url.parse()?;
         // Statements are logged at trace level only: the hot path runs thousands a second.
         // A host frozen inside a transaction (SIGSTOP, a paused VM) keeps
@@ -140,10 +153,11 @@ impl PgStore {
                 ("lock_timeout", "0"),
             ])
             .log_statements(tracing::log::LevelFilter::Trace);
+        let statement_timeout = statement_timeout.map_or("0".to_string(), |t| t.as_millis().to_string());
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
+            .connect_with(options.clone().options([("statement_timeout", statement_timeout)]))
             .await?;
         let sweeps = PgPoolOptions::new()
             .max_connections(2)
@@ -436,6 +450,18 @@ impl Store for PgStore {
 
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
         schedule::looked(&self.pool, jobs, at).await
+    }
+
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
+        session::create(&self.pool, digest, lifetime).await
+    }
+
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+        session::check(&self.pool, digest, lifetime).await
+    }
+
+    async fn session_revoke(&self, digest: &str) -> Result<()> {
+        session::revoke(&self.pool, digest).await
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

@@ -35,6 +35,7 @@ mod job;
 mod lease;
 mod operate;
 mod schedule;
+mod session;
 mod unique;
 
 use std::str::FromStr;
@@ -52,6 +53,7 @@ use super::batch::{Batch, PreparedBatch};
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::{Schedules, TickWrite};
+use super::session::SessionLifetime;
 use super::{
     Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, Error,
     FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
@@ -754,6 +756,31 @@ impl Store for SqliteStore {
     async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
         let schedules = schedule::list(&self.reader, now_ms()).await?;
         Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
+    }
+
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
+        let mut tx = self.write().await?;
+        session::create(&mut tx, digest, lifetime, now_ms()).await?;
+        tx.commit_settling(false).await
+    }
+
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+        let now = now_ms();
+        let Some(stale) = session::check(&self.reader, digest, lifetime, now).await? else {
+            return Ok(false);
+        };
+        if stale {
+            let mut tx = self.write().await?;
+            session::touch(&mut tx, digest, now).await?;
+            tx.commit_settling(false).await?;
+        }
+        Ok(true)
+    }
+
+    async fn session_revoke(&self, digest: &str) -> Result<()> {
+        let mut tx = self.write().await?;
+        session::revoke(&mut tx, digest).await?;
+        tx.commit_settling(false).await
     }
 
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {

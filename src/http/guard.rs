@@ -1,0 +1,181 @@
+//! What every request passes before a handler sees it, outermost first:
+//! the `Host` it is addressed to ([`only_known_hosts`]), its deadline
+//! ([`within`]), the length its body declares ([`refuse_oversized`]), and
+//! who it comes from and what that caller may do ([`admit`]), all before
+//! any of its body is read.
+
+use std::net::IpAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+
+use super::AppState;
+use super::access::Refusal;
+use super::error::ApiError;
+
+/// Refuses a request whose declared length is past the limit before any of
+/// its body is read; one that declares none is cut off at the limit as it
+/// is read (the body limit layer).
+pub async fn refuse_oversized(max: usize, request: Request, next: Next) -> Response {
+    match declared_length(&request) {
+        Some(length) if length > max as u64 => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is {length} bytes, more than the {max} bytes accepted"),
+        }
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+/// Refuses a request addressed to a host name other than `localhost` and
+/// the `allowed` names (an IP address always passes): what a browser sends
+/// when a page of another site has rebound its name to this address. A
+/// request with no `Host`, more than one, or one that is not ASCII is
+/// refused too: which name it is for cannot be told.
+pub async fn only_known_hosts(allowed: &[String], request: Request, next: Next) -> Response {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let refusal = match (hosts.next().map(|v| v.to_str()), hosts.next()) {
+        (Some(Ok(host)), None) if host_allowed(host, allowed) => return next.run(request).await,
+        (Some(Ok(host)), None) => format!(
+            "requests addressed to {host:?} are refused: name it with --allow-host to serve it (IP addresses and \
+             localhost always pass)"
+        ),
+        (None, _) => "a request must name the host it is for (a Host header)".to_string(),
+        (Some(_), Some(_)) => "a request must name one host (one Host header)".to_string(),
+        (Some(Err(_)), None) => "the Host header is not ASCII".to_string(),
+    };
+    let status =
+        if refusal.starts_with("requests addressed") { StatusCode::FORBIDDEN } else { StatusCode::BAD_REQUEST };
+    ApiError { status, message: refusal }.into_response()
+}
+
+/// Whether a `Host` header names an IP address, `localhost` or an allowed name.
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => {
+            return bracketed.split(']').next().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => {
+            host.rsplit_once(':').map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
+        }
+    };
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// Answers 503 for a request not done within `timeout`: a database cut
+/// off mid-statement would otherwise hold the page (and its connection)
+/// until the operating system gave up on it.
+pub async fn within(timeout: std::time::Duration, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(path, ?timeout, "an HTTP request got no answer from the database in time");
+            let message =
+                format!("no answer within {}: the database may be unreachable", humantime::format_duration(timeout));
+            if path.starts_with("/api") {
+                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message }.into_response()
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, message).into_response()
+            }
+        }
+    }
+}
+
+/// Paths anyone may read, whatever the server's access: whether it is up,
+/// what its API is, how to sign in, and the sign-in page's style and
+/// script. `/metrics` has its own token ([`super::access::Access::may_scrape`]).
+fn open_to_all(path: &str) -> bool {
+    matches!(path, "/api/health" | "/api/openapi.json" | "/login") || path.starts_with("/assets/")
+}
+
+/// Works out who the request comes from (its bearer token, its signed-in
+/// session) and refuses what that caller may not do, before any of the
+/// body is read or parsed: a change needs the token (`/api`) or a session
+/// (a dashboard form; signing in excepted), and on a server with a token a
+/// read needs one of them too, unless the server reads publicly. An
+/// address that keeps sending wrong tokens is refused for a while. The
+/// caller goes on to the handlers, which check a form's CSRF token.
+pub async fn admit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let access = &state.access;
+    let from: Option<IpAddr> = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    let path = request.uri().path().to_string();
+    let api = path.starts_with("/api");
+    if access.throttled(from) {
+        return refused(&state, &request, Refusal::Throttled);
+    }
+    if access.wrong_bearer(request.headers()) && access.wrong_token(from, "bearer") {
+        return refused(&state, &request, Refusal::Throttled);
+    }
+    let caller = access.caller(&*state.store, request.headers()).await;
+    let reading = matches!(*request.method(), Method::GET | Method::HEAD);
+    let refusal = if path == "/metrics" {
+        (!access.may_scrape(request.headers())).then_some(Refusal::Unauthorized)
+    } else if open_to_all(&path) {
+        None
+    } else if reading {
+        (!caller.may_read(access)).then_some(Refusal::Unauthorized)
+    } else if api {
+        access.check_bearer(request.headers()).err()
+    } else if !access.writable() {
+        Some(Refusal::ReadOnly)
+    } else {
+        caller.session.is_none().then_some(Refusal::Unauthorized)
+    };
+    if let Some(refusal) = refusal {
+        // A page a browser asks for goes to the sign-in form, and back.
+        if reading && !api && path != "/metrics" && !request.headers().contains_key(super::dashboard::LIVE_HEADER) {
+            let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
+            let to = format!("/login?return_to={}", super::dashboard::encode_component(back));
+            return Redirect::to(&to).into_response();
+        }
+        return refused(&state, &request, refusal);
+    }
+    if !reading && !api && declared_length(&request).is_some_and(|length| length > super::dashboard::FORM_BYTES as u64)
+    {
+        return ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("a dashboard form is at most {} bytes", super::dashboard::FORM_BYTES),
+        }
+        .into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// The length a request says its body has.
+fn declared_length(request: &Request) -> Option<u64> {
+    request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+}
+
+/// A refusal before the body is read, telling the client to close the
+/// connection: the rest of the body is never read.
+fn refused(state: &AppState, request: &Request, refusal: Refusal) -> Response {
+    let mut response = if request.uri().path().starts_with("/api") || request.uri().path() == "/metrics" {
+        ApiError::from(refusal).into_response()
+    } else {
+        super::dashboard::refusal_page(state, request, refusal)
+    };
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn only_addresses_localhost_and_allowed_names_pass() {
+        let allowed = vec!["jobs.internal".to_string()];
+        for host in ["127.0.0.1:8080", "10.0.0.7", "[::1]:8080", "localhost:8080", "LOCALHOST", "jobs.internal:80"] {
+            assert!(host_allowed(host, &allowed), "{host}");
+        }
+        for host in ["evil.example:8080", "evil.example", "127.0.0.1.evil.example", "[evil]:80", "jobs.internal.evil"] {
+            assert!(!host_allowed(host, &allowed), "{host}");
+        }
+    }
+}
