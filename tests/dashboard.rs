@@ -164,6 +164,10 @@ async fn the_dashboard_in_a_real_browser() {
     })
     .await;
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    // A version of hello deployed through the database, for the job types page.
+    let hello = std::fs::read(common::guest("hello")).unwrap();
+    let deployed = server.post_bytes("/api/deployments", "application/wasm", hello).await;
+    assert_eq!(deployed.status, StatusCode::CREATED, "{}", deployed.body);
     let driver = Driver::start();
 
     // Signed in, every page at both widths, with each state on the overview.

@@ -462,7 +462,69 @@ async fn every_documented_endpoint_answers(db: TestDb) {
     }
 }
 
+/// Issue 33, "Also": deployments over the API, as `jobhost deploy`,
+/// `undeploy`, `rollback` and `components` have them. A deploy posts the
+/// component's bytes and is validated as a host loads it; one that would
+/// not load is refused with the reason and nothing is stored. The job
+/// types say which version is deployed and which hosts run which.
+async fn components_are_deployed_rolled_back_and_undeployed_over_the_api(db: TestDb) {
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let bytes = |name: &str| std::fs::read(common::guest(name)).unwrap();
+    let v1 = server.post_bytes("/api/deployments", "application/wasm", bytes("hello")).await;
+    assert_eq!(v1.status, StatusCode::CREATED, "{}", v1.body);
+    let v1 = v1.json();
+    assert_eq!(
+        (v1["job_type"].as_str(), v1["previous"].clone(), v1["changed"].clone()),
+        (Some("hello"), Value::Null, json!(true))
+    );
+    let first = v1["current"].as_str().unwrap().to_string();
+    let again = server.post_bytes("/api/deployments", "application/wasm", bytes("hello")).await;
+    assert_eq!(
+        (again.status, again.json()["changed"].clone()),
+        (StatusCode::OK, json!(false)),
+        "the same version again"
+    );
+    let v2 = server.post_bytes("/api/deployments", "application/wasm", bytes("hello_v2")).await.json();
+    let second = v2["current"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    let current = server.get("/api/deployments").await.json();
+    assert_eq!(current[0]["digest"], second.as_str());
+    // The job types page and API say which version is deployed.
+    let types = server.get("/api/job-types").await.json();
+    let hello = types.as_array().unwrap().iter().find(|t| t["name"] == "hello").unwrap();
+    assert_eq!(hello["deployed"]["digest"], second.as_str());
+    let page = server.get("/types").await;
+    assert!(page.body.contains(&second[..12]), "the job types page shows the deployed version");
+
+    let back = server.post("/api/deployments/hello/rollback", json!({})).await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.body);
+    assert_eq!(back.json()["current"], first.as_str());
+    let history = server.get("/api/deployments/hello").await.json();
+    let actions: Vec<&str> = history.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["rollback", "deploy", "deploy"], "newest first");
+    let to = server.post("/api/deployments/hello/rollback", json!({"to": &second[..10]})).await.json();
+    assert_eq!(to["current"], second.as_str());
+    let gone = server.post("/api/deployments/hello/undeploy", json!({})).await;
+    assert_eq!((gone.status, gone.json()["current"].clone()), (StatusCode::OK, Value::Null));
+    assert_eq!(server.get("/api/deployments").await.json(), json!([]));
+
+    // What would not load is refused, naming why; nothing is stored.
+    let broken = server.post_bytes("/api/deployments", "application/wasm", b"\0asm not really".to_vec()).await;
+    assert_eq!(broken.status, StatusCode::BAD_REQUEST);
+    assert!(broken.body.contains("nothing was deployed"), "{}", broken.body);
+    let misconfigured = server.post_bytes("/api/deployments", "application/wasm", bytes("misconfigured")).await;
+    assert_eq!(misconfigured.status, StatusCode::BAD_REQUEST, "{}", misconfigured.body);
+    let entries = server.get("/api/deployments/hello").await.json().as_array().unwrap().len();
+    assert_eq!(entries, 5, "deploy, deploy, rollback, rollback, undeploy: nothing since");
+    let unknown = server.post("/api/deployments/nope/rollback", json!({})).await;
+    assert_eq!(unknown.status, StatusCode::CONFLICT, "{}", unknown.body);
+    // Without the token nothing is deployed, and the body is never read.
+    let refused = server.anonymous().post_bytes("/api/deployments", "application/wasm", bytes("hello")).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+}
+
 on_both_backends!(
+    components_are_deployed_rolled_back_and_undeployed_over_the_api,
     reads_show_jobs_of_every_state,
     pages_follow_the_cursor_without_repeats_or_gaps,
     bad_queries_and_paths_are_named,

@@ -317,7 +317,9 @@ mod tests {
     /// `{action}` as each of its actions), and nothing else is.
     #[test]
     fn the_description_lists_every_route() {
-        let source = include_str!("api.rs");
+        let source =
+            [include_str!("api.rs"), &include_str!("deploy.rs").replace("(DEPLOY_PATH", "(\"/api/deployments\"")]
+                .concat();
         let mut routes: Vec<String> = source
             .split(".route(\"")
             .skip(1)

@@ -15,6 +15,7 @@ mod access;
 mod api;
 mod connections;
 mod dashboard;
+mod deploy;
 mod error;
 mod guard;
 mod query;
@@ -163,6 +164,9 @@ struct AppState {
     /// action's jobs) before it answers with what it has, within the
     /// request's deadline.
     work_budget: std::time::Duration,
+    /// The runtime that validates components deployed over the API,
+    /// started by the first deploy.
+    validator: Arc<tokio::sync::OnceCell<crate::component::Runtime>>,
 }
 
 /// A bound server, not yet serving: its address is known (port 0 picks one).
@@ -191,17 +195,32 @@ impl Server {
             port,
             config.sessions,
         );
-        let state = AppState { store, access: Arc::new(access), metrics, work_budget: config.request_timeout / 2 };
+        let state = AppState {
+            store,
+            access: Arc::new(access),
+            metrics,
+            work_budget: config.request_timeout / 2,
+            validator: Arc::default(),
+        };
         let max_body = config.max_body_bytes;
         let timeout = config.request_timeout;
         let allowed = Arc::new(config.allowed_hosts.clone());
         let router = Router::new()
             .merge(api::routes())
+            .merge(deploy::routes())
             .merge(dashboard::routes())
             .merge(scrape::routes())
             .layer(DefaultBodyLimit::max(max_body))
             .layer(axum::middleware::from_fn_with_state(state.clone(), guard::admit))
-            .layer(axum::middleware::from_fn(move |request, next| guard::refuse_oversized(max_body, request, next)))
+            .layer(axum::middleware::from_fn(move |request: axum::extract::Request, next| {
+                // A deploy's body is a component; every other is at most an enqueue's.
+                let max = if request.uri().path() == deploy::DEPLOY_PATH {
+                    crate::store::deploy::MAX_COMPONENT_BYTES
+                } else {
+                    max_body
+                };
+                guard::refuse_oversized(max, request, next)
+            }))
             .layer(axum::middleware::from_fn(move |request, next| guard::within(timeout, request, next)))
             .layer(axum::middleware::from_fn(move |request, next| {
                 let allowed = allowed.clone();

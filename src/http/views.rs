@@ -92,11 +92,16 @@ pub struct JobTypeView {
     pub registered: JobTypeRow,
     /// The hosts (live or presumed dead) that list it.
     pub hosts: Vec<ServingHost>,
+    /// The version the fleet serves from the database, if it was deployed
+    /// through it (`jobhost deploy`, `POST /api/deployments`).
+    pub deployed: Option<crate::store::Deployment>,
 }
 
 /// Every registered job type, by name.
 pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeView>> {
     let hosts = store.host_list().await?;
+    let mut deployed: BTreeMap<String, crate::store::Deployment> =
+        store.deployments_current().await?.into_iter().map(|d| (d.job_type.clone(), d)).collect();
     Ok(store
         .job_types_list()
         .await?
@@ -111,7 +116,8 @@ pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeVie
                     alive: h.alive,
                 })
                 .collect();
-            JobTypeView { registered, hosts }
+            let deployed = deployed.remove(&registered.name);
+            JobTypeView { registered, hosts, deployed }
         })
         .collect())
 }

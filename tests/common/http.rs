@@ -135,6 +135,22 @@ impl TestServer {
         Answer { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
     }
 
+    /// A POST of raw bytes (a component's) with the server's token.
+    pub async fn post_bytes(&self, path: &str, content_type: &str, bytes: Vec<u8>) -> Answer {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{path}", self.url()))
+            .header("content-type", content_type);
+        if let Some(token) = &self.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = self.client.request(request.body(Full::from(bytes)).unwrap()).await.expect("HTTP request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.expect("HTTP body").to_bytes();
+        Answer { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+    }
+
     /// Writes `request` as it is on a fresh connection and reads the
     /// answer until the server closes it.
     pub async fn send_raw(&self, request: &str) -> String {

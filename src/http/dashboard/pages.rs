@@ -374,6 +374,13 @@ pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
             section.type-card {
                 h2 { a href={ "/jobs?job=" (encode(&view.registered.name)) } { (view.registered.name) } }
                 p.muted { "Component " (digest(&view.registered.digest)) ", registered " (time(Some(view.registered.updated_at), now)) }
+                @if let Some(deployed) = &view.deployed {
+                    p.deployed {
+                        "Deployed through the database: " (digest(&deployed.digest))
+                        @if deployed.action == crate::store::DeployAction::Rollback { " (a rollback)" }
+                        ", " (time(Some(deployed.deployed_at), now))
+                    }
+                }
                 @if let Some(error) = &view.registered.config_error {
                     p.warning { "The stored configuration cannot be read: " (error) }
                 }
