@@ -437,6 +437,8 @@ async fn every_documented_endpoint_answers(db: TestDb) {
     let (batch, _) =
         db.store.batch_create(&NewBatch::default(), &[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let hello = std::fs::read(common::guest("hello")).unwrap();
+    assert_eq!(server.post_bytes("/api/deployments", "application/wasm", hello).await.status, StatusCode::CREATED);
     let openapi = server.get("/api/openapi.json").await;
     assert_eq!(openapi.status, StatusCode::OK);
     let openapi = openapi.json();
@@ -446,7 +448,8 @@ async fn every_documented_endpoint_answers(db: TestDb) {
     for (path, operations) in paths {
         let concrete = path
             .replace("{id}", &if path.contains("batches") { batch } else { id }.to_string())
-            .replace("{name}", "default");
+            .replace("{name}", "default")
+            .replace("{job_type}", "hello");
         for method in operations.as_object().unwrap().keys().filter(|m| ["get", "post"].contains(&m.as_str())) {
             let answer = match method.as_str() {
                 "get" => server.get(&concrete).await,

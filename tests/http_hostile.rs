@@ -29,7 +29,9 @@ struct Served {
 
 impl Served {
     fn start(db: &TestDb, args: &[&str]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        // JOBHOST_BENCH_BIN runs another build's binary, to measure a change.
+        let binary = std::env::var("JOBHOST_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_jobhost").to_string());
+        let mut child = Command::new(binary)
             .args(["serve", "--no-migrate", "--listen", "127.0.0.1:0"])
             .args(args)
             .env("DATABASE_URL", &db.url)
