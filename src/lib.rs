@@ -38,6 +38,7 @@ pub mod host;
 pub mod http;
 pub mod maintenance;
 pub mod metrics;
+pub mod outbound;
 pub mod registration;
 pub mod schedule;
 pub mod scheduler;

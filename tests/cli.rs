@@ -462,7 +462,60 @@ async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_d
     assert_eq!(job.payload, json!({"to": "ada"}), "the CLI wrote to ./jobhost.db");
 }
 
+/// Issue 34: the operator's side of outbound HTTP, through the database.
+/// A grant is stored in its printed form, replaced by a second grant of
+/// the same origin, listed, and revoked; a bad pattern, method or secret
+/// name is refused with the reason and nothing is stored.
+async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
+    let granted = jobhost(
+        &db,
+        &["grant", "mail", "HTTPS://API.Mailgun.net:443/", "--methods", "post", "--secret", "MAILGUN_KEY"],
+    );
+    assert!(granted.status.success(), "{}", stderr(&granted));
+    assert!(stdout(&granted).contains("granted: mail may reach https://api.mailgun.net"), "{}", stdout(&granted));
+    let local = jobhost(&db, &["grant", "mail", "http://localhost:8025", "--private"]);
+    assert!(local.status.success(), "{}", stderr(&local));
+    let listed = stdout(&jobhost(&db, &["grants", "--json"]));
+    let grants: Vec<Value> = listed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(grants.len(), 2, "{listed}");
+    assert_eq!(
+        (&grants[1]["origin"], &grants[1]["methods"], &grants[1]["secrets"], &grants[1]["private"]),
+        (&json!("https://api.mailgun.net"), &json!(["POST"]), &json!(["MAILGUN_KEY"]), &json!(false))
+    );
+    assert_eq!(
+        (&grants[0]["origin"], &grants[0]["private"]),
+        (&json!("http://localhost:8025"), &json!(true)),
+        "by origin"
+    );
+
+    let again = jobhost(&db, &["grant", "mail", "https://api.mailgun.net", "--methods", "GET,POST"]);
+    assert!(stdout(&again).starts_with("changed:"), "{}", stdout(&again));
+    let listed = stdout(&jobhost(&db, &["grants", "mail", "--json"]));
+    let one: Value = serde_json::from_str(listed.lines().nth(1).unwrap()).unwrap();
+    assert_eq!((&one["methods"], &one["secrets"]), (&json!(["GET", "POST"]), &json!([])), "replaced whole");
+    let table = stdout(&jobhost(&db, &["grants"]));
+    assert!(table.contains("mail https://api.mailgun.net: GET,POST"), "{table}");
+
+    for (args, message) in [
+        (vec!["grant", "mail", "api.mailgun.net"], "is not an origin pattern"),
+        (vec!["grant", "mail", "https://a.example/path"], "no path, query or user"),
+        (vec!["grant", "mail", "https://a.example", "--methods", "G3T"], "is not an HTTP method"),
+        (vec!["grant", "mail", "https://a.example", "--secret", "lower"], "is not a secret name"),
+    ] {
+        let refused = jobhost(&db, &args);
+        assert!(!refused.status.success() && stderr(&refused).contains(message), "{args:?}: {}", stderr(&refused));
+    }
+    assert_eq!(stdout(&jobhost(&db, &["grants", "--json"])).lines().count(), 2, "nothing stored");
+
+    let revoked = jobhost(&db, &["revoke", "mail", "https://api.mailgun.net"]);
+    assert!(revoked.status.success(), "{}", stderr(&revoked));
+    let missing = jobhost(&db, &["revoke", "mail", "https://api.mailgun.net"]);
+    assert!(!missing.status.success() && stderr(&missing).contains("has no grant for https://api.mailgun.net"));
+    assert_eq!(stdout(&jobhost(&db, &["grants", "--json"])).lines().count(), 1);
+}
+
 on_both_backends!(
+    grants_are_stored_listed_replaced_and_revoked,
     enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2,
     bulk_enqueue_from_a_file_is_all_or_nothing,
     jobs_and_stats_print_the_documented_json,

@@ -15,6 +15,7 @@
 mod batch;
 mod components;
 mod deploy;
+mod grant;
 mod host;
 mod new;
 mod operator;
@@ -138,6 +139,13 @@ enum Command {
     Rollback(deploy::RollbackArgs),
     /// Each job type's deployed version and the version every live host serves.
     Components(deploy::ComponentsArgs),
+    /// Let a job type's runs send HTTP requests to an origin its component
+    /// declares (both must allow a request); obeyed from each host's next run.
+    Grant(grant::GrantArgs),
+    /// Take back a grant of outbound HTTP.
+    Revoke(grant::RevokeArgs),
+    /// The grants of outbound HTTP, by job type and origin.
+    Grants(grant::GrantsArgs),
     /// Load components and print the validated configuration each declares,
     /// one JSON object per line.
     Inspect {
@@ -317,6 +325,9 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Undeploy(args) => deploy::undeploy(args).await,
             Command::Rollback(args) => deploy::rollback(args).await,
             Command::Components(args) => deploy::components(args).await,
+            Command::Grant(args) => grant::grant(args).await,
+            Command::Revoke(args) => grant::revoke(args).await,
+            Command::Grants(args) => grant::grants(args).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

@@ -22,6 +22,7 @@ pub mod concurrency;
 pub mod deploy;
 pub mod enqueue;
 pub mod finish;
+pub mod grant;
 pub mod host;
 pub mod job;
 pub mod lease;
@@ -662,6 +663,16 @@ pub trait Store: Backend + 'static {
 
     /// Ends a session: a sign-out, on every server of the fleet.
     async fn session_revoke(&self, digest: &str) -> Result<()>;
+
+    /// Stores an outbound grant, replacing the type's grant for the same
+    /// origin; true when it replaced one.
+    async fn grant_set(&self, grant: &grant::NewGrant) -> Result<bool>;
+
+    /// Removes the type's grant for `origin`; false when there was none.
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool>;
+
+    /// The grants of one job type, or of all, by type and origin.
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<grant::OutboundGrant>>;
 
     /// Enqueues one job per tick of a schedule, moving its cursor past them
     /// in the same transaction, unless another host moved it first; a tick

@@ -48,6 +48,7 @@ mod batch;
 mod concurrency;
 mod deploy;
 mod finish;
+mod grant;
 mod host;
 mod job;
 mod lease;
@@ -462,6 +463,18 @@ impl Store for PgStore {
 
     async fn session_revoke(&self, digest: &str) -> Result<()> {
         session::revoke(&self.pool, digest).await
+    }
+
+    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        grant::set(&self.pool, new).await
+    }
+
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
+        grant::revoke(&self.pool, job_type, origin).await
+    }
+
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
+        grant::list(&self.pool, job_type).await
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

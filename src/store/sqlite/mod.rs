@@ -30,6 +30,7 @@ mod commits;
 mod concurrency;
 mod deploy;
 mod finish;
+mod grant;
 mod host;
 mod job;
 mod lease;
@@ -781,6 +782,24 @@ impl Store for SqliteStore {
         let mut tx = self.write().await?;
         session::revoke(&mut tx, digest).await?;
         tx.commit_settling(false).await
+    }
+
+    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let replaced = grant::set(&mut tx, new, now_ms()).await?;
+        tx.commit_settling(false).await?;
+        Ok(replaced)
+    }
+
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let removed = grant::revoke(&mut tx, job_type, origin).await?;
+        tx.commit_settling(false).await?;
+        Ok(removed)
+    }
+
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
+        grant::list(&self.reader, job_type).await
     }
 
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {

@@ -1,0 +1,238 @@
+//! The two-sided allow-list: a request goes out only when a rule the
+//! component declares and a grant the operator stored both match its
+//! method and origin. Neither side widens the other: the methods and
+//! secrets a request may use are those both allow. A refusal says which
+//! side is missing and, where the operator can fix it, the exact command.
+
+use std::net::IpAddr;
+
+use super::address::private_range;
+use super::origin::{Origin, OriginPattern};
+
+/// One side's rule: an origin pattern, the methods (upper case; empty
+/// allows any) and the secrets requests matching it may carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The origins covered.
+    pub origin: OriginPattern,
+    /// The methods, upper case; empty allows any.
+    pub methods: Vec<String>,
+    /// The secrets, by name.
+    pub secrets: Vec<String>,
+}
+
+impl Rule {
+    fn allows_method(&self, method: &str) -> bool {
+        self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+}
+
+/// An operator's grant: a rule, and whether its names may resolve to
+/// private addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRule {
+    /// What the grant allows.
+    pub rule: Rule,
+    /// Whether its names may resolve to private addresses.
+    pub private: bool,
+}
+
+/// What one job type's runs may reach: its declared rules and its grants,
+/// as read at the run's start.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// The job type, for refusals and hints.
+    pub job_type: String,
+    /// The rules its component declares.
+    pub declared: Vec<Rule>,
+    /// The operator's grants for it.
+    pub granted: Vec<GrantRule>,
+}
+
+/// A request the policy lets out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowed {
+    /// The secrets both sides let this request carry.
+    pub secrets: Vec<String>,
+    /// Whether a matching grant lets it reach private addresses.
+    pub private: bool,
+    /// Addresses a matching grant names as IP literals: reachable even
+    /// when private.
+    pub named_addresses: Vec<IpAddr>,
+}
+
+/// Why a request was refused: one line for the job's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal(pub String);
+
+impl Policy {
+    /// Whether `method` to `origin` may go out, before any name is resolved.
+    ///
+    /// # Errors
+    /// The refusal, naming the missing side.
+    pub fn decide(&self, method: &str, origin: &Origin) -> Result<Allowed, Refusal> {
+        let declared: Vec<&Rule> = self.declared.iter().filter(|r| r.origin.matches(origin)).collect();
+        if declared.is_empty() {
+            return Err(Refusal(format!(
+                "{method} {origin} refused: job type {} does not declare {origin} in describe().outbound \
+                 (a grant alone never allows a request)",
+                self.job_type
+            )));
+        }
+        let declared: Vec<&Rule> = declared.into_iter().filter(|r| r.allows_method(method)).collect();
+        let Some(first) = declared.first() else {
+            return Err(Refusal(format!(
+                "{method} {origin} refused: job type {} declares {origin} for other methods only",
+                self.job_type
+            )));
+        };
+        let grants: Vec<&GrantRule> =
+            self.granted.iter().filter(|g| g.rule.origin.matches(origin) && g.rule.allows_method(method)).collect();
+        if grants.is_empty() {
+            return Err(Refusal(format!(
+                "{method} {origin} refused: not granted; `{}` allows it",
+                grant_command(&self.job_type, first)
+            )));
+        }
+        let declared_secrets: Vec<&String> = declared.iter().flat_map(|r| &r.secrets).collect();
+        let mut secrets: Vec<String> = grants
+            .iter()
+            .flat_map(|g| &g.rule.secrets)
+            .filter(|name| declared_secrets.contains(name))
+            .cloned()
+            .collect();
+        secrets.sort();
+        secrets.dedup();
+        Ok(Allowed {
+            secrets,
+            private: grants.iter().any(|g| g.private),
+            named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
+        })
+    }
+}
+
+impl Allowed {
+    /// Whether the request may connect to `address`, one its host name
+    /// resolved to (or its IP literal).
+    ///
+    /// # Errors
+    /// The refusal, with the range the address is in.
+    pub fn destination(&self, job_type: &str, origin: &Origin, address: IpAddr) -> Result<(), Refusal> {
+        let Some(range) = private_range(address) else {
+            return Ok(());
+        };
+        if self.private || self.named_addresses.contains(&address) {
+            return Ok(());
+        }
+        Err(Refusal(format!(
+            "{origin} refused: it resolved to {address}, which is {range}; a grant naming the address \
+             (`jobhost grant {job_type} {}`), or `jobhost grant {job_type} {origin} --private`, allows it",
+            with_address(origin, address)
+        )))
+    }
+}
+
+/// The `jobhost grant` command that grants exactly what `rule` declares.
+pub fn grant_command(job_type: &str, rule: &Rule) -> String {
+    let mut command = format!("jobhost grant {job_type} {}", rule.origin);
+    if !rule.methods.is_empty() {
+        command.push_str(&format!(" --methods {}", rule.methods.join(",")));
+    }
+    for secret in &rule.secrets {
+        command.push_str(&format!(" --secret {secret}"));
+    }
+    command
+}
+
+fn with_address(origin: &Origin, address: IpAddr) -> Origin {
+    Origin { host: address.to_string(), ..origin.clone() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> Rule {
+        Rule {
+            origin: origin.parse().unwrap(),
+            methods: methods.iter().map(|m| m.to_string()).collect(),
+            secrets: secrets.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn grant(origin: &str, methods: &[&str], secrets: &[&str]) -> GrantRule {
+        GrantRule { rule: rule(origin, methods, secrets), private: false }
+    }
+
+    fn origin(url: &str) -> Origin {
+        Origin::of_uri(&url.parse().unwrap()).unwrap()
+    }
+
+    fn mailer() -> Policy {
+        Policy {
+            job_type: "mail".into(),
+            declared: vec![rule("https://api.mailgun.net", &["POST"], &["MAILGUN_KEY", "OTHER"])],
+            granted: vec![],
+        }
+    }
+
+    #[test]
+    fn both_sides_must_allow_and_the_hint_is_the_grant_command() {
+        let mut policy = mailer();
+        let refusal = policy.decide("POST", &origin("https://api.mailgun.net/v3/x")).unwrap_err();
+        assert!(
+            refusal.0.contains(
+                "not granted; `jobhost grant mail https://api.mailgun.net --methods POST --secret MAILGUN_KEY --secret OTHER`"
+            ),
+            "{}",
+            refusal.0
+        );
+        policy.granted.push(grant("https://api.mailgun.net", &[], &["MAILGUN_KEY", "UNDECLARED"]));
+        let allowed = policy.decide("POST", &origin("https://api.mailgun.net/v3/x")).unwrap();
+        assert_eq!(allowed.secrets, ["MAILGUN_KEY"], "only secrets both sides name");
+        let refusal = policy.decide("GET", &origin("https://api.mailgun.net/")).unwrap_err();
+        assert!(refusal.0.contains("for other methods only"), "{}", refusal.0);
+    }
+
+    #[test]
+    fn a_grant_never_widens_what_is_declared() {
+        let mut policy = mailer();
+        policy.granted.push(grant("https://*", &[], &[]));
+        let refusal = policy.decide("POST", &origin("https://evil.example/")).unwrap_err();
+        assert!(refusal.0.contains("does not declare https://evil.example"), "{}", refusal.0);
+        let mut narrow = mailer();
+        narrow.granted.push(grant("https://api.mailgun.net", &["GET"], &[]));
+        narrow.declared[0].methods.clear();
+        assert!(narrow.decide("POST", &origin("https://api.mailgun.net/")).is_err(), "the grant's methods bind");
+        assert!(narrow.decide("GET", &origin("https://api.mailgun.net/")).is_ok());
+    }
+
+    #[test]
+    fn private_destinations_need_a_grant_that_says_so() {
+        let mut policy = Policy {
+            job_type: "hook".into(),
+            declared: vec![rule("https://*", &[], &[])],
+            granted: vec![grant("https://api.example.com", &[], &[])],
+        };
+        let to = origin("https://api.example.com/");
+        let allowed = policy.decide("GET", &to).unwrap();
+        assert!(allowed.destination("hook", &to, "93.184.216.34".parse().unwrap()).is_ok());
+        // The granted public name resolving to loopback (rebinding) is refused.
+        let refusal = allowed.destination("hook", &to, "127.0.0.1".parse().unwrap()).unwrap_err();
+        assert!(refusal.0.contains("resolved to 127.0.0.1, which is loopback"), "{}", refusal.0);
+        assert!(allowed.destination("hook", &to, "169.254.169.254".parse().unwrap()).is_err());
+        policy.granted[0].private = true;
+        let allowed = policy.decide("GET", &to).unwrap();
+        assert!(allowed.destination("hook", &to, "10.0.0.5".parse().unwrap()).is_ok());
+        // A grant naming the address reaches it, and only it.
+        let local = Policy {
+            job_type: "hook".into(),
+            declared: vec![rule("http://127.0.0.1:8025", &[], &[])],
+            granted: vec![grant("http://127.0.0.1:8025", &[], &[])],
+        };
+        let to = origin("http://127.0.0.1:8025/send");
+        let allowed = local.decide("POST", &to).unwrap();
+        assert!(allowed.destination("hook", &to, "127.0.0.1".parse().unwrap()).is_ok());
+        assert!(allowed.destination("hook", &to, "127.0.0.2".parse().unwrap()).is_err());
+    }
+}

@@ -1,0 +1,66 @@
+//! Outbound grants in PostgreSQL.
+
+use sqlx::PgPool;
+
+use crate::store::Result;
+use crate::store::grant::{NewGrant, OutboundGrant};
+
+pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
+    // `xmax <> 0` on the returned row: the insert met the old row and updated it.
+    let replaced: bool = sqlx::query_scalar(
+        "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (job_type, origin) DO UPDATE
+            SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets,
+                private = EXCLUDED.private, granted_at = now()
+         RETURNING xmax <> 0",
+    )
+    .bind(&grant.job_type)
+    .bind(&grant.origin)
+    .bind(&grant.methods)
+    .bind(&grant.secrets)
+    .bind(grant.private)
+    .fetch_one(pool)
+    .await?;
+    Ok(replaced)
+}
+
+pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool> {
+    let removed = sqlx::query("DELETE FROM jobhost.outbound_grants WHERE job_type = $1 AND origin = $2")
+        .bind(job_type)
+        .bind(origin)
+        .execute(pool)
+        .await?;
+    Ok(removed.rows_affected() > 0)
+}
+
+pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
+    let rows: Vec<GrantRow> = sqlx::query_as(
+        "SELECT job_type, origin, methods, secrets, private, granted_at FROM jobhost.outbound_grants
+         WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, origin",
+    )
+    .bind(job_type)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| OutboundGrant {
+            job_type: row.job_type,
+            origin: row.origin,
+            methods: row.methods,
+            secrets: row.secrets,
+            private: row.private,
+            granted_at: row.granted_at,
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct GrantRow {
+    job_type: String,
+    origin: String,
+    methods: Vec<String>,
+    secrets: Vec<String>,
+    private: bool,
+    granted_at: chrono::DateTime<chrono::Utc>,
+}

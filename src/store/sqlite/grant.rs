@@ -1,0 +1,69 @@
+//! Outbound grants in SQLite; methods and secrets as JSON arrays.
+
+use sqlx::{SqliteConnection, SqlitePool};
+
+use crate::store::grant::{NewGrant, OutboundGrant};
+use crate::store::{Error, Result};
+
+fn json_list(items: &[String]) -> String {
+    serde_json::to_string(items).unwrap_or_else(|_| "[]".to_string())
+}
+
+fn parse_list(text: &str) -> Result<Vec<String>> {
+    serde_json::from_str(text).map_err(|e| Error::Decode(format!("a grant's list is not a JSON array: {e}")))
+}
+
+pub async fn set(conn: &mut SqliteConnection, grant: &NewGrant, now: i64) -> Result<bool> {
+    let existed: Option<i64> = sqlx::query_scalar("SELECT 1 FROM outbound_grants WHERE job_type = $1 AND origin = $2")
+        .bind(&grant.job_type)
+        .bind(&grant.origin)
+        .fetch_optional(&mut *conn)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbound_grants (job_type, origin, methods, secrets, private, granted_at)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (job_type, origin) DO UPDATE
+            SET methods = excluded.methods, secrets = excluded.secrets,
+                private = excluded.private, granted_at = excluded.granted_at",
+    )
+    .bind(&grant.job_type)
+    .bind(&grant.origin)
+    .bind(json_list(&grant.methods))
+    .bind(json_list(&grant.secrets))
+    .bind(grant.private)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(existed.is_some())
+}
+
+pub async fn revoke(conn: &mut SqliteConnection, job_type: &str, origin: &str) -> Result<bool> {
+    let removed = sqlx::query("DELETE FROM outbound_grants WHERE job_type = $1 AND origin = $2")
+        .bind(job_type)
+        .bind(origin)
+        .execute(conn)
+        .await?;
+    Ok(removed.rows_affected() > 0)
+}
+
+pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
+    let rows: Vec<(String, String, String, String, bool, i64)> = sqlx::query_as(
+        "SELECT job_type, origin, methods, secrets, private, granted_at FROM outbound_grants
+         WHERE $1 IS NULL OR job_type = $1 ORDER BY job_type, origin",
+    )
+    .bind(job_type)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(job_type, origin, methods, secrets, private, granted_at)| {
+            Ok(OutboundGrant {
+                job_type,
+                origin,
+                methods: parse_list(&methods)?,
+                secrets: parse_list(&secrets)?,
+                private,
+                granted_at: super::time_of(granted_at),
+            })
+        })
+        .collect()
+}
