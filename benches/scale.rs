@@ -50,6 +50,7 @@ async fn fresh() -> Arc<PgStore> {
         concurrency,
         unique: None,
         schedule: None,
+        outbound: Vec::new(),
     };
     let limited = ConcurrencyConfig {
         limit: 1,

@@ -35,6 +35,7 @@ fn config(name: &str, unique: bool) -> JobConfig {
             on_duplicate: OnDuplicate::Skip,
         }),
         schedule: None,
+        outbound: Vec::new(),
     }
 }
 

@@ -147,6 +147,25 @@ pub struct JobConfig {
     /// When the fleet enqueues this job by itself.
     #[serde(default, deserialize_with = "schedule_either")]
     pub schedule: Option<ScheduleConfig>,
+    /// The origins its runs may send HTTP requests to, as its component
+    /// declares them; an operator must grant each too (docs/outbound.md).
+    /// Left out of the stored JSON when empty, so a type that declares
+    /// none is stored as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outbound: Vec<OutboundRule>,
+}
+
+/// One origin a job type's runs may send HTTP requests to, as declared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundRule {
+    /// The origin pattern, in its printed form (`https://*.example.com`).
+    pub origin: String,
+    /// The methods allowed, upper case; empty allows any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// The secrets requests to the origin may carry, by name.
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 impl JobConfig {

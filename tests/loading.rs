@@ -144,6 +144,23 @@ async fn a_component_of_the_second_world_version_loads_and_runs() {
     assert_eq!(report.effects.progress, Some((1, 1)));
 }
 
+/// A component built against `jobhost:job@0.3.0` (before `outbound`)
+/// loads declaring no outbound rules, logs through the 0.3.0 imports and
+/// opens a batch and adds to it through the 0.3.0 `batches` imports.
+#[tokio::test]
+async fn a_component_of_the_third_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v3").await;
+    assert_eq!(legacy.config.max_attempts, 3);
+    assert!(legacy.config.outbound.is_empty(), "the default of a field 0.3.0 lacks");
+    let report = run(&runtime, &legacy, json!({"id": 9})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 9}));
+    assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.3.0 import");
+    assert_eq!(report.effects.batches.len(), 1, "a batch opened through the 0.3.0 import");
+    assert_eq!(report.effects.children.len(), 1);
+    assert_eq!(report.effects.children[0].batch, Some(jobhost::types::ChildBatch::Opened(0)));
+}
+
 /// A component instantiating `module` `count` times.
 fn instantiating(module: &str, count: usize) -> Vec<u8> {
     let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();

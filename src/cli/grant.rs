@@ -63,24 +63,12 @@ fn parse_origin(text: &str) -> Result<OriginPattern, String> {
     text.parse()
 }
 
-/// A method name, upper case: a token of letters.
 fn parse_method(text: &str) -> Result<String, String> {
-    let method = text.trim().to_ascii_uppercase();
-    if method.is_empty() || method.len() > 32 || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(format!("{text:?} is not an HTTP method like GET or POST"));
-    }
-    Ok(method)
+    crate::outbound::method_name(text)
 }
 
-/// A secret's name: what the guest reads as an environment variable.
-pub fn parse_secret_name(text: &str) -> Result<String, String> {
-    let ok = text.len() <= 128
-        && text.bytes().next().is_some_and(|b| b.is_ascii_uppercase() || b == b'_')
-        && text.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-    if !ok {
-        return Err(format!("{text:?} is not a secret name: upper-case letters, digits and _, not first a digit"));
-    }
-    Ok(text.to_string())
+fn parse_secret_name(text: &str) -> Result<String, String> {
+    crate::outbound::secret_name(text)
 }
 
 pub async fn grant(args: GrantArgs) -> ExitCode {

@@ -2,7 +2,7 @@
 //! from `wit/` (the current version) and `wit/archive/` (earlier versions a
 //! host still loads), and the conversions between them and [`crate::types`].
 
-/// The current world, `jobhost:job@0.3.0`.
+/// The current world, `jobhost:job@0.4.0`.
 mod current {
     wasmtime::component::bindgen!({
         path: "wit",
@@ -17,6 +17,20 @@ mod current {
         },
         // Exports are called on the async executor so a guest blocked on a WASI
         // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
+
+/// `jobhost:job@0.3.0`, for components built before 0.4.0 (see `legacy_v3`).
+pub mod v0_3 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.3.0",
+        world: "job",
+        imports: {
+            "jobhost:job/host.enqueue": async | trappable,
+            "jobhost:job/batches.enqueue": async | trappable,
+            default: trappable,
+        },
         exports: { default: async },
     });
 }

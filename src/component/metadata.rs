@@ -3,9 +3,11 @@
 
 use crate::component::bindings::wit;
 use crate::config::RuntimeConfig;
+use crate::outbound::{self, OriginPattern};
 use crate::template::KeyTemplate;
 use crate::types::{
-    Backoff, ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, ScheduleConfig, UniqueConfig, UniqueStrategy,
+    Backoff, ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, OutboundRule, ScheduleConfig, UniqueConfig,
+    UniqueStrategy,
 };
 
 /// Attempts a job gets when its component does not say.
@@ -109,6 +111,12 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         }
     }
 
+    let outbound = declared.outbound.unwrap_or_default();
+    if outbound.len() > MAX_OUTBOUND_RULES {
+        return invalid("outbound", format!("at most {MAX_OUTBOUND_RULES} rules"));
+    }
+    let outbound = outbound.into_iter().map(outbound_rule).collect::<Result<Vec<_>, _>>()?;
+
     Ok(JobConfig {
         name: declared.name,
         queue,
@@ -120,6 +128,22 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         concurrency,
         unique,
         schedule,
+        outbound,
+    })
+}
+
+/// The most outbound rules one job type may declare.
+const MAX_OUTBOUND_RULES: usize = 64;
+
+/// A declared outbound rule with its pattern, methods and secret names checked.
+fn outbound_rule(rule: wit::OutboundRule) -> Result<OutboundRule, InvalidConfig> {
+    let origin: OriginPattern = rule.origin.parse().or_else(|e: String| invalid("outbound.origin", e))?;
+    let methods = rule.methods.iter().map(|m| outbound::method_name(m)).collect::<Result<Vec<_>, _>>();
+    let secrets = rule.secrets.iter().map(|s| outbound::secret_name(s)).collect::<Result<Vec<_>, _>>();
+    Ok(OutboundRule {
+        origin: origin.to_string(),
+        methods: methods.or_else(|e| invalid("outbound.methods", e))?,
+        secrets: secrets.or_else(|e| invalid("outbound.secrets", e))?,
     })
 }
 
@@ -200,7 +224,40 @@ mod tests {
             concurrency: None,
             unique: None,
             schedule: None,
+            outbound: None,
         }
+    }
+
+    fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> wit::OutboundRule {
+        let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
+        wit::OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
+    }
+
+    #[test]
+    fn outbound_rules_are_checked_and_kept_in_printed_form() {
+        let runtime = RuntimeConfig::default();
+        let config = wit::JobConfig {
+            outbound: Some(vec![rule("HTTPS://API.Mailgun.net:443", &["post"], &["MAILGUN_KEY"])]),
+            ..declared("mail")
+        };
+        let rules = validate(config, &runtime).unwrap().outbound;
+        assert_eq!(
+            rules,
+            [OutboundRule {
+                origin: "https://api.mailgun.net".into(),
+                methods: vec!["POST".into()],
+                secrets: vec!["MAILGUN_KEY".into()]
+            }]
+        );
+        let field =
+            |r: wit::OutboundRule| validate(wit::JobConfig { outbound: Some(vec![r]), ..declared("x") }, &runtime);
+        assert_eq!(field(rule("mailgun.net", &[], &[])).unwrap_err().field, "outbound.origin");
+        assert_eq!(field(rule("https://a.example/x", &[], &[])).unwrap_err().field, "outbound.origin");
+        assert_eq!(field(rule("https://a.example", &["G T"], &[])).unwrap_err().field, "outbound.methods");
+        assert_eq!(field(rule("https://a.example", &[], &["key"])).unwrap_err().field, "outbound.secrets");
+        let many = (0..65).map(|i| rule(&format!("https://h{i}.example"), &[], &[])).collect();
+        let too_many = validate(wit::JobConfig { outbound: Some(many), ..declared("x") }, &runtime);
+        assert_eq!(too_many.unwrap_err().field, "outbound");
     }
 
     fn limit(limit: u32, key: Option<&str>, duration_secs: u32) -> Option<wit::Concurrency> {

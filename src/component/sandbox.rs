@@ -10,7 +10,7 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, wit};
+use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, wit};
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
@@ -205,6 +205,7 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_1::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
 }

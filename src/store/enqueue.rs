@@ -246,6 +246,7 @@ mod prepare_tests {
             }),
             unique: None,
             schedule: None,
+            outbound: Vec::new(),
         }
     }
 

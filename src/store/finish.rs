@@ -399,6 +399,7 @@ mod tests {
             concurrency: None,
             unique: None,
             schedule: None,
+            outbound: Vec::new(),
         };
         Configs::from([("mail".to_string(), config)])
     }

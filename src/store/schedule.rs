@@ -298,6 +298,7 @@ mod tests {
             concurrency: None,
             unique: None,
             schedule: Some(schedule),
+            outbound: Vec::new(),
         };
         ScheduleState::new("report".into(), config, DateTime::UNIX_EPOCH, None, true).unwrap()
     }

@@ -141,6 +141,7 @@ mod tests {
             concurrency: None,
             unique: None,
             schedule: None,
+            outbound: Vec::new(),
         }
     }
 

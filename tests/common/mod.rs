@@ -94,6 +94,7 @@ pub fn job_config(name: &str) -> jobhost::types::JobConfig {
         concurrency: None,
         unique: None,
         schedule: None,
+        outbound: Vec::new(),
     }
 }
 

@@ -29,7 +29,7 @@
  * `TypeError: ...`)" with the original error's text.
  */
 
-import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.3.0';
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.4.0';
 
 /**
  * A job type's configuration; every option left out takes the host's default.
@@ -47,6 +47,7 @@ export function config(name, { queue, priority, maxAttempts, backoffMs, timeoutM
     concurrency,
     unique,
     schedule: undefined,
+    outbound: undefined,
   };
 }
 

@@ -41,7 +41,7 @@ def config(name, queue=None, priority=None, max_attempts=None, backoff_ms=None, 
     backoff = types.Backoff(base_ms=backoff_ms[0], cap_ms=backoff_ms[1]) if backoff_ms else None
     return types.JobConfig(name=name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
                            timeout_ms=timeout_ms, memory_limit_bytes=memory_limit_bytes, concurrency=concurrency,
-                           unique=unique, schedule=None)
+                           unique=unique, schedule=None, outbound=None)
 
 
 def limit(at_once, key=None, duration_secs=30, on_conflict="block"):

@@ -20,7 +20,7 @@ pub mod bindings {
 }
 
 pub use bindings::jobhost::job::types::{
-    Backoff, Concurrency, OnConflict, OnDuplicate, Schedule, UniqueStrategy, Uniqueness,
+    Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, Schedule, UniqueStrategy, Uniqueness,
 };
 pub use bindings::jobhost::job::{batches, host};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
@@ -39,6 +39,7 @@ impl JobConfig {
             concurrency: None,
             unique: None,
             schedule: None,
+            outbound: None,
         }
     }
 }
