@@ -107,7 +107,9 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     // rules its completion will apply.
     let known = KnownJobTypes::default();
     known.refresh(store.as_ref()).await;
-    let runtime = runtime.with_child_check(known.check(registry.clone(), store.clone(), config.limits));
+    let grants = crate::component::grants_from(store.clone());
+    let runtime =
+        runtime.with_child_check(known.check(registry.clone(), store.clone(), config.limits)).with_grants(grants);
     let mut watcher = match &config.components {
         Some(dir) => Some(DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(dir))?),
         None => None,

@@ -26,6 +26,9 @@ use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
 
 use crate::config::{ConfigError, RuntimeConfig};
+use crate::outbound::hooks::OutboundHooks;
+use crate::outbound::{GrantRule, Policy, Rule};
+use crate::store::grant::OutboundGrant;
 use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use progress::LiveProgress;
@@ -136,7 +139,17 @@ pub struct Runtime {
     /// when unset (a runtime without a queue, as in `jobhost exec`). Fixed
     /// for this value and its clones: never changed under a running guest.
     child_check: Option<ChildCheck>,
+    /// Where a run reads its job type's grants; none granted when unset
+    /// (`jobhost exec`), so every request is refused.
+    grants: Option<GrantSource>,
 }
+
+/// Reads a job type's outbound grants, as they stand when a run starts.
+pub type GrantSource = Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<OutboundGrant>, String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 struct Inner {
     engine: wasmtime::Engine,
@@ -148,6 +161,8 @@ struct Inner {
     run_slots: Semaphore,
     /// The same for loads, which instantiate to call `describe`.
     load_slots: Semaphore,
+    /// TLS settings of outbound https, built once.
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Runtime {
@@ -166,8 +181,9 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots });
-        Ok(Runtime { inner, child_check: None })
+        let tls = crate::outbound::send::tls_config();
+        let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, tls });
+        Ok(Runtime { inner, child_check: None, grants: None })
     }
 
     /// This runtime, with every guest's `enqueue` refusing the children
@@ -176,6 +192,35 @@ impl Runtime {
     /// under runs already going (clones made earlier keep theirs).
     pub fn with_child_check(self, check: ChildCheck) -> Self {
         Runtime { child_check: Some(check), ..self }
+    }
+
+    /// This runtime, with each run reading its job type's grants from
+    /// `source` when it starts (so a grant or revoke applies to the next run).
+    pub fn with_grants(self, source: GrantSource) -> Self {
+        Runtime { grants: Some(source), ..self }
+    }
+
+    /// What a run of `config`'s type may reach: its declared rules, and the
+    /// grants read now. A type that declares nothing reads no grants.
+    async fn policy_for(&self, config: &JobConfig) -> Policy {
+        let declared: Vec<Rule> = config
+            .outbound
+            .iter()
+            .filter_map(|rule| {
+                let origin = rule.origin.parse().ok()?;
+                Some(Rule { origin, methods: rule.methods.clone(), secrets: rule.secrets.clone() })
+            })
+            .collect();
+        let mut policy = Policy { job_type: config.name.clone(), declared, granted: Vec::new() };
+        let Some(source) = self.grants.as_ref().filter(|_| !policy.declared.is_empty()) else {
+            return policy;
+        };
+        match source(config.name.clone()).await {
+            Ok(grants) => policy.granted = grants.iter().filter_map(grant_rule).collect(),
+            // Nothing is granted this run: its requests are refused, not sent unchecked.
+            Err(error) => tracing::warn!(job_type = %config.name, %error, "cannot read outbound grants"),
+        }
+        policy
     }
 
     /// The settings the runtime was started with.
@@ -264,7 +309,9 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let mut store = sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), LiveProgress::new(), None);
+        let outbound = OutboundHooks::new(Arc::default(), self.inner.tls.clone());
+        let mut store =
+            sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), LiveProgress::new(), None, outbound);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
         let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
         Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
@@ -306,7 +353,9 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, self.child_check.clone());
+        let outbound = OutboundHooks::new(Arc::new(self.policy_for(config).await), self.inner.tls.clone());
+        let child_check = self.child_check.clone();
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound);
         store.data_mut().set_in_batch(context.batch_id.is_some());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
@@ -339,6 +388,22 @@ impl Inner {
         cache.store(digest, &artifact);
         Ok(component)
     }
+}
+
+/// Grants read from the fleet's database, as hosts read them.
+pub fn grants_from(store: Arc<dyn crate::store::Store>) -> GrantSource {
+    Arc::new(move |job_type| {
+        let store = store.clone();
+        Box::pin(async move { store.grants(Some(&job_type)).await.map_err(|e| e.to_string()) })
+    })
+}
+
+/// A stored grant as the policy reads it; one whose pattern this binary
+/// cannot read grants nothing.
+fn grant_rule(grant: &OutboundGrant) -> Option<GrantRule> {
+    let origin = grant.origin.parse().ok()?;
+    let rule = Rule { origin, methods: grant.methods.clone(), secrets: grant.secrets.clone() };
+    Some(GrantRule { rule, private: grant.private })
 }
 
 /// SHA-256 of a component's bytes, hex: its identity in the cache, the

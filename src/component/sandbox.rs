@@ -9,6 +9,7 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, wit};
 use crate::component::budget::RunBudget;
@@ -17,6 +18,7 @@ use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
 use crate::component::world::WorldPre;
+use crate::outbound::hooks::OutboundHooks;
 use crate::types::{
     BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
 };
@@ -68,6 +70,9 @@ enum HostStop {
 /// The data of one run's store.
 pub struct SandboxState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    /// Every outbound request passes these (docs/outbound.md).
+    outbound: OutboundHooks,
     table: ResourceTable,
     memory: MemoryCap,
     stdout: CapturedOutput,
@@ -148,6 +153,12 @@ impl WasiView for SandboxState {
     }
 }
 
+impl WasiHttpView for SandboxState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outbound }
+    }
+}
+
 /// Enforces the run's memory cap over all its memories and tables together
 /// (a component may have several of each, and each alone may be under the
 /// cap), and remembers that it was hit, so an allocation failure is reported
@@ -197,12 +208,13 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
-/// Adds WASI and the `jobhost:job/host` imports to a linker.
+/// Adds WASI, `wasi:http` and the `jobhost:job` imports to a linker.
 ///
 /// # Errors
 /// Only if two definitions collide, which is a host bug.
 pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
@@ -217,6 +229,7 @@ pub fn new_store(
     signal: StopSignal,
     live_progress: LiveProgress,
     child_check: Option<ChildCheck>,
+    outbound: OutboundHooks,
 ) -> Store<SandboxState> {
     let budget = RunBudget::new(limits.budget_bytes);
     let stdout = CapturedOutput::new(limits.output_limit_bytes, budget.clone());
@@ -232,6 +245,8 @@ pub fn new_store(
         .build();
     let state = SandboxState {
         wasi,
+        http: WasiHttpCtx::new(),
+        outbound,
         table: ResourceTable::new(),
         memory: MemoryCap::new(usize::try_from(limits.memory_limit_bytes).unwrap_or(usize::MAX)),
         stdout,
@@ -392,6 +407,8 @@ pub fn take_effects(state: &mut SandboxState) -> RunEffects {
     effects.stdout = stdout;
     effects.stderr = stderr;
     effects.truncated |= stdout_cut || stderr_cut;
+    let refusals = state.outbound.take_refusals();
+    effects.logs.extend(refusals.into_iter().map(|message| LogLine { level: crate::types::LogLevel::Warn, message }));
     effects
 }
 

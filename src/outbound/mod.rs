@@ -3,8 +3,10 @@
 //! addresses those origins may resolve to. See docs/outbound.md.
 
 pub mod address;
+pub mod hooks;
 pub mod origin;
 pub mod policy;
+pub mod send;
 
 pub use origin::{Origin, OriginPattern};
 pub use policy::{Allowed, GrantRule, Policy, Refusal, Rule};

@@ -1,0 +1,110 @@
+//! Sends one HTTP request through the standard `wasi:http/outgoing-handler`
+//! and returns what came back. Payload: `{"url": "http://127.0.0.1:8080/x",
+//! "method": "GET", "body": "text", "headers": {"name": "value"}}` (method,
+//! body and headers optional). Output: `{"status": 200, "body": "...",
+//! "headers": {...}}`, or `{"error": "..."}` with the wasi:http error code
+//! when the request failed or was refused. It declares loopback and one
+//! public API as its outbound origins; an operator grants what it may use.
+
+use jobhost_guest::{Guest, JobConfig, JobContext, JobError, OutboundRule, export, parse_payload};
+use serde_json::{Value, json};
+use wasi::http::outgoing_handler;
+use wasi::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::io::streams::StreamError;
+
+struct Fetcher;
+
+fn rule(origin: &str, methods: &[&str]) -> OutboundRule {
+    OutboundRule { origin: origin.into(), methods: methods.iter().map(|m| m.to_string()).collect(), secrets: vec![] }
+}
+
+impl Guest for Fetcher {
+    fn describe() -> JobConfig {
+        JobConfig {
+            max_attempts: Some(1),
+            outbound: Some(vec![
+                rule("http://127.0.0.1:*", &["GET", "POST"]),
+                rule("http://localhost:*", &[]),
+                rule("https://api.example.com", &["GET"]),
+            ]),
+            ..JobConfig::named("fetcher")
+        }
+    }
+
+    fn run(_ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
+        let payload = parse_payload(&payload)?;
+        let answer = match fetch(&payload) {
+            Ok(answer) => answer,
+            Err(error) => json!({ "error": error }),
+        };
+        Ok(Some(answer.to_string()))
+    }
+}
+
+/// The request the payload describes, sent; its response read whole.
+fn fetch(payload: &Value) -> Result<Value, String> {
+    let url = payload["url"].as_str().ok_or("no url")?;
+    let (scheme, rest) = url.split_once("://").ok_or("the url has no scheme")?;
+    let (authority, path) = match rest.find('/') {
+        Some(slash) => (&rest[..slash], &rest[slash..]),
+        None => (rest, "/"),
+    };
+    let headers = Fields::new();
+    if let Some(pairs) = payload["headers"].as_object() {
+        for (name, value) in pairs {
+            let value = value.as_str().unwrap_or_default().as_bytes().to_vec();
+            headers.append(name, &value).map_err(|e| format!("header {name}: {e:?}"))?;
+        }
+    }
+    let request = OutgoingRequest::new(headers);
+    let method = match payload["method"].as_str().unwrap_or("GET") {
+        "GET" => Method::Get,
+        "POST" => Method::Post,
+        "PUT" => Method::Put,
+        "DELETE" => Method::Delete,
+        other => Method::Other(other.to_string()),
+    };
+    request.set_method(&method).map_err(|_| "bad method")?;
+    let scheme = match scheme {
+        "http" => Scheme::Http,
+        "https" => Scheme::Https,
+        other => Scheme::Other(other.to_string()),
+    };
+    request.set_scheme(Some(&scheme)).map_err(|_| "bad scheme")?;
+    request.set_authority(Some(authority)).map_err(|_| "bad authority")?;
+    request.set_path_with_query(Some(path)).map_err(|_| "bad path")?;
+    let body = request.body().map_err(|_| "no body")?;
+    if let Some(text) = payload["body"].as_str() {
+        let stream = body.write().map_err(|_| "no body stream")?;
+        for chunk in text.as_bytes().chunks(4096) {
+            stream.blocking_write_and_flush(chunk).map_err(|e| format!("writing the body: {e:?}"))?;
+        }
+        drop(stream);
+    }
+    let response = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+    OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}"))?;
+    response.subscribe().block();
+    let response = match response.get() {
+        Some(Ok(Ok(response))) => response,
+        Some(Ok(Err(code))) => return Err(format!("{code:?}")),
+        Some(Err(())) | None => return Err("the response was taken already".into()),
+    };
+    let status = response.status();
+    let mut seen = serde_json::Map::new();
+    for (name, value) in response.headers().entries() {
+        seen.insert(name, Value::String(String::from_utf8_lossy(&value).into_owned()));
+    }
+    let incoming = response.consume().map_err(|_| "no body")?;
+    let stream = incoming.stream().map_err(|_| "no body stream")?;
+    let mut bytes = Vec::new();
+    loop {
+        match stream.blocking_read(64 << 10) {
+            Ok(chunk) => bytes.extend_from_slice(&chunk),
+            Err(StreamError::Closed) => break,
+            Err(StreamError::LastOperationFailed(e)) => return Err(format!("reading the body: {}", e.to_debug_string())),
+        }
+    }
+    Ok(json!({ "status": status, "body": String::from_utf8_lossy(&bytes), "headers": seen }))
+}
+
+export!(Fetcher);

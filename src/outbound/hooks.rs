@@ -1,0 +1,146 @@
+//! A run's side of wasi:http: every request a guest sends passes the
+//! policy here before anything leaves the host; a refused one fails in the
+//! guest with `HTTP-request-denied` and leaves a line, with the fix, in the
+//! job's log.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::origin::Origin;
+use super::policy::{Policy, Refusal};
+use super::send::{self, SendError, Sending, StepTimeouts};
+
+/// Requests one run may have in flight at once; past it a request fails at
+/// once with `connection-limit-reached`.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Refusals kept for one run's log; past it they are counted only.
+const MAX_REFUSAL_LINES: usize = 32;
+
+/// The outbound side of one run.
+pub struct OutboundHooks {
+    policy: Arc<Policy>,
+    refusals: Arc<Mutex<Refusals>>,
+    in_flight: Arc<Semaphore>,
+    timeouts: StepTimeouts,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+/// The refusals of one run, for its log.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    lines: Vec<String>,
+    dropped: usize,
+}
+
+impl Refusals {
+    fn push(&mut self, refusal: Refusal) {
+        tracing::warn!(target: "jobhost::outbound", "{}", refusal.0);
+        if self.lines.len() < MAX_REFUSAL_LINES {
+            self.lines.push(refusal.0);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The lines for the job's log, and a count of the ones not kept.
+    pub fn take(&mut self) -> Vec<String> {
+        let mut lines = std::mem::take(&mut self.lines);
+        if self.dropped > 0 {
+            lines.push(format!("{} more outbound requests were refused", std::mem::take(&mut self.dropped)));
+        }
+        lines
+    }
+}
+
+impl OutboundHooks {
+    /// The hooks of a run allowed what `policy` allows.
+    pub fn new(policy: Arc<Policy>, tls: Arc<rustls::ClientConfig>) -> Self {
+        OutboundHooks {
+            policy,
+            refusals: Arc::default(),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            timeouts: StepTimeouts::default(),
+            tls,
+        }
+    }
+
+    /// The refusal lines for the job's log.
+    pub fn take_refusals(&self) -> Vec<String> {
+        self.refusals.lock().map(|mut r| r.take()).unwrap_or_default()
+    }
+
+    fn refuse(&self, refusal: Refusal, error: Error) -> Result<Sending, Error> {
+        if let Ok(mut refusals) = self.refusals.lock() {
+            refusals.push(refusal);
+        }
+        Err(error)
+    }
+
+    /// What the request may do, or the error the guest gets.
+    fn judge(&self, request: &http::Request<WasiBody>, options: Option<RequestOptions>) -> Result<Sending, Error> {
+        let method = request.method().as_str();
+        let origin = match Origin::of_uri(request.uri()) {
+            Ok(origin) => origin,
+            Err(why) => return self.refuse(Refusal(format!("{method} refused: {why}")), Error::HttpRequestUriInvalid),
+        };
+        let allowed = match self.policy.decide(method, &origin) {
+            Ok(allowed) => allowed,
+            Err(refusal) => return self.refuse(refusal, Error::HttpRequestDenied),
+        };
+        Ok(Sending {
+            job_type: self.policy.job_type.clone(),
+            origin,
+            allowed,
+            timeouts: self.timeouts.within(options),
+            tls: self.tls.clone(),
+        })
+    }
+}
+
+type Responding = Box<dyn Future<Output = Result<send::Sent, Error>> + Send>;
+
+impl WasiHttpHooks for OutboundHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _request_result: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Responding {
+        let sending = match self.judge(&request, options) {
+            Ok(sending) => sending,
+            Err(error) => return Box::new(async move { Err(error) }),
+        };
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            let refusal = Refusal(format!(
+                "{} {} refused: this run has {MAX_IN_FLIGHT} requests in flight already",
+                request.method(),
+                sending.origin
+            ));
+            let error = self.refuse(refusal, Error::ConnectionLimitReached).err();
+            return Box::new(async move { Err(error.unwrap_or(Error::ConnectionLimitReached)) });
+        };
+        let refusals = self.refusals.clone();
+        Box::new(async move {
+            match send::send(request, sending).await {
+                // The permit is held until the connection ends.
+                Ok((response, driver)) => Ok((
+                    response,
+                    Box::new(async move {
+                        let _permit = permit;
+                        Box::into_pin(driver).await
+                    }) as Box<dyn Future<Output = _> + Send>,
+                )),
+                Err(SendError::Refused(refusal)) => {
+                    if let Ok(mut refusals) = refusals.lock() {
+                        refusals.push(refusal);
+                    }
+                    Err(Error::HttpRequestDenied)
+                }
+                Err(SendError::Failed(error)) => Err(error),
+            }
+        })
+    }
+}

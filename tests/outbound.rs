@@ -1,0 +1,182 @@
+//! Outbound HTTP from a real component (`guests/fetcher`, through the
+//! standard wasi:http interface) to servers these tests start on
+//! 127.0.0.1: a request goes out only when the component declares it and
+//! a grant in the database allows it, a refusal leaves the fix in the
+//! job's log, private addresses need a grant that says so, a grant changed
+//! between runs is obeyed by the next, and a run stopped mid-request closes
+//! its connection at once. Refusals of addresses the tests cannot start a
+//! server on are checked as pure functions in `src/outbound/`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::routing::any;
+use jobhost::component::{Runtime, StopSignal, grants_from};
+use jobhost::store::grant::NewGrant;
+use jobhost::types::RunReport;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use common::db::{TestDb, on_both_backends};
+use common::{completed_output, context, load};
+
+/// What the test server saw: each request's method and path.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<String>>>);
+
+impl Seen {
+    fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Sent when a request to `/hang` is dropped: its connection closed.
+struct Hung(mpsc::UnboundedSender<()>);
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// A server on 127.0.0.1 answering `pong PATH` to everything, except
+/// `/hang`, which never answers (and says when its client goes away).
+async fn server() -> (SocketAddr, Seen, mpsc::UnboundedReceiver<()>, mpsc::UnboundedReceiver<()>) {
+    let seen = Seen::default();
+    let (hung_tx, hung) = mpsc::unbounded_channel();
+    let (closed_tx, closed) = mpsc::unbounded_channel();
+    let recorder = seen.clone();
+    let app = Router::new().fallback(any(move |request: Request| {
+        let (recorder, hung_tx, closed_tx) = (recorder.clone(), hung_tx.clone(), closed_tx.clone());
+        async move {
+            let path = request.uri().path().to_string();
+            recorder.0.lock().unwrap().push(format!("{} {path}", request.method()));
+            if path == "/hang" {
+                let _guard = Hung(closed_tx);
+                let _ = hung_tx.send(());
+                std::future::pending::<()>().await;
+            }
+            format!("pong {path}")
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (address, seen, hung, closed)
+}
+
+fn runtime(db: &TestDb) -> (Runtime, tempfile::TempDir) {
+    let (runtime, cache) = common::runtime();
+    (runtime.with_grants(grants_from(db.dyn_store())), cache)
+}
+
+async fn grant(db: &TestDb, origin: &str, methods: &[&str], private: bool) {
+    let methods = methods.iter().map(|m| m.to_string()).collect();
+    let new = NewGrant { job_type: "fetcher".into(), origin: origin.into(), methods, secrets: vec![], private };
+    db.store.grant_set(&new).await.unwrap();
+}
+
+async fn fetch(runtime: &Runtime, component: &jobhost::component::LoadedComponent, request: Value) -> RunReport {
+    runtime.run(component, &context(41, 1), &request.to_string(), StopSignal::new()).await
+}
+
+fn logged(report: &RunReport) -> String {
+    report.effects.logs.iter().map(|line| line.message.as_str()).collect::<Vec<_>>().join("\n")
+}
+
+async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
+    let (address, seen, _, _) = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let port = address.port();
+    let url = |path: &str| format!("http://127.0.0.1:{port}{path}");
+
+    // Declared, not granted: refused in the guest, the fix in the log.
+    let refused = fetch(&runtime, &fetcher, json!({"url": url("/one")})).await;
+    assert_eq!(completed_output(&refused.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    let hint = format!(
+        "GET http://127.0.0.1:{port} refused: not granted; `jobhost grant fetcher http://127.0.0.1:* --methods GET,POST` allows it"
+    );
+    assert!(logged(&refused).contains(&hint), "{}", logged(&refused));
+
+    // Granted for GET: it goes out and the answer comes back.
+    grant(&db, &format!("http://127.0.0.1:{port}"), &["GET"], false).await;
+    let answered = fetch(&runtime, &fetcher, json!({"url": url("/two")})).await;
+    let output = completed_output(&answered.outcome);
+    assert_eq!((&output["status"], &output["body"]), (&json!(200), &json!("pong /two")), "{output}");
+    assert!(logged(&answered).is_empty(), "{}", logged(&answered));
+
+    // POST is declared but the grant allows GET only; PUT is not declared.
+    let post = fetch(&runtime, &fetcher, json!({"url": url("/three"), "method": "POST", "body": "x"})).await;
+    assert_eq!(completed_output(&post.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    assert!(logged(&post).contains("POST http://127.0.0.1"), "{}", logged(&post));
+    let put = fetch(&runtime, &fetcher, json!({"url": url("/four"), "method": "PUT"})).await;
+    assert_eq!(completed_output(&put.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    assert!(logged(&put).contains("declares http://127.0.0.1"), "{}", logged(&put));
+    assert!(logged(&put).contains("for other methods only"), "{}", logged(&put));
+
+    // An origin the component does not declare, whatever is granted.
+    grant(&db, "http://*:*", &[], true).await;
+    let undeclared = fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.2:{port}/five")})).await;
+    assert_eq!(completed_output(&undeclared.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    assert!(logged(&undeclared).contains("does not declare http://127.0.0.2"), "{}", logged(&undeclared));
+    db.store.grant_revoke("fetcher", "http://*:*").await.unwrap();
+
+    // Revoked: the next run is refused again.
+    db.store.grant_revoke("fetcher", &format!("http://127.0.0.1:{port}")).await.unwrap();
+    let revoked = fetch(&runtime, &fetcher, json!({"url": url("/six")})).await;
+    assert_eq!(completed_output(&revoked.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+
+    assert_eq!(seen.all(), ["GET /two"], "only the allowed request reached the server");
+}
+
+/// A name is checked by the addresses it resolves to: `localhost` is
+/// loopback, refused unless the grant lets the name reach private addresses.
+async fn a_name_resolving_to_loopback_needs_a_private_grant(db: TestDb) {
+    let (address, seen, _, _) = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://localhost:{}", address.port());
+    grant(&db, &origin, &[], false).await;
+    let refused = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/a")})).await;
+    assert_eq!(completed_output(&refused.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    assert!(logged(&refused).contains("which is loopback"), "{}", logged(&refused));
+    assert!(logged(&refused).contains("--private"), "{}", logged(&refused));
+    assert!(seen.all().is_empty());
+
+    grant(&db, &origin, &[], true).await;
+    let answered = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/b")})).await;
+    assert_eq!(completed_output(&answered.outcome)["body"], "pong /b", "{:?}", answered.outcome);
+    assert_eq!(seen.all(), ["GET /b"]);
+}
+
+/// A run stopped while its request waits for an answer (as a lost lease or
+/// a cancel stops it) closes the connection at once.
+async fn a_stopped_run_closes_its_connection(db: TestDb) {
+    let (address, _seen, mut hung, mut closed) = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    grant(&db, &format!("http://127.0.0.1:{}", address.port()), &[], false).await;
+    let signal = StopSignal::new();
+    let request = json!({"url": format!("http://127.0.0.1:{}/hang", address.port())}).to_string();
+    let run = {
+        let (runtime, signal) = (runtime.clone(), signal.clone());
+        tokio::spawn(async move { runtime.run(&fetcher, &context(42, 1), &request, signal).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), hung.recv()).await.expect("the request reached the server");
+    signal.stop("cancelled");
+    let report = run.await.unwrap();
+    assert!(!report.outcome.is_completed(), "{:?}", report.outcome);
+    tokio::time::timeout(Duration::from_secs(5), closed.recv()).await.expect("the server saw the connection close");
+}
+
+on_both_backends!(
+    requests_go_out_only_when_declared_and_granted,
+    a_name_resolving_to_loopback_needs_a_private_grant,
+    a_stopped_run_closes_its_connection,
+);
