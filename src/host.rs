@@ -43,6 +43,9 @@ pub struct HostConfig {
     pub limits: EnqueueLimits,
     /// The HTTP API, dashboard and metrics, served from this host if set.
     pub http: Option<crate::http::HttpConfig>,
+    /// The key that opens the secrets outbound requests carry; without it,
+    /// runs that need a secret refuse to start, saying why.
+    pub secret_key: Option<crate::outbound::secrets::SecretKey>,
 }
 
 /// Why a host could not start.
@@ -108,8 +111,11 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let known = KnownJobTypes::default();
     known.refresh(store.as_ref()).await;
     let grants = crate::component::grants_from(store.clone());
-    let runtime =
-        runtime.with_child_check(known.check(registry.clone(), store.clone(), config.limits)).with_grants(grants);
+    let secrets = crate::component::secrets_from(store.clone(), config.secret_key.clone());
+    let runtime = runtime
+        .with_child_check(known.check(registry.clone(), store.clone(), config.limits))
+        .with_grants(grants)
+        .with_secrets(secrets);
     let mut watcher = match &config.components {
         Some(dir) => Some(DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(dir))?),
         None => None,

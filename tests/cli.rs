@@ -514,7 +514,51 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     assert_eq!(stdout(&jobhost(&db, &["grants", "--json"])).lines().count(), 1);
 }
 
+/// `jobhost secret`: a value is sealed with the key from the environment
+/// (read from stdin, a variable or a file), listed by name and key only,
+/// replaced and deleted; without a key nothing is stored.
+async fn secrets_are_sealed_listed_by_name_and_deleted(db: TestDb) {
+    let key = String::from_utf8(jobhost(&db, &["secret", "new-key"]).stdout).unwrap().trim().to_string();
+    assert_eq!(key.len(), 64, "{key}");
+    let secret = |args: &[&str], key: Option<&str>, stdin: &str| {
+        use std::io::Write;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
+        command.args(args).env("DATABASE_URL", &db.url).env("RUST_LOG", "error").env("MAIL_TOKEN", "from-env-value");
+        command.env_remove("JOBHOST_SECRET_KEY").env_remove("JOBHOST_SECRET_KEY_FILE");
+        if let Some(key) = key {
+            command.env("JOBHOST_SECRET_KEY", key);
+        }
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let keyless = secret(&["secret", "set", "API_KEY"], None, "value\n");
+    assert!(!keyless.status.success() && stderr(&keyless).contains("no key to seal with"), "{}", stderr(&keyless));
+    let set = secret(&["secret", "set", "API_KEY"], Some(&key), "sk_live_value\n");
+    assert!(set.status.success(), "{}", stderr(&set));
+    assert!(stdout(&set).starts_with("set API_KEY (sealed with key "), "{}", stdout(&set));
+    let from_env = secret(&["secret", "set", "MAIL_TOKEN", "--from-env", "MAIL_TOKEN"], Some(&key), "");
+    assert!(stdout(&from_env).starts_with("set MAIL_TOKEN"), "{}", stderr(&from_env));
+    let again = secret(&["secret", "set", "API_KEY"], Some(&key), "sk_live_other");
+    assert!(stdout(&again).starts_with("replaced API_KEY"), "{}", stdout(&again));
+    let bad = secret(&["secret", "set", "lower"], Some(&key), "x");
+    assert!(stderr(&bad).contains("is not a secret name"), "{}", stderr(&bad));
+
+    let listed = stdout(&jobhost(&db, &["secret", "list", "--json"]));
+    let names: Vec<String> =
+        listed.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["name"].as_str().unwrap().into()).collect();
+    assert_eq!(names, ["API_KEY", "MAIL_TOKEN"]);
+    let table = stdout(&jobhost(&db, &["secret", "list"]));
+    for shown in [&listed, &table] {
+        assert!(!shown.contains("sk_live") && !shown.contains("from-env-value"), "{shown}");
+    }
+    assert!(jobhost(&db, &["secret", "delete", "API_KEY"]).status.success());
+    let missing = jobhost(&db, &["secret", "delete", "API_KEY"]);
+    assert!(stderr(&missing).contains("no secret API_KEY"), "{}", stderr(&missing));
+}
+
 on_both_backends!(
+    secrets_are_sealed_listed_by_name_and_deleted,
     grants_are_stored_listed_replaced_and_revoked,
     enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2,
     bulk_enqueue_from_a_file_is_all_or_nothing,

@@ -16,7 +16,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::any;
-use jobhost::component::{Runtime, StopSignal, grants_from};
+use jobhost::component::{Runtime, StopSignal, grants_from, secrets_from};
+use jobhost::outbound::secrets::SecretKey;
 use jobhost::store::grant::NewGrant;
 use jobhost::types::RunReport;
 use serde_json::{Value, json};
@@ -25,7 +26,8 @@ use tokio::sync::mpsc;
 use common::db::{TestDb, on_both_backends};
 use common::{completed_output, context, load};
 
-/// What the test server saw: each request's method and path.
+/// What the test server saw: each request's method and path, and the
+/// `authorization` header of each request to `/echo`.
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<String>>>);
 
@@ -56,6 +58,12 @@ async fn server() -> (SocketAddr, Seen, mpsc::UnboundedReceiver<()>, mpsc::Unbou
         async move {
             let path = request.uri().path().to_string();
             recorder.0.lock().unwrap().push(format!("{} {path}", request.method()));
+            if path == "/echo" {
+                let header = request.headers().get("authorization").map(|v| v.to_str().unwrap().to_string());
+                let header = header.unwrap_or_default();
+                recorder.0.lock().unwrap().push(format!("authorization: {header}"));
+                return header;
+            }
             if path == "/hang" {
                 let _guard = Hung(closed_tx);
                 let _ = hung_tx.send(());
@@ -100,7 +108,7 @@ async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
     let refused = fetch(&runtime, &fetcher, json!({"url": url("/one")})).await;
     assert_eq!(completed_output(&refused.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
     let hint = format!(
-        "GET http://127.0.0.1:{port} refused: not granted; `jobhost grant fetcher http://127.0.0.1:* --methods GET,POST` allows it"
+        "GET http://127.0.0.1:{port} refused: not granted; `jobhost grant fetcher http://127.0.0.1:* --methods GET,POST --secret API_KEY` allows it"
     );
     assert!(logged(&refused).contains(&hint), "{}", logged(&refused));
 
@@ -175,7 +183,70 @@ async fn a_stopped_run_closes_its_connection(db: TestDb) {
     tokio::time::timeout(Duration::from_secs(5), closed.recv()).await.expect("the server saw the connection close");
 }
 
+const SECRET: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
+
+/// The guest reads its secret as an environment variable holding a
+/// placeholder; the host puts the value in the headers of requests to the
+/// origin granted to carry it, and nowhere else; what the run leaves has
+/// no value in it even when the server echoes it back.
+async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb) {
+    let (address, seen, _, _) = server().await;
+    let key = SecretKey::generate().unwrap();
+    db.store.secret_set("API_KEY", &key.seal("API_KEY", SECRET).unwrap()).await.unwrap();
+    let as_hex = db.dialect("encode(ciphertext, 'hex')", "hex(ciphertext)");
+    let stored = db.texts(format!("SELECT {as_hex} FROM jobhost.outbound_secrets")).await;
+    let stored = hex::decode(&stored[0]).unwrap();
+    assert!(!stored.windows(7).any(|w| w == b"sk_live"), "sealed at rest");
+    let (granting, _cache) = runtime(&db);
+    let runtime = granting.with_secrets(secrets_from(db.dyn_store(), Some(key.clone())));
+    let fetcher = load(&runtime, "fetcher").await;
+    let port = address.port();
+    let new = NewGrant {
+        job_type: "fetcher".into(),
+        origin: format!("http://127.0.0.1:{port}"),
+        secrets: vec!["API_KEY".into()],
+        ..Default::default()
+    };
+    db.store.grant_set(&new).await.unwrap();
+    grant(&db, &format!("http://localhost:{port}"), &[], true).await;
+
+    let headers = json!({"authorization": "Bearer ${API_KEY}"});
+    let carried =
+        fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/echo"), "headers": headers})).await;
+    let output = completed_output(&carried.outcome);
+    assert_eq!(output["body"], "Bearer [secret API_KEY]", "echoed back, redacted: {output}");
+    let placeholder = logged(&carried);
+    assert!(placeholder.contains("sending authorization: Bearer jobhost-secret-"), "{placeholder}");
+    // The other origin is allowed, but not to carry the secret.
+    let other =
+        fetch(&runtime, &fetcher, json!({"url": format!("http://localhost:{port}/echo"), "headers": headers})).await;
+    assert!(completed_output(&other.outcome)["body"].as_str().unwrap().starts_with("Bearer jobhost-secret-"));
+    let seen = seen.all();
+    assert_eq!(seen[1], format!("authorization: Bearer {SECRET}"), "the server got the value");
+    assert!(seen[3].starts_with("authorization: Bearer jobhost-secret-"), "{seen:?}");
+    for report in [&carried, &other] {
+        let everything = format!("{:?}", report);
+        assert!(!everything.contains(SECRET), "no value in the report: {everything}");
+    }
+
+    // A host without the key, or with another, refuses to start the run.
+    let (keyless, _cache2) = self::runtime(&db);
+    let keyless = keyless.with_secrets(secrets_from(db.dyn_store(), None));
+    let fetcher = load(&keyless, "fetcher").await;
+    let refused = fetch(&keyless, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/echo")})).await;
+    let jobhost::types::RunOutcome::Retry { reason } = &refused.outcome else { panic!("{:?}", refused.outcome) };
+    assert!(reason.contains("needs secrets this host cannot give: this host has no key"), "{reason}");
+    let (other_key, _cache3) = self::runtime(&db);
+    let other_key = other_key.with_secrets(secrets_from(db.dyn_store(), Some(SecretKey::generate().unwrap())));
+    let fetcher = load(&other_key, "fetcher").await;
+    let refused = fetch(&other_key, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/echo")})).await;
+    let jobhost::types::RunOutcome::Retry { reason } = &refused.outcome else { panic!("{:?}", refused.outcome) };
+    assert!(reason.contains(&format!("was sealed with key {}", key.fingerprint())), "{reason}");
+    assert_eq!(seen.len(), 4, "no request left the refused runs");
+}
+
 on_both_backends!(
+    a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere,
     requests_go_out_only_when_declared_and_granted,
     a_name_resolving_to_loopback_needs_a_private_grant,
     a_stopped_run_closes_its_connection,

@@ -78,6 +78,12 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(sources) => sources,
         Err(message) => return fail(message),
     };
+    // A key that is set but malformed stops the host; none at all only
+    // stops the runs that need a secret.
+    let secret_key = match crate::outbound::secrets::SecretKey::from_environment() {
+        Ok(key) => key,
+        Err(error) => return fail(error),
+    };
     let config = crate::HostConfig {
         database_url: args.db.database_url,
         components,
@@ -103,6 +109,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         schedules: Default::default(),
         limits,
         http: args.http.map(|listen| args.token.http_config(listen, limits)),
+        secret_key,
     };
     let shutdown = CancellationToken::new();
     stop_on_signals(shutdown.clone());

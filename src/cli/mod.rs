@@ -19,6 +19,7 @@ mod grant;
 mod host;
 mod new;
 mod operator;
+mod secret;
 mod serve;
 
 use std::path::PathBuf;
@@ -146,6 +147,12 @@ enum Command {
     Revoke(grant::RevokeArgs),
     /// The grants of outbound HTTP, by job type and origin.
     Grants(grant::GrantsArgs),
+    /// Secrets outbound requests may carry: sealed with the hosts' key,
+    /// never shown, and given to a guest only as a placeholder.
+    Secret {
+        #[command(subcommand)]
+        action: secret::SecretAction,
+    },
     /// Load components and print the validated configuration each declares,
     /// one JSON object per line.
     Inspect {
@@ -328,6 +335,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Grant(args) => grant::grant(args).await,
             Command::Revoke(args) => grant::revoke(args).await,
             Command::Grants(args) => grant::grants(args).await,
+            Command::Secret { action } => secret::run(action).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

@@ -27,6 +27,7 @@ use wasmtime::component::{Component, Linker};
 
 use crate::config::{ConfigError, RuntimeConfig};
 use crate::outbound::hooks::OutboundHooks;
+use crate::outbound::redact::RunSecrets;
 use crate::outbound::{GrantRule, Policy, Rule};
 use crate::store::grant::OutboundGrant;
 use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
@@ -142,7 +143,20 @@ pub struct Runtime {
     /// Where a run reads its job type's grants; none granted when unset
     /// (`jobhost exec`), so every request is refused.
     grants: Option<GrantSource>,
+    /// Where a run opens the secrets its requests may carry; a run that
+    /// needs one refuses to start without it.
+    secrets: Option<SecretSource>,
 }
+
+/// Opens the named secrets: each name with its value, or why not.
+pub type SecretSource = Arc<
+    dyn Fn(
+            Vec<String>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Reads a job type's outbound grants, as they stand when a run starts.
 pub type GrantSource = Arc<
@@ -183,7 +197,7 @@ impl Runtime {
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
         let tls = crate::outbound::send::tls_config();
         let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, tls });
-        Ok(Runtime { inner, child_check: None, grants: None })
+        Ok(Runtime { inner, child_check: None, grants: None, secrets: None })
     }
 
     /// This runtime, with every guest's `enqueue` refusing the children
@@ -198,6 +212,39 @@ impl Runtime {
     /// `source` when it starts (so a grant or revoke applies to the next run).
     pub fn with_grants(self, source: GrantSource) -> Self {
         Runtime { grants: Some(source), ..self }
+    }
+
+    /// This runtime, with each run opening the secrets it may send from `source`.
+    pub fn with_secrets(self, source: SecretSource) -> Self {
+        Runtime { secrets: Some(source), ..self }
+    }
+
+    /// The run's secrets: a placeholder for each name its component
+    /// declares, and the values of those a grant lets it send.
+    ///
+    /// # Errors
+    /// A secret both sides name that this host cannot open: the run does not start.
+    async fn secrets_for(&self, policy: &Policy) -> Result<RunSecrets, String> {
+        let mut declared: Vec<String> = policy.declared.iter().flat_map(|r| r.secrets.clone()).collect();
+        declared.sort();
+        declared.dedup();
+        let granted: Vec<String> = declared
+            .iter()
+            .filter(|name| policy.granted.iter().any(|g| g.rule.secrets.contains(name)))
+            .cloned()
+            .collect();
+        let values = match (&self.secrets, granted.is_empty()) {
+            (_, true) => Vec::new(),
+            (None, false) => return Err("this runtime opens no secrets".into()),
+            (Some(source), false) => {
+                let values = source(granted.clone()).await?;
+                if let Some(missing) = granted.iter().find(|name| !values.iter().any(|(n, _)| n == *name)) {
+                    return Err(format!("secret {missing} is granted but not set (`jobhost secret set {missing}`)"));
+                }
+                values
+            }
+        };
+        RunSecrets::new(&declared, values)
     }
 
     /// What a run of `config`'s type may reach: its declared rules, and the
@@ -309,9 +356,9 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let outbound = OutboundHooks::new(Arc::default(), self.inner.tls.clone());
-        let mut store =
-            sandbox::new_store(&self.inner.engine, limits, StopSignal::new(), LiveProgress::new(), None, outbound);
+        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), self.inner.tls.clone());
+        let (signal, progress) = (StopSignal::new(), LiveProgress::new());
+        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, None, outbound, &[]);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
         let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
         Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
@@ -353,9 +400,21 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let outbound = OutboundHooks::new(Arc::new(self.policy_for(config).await), self.inner.tls.clone());
+        let policy = self.policy_for(config).await;
+        let secrets = match self.secrets_for(&policy).await {
+            Ok(secrets) => Arc::new(secrets),
+            Err(reason) => {
+                let reason = format!("job type {} needs secrets this host cannot give: {reason}", config.name);
+                tracing::warn!("{reason}");
+                let outcome = RunOutcome::Retry { reason };
+                return RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None };
+            }
+        };
+        let environment = secrets.environment();
+        let outbound = OutboundHooks::new(Arc::new(policy), secrets.clone(), self.inner.tls.clone());
         let child_check = self.child_check.clone();
-        let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound);
+        let mut store =
+            sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);
         store.data_mut().set_in_batch(context.batch_id.is_some());
         let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
         let outcome = match end {
@@ -368,7 +427,10 @@ impl Runtime {
         };
         let effects = sandbox::take_effects(store.data_mut());
         let instantiate_us = store.data().instantiated_at().map(|at| at.duration_since(started).as_micros() as u64);
-        RunReport { outcome, effects, elapsed_us: started.elapsed().as_micros() as u64, instantiate_us }
+        let mut report =
+            RunReport { outcome, effects, elapsed_us: started.elapsed().as_micros() as u64, instantiate_us };
+        secrets.redact(&mut report);
+        report
     }
 }
 
@@ -395,6 +457,27 @@ pub fn grants_from(store: Arc<dyn crate::store::Store>) -> GrantSource {
     Arc::new(move |job_type| {
         let store = store.clone();
         Box::pin(async move { store.grants(Some(&job_type)).await.map_err(|e| e.to_string()) })
+    })
+}
+
+/// Secrets opened from the fleet's database with this host's key.
+pub fn secrets_from(
+    store: Arc<dyn crate::store::Store>,
+    key: Option<crate::outbound::secrets::SecretKey>,
+) -> SecretSource {
+    Arc::new(move |names| {
+        let (store, key) = (store.clone(), key.clone());
+        Box::pin(async move {
+            let Some(key) = key else {
+                return Err(format!(
+                    "this host has no key ({} or {})",
+                    crate::outbound::secrets::KEY_VARIABLE,
+                    crate::outbound::secrets::KEY_FILE_VARIABLE
+                ));
+            };
+            let sealed = store.secrets_sealed(&names).await.map_err(|e| e.to_string())?;
+            sealed.into_iter().map(|(name, sealed)| Ok((name.clone(), key.open(&name, &sealed)?))).collect()
+        })
     })
 }
 

@@ -230,13 +230,16 @@ pub fn new_store(
     live_progress: LiveProgress,
     child_check: Option<ChildCheck>,
     outbound: OutboundHooks,
+    environment: &[(String, String)],
 ) -> Store<SandboxState> {
     let budget = RunBudget::new(limits.budget_bytes);
     let stdout = CapturedOutput::new(limits.output_limit_bytes, budget.clone());
     let stderr = CapturedOutput::new(limits.output_limit_bytes, budget.clone());
-    // No preopened directories, environment, arguments or network: a job
-    // sees only its payload and the host imports.
+    // No preopened directories, arguments or network: a job sees only its
+    // payload, the host imports and, in its environment, the placeholders
+    // of the secrets it declares.
     let wasi = WasiCtxBuilder::new()
+        .envs(environment)
         .stdout(stdout.clone())
         .stderr(stderr.clone())
         .allow_tcp(false)

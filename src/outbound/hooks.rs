@@ -10,6 +10,7 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::origin::Origin;
 use super::policy::{Policy, Refusal};
+use super::redact::RunSecrets;
 use super::send::{self, SendError, Sending, StepTimeouts};
 
 /// Requests one run may have in flight at once; past it a request fails at
@@ -22,6 +23,7 @@ const MAX_REFUSAL_LINES: usize = 32;
 /// The outbound side of one run.
 pub struct OutboundHooks {
     policy: Arc<Policy>,
+    secrets: Arc<RunSecrets>,
     refusals: Arc<Mutex<Refusals>>,
     in_flight: Arc<Semaphore>,
     timeouts: StepTimeouts,
@@ -57,9 +59,10 @@ impl Refusals {
 
 impl OutboundHooks {
     /// The hooks of a run allowed what `policy` allows.
-    pub fn new(policy: Arc<Policy>, tls: Arc<rustls::ClientConfig>) -> Self {
+    pub fn new(policy: Arc<Policy>, secrets: Arc<RunSecrets>, tls: Arc<rustls::ClientConfig>) -> Self {
         OutboundHooks {
             policy,
+            secrets,
             refusals: Arc::default(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             timeouts: StepTimeouts::default(),
@@ -105,7 +108,7 @@ type Responding = Box<dyn Future<Output = Result<send::Sent, Error>> + Send>;
 impl WasiHttpHooks for OutboundHooks {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _request_result: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Responding {
@@ -122,6 +125,7 @@ impl WasiHttpHooks for OutboundHooks {
             let error = self.refuse(refusal, Error::ConnectionLimitReached).err();
             return Box::new(async move { Err(error.unwrap_or(Error::ConnectionLimitReached)) });
         };
+        self.secrets.substitute(&mut request, &sending.allowed.secrets);
         let refusals = self.refusals.clone();
         Box::new(async move {
             match send::send(request, sending).await {

@@ -6,6 +6,8 @@ pub mod address;
 pub mod hooks;
 pub mod origin;
 pub mod policy;
+pub mod redact;
+pub mod secrets;
 pub mod send;
 
 pub use origin::{Origin, OriginPattern};

@@ -29,6 +29,7 @@ pub mod lease;
 pub mod postgres;
 pub mod schedule;
 mod schema;
+pub mod secret;
 pub mod session;
 pub mod sqlite;
 mod timestamp;
@@ -673,6 +674,18 @@ pub trait Store: Backend + 'static {
 
     /// The grants of one job type, or of all, by type and origin.
     async fn grants(&self, job_type: Option<&str>) -> Result<Vec<grant::OutboundGrant>>;
+
+    /// Stores a sealed secret, replacing its value; true when it replaced one.
+    async fn secret_set(&self, name: &str, sealed: &secret::Sealed) -> Result<bool>;
+
+    /// Removes a secret; false when there was none.
+    async fn secret_delete(&self, name: &str) -> Result<bool>;
+
+    /// Every secret's name, key and dates, by name: never a value.
+    async fn secrets_list(&self) -> Result<Vec<secret::SecretInfo>>;
+
+    /// The sealed values of those of `names` that are set.
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, secret::Sealed)>>;
 
     /// Enqueues one job per tick of a schedule, moving its cursor past them
     /// in the same transaction, unless another host moved it first; a tick

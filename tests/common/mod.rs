@@ -134,6 +134,7 @@ impl TestHost {
             schedules: Default::default(),
             limits: Default::default(),
             http: None,
+            secret_key: None,
         };
         tune(&mut config);
         let shutdown = tokio_util::sync::CancellationToken::new();

@@ -1,7 +1,9 @@
 //! Sends one HTTP request through the standard `wasi:http/outgoing-handler`
 //! and returns what came back. Payload: `{"url": "http://127.0.0.1:8080/x",
 //! "method": "GET", "body": "text", "headers": {"name": "value"}}` (method,
-//! body and headers optional). Output: `{"status": 200, "body": "...",
+//! body and headers optional; `${NAME}` in a header value is the
+//! environment variable NAME, where a secret's placeholder is, and each
+//! header sent is logged). Output: `{"status": 200, "body": "...",
 //! "headers": {...}}`, or `{"error": "..."}` with the wasi:http error code
 //! when the request failed or was refused. It declares loopback and one
 //! public API as its outbound origins; an operator grants what it may use.
@@ -14,8 +16,24 @@ use wasi::io::streams::StreamError;
 
 struct Fetcher;
 
-fn rule(origin: &str, methods: &[&str]) -> OutboundRule {
-    OutboundRule { origin: origin.into(), methods: methods.iter().map(|m| m.to_string()).collect(), secrets: vec![] }
+fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> OutboundRule {
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
+    OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
+}
+
+/// `text` with each `${NAME}` replaced by the environment variable NAME.
+fn expand(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start..].find('}') else { break };
+        let name = &rest[start + 2..start + end];
+        out.push_str(&std::env::var(name).unwrap_or_default());
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Guest for Fetcher {
@@ -23,9 +41,9 @@ impl Guest for Fetcher {
         JobConfig {
             max_attempts: Some(1),
             outbound: Some(vec![
-                rule("http://127.0.0.1:*", &["GET", "POST"]),
-                rule("http://localhost:*", &[]),
-                rule("https://api.example.com", &["GET"]),
+                rule("http://127.0.0.1:*", &["GET", "POST"], &["API_KEY"]),
+                rule("http://localhost:*", &[], &[]),
+                rule("https://api.example.com", &["GET"], &[]),
             ]),
             ..JobConfig::named("fetcher")
         }
@@ -52,8 +70,9 @@ fn fetch(payload: &Value) -> Result<Value, String> {
     let headers = Fields::new();
     if let Some(pairs) = payload["headers"].as_object() {
         for (name, value) in pairs {
-            let value = value.as_str().unwrap_or_default().as_bytes().to_vec();
-            headers.append(name, &value).map_err(|e| format!("header {name}: {e:?}"))?;
+            let value = expand(value.as_str().unwrap_or_default());
+            jobhost_guest::host::log(jobhost_guest::host::Level::Info, &format!("sending {name}: {value}"));
+            headers.append(name, value.as_bytes()).map_err(|e| format!("header {name}: {e:?}"))?;
         }
     }
     let request = OutgoingRequest::new(headers);

@@ -477,6 +477,22 @@ impl Store for PgStore {
         grant::list(&self.pool, job_type).await
     }
 
+    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        grant::secret_set(&self.pool, name, sealed).await
+    }
+
+    async fn secret_delete(&self, name: &str) -> Result<bool> {
+        grant::secret_delete(&self.pool, name).await
+    }
+
+    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
+        grant::secrets_list(&self.pool).await
+    }
+
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
+        grant::secrets_sealed(&self.pool, names).await
+    }
+
     async fn job_wait_available(&self, timeout: Duration) {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;

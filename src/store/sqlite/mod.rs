@@ -802,6 +802,28 @@ impl Store for SqliteStore {
         grant::list(&self.reader, job_type).await
     }
 
+    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let replaced = grant::secret_set(&mut tx, name, sealed, now_ms()).await?;
+        tx.commit_settling(false).await?;
+        Ok(replaced)
+    }
+
+    async fn secret_delete(&self, name: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let removed = grant::secret_delete(&mut tx, name).await?;
+        tx.commit_settling(false).await?;
+        Ok(removed)
+    }
+
+    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
+        grant::secrets_list(&self.reader).await
+    }
+
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
+        grant::secrets_sealed(&self.reader, names).await
+    }
+
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
         let mut tx = self.write().await?;
         schedule::looked(&mut tx, jobs, at.timestamp_millis()).await?;
