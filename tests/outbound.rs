@@ -58,6 +58,11 @@ async fn server() -> (SocketAddr, Seen, mpsc::UnboundedReceiver<()>, mpsc::Unbou
         async move {
             let path = request.uri().path().to_string();
             recorder.0.lock().unwrap().push(format!("{} {path}", request.method()));
+            if path == "/headers" {
+                let header = |name: &str| request.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+                return json!({"idempotency-key": header("idempotency-key"), "traceparent": header("traceparent")})
+                    .to_string();
+            }
             if path == "/echo" {
                 let header = request.headers().get("authorization").map(|v| v.to_str().unwrap().to_string());
                 let header = header.unwrap_or_default();
@@ -85,7 +90,7 @@ fn runtime(db: &TestDb) -> (Runtime, tempfile::TempDir) {
 
 async fn grant(db: &TestDb, origin: &str, methods: &[&str], private: bool) {
     let methods = methods.iter().map(|m| m.to_string()).collect();
-    let new = NewGrant { job_type: "fetcher".into(), origin: origin.into(), methods, secrets: vec![], private };
+    let new = NewGrant { job_type: "fetcher".into(), origin: origin.into(), methods, private, ..Default::default() };
     db.store.grant_set(&new).await.unwrap();
 }
 
@@ -183,6 +188,41 @@ async fn a_stopped_run_closes_its_connection(db: TestDb) {
     tokio::time::timeout(Duration::from_secs(5), closed.recv()).await.expect("the server saw the connection close");
 }
 
+/// A grant may ask for an Idempotency-Key: the same on every attempt of
+/// one job, another for another job. Every request carries a traceparent.
+async fn retried_requests_repeat_their_idempotency_key(db: TestDb) {
+    let (address, _seen, _, _) = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    let new =
+        NewGrant { job_type: "fetcher".into(), origin: origin.clone(), idempotency_key: true, ..Default::default() };
+    db.store.grant_set(&new).await.unwrap();
+    let request = json!({"url": format!("{origin}/headers")}).to_string();
+    let headers = |job: u64, attempt: u32| {
+        let (runtime, request, fetcher) = (&runtime, &request, &fetcher);
+        async move {
+            let report = runtime.run(fetcher, &context(job, attempt), request, StopSignal::new()).await;
+            let body = completed_output(&report.outcome)["body"].as_str().unwrap().to_string();
+            serde_json::from_str::<Value>(&body).unwrap()
+        }
+    };
+    let (first, retry, other) = (headers(500, 1).await, headers(500, 2).await, headers(501, 1).await);
+    let key = first["idempotency-key"].as_str().expect("an Idempotency-Key");
+    assert!(key.starts_with("jobhost-500-") && key.ends_with("-1"), "{key}");
+    assert_eq!(retry["idempotency-key"], key, "the same on the retry");
+    assert_ne!(other["idempotency-key"], key, "another job, another key");
+    let trace = |headers: &Value| headers["traceparent"].as_str().unwrap().to_string();
+    for headers in [&first, &retry] {
+        let parts: Vec<&str> = trace(headers).leak().split('-').collect();
+        assert_eq!((parts[0], parts[1].len(), parts[2].len(), parts[3]), ("00", 32, 16, "01"), "{headers}");
+    }
+    assert_ne!(trace(&first)[3..35], trace(&retry)[3..35], "a trace per run");
+    // Without the grant's ask, no key.
+    grant(&db, &origin, &[], false).await;
+    assert_eq!(headers(500, 3).await["idempotency-key"], Value::Null);
+}
+
 const SECRET: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
 
 /// The guest reads its secret as an environment variable holding a
@@ -246,6 +286,7 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
 }
 
 on_both_backends!(
+    retried_requests_repeat_their_idempotency_key,
     a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere,
     requests_go_out_only_when_declared_and_granted,
     a_name_resolving_to_loopback_needs_a_private_grant,

@@ -7,6 +7,7 @@ CREATE TABLE outbound_grants (
     methods    TEXT    NOT NULL DEFAULT '[]',
     secrets    TEXT    NOT NULL DEFAULT '[]',
     private    INTEGER NOT NULL DEFAULT 0,
+    idempotency_key INTEGER NOT NULL DEFAULT 0,
     granted_at INTEGER NOT NULL,
     PRIMARY KEY (job_type, origin)
 ) STRICT;

@@ -31,6 +31,10 @@ pub struct GrantArgs {
     /// private, link-local): a service on the hosts' own network.
     #[arg(long)]
     private: bool,
+    /// Add an Idempotency-Key header to each request, the same on every
+    /// attempt of a job, so an API that honours it does a retry once.
+    #[arg(long)]
+    idempotency_key: bool,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -83,6 +87,7 @@ pub async fn grant(args: GrantArgs) -> ExitCode {
         methods: args.methods,
         secrets: args.secrets,
         private: args.private,
+        idempotency_key: args.idempotency_key,
     };
     match store.grant_set(&new).await {
         Ok(replaced) => {
@@ -129,7 +134,8 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         let secrets =
             if grant.secrets.is_empty() { String::new() } else { format!(", secrets {}", grant.secrets.join(",")) };
         let private = if grant.private { ", private addresses allowed" } else { "" };
-        println!("{} {}: {methods}{secrets}{private}", grant.job_type, grant.origin);
+        let idempotent = if grant.idempotency_key { ", Idempotency-Key" } else { "" };
+        println!("{} {}: {methods}{secrets}{private}{idempotent}", grant.job_type, grant.origin);
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));
     }
     if grants.is_empty() && !args.json {

@@ -356,7 +356,7 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), self.inner.tls.clone());
+        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), 0, self.inner.tls.clone());
         let (signal, progress) = (StopSignal::new(), LiveProgress::new());
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, None, outbound, &[]);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
@@ -411,7 +411,7 @@ impl Runtime {
             }
         };
         let environment = secrets.environment();
-        let outbound = OutboundHooks::new(Arc::new(policy), secrets.clone(), self.inner.tls.clone());
+        let outbound = OutboundHooks::new(Arc::new(policy), secrets.clone(), context.job_id, self.inner.tls.clone());
         let child_check = self.child_check.clone();
         let mut store =
             sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);
@@ -486,7 +486,7 @@ pub fn secrets_from(
 fn grant_rule(grant: &OutboundGrant) -> Option<GrantRule> {
     let origin = grant.origin.parse().ok()?;
     let rule = Rule { origin, methods: grant.methods.clone(), secrets: grant.secrets.clone() };
-    Some(GrantRule { rule, private: grant.private })
+    Some(GrantRule { rule, private: grant.private, idempotency_key: grant.idempotency_key })
 }
 
 /// SHA-256 of a component's bytes, hex: its identity in the cache, the

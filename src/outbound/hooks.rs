@@ -24,6 +24,12 @@ const MAX_REFUSAL_LINES: usize = 32;
 pub struct OutboundHooks {
     policy: Arc<Policy>,
     secrets: Arc<RunSecrets>,
+    /// The job, for its requests' idempotency keys.
+    job_id: u64,
+    /// The run's W3C trace id, in hex: every request's `traceparent` carries it.
+    trace_id: String,
+    /// Requests sent so far to each origin: the ordinal in an idempotency key.
+    sent_to: std::collections::HashMap<String, u32>,
     refusals: Arc<Mutex<Refusals>>,
     in_flight: Arc<Semaphore>,
     timeouts: StepTimeouts,
@@ -59,10 +65,13 @@ impl Refusals {
 
 impl OutboundHooks {
     /// The hooks of a run allowed what `policy` allows.
-    pub fn new(policy: Arc<Policy>, secrets: Arc<RunSecrets>, tls: Arc<rustls::ClientConfig>) -> Self {
+    pub fn new(policy: Arc<Policy>, secrets: Arc<RunSecrets>, job_id: u64, tls: Arc<rustls::ClientConfig>) -> Self {
         OutboundHooks {
             policy,
             secrets,
+            job_id,
+            trace_id: random_hex::<16>(),
+            sent_to: Default::default(),
             refusals: Arc::default(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             timeouts: StepTimeouts::default(),
@@ -103,6 +112,42 @@ impl OutboundHooks {
     }
 }
 
+impl OutboundHooks {
+    /// The headers the host adds, unless the guest set them: a W3C
+    /// `traceparent` for the run, and where the grant asks, an
+    /// `Idempotency-Key` that the same request of every attempt of the job
+    /// repeats (the job, the origin, and how many requests to it came before).
+    fn add_headers(&mut self, request: &mut http::Request<WasiBody>, sending: &Sending) {
+        let origin = sending.origin.to_string();
+        let ordinal = self.sent_to.entry(origin.clone()).or_insert(0);
+        *ordinal += 1;
+        let headers = request.headers_mut();
+        if sending.allowed.idempotency_key && !headers.contains_key("idempotency-key") {
+            let origin_digest = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(origin.as_bytes())[..4]);
+            let key = format!("jobhost-{}-{origin_digest}-{ordinal}", self.job_id);
+            if let Ok(value) = http::HeaderValue::from_str(&key) {
+                headers.insert("idempotency-key", value);
+            }
+        }
+        if !headers.contains_key("traceparent") {
+            let parent = format!("00-{}-{}-01", self.trace_id, random_hex::<8>());
+            if let Ok(value) = http::HeaderValue::from_str(&parent) {
+                headers.insert("traceparent", value);
+            }
+        }
+    }
+}
+
+/// `N` random bytes in hex; all ones if the system has no randomness (a
+/// trace id is a label, not a secret).
+fn random_hex<const N: usize>() -> String {
+    let mut bytes = [0u8; N];
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = [0xff; N];
+    }
+    hex::encode(bytes)
+}
+
 type Responding = Box<dyn Future<Output = Result<send::Sent, Error>> + Send>;
 
 impl WasiHttpHooks for OutboundHooks {
@@ -126,6 +171,7 @@ impl WasiHttpHooks for OutboundHooks {
             return Box::new(async move { Err(error.unwrap_or(Error::ConnectionLimitReached)) });
         };
         self.secrets.substitute(&mut request, &sending.allowed.secrets);
+        self.add_headers(&mut request, &sending);
         let refusals = self.refusals.clone();
         Box::new(async move {
             match send::send(request, sending).await {

@@ -35,6 +35,8 @@ pub struct GrantRule {
     pub rule: Rule,
     /// Whether its names may resolve to private addresses.
     pub private: bool,
+    /// Whether its requests carry an `Idempotency-Key`.
+    pub idempotency_key: bool,
 }
 
 /// What one job type's runs may reach: its declared rules and its grants,
@@ -59,6 +61,8 @@ pub struct Allowed {
     /// Addresses a matching grant names as IP literals: reachable even
     /// when private.
     pub named_addresses: Vec<IpAddr>,
+    /// Whether a matching grant asks for an `Idempotency-Key`.
+    pub idempotency_key: bool,
 }
 
 /// Why a request was refused: one line for the job's log.
@@ -107,6 +111,7 @@ impl Policy {
             secrets,
             private: grants.iter().any(|g| g.private),
             named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
+            idempotency_key: grants.iter().any(|g| g.idempotency_key),
         })
     }
 }
@@ -161,7 +166,7 @@ mod tests {
     }
 
     fn grant(origin: &str, methods: &[&str], secrets: &[&str]) -> GrantRule {
-        GrantRule { rule: rule(origin, methods, secrets), private: false }
+        GrantRule { rule: rule(origin, methods, secrets), private: false, idempotency_key: false }
     }
 
     fn origin(url: &str) -> Origin {

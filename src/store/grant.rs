@@ -22,6 +22,9 @@ pub struct OutboundGrant {
     /// Whether the origin's names may resolve to private addresses (a
     /// service on the host's own network, named by the operator).
     pub private: bool,
+    /// Whether requests to the origin carry an `Idempotency-Key` header,
+    /// stable across the attempts of one job.
+    pub idempotency_key: bool,
     /// When it was granted, or last changed.
     pub granted_at: DateTime<Utc>,
 }
@@ -39,4 +42,6 @@ pub struct NewGrant {
     pub secrets: Vec<String>,
     /// Whether names may resolve to private addresses.
     pub private: bool,
+    /// Whether requests carry an `Idempotency-Key` header.
+    pub idempotency_key: bool,
 }

@@ -11,11 +11,11 @@ use crate::store::secret::{Sealed, SecretInfo};
 pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
     let replaced: bool = sqlx::query_scalar(
-        "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (job_type, origin) DO UPDATE
-            SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets,
-                private = EXCLUDED.private, granted_at = now()
+            SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets, private = EXCLUDED.private,
+                idempotency_key = EXCLUDED.idempotency_key, granted_at = now()
          RETURNING xmax <> 0",
     )
     .bind(&grant.job_type)
@@ -23,6 +23,7 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     .bind(&grant.methods)
     .bind(&grant.secrets)
     .bind(grant.private)
+    .bind(grant.idempotency_key)
     .fetch_one(pool)
     .await?;
     Ok(replaced)
@@ -39,7 +40,7 @@ pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool>
 
 pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
     let rows: Vec<GrantRow> = sqlx::query_as(
-        "SELECT job_type, origin, methods, secrets, private, granted_at FROM jobhost.outbound_grants
+        "SELECT job_type, origin, methods, secrets, private, idempotency_key, granted_at FROM jobhost.outbound_grants
          WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
     .bind(job_type)
@@ -53,6 +54,7 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundG
             methods: row.methods,
             secrets: row.secrets,
             private: row.private,
+            idempotency_key: row.idempotency_key,
             granted_at: row.granted_at,
         })
         .collect())
@@ -65,6 +67,7 @@ struct GrantRow {
     methods: Vec<String>,
     secrets: Vec<String>,
     private: bool,
+    idempotency_key: bool,
     granted_at: chrono::DateTime<chrono::Utc>,
 }
 

@@ -21,17 +21,18 @@ pub async fn set(conn: &mut SqliteConnection, grant: &NewGrant, now: i64) -> Res
         .fetch_optional(&mut *conn)
         .await?;
     sqlx::query(
-        "INSERT INTO outbound_grants (job_type, origin, methods, secrets, private, granted_at)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO outbound_grants (job_type, origin, methods, secrets, private, idempotency_key, granted_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (job_type, origin) DO UPDATE
-            SET methods = excluded.methods, secrets = excluded.secrets,
-                private = excluded.private, granted_at = excluded.granted_at",
+            SET methods = excluded.methods, secrets = excluded.secrets, private = excluded.private,
+                idempotency_key = excluded.idempotency_key, granted_at = excluded.granted_at",
     )
     .bind(&grant.job_type)
     .bind(&grant.origin)
     .bind(json_list(&grant.methods))
     .bind(json_list(&grant.secrets))
     .bind(grant.private)
+    .bind(grant.idempotency_key)
     .bind(now)
     .execute(conn)
     .await?;
@@ -48,25 +49,37 @@ pub async fn revoke(conn: &mut SqliteConnection, job_type: &str, origin: &str) -
 }
 
 pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
-    let rows: Vec<(String, String, String, String, bool, i64)> = sqlx::query_as(
-        "SELECT job_type, origin, methods, secrets, private, granted_at FROM outbound_grants
+    let rows: Vec<GrantRow> = sqlx::query_as(
+        "SELECT job_type, origin, methods, secrets, private, idempotency_key, granted_at FROM outbound_grants
          WHERE $1 IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
     .bind(job_type)
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(job_type, origin, methods, secrets, private, granted_at)| {
+        .map(|row| {
             Ok(OutboundGrant {
-                job_type,
-                origin,
-                methods: parse_list(&methods)?,
-                secrets: parse_list(&secrets)?,
-                private,
-                granted_at: super::time_of(granted_at),
+                job_type: row.job_type,
+                origin: row.origin,
+                methods: parse_list(&row.methods)?,
+                secrets: parse_list(&row.secrets)?,
+                private: row.private,
+                idempotency_key: row.idempotency_key,
+                granted_at: super::time_of(row.granted_at),
             })
         })
         .collect()
+}
+
+#[derive(sqlx::FromRow)]
+struct GrantRow {
+    job_type: String,
+    origin: String,
+    methods: String,
+    secrets: String,
+    private: bool,
+    idempotency_key: bool,
+    granted_at: i64,
 }
 
 pub async fn secret_set(conn: &mut SqliteConnection, name: &str, sealed: &Sealed, now: i64) -> Result<bool> {
