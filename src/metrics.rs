@@ -34,6 +34,23 @@ struct RunLabels {
     outcome: String,
 }
 
+/// Labels of an outbound request: the declared rule it fell under (bounded
+/// by the rules a component may declare, where origins are not), and how it
+/// went: `2xx` to `5xx`, `error`, or `refused`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundLabels {
+    job_type: String,
+    rule: String,
+    result: String,
+}
+
+/// Labels of an outbound request's duration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundRuleLabels {
+    job_type: String,
+    rule: String,
+}
+
 type Histograms = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
 /// This process's counters and histograms.
@@ -53,6 +70,8 @@ struct Inner {
     leases_lost: Counter,
     leases_expired: Counter,
     jobs_expired_to_archive: Counter,
+    outbound: Family<OutboundLabels, Counter>,
+    outbound_seconds: Family<OutboundRuleLabels, Histogram, fn() -> Histogram>,
 }
 
 /// Run durations from 1 ms to about 4.7 hours.
@@ -114,6 +133,19 @@ impl Default for Metrics {
             "Expired leases this host's maintenance archived: their attempts were spent",
             jobs_expired_to_archive.clone(),
         );
+        let outbound = Family::<OutboundLabels, Counter>::default();
+        registry.register(
+            "jobhost_outbound_requests",
+            "Outbound HTTP requests of runs on this host, by job type, declared rule and result (2xx..5xx, error, refused)",
+            outbound.clone(),
+        );
+        let outbound_seconds: Family<OutboundRuleLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(run_buckets);
+        registry.register(
+            "jobhost_outbound_request_seconds",
+            "Time from an outbound request sent to its response's head, by job type and declared rule",
+            outbound_seconds.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -126,6 +158,8 @@ impl Default for Metrics {
                 leases_lost,
                 leases_expired,
                 jobs_expired_to_archive,
+                outbound,
+                outbound_seconds,
             }),
         }
     }
@@ -145,6 +179,23 @@ impl Metrics {
         self.inner.run_seconds.get_or_create(&labels).observe(elapsed.as_secs_f64());
         if let Some(instantiate) = instantiate {
             self.inner.instantiate_seconds.get_or_create(&labels).observe(instantiate.as_secs_f64());
+        }
+    }
+
+    /// Counts a run's outbound requests.
+    pub fn outbound_calls(&self, job: &str, calls: &[crate::types::OutboundCall]) {
+        for call in calls {
+            let result = match (call.status, call.error.as_deref()) {
+                (Some(status), _) => format!("{}xx", status / 100),
+                (None, Some("refused")) => "refused".to_string(),
+                _ => "error".to_string(),
+            };
+            let labels = OutboundLabels { job_type: job.to_string(), rule: call.rule.clone(), result };
+            self.inner.outbound.get_or_create(&labels).inc();
+            if call.status.is_some() {
+                let labels = OutboundRuleLabels { job_type: job.to_string(), rule: call.rule.clone() };
+                self.inner.outbound_seconds.get_or_create(&labels).observe(call.ms as f64 / 1000.0);
+            }
         }
     }
 

@@ -515,6 +515,44 @@ pub struct RunEffects {
     pub batches: Vec<BatchRequest>,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
+    /// The run's outbound HTTP requests, the last 100, oldest first.
+    #[serde(default)]
+    pub outbound: Vec<OutboundCall>,
+}
+
+/// One outbound request of a run, as the host saw it. Never a query
+/// string, a header or a body: those may carry what the job's log must not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundCall {
+    /// The method.
+    pub method: String,
+    /// The origin (`https://api.mailgun.net`).
+    pub origin: String,
+    /// The path, without its query.
+    pub path: String,
+    /// The declared rule it matched, or `undeclared`: the metrics' label,
+    /// bounded by the rules a component may declare.
+    pub rule: String,
+    /// The response's status, when one came.
+    pub status: Option<u16>,
+    /// Why it failed or was refused, when it did.
+    pub error: Option<String>,
+    /// Bytes of response body the guest read.
+    pub response_bytes: u64,
+    /// Milliseconds until the response's head, or the failure.
+    pub ms: u64,
+}
+
+impl OutboundCall {
+    /// One line for the job's log.
+    pub fn describe(&self) -> String {
+        let result = match (&self.status, &self.error) {
+            (Some(status), _) => format!("{status}, {} bytes", self.response_bytes),
+            (None, Some(error)) => error.clone(),
+            (None, None) => "no answer".to_string(),
+        };
+        format!("outbound {} {}{}: {result} in {} ms", self.method, self.origin, self.path, self.ms)
+    }
 }
 
 /// `text` cut to its first `max_bytes` bytes (on a character boundary),

@@ -122,7 +122,28 @@ async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
     let answered = fetch(&runtime, &fetcher, json!({"url": url("/two")})).await;
     let output = completed_output(&answered.outcome);
     assert_eq!((&output["status"], &output["body"]), (&json!(200), &json!("pong /two")), "{output}");
-    assert!(logged(&answered).is_empty(), "{}", logged(&answered));
+    // Each request is kept with the run (never its query) and counted.
+    let call = &answered.effects.outbound[..];
+    assert_eq!(call.len(), 1);
+    assert_eq!(
+        (call[0].path.as_str(), call[0].status, call[0].response_bytes, call[0].rule.as_str()),
+        ("/two", Some(200), "pong /two".len() as u64, "http://127.0.0.1:*")
+    );
+    let line = format!("outbound GET http://127.0.0.1:{port}/two: 200, 9 bytes in ");
+    assert!(logged(&answered).contains(&line), "{}", logged(&answered));
+    assert_eq!(refused.effects.outbound[0].error.as_deref(), Some("refused"));
+    let metrics = jobhost::metrics::Metrics::default();
+    metrics.outbound_calls("fetcher", &answered.effects.outbound);
+    metrics.outbound_calls("fetcher", &refused.effects.outbound);
+    let mut scrape = String::new();
+    prometheus_client::encoding::text::encode(&mut scrape, metrics.registry()).unwrap();
+    for sample in [
+        r#"jobhost_outbound_requests_total{job_type="fetcher",rule="http://127.0.0.1:*",result="2xx"} 1"#,
+        r#"jobhost_outbound_requests_total{job_type="fetcher",rule="http://127.0.0.1:*",result="refused"} 1"#,
+        r#"jobhost_outbound_request_seconds_count{job_type="fetcher",rule="http://127.0.0.1:*"} 1"#,
+    ] {
+        assert!(scrape.contains(sample), "{sample} in {scrape}");
+    }
 
     // POST is declared but the grant allows GET only; PUT is not declared.
     let post = fetch(&runtime, &fetcher, json!({"url": url("/three"), "method": "POST", "body": "x"})).await;
@@ -138,6 +159,7 @@ async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
     let undeclared = fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.2:{port}/five")})).await;
     assert_eq!(completed_output(&undeclared.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
     assert!(logged(&undeclared).contains("does not declare http://127.0.0.2"), "{}", logged(&undeclared));
+    assert_eq!(undeclared.effects.outbound[0].rule, "undeclared");
     db.store.grant_revoke("fetcher", "http://*:*").await.unwrap();
 
     // Revoked: the next run is refused again.

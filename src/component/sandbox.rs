@@ -412,6 +412,10 @@ pub fn take_effects(state: &mut SandboxState) -> RunEffects {
     effects.truncated |= stdout_cut || stderr_cut;
     let refusals = state.outbound.take_refusals();
     effects.logs.extend(refusals.into_iter().map(|message| LogLine { level: crate::types::LogLevel::Warn, message }));
+    effects.outbound = state.outbound.take_calls();
+    let calls =
+        effects.outbound.iter().map(|call| LogLine { level: crate::types::LogLevel::Info, message: call.describe() });
+    effects.logs.extend(calls);
     effects
 }
 

@@ -3,7 +3,10 @@
 //! guest with `HTTP-request-denied` and leaves a line, with the fix, in the
 //! job's log.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::Semaphore;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
@@ -12,6 +15,7 @@ use super::origin::Origin;
 use super::policy::{Policy, Refusal};
 use super::redact::RunSecrets;
 use super::send::{self, SendError, Sending, StepTimeouts};
+use crate::types::OutboundCall;
 
 /// Requests one run may have in flight at once; past it a request fails at
 /// once with `connection-limit-reached`.
@@ -19,6 +23,30 @@ pub const MAX_IN_FLIGHT: usize = 16;
 
 /// Refusals kept for one run's log; past it they are counted only.
 const MAX_REFUSAL_LINES: usize = 32;
+
+/// Requests of one run kept for its report: the last ones.
+pub const MAX_CALLS_KEPT: usize = 100;
+
+/// A request being recorded: its line, and its body's bytes as they are read.
+struct Recorded {
+    call: Arc<Mutex<OutboundCall>>,
+    read: Arc<AtomicU64>,
+}
+
+/// The last [`MAX_CALLS_KEPT`] requests of a run.
+#[derive(Default)]
+struct Calls(VecDeque<Recorded>);
+
+impl Calls {
+    fn push(&mut self, call: OutboundCall) -> Recorded {
+        if self.0.len() == MAX_CALLS_KEPT {
+            self.0.pop_front();
+        }
+        let recorded = Recorded { call: Arc::new(Mutex::new(call)), read: Arc::default() };
+        self.0.push_back(Recorded { call: recorded.call.clone(), read: recorded.read.clone() });
+        recorded
+    }
+}
 
 /// The outbound side of one run.
 pub struct OutboundHooks {
@@ -30,6 +58,7 @@ pub struct OutboundHooks {
     trace_id: String,
     /// Requests sent so far to each origin: the ordinal in an idempotency key.
     sent_to: std::collections::HashMap<String, u32>,
+    calls: Arc<Mutex<Calls>>,
     refusals: Arc<Mutex<Refusals>>,
     in_flight: Arc<Semaphore>,
     timeouts: StepTimeouts,
@@ -72,6 +101,7 @@ impl OutboundHooks {
             job_id,
             trace_id: random_hex::<16>(),
             sent_to: Default::default(),
+            calls: Arc::default(),
             refusals: Arc::default(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             timeouts: StepTimeouts::default(),
@@ -84,11 +114,48 @@ impl OutboundHooks {
         self.refusals.lock().map(|mut r| r.take()).unwrap_or_default()
     }
 
+    /// The run's requests, the last [`MAX_CALLS_KEPT`], oldest first.
+    pub fn take_calls(&self) -> Vec<OutboundCall> {
+        let Ok(mut calls) = self.calls.lock() else { return Vec::new() };
+        std::mem::take(&mut calls.0)
+            .into_iter()
+            .filter_map(|recorded| {
+                let mut call = recorded.call.lock().ok()?.clone();
+                call.response_bytes = recorded.read.load(Ordering::Relaxed);
+                Some(call)
+            })
+            .collect()
+    }
+
+    fn record(&self, request: &http::Request<WasiBody>, origin: &str, rule: String, error: Option<String>) -> Recorded {
+        let call = OutboundCall {
+            method: request.method().to_string(),
+            origin: origin.to_string(),
+            path: request.uri().path().to_string(),
+            rule,
+            status: None,
+            error,
+            response_bytes: 0,
+            ms: 0,
+        };
+        match self.calls.lock() {
+            Ok(mut calls) => calls.push(call),
+            Err(_) => Recorded { call: Arc::new(Mutex::new(call)), read: Arc::default() },
+        }
+    }
+
     fn refuse(&self, refusal: Refusal, error: Error) -> Result<Sending, Error> {
         if let Ok(mut refusals) = self.refusals.lock() {
             refusals.push(refusal);
         }
         Err(error)
+    }
+
+    /// The declared rule an origin falls under, for a refused request's label.
+    fn rule_of(&self, request: &http::Request<WasiBody>) -> String {
+        let origin = Origin::of_uri(request.uri()).ok();
+        let rule = origin.and_then(|o| self.policy.declared.iter().find(|r| r.origin.matches(&o)));
+        rule.map_or_else(|| "undeclared".to_string(), |r| r.origin.to_string())
     }
 
     /// What the request may do, or the error the guest gets.
@@ -108,6 +175,7 @@ impl OutboundHooks {
             allowed,
             timeouts: self.timeouts.within(options),
             tls: self.tls.clone(),
+            read: Arc::default(),
         })
     }
 }
@@ -157,9 +225,13 @@ impl WasiHttpHooks for OutboundHooks {
         options: Option<RequestOptions>,
         _request_result: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Responding {
-        let sending = match self.judge(&request, options) {
+        let origin_text = Origin::of_uri(request.uri()).map(|o| o.to_string()).unwrap_or_default();
+        let mut sending = match self.judge(&request, options) {
             Ok(sending) => sending,
-            Err(error) => return Box::new(async move { Err(error) }),
+            Err(error) => {
+                self.record(&request, &origin_text, self.rule_of(&request), Some("refused".into()));
+                return Box::new(async move { Err(error) });
+            }
         };
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             let refusal = Refusal(format!(
@@ -168,13 +240,26 @@ impl WasiHttpHooks for OutboundHooks {
                 sending.origin
             ));
             let error = self.refuse(refusal, Error::ConnectionLimitReached).err();
+            self.record(&request, &origin_text, sending.allowed.rule.clone(), Some("too many in flight".into()));
             return Box::new(async move { Err(error.unwrap_or(Error::ConnectionLimitReached)) });
         };
+        let recorded = self.record(&request, &origin_text, sending.allowed.rule.clone(), None);
+        sending.read = recorded.read.clone();
+        let started = Instant::now();
         self.secrets.substitute(&mut request, &sending.allowed.secrets);
         self.add_headers(&mut request, &sending);
         let refusals = self.refusals.clone();
         Box::new(async move {
-            match send::send(request, sending).await {
+            let sent = send::send(request, sending).await;
+            if let Ok(mut call) = recorded.call.lock() {
+                call.ms = started.elapsed().as_millis() as u64;
+                match &sent {
+                    Ok((response, _)) => call.status = Some(response.status().as_u16()),
+                    Err(SendError::Refused(_)) => call.error = Some("refused".into()),
+                    Err(SendError::Failed(error)) => call.error = Some(format!("{error:?}")),
+                }
+            }
+            match sent {
                 // The permit is held until the connection ends.
                 Ok((response, driver)) => Ok((
                     response,

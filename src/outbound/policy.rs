@@ -63,6 +63,8 @@ pub struct Allowed {
     pub named_addresses: Vec<IpAddr>,
     /// Whether a matching grant asks for an `Idempotency-Key`.
     pub idempotency_key: bool,
+    /// The first declared rule it matched, printed: what metrics label it by.
+    pub rule: String,
 }
 
 /// Why a request was refused: one line for the job's log.
@@ -112,6 +114,7 @@ impl Policy {
             private: grants.iter().any(|g| g.private),
             named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
             idempotency_key: grants.iter().any(|g| g.idempotency_key),
+            rule: first.origin.to_string(),
         })
     }
 }

@@ -67,6 +67,8 @@ pub struct Sending {
     pub timeouts: StepTimeouts,
     /// Roots for https.
     pub tls: Arc<rustls::ClientConfig>,
+    /// Counts the response body's bytes as the guest reads them.
+    pub read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The response, and the future that drives its connection until the body
@@ -79,7 +81,7 @@ pub type Sent = (http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Er
 /// A refused address (returned apart, for the job's log), or the wasi:http
 /// error the guest receives.
 pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Result<Sent, SendError> {
-    let Sending { job_type, origin, allowed, timeouts, tls } = sending;
+    let Sending { job_type, origin, allowed, timeouts, tls, read } = sending;
     let stream = tokio::time::timeout(timeouts.connect, connect(&job_type, &origin, &allowed, &tls))
         .await
         .map_err(|_| SendError::Failed(Error::ConnectionTimeout))??;
@@ -100,7 +102,7 @@ pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Res
     let between = timeouts.between_bytes.max(Duration::from_millis(1));
     let response = response.map(|body| {
         use http_body_util::BodyExt;
-        PacedBody { body, between, idle: Box::pin(tokio::time::sleep(between)) }.boxed_unsync()
+        PacedBody { body, between, idle: Box::pin(tokio::time::sleep(between)), read }.boxed_unsync()
     });
     let driver = async move { connection.await.map_err(Error::from) };
     Ok((response, Box::new(driver)))
@@ -186,6 +188,7 @@ struct PacedBody {
     body: Incoming,
     between: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
+    read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Body for PacedBody {
@@ -195,6 +198,9 @@ impl Body for PacedBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match Pin::new(&mut self.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.read.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
                 let next = tokio::time::Instant::now() + self.between;
                 self.idle.as_mut().reset(next);
                 Poll::Ready(Some(Ok(frame)))

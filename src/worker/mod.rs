@@ -406,6 +406,7 @@ impl Worker {
                             Duration::from_micros(report.elapsed_us),
                             report.instantiate_us.map(Duration::from_micros),
                         );
+                        metrics.outbound_calls(&job.job, &report.effects.outbound);
                         tracing::debug!(
                             lease_token = job.lease_token,
                             outcome = report.outcome.kind(),
