@@ -245,6 +245,36 @@ async fn retried_requests_repeat_their_idempotency_key(db: TestDb) {
     assert_eq!(headers(500, 3).await["idempotency-key"], Value::Null);
 }
 
+/// Through a running host and its database: a grant and a revoke made
+/// while it runs are obeyed from the next run on, with no restart, and the
+/// stored job keeps the request in its log.
+async fn a_host_obeys_a_grant_changed_while_it_runs(db: TestDb) {
+    let (address, seen, _, _) = server().await;
+    let host = common::TestHost::start(&db, &["fetcher"], |_| {}).await;
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let url = format!("http://127.0.0.1:{}/hosted", address.port());
+    let output_of = |id: i64| {
+        let client = &client;
+        async move {
+            let job = client.wait(id, Duration::from_secs(30)).await.unwrap().expect("the job ended");
+            (job.output.clone().unwrap_or_default(), format!("{:?}", job))
+        }
+    };
+    let before = client.enqueue("fetcher", json!({"url": url})).await.unwrap();
+    let (output, _) = output_of(before).await;
+    assert_eq!(output, json!({"error": "ErrorCode::HttpRequestDenied"}));
+    grant(&db, &format!("http://127.0.0.1:{}", address.port()), &["GET"], false).await;
+    let granted = client.enqueue("fetcher", json!({"url": url})).await.unwrap();
+    let (output, job) = output_of(granted).await;
+    assert_eq!(output["body"], "pong /hosted", "{output}");
+    assert!(job.contains("outbound GET http://127.0.0.1"), "the request is in the stored log: {job}");
+    db.store.grant_revoke("fetcher", &format!("http://127.0.0.1:{}", address.port())).await.unwrap();
+    let revoked = client.enqueue("fetcher", json!({"url": url})).await.unwrap();
+    assert_eq!(output_of(revoked).await.0, json!({"error": "ErrorCode::HttpRequestDenied"}));
+    assert_eq!(seen.all(), ["GET /hosted"]);
+    host.stop().await;
+}
+
 const SECRET: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
 
 /// The guest reads its secret as an environment variable holding a
@@ -308,6 +338,7 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
 }
 
 on_both_backends!(
+    a_host_obeys_a_grant_changed_while_it_runs,
     retried_requests_repeat_their_idempotency_key,
     a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere,
     requests_go_out_only_when_declared_and_granted,
