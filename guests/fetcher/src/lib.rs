@@ -120,7 +120,9 @@ fn fetch(payload: &Value) -> Result<Value, String> {
         match stream.blocking_read(64 << 10) {
             Ok(chunk) => bytes.extend_from_slice(&chunk),
             Err(StreamError::Closed) => break,
-            Err(StreamError::LastOperationFailed(e)) => return Err(format!("reading the body: {}", e.to_debug_string())),
+            Err(StreamError::LastOperationFailed(e)) => {
+                return Err(format!("reading the body: {}", e.to_debug_string()));
+            }
         }
     }
     Ok(json!({ "status": status, "body": String::from_utf8_lossy(&bytes), "headers": seen }))
