@@ -73,9 +73,12 @@ pub struct Refusals {
 }
 
 impl Refusals {
+    /// Keeps a refusal for the job's log, and echoes it into the host's
+    /// log while under the bound: a guest looping on refused requests floods
+    /// neither.
     fn push(&mut self, refusal: Refusal) {
-        tracing::warn!(target: "jobhost::outbound", "{}", refusal.0);
         if self.lines.len() < MAX_REFUSAL_LINES {
+            tracing::warn!(target: "jobhost::outbound", "{}", refusal.0);
             self.lines.push(refusal.0);
         } else {
             self.dropped += 1;
@@ -277,5 +280,22 @@ impl WasiHttpHooks for OutboundHooks {
                 Err(SendError::Failed(error)) => Err(error),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_looping_on_refusals_leaves_a_bounded_log() {
+        let mut refusals = Refusals::default();
+        for n in 0..MAX_REFUSAL_LINES + 8 {
+            refusals.push(Refusal(format!("refusal {n}")));
+        }
+        let lines = refusals.take();
+        assert_eq!(lines.len(), MAX_REFUSAL_LINES + 1);
+        assert_eq!(lines.last().unwrap(), "8 more outbound requests were refused");
+        assert!(refusals.take().is_empty(), "taken once");
     }
 }
