@@ -250,6 +250,14 @@ impl Worker {
     ) {
         let spec = self.fetch_spec();
         let shutdown = &launch.shutdown;
+        // Start watching for announcements before the first fetch: a job
+        // enqueued between an empty fetch and a watch begun only then would
+        // wait for the poll (PostgreSQL's LISTEN starts, SQLite's data
+        // version is first read, on a store's first wait).
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = self.store.job_wait_available(Duration::ZERO) => {}
+        }
         loop {
             let first = tokio::select! {
                 () = shutdown.cancelled() => return,
