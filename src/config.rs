@@ -43,6 +43,9 @@ pub struct RuntimeConfig {
     /// payloads, log lines, kept stdout and stderr, and the output. Each of
     /// those has its own bound too; this one stops them adding up.
     pub run_budget_bytes: usize,
+    /// The most bytes of outbound HTTP bodies, sent and received together,
+    /// one run may move: a server sending without end stops at this.
+    pub outbound_budget_bytes: u64,
     /// Where compiled components are cached by digest; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
     /// How often the epoch advances: the granularity of timeouts and
@@ -64,6 +67,7 @@ impl Default for RuntimeConfig {
             max_payload_bytes: crate::types::DEFAULT_MAX_PAYLOAD_BYTES,
             max_output_bytes: crate::types::DEFAULT_MAX_OUTPUT_BYTES,
             run_budget_bytes: crate::types::DEFAULT_RUN_BUDGET_BYTES,
+            outbound_budget_bytes: crate::types::DEFAULT_OUTBOUND_BUDGET_BYTES,
             cache_dir: dirs::cache_dir().map(|d| d.join("jobhost").join("components")),
             epoch_tick: Duration::from_millis(10),
         }

@@ -115,7 +115,8 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let runtime = runtime
         .with_child_check(known.check(registry.clone(), store.clone(), config.limits))
         .with_grants(grants)
-        .with_secrets(secrets);
+        .with_secrets(secrets)
+        .with_variables(crate::component::variables_from(store.clone()));
     let mut watcher = match &config.components {
         Some(dir) => Some(DirectoryWatcher::new(runtime.clone(), registry.clone(), WatcherConfig::new(dir))?),
         None => None,

@@ -43,6 +43,9 @@ pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1 << 20;
 /// its children's payloads, log lines, kept stdout and stderr, and its output.
 pub const DEFAULT_RUN_BUDGET_BYTES: usize = 16 << 20;
 
+/// Default bytes of outbound HTTP bodies (sent and received together) one run may move.
+pub const DEFAULT_OUTBOUND_BUDGET_BYTES: u64 = 64 << 20;
+
 /// A JSON document kept as its validated text. A guest's output travels as
 /// this from the sandbox to the store: parsed into a `Value` it would take
 /// many times its size, and clones (a result write is retried) share it.
@@ -522,7 +525,7 @@ pub struct RunEffects {
 
 /// One outbound request of a run, as the host saw it. Never a query
 /// string, a header or a body: those may carry what the job's log must not.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundCall {
     /// The method.
     pub method: String,
@@ -537,6 +540,9 @@ pub struct OutboundCall {
     pub status: Option<u16>,
     /// Why it failed or was refused, when it did.
     pub error: Option<String>,
+    /// Bytes of request body sent.
+    #[serde(default)]
+    pub request_bytes: u64,
     /// Bytes of response body the guest read.
     pub response_bytes: u64,
     /// Milliseconds until the response's head, or the failure.
@@ -547,7 +553,8 @@ impl OutboundCall {
     /// One line for the job's log.
     pub fn describe(&self) -> String {
         let result = match (&self.status, &self.error) {
-            (Some(status), _) => format!("{status}, {} bytes", self.response_bytes),
+            (Some(status), None) => format!("{status}, {} bytes", self.response_bytes),
+            (Some(status), Some(error)) => format!("{status}, {} bytes, then {error}", self.response_bytes),
             (None, Some(error)) => error.clone(),
             (None, None) => "no answer".to_string(),
         };

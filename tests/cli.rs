@@ -496,11 +496,23 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     let table = stdout(&jobhost(&db, &["grants"]));
     assert!(table.contains("mail https://api.mailgun.net: GET,POST"), "{table}");
 
+    let timed = ["--first-byte-timeout", "2m", "--between-bytes-timeout", "1500ms"];
+    let timed =
+        jobhost(&db, &[&["grant", "mail", "https://api.mailgun.net", "--methods", "GET,POST"][..], &timed].concat());
+    assert!(timed.status.success(), "{}", stderr(&timed));
+    let listed = stdout(&jobhost(&db, &["grants", "mail", "--json"]));
+    let one: Value = serde_json::from_str(listed.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(one["timeouts"], json!({"connect_ms": null, "first_byte_ms": 120000, "between_bytes_ms": 1500}));
+    let table = stdout(&jobhost(&db, &["grants"]));
+    assert!(table.contains("GET,POST, timeouts: first byte 2m, between bytes 1s 500ms"), "{table}");
+
     for (args, message) in [
         (vec!["grant", "mail", "api.mailgun.net"], "is not an origin pattern"),
         (vec!["grant", "mail", "https://a.example/path"], "no path, query or user"),
         (vec!["grant", "mail", "https://a.example", "--methods", "G3T"], "is not an HTTP method"),
         (vec!["grant", "mail", "https://a.example", "--secret", "lower"], "is not a secret name"),
+        (vec!["grant", "mail", "https://a.example", "--connect-timeout", "2h"], "is not between 1ms and 1h"),
+        (vec!["grant", "mail", "https://a.example", "--connect-timeout", "soon"], "is not a duration like 30s"),
     ] {
         let refused = jobhost(&db, &args);
         assert!(!refused.status.success() && stderr(&refused).contains(message), "{args:?}: {}", stderr(&refused));
@@ -512,6 +524,42 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     let missing = jobhost(&db, &["revoke", "mail", "https://api.mailgun.net"]);
     assert!(!missing.status.success() && stderr(&missing).contains("has no grant for https://api.mailgun.net"));
     assert_eq!(stdout(&jobhost(&db, &["grants", "--json"])).lines().count(), 1);
+}
+
+/// `jobhost var`: a job type's plain variables are set, listed with their
+/// values, replaced and unset; a bad name or an oversized value is refused
+/// and stores nothing.
+async fn variables_are_set_listed_and_unset(db: TestDb) {
+    let set = jobhost(&db, &["var", "set", "mail", "REGION", "eu-west"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    assert!(stdout(&set).starts_with("set: mail's runs see REGION"), "{}", stdout(&set));
+    let again = jobhost(&db, &["var", "set", "mail", "REGION", "us-east"]);
+    assert!(stdout(&again).starts_with("changed:"), "{}", stdout(&again));
+    jobhost(&db, &["var", "set", "thumbs", "SIZE", "128"]);
+    let listed = stdout(&jobhost(&db, &["var", "list", "--json"]));
+    let all: Vec<Value> = listed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let pairs: Vec<(&str, &str, &str)> = all
+        .iter()
+        .map(|v| (v["job_type"].as_str().unwrap(), v["name"].as_str().unwrap(), v["value"].as_str().unwrap()))
+        .collect();
+    assert_eq!(pairs, [("mail", "REGION", "us-east"), ("thumbs", "SIZE", "128")]);
+    let table = stdout(&jobhost(&db, &["var", "list", "mail"]));
+    assert!(table.starts_with("mail REGION=us-east  updated "), "{table}");
+
+    let long = "x".repeat(jobhost::store::variable::MAX_VALUE_BYTES + 1);
+    for (args, message) in [
+        (vec!["var", "set", "mail", "region", "x"], "is not a variable name"),
+        (vec!["var", "set", "mail", "BIG", long.as_str()], "a variable holds at most"),
+    ] {
+        let refused = jobhost(&db, &args);
+        assert!(!refused.status.success() && stderr(&refused).contains(message), "{message}: {}", stderr(&refused));
+    }
+    assert_eq!(stdout(&jobhost(&db, &["var", "list", "--json"])).lines().count(), 2, "nothing stored");
+
+    assert!(jobhost(&db, &["var", "unset", "mail", "REGION"]).status.success());
+    let missing = jobhost(&db, &["var", "unset", "mail", "REGION"]);
+    assert!(!missing.status.success() && stderr(&missing).contains("mail has no variable REGION"));
+    assert_eq!(stdout(&jobhost(&db, &["var", "list", "--json"])).lines().count(), 1);
 }
 
 /// `jobhost secret`: a value is sealed with the key from the environment
@@ -558,6 +606,7 @@ async fn secrets_are_sealed_listed_by_name_and_deleted(db: TestDb) {
 }
 
 on_both_backends!(
+    variables_are_set_listed_and_unset,
     secrets_are_sealed_listed_by_name_and_deleted,
     grants_are_stored_listed_replaced_and_revoked,
     enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2,

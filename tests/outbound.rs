@@ -15,14 +15,17 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
+use axum::response::IntoResponse;
 use axum::routing::any;
-use jobhost::component::{Runtime, StopSignal, grants_from, secrets_from};
+use jobhost::component::{LiveProgress, Runtime, StopSignal, grants_from, secrets_from, variables_from};
+use jobhost::config::RuntimeConfig;
 use jobhost::outbound::secrets::SecretKey;
-use jobhost::store::grant::NewGrant;
+use jobhost::store::grant::{GrantTimeouts, NewGrant};
 use jobhost::types::RunReport;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use common::bodies::Trickle;
 use common::db::{TestDb, on_both_backends};
 use common::{completed_output, context, load};
 
@@ -46,41 +49,73 @@ impl Drop for Hung {
     }
 }
 
+/// A test server and what it tells.
+struct Server {
+    address: SocketAddr,
+    seen: Seen,
+    /// A request to `/hang` arrived.
+    hung: mpsc::UnboundedReceiver<()>,
+    /// A request to `/hang` went away.
+    closed: mpsc::UnboundedReceiver<()>,
+    /// A request to `/wait` arrived.
+    waiting: mpsc::UnboundedReceiver<()>,
+    /// Lets every request to `/wait` answer.
+    release: tokio::sync::watch::Sender<bool>,
+}
+
 /// A server on 127.0.0.1 answering `pong PATH` to everything, except
-/// `/hang`, which never answers (and says when its client goes away).
-async fn server() -> (SocketAddr, Seen, mpsc::UnboundedReceiver<()>, mpsc::UnboundedReceiver<()>) {
+/// `/hang`, which never answers (and says when its client goes away),
+/// `/wait`, which answers once released, `/trickle`, which sends three
+/// bytes and then nothing, and `/upload`, which answers the body's size.
+async fn server() -> Server {
     let seen = Seen::default();
     let (hung_tx, hung) = mpsc::unbounded_channel();
     let (closed_tx, closed) = mpsc::unbounded_channel();
+    let (waiting_tx, waiting) = mpsc::unbounded_channel();
+    let (release, released) = tokio::sync::watch::channel(false);
     let recorder = seen.clone();
     let app = Router::new().fallback(any(move |request: Request| {
         let (recorder, hung_tx, closed_tx) = (recorder.clone(), hung_tx.clone(), closed_tx.clone());
+        let (waiting_tx, mut released) = (waiting_tx.clone(), released.clone());
         async move {
             let path = request.uri().path().to_string();
             recorder.0.lock().unwrap().push(format!("{} {path}", request.method()));
             if path == "/headers" {
                 let header = |name: &str| request.headers().get(name).map(|v| v.to_str().unwrap().to_string());
                 return json!({"idempotency-key": header("idempotency-key"), "traceparent": header("traceparent")})
-                    .to_string();
+                    .to_string()
+                    .into_response();
             }
             if path == "/echo" {
                 let header = request.headers().get("authorization").map(|v| v.to_str().unwrap().to_string());
                 let header = header.unwrap_or_default();
                 recorder.0.lock().unwrap().push(format!("authorization: {header}"));
-                return header;
+                return header.into_response();
             }
             if path == "/hang" {
                 let _guard = Hung(closed_tx);
                 let _ = hung_tx.send(());
                 std::future::pending::<()>().await;
             }
-            format!("pong {path}")
+            if path == "/wait" {
+                let _ = waiting_tx.send(());
+                let _ = released.wait_for(|go| *go).await;
+            }
+            if path == "/trickle" {
+                return axum::body::Body::new(Trickle { first: Some("abc".into()) }).into_response();
+            }
+            if path == "/upload" {
+                let size = axum::body::to_bytes(request.into_body(), usize::MAX).await.map(|b| b.len());
+                recorder.0.lock().unwrap().push(format!("uploaded {size:?}"));
+                return format!("{size:?}").into_response();
+            }
+            format!("pong {path}").into_response()
         }
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (address, seen, hung, closed)
+    Server { address, seen, hung, closed, waiting, release }
 }
 
 fn runtime(db: &TestDb) -> (Runtime, tempfile::TempDir) {
@@ -103,7 +138,7 @@ fn logged(report: &RunReport) -> String {
 }
 
 async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
-    let (address, seen, _, _) = server().await;
+    let Server { address, seen, .. } = server().await;
     let (runtime, _cache) = runtime(&db);
     let fetcher = load(&runtime, "fetcher").await;
     let port = address.port();
@@ -173,7 +208,7 @@ async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
 /// A name is checked by the addresses it resolves to: `localhost` is
 /// loopback, refused unless the grant lets the name reach private addresses.
 async fn a_name_resolving_to_loopback_needs_a_private_grant(db: TestDb) {
-    let (address, seen, _, _) = server().await;
+    let Server { address, seen, .. } = server().await;
     let (runtime, _cache) = runtime(&db);
     let fetcher = load(&runtime, "fetcher").await;
     let origin = format!("http://localhost:{}", address.port());
@@ -193,7 +228,7 @@ async fn a_name_resolving_to_loopback_needs_a_private_grant(db: TestDb) {
 /// A run stopped while its request waits for an answer (as a lost lease or
 /// a cancel stops it) closes the connection at once.
 async fn a_stopped_run_closes_its_connection(db: TestDb) {
-    let (address, _seen, mut hung, mut closed) = server().await;
+    let Server { address, mut hung, mut closed, .. } = server().await;
     let (runtime, _cache) = runtime(&db);
     let fetcher = load(&runtime, "fetcher").await;
     grant(&db, &format!("http://127.0.0.1:{}", address.port()), &[], false).await;
@@ -213,7 +248,7 @@ async fn a_stopped_run_closes_its_connection(db: TestDb) {
 /// A grant may ask for an Idempotency-Key: the same on every attempt of
 /// one job, another for another job. Every request carries a traceparent.
 async fn retried_requests_repeat_their_idempotency_key(db: TestDb) {
-    let (address, _seen, _, _) = server().await;
+    let Server { address, .. } = server().await;
     let (runtime, _cache) = runtime(&db);
     let fetcher = load(&runtime, "fetcher").await;
     let origin = format!("http://127.0.0.1:{}", address.port());
@@ -249,7 +284,7 @@ async fn retried_requests_repeat_their_idempotency_key(db: TestDb) {
 /// while it runs are obeyed from the next run on, with no restart, and the
 /// stored job keeps the request in its log.
 async fn a_host_obeys_a_grant_changed_while_it_runs(db: TestDb) {
-    let (address, seen, _, _) = server().await;
+    let Server { address, seen, .. } = server().await;
     let host = common::TestHost::start(&db, &["fetcher"], |_| {}).await;
     let client = jobhost::Client::from_store(db.dyn_store());
     let url = format!("http://127.0.0.1:{}/hosted", address.port());
@@ -282,7 +317,7 @@ const SECRET: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
 /// origin granted to carry it, and nowhere else; what the run leaves has
 /// no value in it even when the server echoes it back.
 async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb) {
-    let (address, seen, _, _) = server().await;
+    let Server { address, seen, .. } = server().await;
     let key = SecretKey::generate().unwrap();
     db.store.secret_set("API_KEY", &key.seal("API_KEY", SECRET).unwrap()).await.unwrap();
     let as_hex = db.dialect("encode(ciphertext, 'hex')", "hex(ciphertext)");
@@ -337,7 +372,115 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
     assert_eq!(seen.len(), 4, "no request left the refused runs");
 }
 
+/// A response body that pauses longer than the grant's between-bytes
+/// timeout fails the read at the grant's bound (the host's default is 30 s;
+/// the guest asks for a minute, which cannot raise it), and the request's
+/// record says how far it got.
+async fn a_paused_body_fails_at_the_grants_timeout(db: TestDb) {
+    let Server { address, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    let timeouts = GrantTimeouts { between_bytes_ms: Some(200), ..Default::default() };
+    let new = NewGrant { job_type: "fetcher".into(), origin: origin.clone(), timeouts, ..Default::default() };
+    db.store.grant_set(&new).await.unwrap();
+    let started = std::time::Instant::now();
+    let report =
+        fetch(&runtime, &fetcher, json!({"url": format!("{origin}/trickle"), "between_bytes_ms": 60_000})).await;
+    assert!(started.elapsed() < Duration::from_secs(20), "timed out by the 30 s default: {:?}", started.elapsed());
+    let output = completed_output(&report.outcome);
+    let error = output["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("reading the body after 3 bytes"), "{output}");
+    let call = &report.effects.outbound[0];
+    assert_eq!((call.status, call.response_bytes), (Some(200), 3));
+    let why = call.error.as_deref().unwrap_or_default();
+    assert_eq!(why, "ConnectionReadTimeout reading the response body", "{call:?}");
+    assert!(logged(&report).contains("200, 3 bytes, then ConnectionReadTimeout"), "{}", logged(&report));
+}
+
+/// One run sending 100 requests at once has 16 in flight; the other 84
+/// fail at once in the guest and never reach the server.
+async fn a_run_has_at_most_16_requests_in_flight(db: TestDb) {
+    let Server { address, seen, mut waiting, release, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    grant(&db, &origin, &[], false).await;
+    let request = json!({"url": format!("{origin}/wait"), "parallel": 100}).to_string();
+    let progress = LiveProgress::new();
+    let run = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            runtime.run_reporting(&fetcher, &context(41, 1), &request, StopSignal::new(), progress).await
+        })
+    };
+    for arrived in 0..16 {
+        tokio::time::timeout(Duration::from_secs(30), waiting.recv()).await.unwrap_or_else(|_| panic!("{arrived}"));
+    }
+    // Released only once the guest has sent all 100: none answered before.
+    common::eventually(Duration::from_secs(30), || {
+        let sent = progress.take_changed() == Some((100, 100));
+        async move { sent }
+    })
+    .await;
+    release.send(true).unwrap();
+    let report = run.await.unwrap();
+    let answers = completed_output(&report.outcome);
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 100);
+    let answered = answers.iter().filter(|a| a["status"] == 200).count();
+    let capped = answers.iter().filter(|a| a["error"] == "ErrorCode::ConnectionLimitReached").count();
+    assert_eq!((answered, capped), (16, 84), "{answers:?}");
+    assert_eq!(seen.all().len(), 16, "only the requests in flight reached the server");
+    assert!(logged(&report).contains("this run has 16 requests in flight already"), "{}", logged(&report));
+}
+
+/// A request body past the run's outbound budget stops there: the guest's
+/// request fails, the record names the budget, and the server never
+/// receives the whole body.
+async fn an_upload_past_the_outbound_budget_stops_at_it(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig { outbound_budget_bytes: 1 << 20, ..common::runtime_config(&cache) };
+    let runtime = Runtime::new(config).unwrap().with_grants(grants_from(db.dyn_store()));
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    grant(&db, &origin, &[], false).await;
+    let request = json!({"url": format!("{origin}/upload"), "method": "POST", "upload_bytes": 4 << 20});
+    let report = fetch(&runtime, &fetcher, request).await;
+    let output = completed_output(&report.outcome);
+    assert!(output["error"].is_string(), "{output}");
+    let call = &report.effects.outbound[0];
+    assert!(call.request_bytes <= 1 << 20, "{call:?}");
+    let why = call.error.as_deref().unwrap_or_default();
+    assert_eq!(why, "the run's outbound budget of 1048576 bytes ran out sending the request body", "{call:?}");
+    assert!(!seen.all().iter().any(|line| line == &format!("uploaded Ok({})", 4 << 20)), "{:?}", seen.all());
+}
+
+/// A job type's plain variables are in its runs' environment; a variable
+/// named like a secret the component declares yields to the placeholder.
+async fn a_type_variable_reaches_its_runs_and_yields_to_a_secret(db: TestDb) {
+    let Server { address, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let runtime = runtime.with_variables(variables_from(db.dyn_store()));
+    db.store.var_set("fetcher", "REGION", "eu-west").await.unwrap();
+    db.store.var_set("fetcher", "API_KEY", "plain-value").await.unwrap();
+    db.store.var_set("other", "REGION", "us-east").await.unwrap();
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    let headers = json!({"x-region": "${REGION}", "x-key": "${API_KEY}"});
+    let report = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/"), "headers": headers})).await;
+    let log = logged(&report);
+    assert!(log.contains("sending x-region: eu-west"), "{log}");
+    assert!(log.contains("sending x-key: jobhost-secret-"), "{log}");
+    assert!(!log.contains("plain-value"), "{log}");
+}
+
 on_both_backends!(
+    a_paused_body_fails_at_the_grants_timeout,
+    a_run_has_at_most_16_requests_in_flight,
+    an_upload_past_the_outbound_budget_stops_at_it,
+    a_type_variable_reaches_its_runs_and_yields_to_a_secret,
     a_host_obeys_a_grant_changed_while_it_runs,
     retried_requests_repeat_their_idempotency_key,
     a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere,

@@ -9,7 +9,7 @@ use clap::Args;
 use super::operator::open_existing;
 use super::{DbArgs, fail};
 use crate::outbound::OriginPattern;
-use crate::store::grant::NewGrant;
+use crate::store::grant::{GrantTimeouts, NewGrant};
 
 /// Let a job type's runs send requests to an origin its component declares.
 #[derive(Debug, Args)]
@@ -35,6 +35,18 @@ pub struct GrantArgs {
     /// attempt of a job, so an API that honours it does a retry once.
     #[arg(long)]
     idempotency_key: bool,
+    /// How long name lookup, connect and TLS may take together (e.g. 5s)
+    /// [default: 10s].
+    #[arg(long, value_parser = parse_timeout)]
+    connect_timeout: Option<u64>,
+    /// How long the response's head may take once the request is sent (e.g.
+    /// 2m) [default: 30s].
+    #[arg(long, value_parser = parse_timeout)]
+    first_byte_timeout: Option<u64>,
+    /// How long the response body may pause between two pieces (e.g. 1m)
+    /// [default: 30s].
+    #[arg(long, value_parser = parse_timeout)]
+    between_bytes_timeout: Option<u64>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -67,6 +79,17 @@ fn parse_origin(text: &str) -> Result<OriginPattern, String> {
     text.parse()
 }
 
+/// A step timeout in milliseconds, from `1500ms`, `5s` or `2m`: at least a
+/// millisecond, at most an hour.
+fn parse_timeout(text: &str) -> Result<u64, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration like 30s: {e}"))?;
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 || ms > GrantTimeouts::MAX_MS {
+        return Err(format!("{text:?} is not between 1ms and 1h"));
+    }
+    Ok(ms)
+}
+
 fn parse_method(text: &str) -> Result<String, String> {
     crate::outbound::method_name(text)
 }
@@ -88,6 +111,11 @@ pub async fn grant(args: GrantArgs) -> ExitCode {
         secrets: args.secrets,
         private: args.private,
         idempotency_key: args.idempotency_key,
+        timeouts: GrantTimeouts {
+            connect_ms: args.connect_timeout,
+            first_byte_ms: args.first_byte_timeout,
+            between_bytes_ms: args.between_bytes_timeout,
+        },
     };
     match store.grant_set(&new).await {
         Ok(replaced) => {
@@ -135,11 +163,29 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
             if grant.secrets.is_empty() { String::new() } else { format!(", secrets {}", grant.secrets.join(",")) };
         let private = if grant.private { ", private addresses allowed" } else { "" };
         let idempotent = if grant.idempotency_key { ", Idempotency-Key" } else { "" };
-        println!("{} {}: {methods}{secrets}{private}{idempotent}", grant.job_type, grant.origin);
+        let timeouts = describe_timeouts(grant.timeouts);
+        println!("{} {}: {methods}{secrets}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));
     }
     if grants.is_empty() && !args.json {
         eprintln!("no grants: runs may send no HTTP requests (see docs/outbound.md)");
     }
     ExitCode::SUCCESS
+}
+
+/// The steps a grant times differently from the defaults, for its line.
+fn describe_timeouts(timeouts: GrantTimeouts) -> String {
+    let steps = [
+        ("connect", timeouts.connect_ms),
+        ("first byte", timeouts.first_byte_ms),
+        ("between bytes", timeouts.between_bytes_ms),
+    ];
+    let set: Vec<String> = steps
+        .iter()
+        .filter_map(|(step, ms)| {
+            let duration = std::time::Duration::from_millis((*ms)?);
+            Some(format!("{step} {}", humantime::format_duration(duration)))
+        })
+        .collect();
+    if set.is_empty() { String::new() } else { format!(", timeouts: {}", set.join(", ")) }
 }

@@ -21,6 +21,7 @@ mod new;
 mod operator;
 mod secret;
 mod serve;
+mod variable;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -153,6 +154,11 @@ enum Command {
         #[command(subcommand)]
         action: secret::SecretAction,
     },
+    /// Plain variables of a job type, given to its runs' environment in clear.
+    Var {
+        #[command(subcommand)]
+        action: variable::VarAction,
+    },
     /// Load components and print the validated configuration each declares,
     /// one JSON object per line.
     Inspect {
@@ -257,6 +263,10 @@ struct RuntimeArgs {
     /// log lines, kept stdout and stderr, and the output [default: 16MiB].
     #[arg(long, env = "JOBHOST_RUN_BUDGET", value_parser = parse_bytes)]
     run_budget: Option<u64>,
+    /// The most bytes of outbound HTTP bodies, sent and received together,
+    /// one run may move; past it the request fails in the guest [default: 64MiB].
+    #[arg(long, env = "JOBHOST_OUTBOUND_BUDGET", value_parser = parse_bytes)]
+    outbound_budget: Option<u64>,
 }
 
 impl RuntimeArgs {
@@ -283,6 +293,9 @@ impl RuntimeArgs {
         }
         if let Some(bytes) = self.run_budget {
             config.run_budget_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        if let Some(bytes) = self.outbound_budget {
+            config.outbound_budget_bytes = bytes;
         }
         config
     }
@@ -336,6 +349,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Revoke(args) => grant::revoke(args).await,
             Command::Grants(args) => grant::grants(args).await,
             Command::Secret { action } => secret::run(action).await,
+            Command::Var { action } => variable::run(action).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

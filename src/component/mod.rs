@@ -14,6 +14,7 @@ mod progress;
 pub mod registry;
 mod sandbox;
 mod stop;
+pub mod variables;
 pub mod watcher;
 mod world;
 
@@ -26,16 +27,17 @@ use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
 
 use crate::config::{ConfigError, RuntimeConfig};
+use crate::outbound::budget::BodyBudget;
 use crate::outbound::hooks::OutboundHooks;
-use crate::outbound::redact::RunSecrets;
-use crate::outbound::{GrantRule, Policy, Rule};
-use crate::store::grant::OutboundGrant;
+use crate::outbound::run;
 use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
 
+pub use crate::outbound::run::{GrantSource, SecretSource, grants_from, secrets_from};
 pub use progress::LiveProgress;
 pub use registry::{Registry, RegistryEvent};
 pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
+pub use variables::variables_from;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
 
 use bindings::wit;
@@ -146,24 +148,9 @@ pub struct Runtime {
     /// Where a run opens the secrets its requests may carry; a run that
     /// needs one refuses to start without it.
     secrets: Option<SecretSource>,
+    /// Each type's plain variables, for its runs' environment; none when unset.
+    variables: Option<Arc<variables::Variables>>,
 }
-
-/// Opens the named secrets: each name with its value, or why not.
-pub type SecretSource = Arc<
-    dyn Fn(
-            Vec<String>,
-        )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, String>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// Reads a job type's outbound grants, as they stand when a run starts.
-pub type GrantSource = Arc<
-    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<OutboundGrant>, String>> + Send>>
-        + Send
-        + Sync,
->;
 
 struct Inner {
     engine: wasmtime::Engine,
@@ -197,7 +184,7 @@ impl Runtime {
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
         let tls = crate::outbound::send::tls_config();
         let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, tls });
-        Ok(Runtime { inner, child_check: None, grants: None, secrets: None })
+        Ok(Runtime { inner, child_check: None, grants: None, secrets: None, variables: None })
     }
 
     /// This runtime, with every guest's `enqueue` refusing the children
@@ -219,55 +206,10 @@ impl Runtime {
         Runtime { secrets: Some(source), ..self }
     }
 
-    /// The run's secrets: a placeholder for each name its component
-    /// declares, and the values of those a grant lets it send.
-    ///
-    /// # Errors
-    /// A secret both sides name that this host cannot open: the run does not start.
-    async fn secrets_for(&self, policy: &Policy) -> Result<RunSecrets, String> {
-        let mut declared: Vec<String> = policy.declared.iter().flat_map(|r| r.secrets.clone()).collect();
-        declared.sort();
-        declared.dedup();
-        let granted: Vec<String> = declared
-            .iter()
-            .filter(|name| policy.granted.iter().any(|g| g.rule.secrets.contains(name)))
-            .cloned()
-            .collect();
-        let values = match (&self.secrets, granted.is_empty()) {
-            (_, true) => Vec::new(),
-            (None, false) => return Err("this runtime opens no secrets".into()),
-            (Some(source), false) => {
-                let values = source(granted.clone()).await?;
-                if let Some(missing) = granted.iter().find(|name| !values.iter().any(|(n, _)| n == *name)) {
-                    return Err(format!("secret {missing} is granted but not set (`jobhost secret set {missing}`)"));
-                }
-                values
-            }
-        };
-        RunSecrets::new(&declared, values)
-    }
-
-    /// What a run of `config`'s type may reach: its declared rules, and the
-    /// grants read now. A type that declares nothing reads no grants.
-    async fn policy_for(&self, config: &JobConfig) -> Policy {
-        let declared: Vec<Rule> = config
-            .outbound
-            .iter()
-            .filter_map(|rule| {
-                let origin = rule.origin.parse().ok()?;
-                Some(Rule { origin, methods: rule.methods.clone(), secrets: rule.secrets.clone() })
-            })
-            .collect();
-        let mut policy = Policy { job_type: config.name.clone(), declared, granted: Vec::new() };
-        let Some(source) = self.grants.as_ref().filter(|_| !policy.declared.is_empty()) else {
-            return policy;
-        };
-        match source(config.name.clone()).await {
-            Ok(grants) => policy.granted = grants.iter().filter_map(grant_rule).collect(),
-            // Nothing is granted this run: its requests are refused, not sent unchecked.
-            Err(error) => tracing::warn!(job_type = %config.name, %error, "cannot read outbound grants"),
-        }
-        policy
+    /// This runtime, with each run's environment holding its type's plain
+    /// variables as read from `source` (kept for [`variables::FRESH_FOR`]).
+    pub fn with_variables(self, source: variables::VariableSource) -> Self {
+        Runtime { variables: Some(Arc::new(variables::Variables::new(source))), ..self }
     }
 
     /// The settings the runtime was started with.
@@ -356,7 +298,8 @@ impl Runtime {
         };
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
-        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), 0, self.inner.tls.clone());
+        let budget = BodyBudget::new(0);
+        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), 0, self.inner.tls.clone(), budget);
         let (signal, progress) = (StopSignal::new(), LiveProgress::new());
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, None, outbound, &[]);
         let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
@@ -400,18 +343,32 @@ impl Runtime {
             max_output_bytes: self.inner.config.max_output_bytes,
             budget_bytes: self.inner.config.run_budget_bytes,
         };
-        let policy = self.policy_for(config).await;
-        let secrets = match self.secrets_for(&policy).await {
+        let not_started = |reason: String| {
+            tracing::warn!("{reason}");
+            let outcome = RunOutcome::Retry { reason };
+            RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None }
+        };
+        let policy = run::policy_for(self.grants.as_ref(), config).await;
+        let secrets = match run::secrets_for(self.secrets.as_ref(), &policy).await {
             Ok(secrets) => Arc::new(secrets),
             Err(reason) => {
-                let reason = format!("job type {} needs secrets this host cannot give: {reason}", config.name);
-                tracing::warn!("{reason}");
-                let outcome = RunOutcome::Retry { reason };
-                return RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None };
+                return not_started(format!("job type {} needs secrets this host cannot give: {reason}", config.name));
             }
         };
-        let environment = secrets.environment();
-        let outbound = OutboundHooks::new(Arc::new(policy), secrets.clone(), context.job_id, self.inner.tls.clone());
+        let variables = match &self.variables {
+            Some(variables) => match variables.of(&config.name).await {
+                Ok(variables) => variables,
+                Err(reason) => return not_started(reason),
+            },
+            None => Arc::default(),
+        };
+        // A secret's placeholder wins over a variable of the same name.
+        let mut environment = secrets.environment();
+        let secret_names: Vec<String> = environment.iter().map(|(name, _)| name.clone()).collect();
+        environment.extend(variables.iter().filter(|(name, _)| !secret_names.contains(name)).cloned());
+        let budget = BodyBudget::new(self.inner.config.outbound_budget_bytes);
+        let (policy, tls) = (Arc::new(policy), self.inner.tls.clone());
+        let outbound = OutboundHooks::new(policy, secrets.clone(), context.job_id, tls, budget);
         let child_check = self.child_check.clone();
         let mut store =
             sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);
@@ -450,43 +407,6 @@ impl Inner {
         cache.store(digest, &artifact);
         Ok(component)
     }
-}
-
-/// Grants read from the fleet's database, as hosts read them.
-pub fn grants_from(store: Arc<dyn crate::store::Store>) -> GrantSource {
-    Arc::new(move |job_type| {
-        let store = store.clone();
-        Box::pin(async move { store.grants(Some(&job_type)).await.map_err(|e| e.to_string()) })
-    })
-}
-
-/// Secrets opened from the fleet's database with this host's key.
-pub fn secrets_from(
-    store: Arc<dyn crate::store::Store>,
-    key: Option<crate::outbound::secrets::SecretKey>,
-) -> SecretSource {
-    Arc::new(move |names| {
-        let (store, key) = (store.clone(), key.clone());
-        Box::pin(async move {
-            let Some(key) = key else {
-                return Err(format!(
-                    "this host has no key ({} or {})",
-                    crate::outbound::secrets::KEY_VARIABLE,
-                    crate::outbound::secrets::KEY_FILE_VARIABLE
-                ));
-            };
-            let sealed = store.secrets_sealed(&names).await.map_err(|e| e.to_string())?;
-            sealed.into_iter().map(|(name, sealed)| Ok((name.clone(), key.open(&name, &sealed)?))).collect()
-        })
-    })
-}
-
-/// A stored grant as the policy reads it; one whose pattern this binary
-/// cannot read grants nothing.
-fn grant_rule(grant: &OutboundGrant) -> Option<GrantRule> {
-    let origin = grant.origin.parse().ok()?;
-    let rule = Rule { origin, methods: grant.methods.clone(), secrets: grant.secrets.clone() };
-    Some(GrantRule { rule, private: grant.private, idempotency_key: grant.idempotency_key })
 }
 
 /// SHA-256 of a component's bytes, hex: its identity in the cache, the

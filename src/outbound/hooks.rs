@@ -4,13 +4,13 @@
 //! job's log.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::Semaphore;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
+use super::budget::{BodyBudget, Direction, Metered};
 use super::origin::Origin;
 use super::policy::{Policy, Refusal};
 use super::redact::RunSecrets;
@@ -27,11 +27,9 @@ const MAX_REFUSAL_LINES: usize = 32;
 /// Requests of one run kept for its report: the last ones.
 pub const MAX_CALLS_KEPT: usize = 100;
 
-/// A request being recorded: its line, and its body's bytes as they are read.
-struct Recorded {
-    call: Arc<Mutex<OutboundCall>>,
-    read: Arc<AtomicU64>,
-}
+/// A request being recorded: its body bytes and its end are written in as
+/// they come.
+type Recorded = Arc<Mutex<OutboundCall>>;
 
 /// The last [`MAX_CALLS_KEPT`] requests of a run.
 #[derive(Default)]
@@ -42,8 +40,8 @@ impl Calls {
         if self.0.len() == MAX_CALLS_KEPT {
             self.0.pop_front();
         }
-        let recorded = Recorded { call: Arc::new(Mutex::new(call)), read: Arc::default() };
-        self.0.push_back(Recorded { call: recorded.call.clone(), read: recorded.read.clone() });
+        let recorded = Arc::new(Mutex::new(call));
+        self.0.push_back(recorded.clone());
         recorded
     }
 }
@@ -63,6 +61,7 @@ pub struct OutboundHooks {
     in_flight: Arc<Semaphore>,
     timeouts: StepTimeouts,
     tls: Arc<rustls::ClientConfig>,
+    budget: BodyBudget,
 }
 
 /// The refusals of one run, for its log.
@@ -97,7 +96,13 @@ impl Refusals {
 
 impl OutboundHooks {
     /// The hooks of a run allowed what `policy` allows.
-    pub fn new(policy: Arc<Policy>, secrets: Arc<RunSecrets>, job_id: u64, tls: Arc<rustls::ClientConfig>) -> Self {
+    pub fn new(
+        policy: Arc<Policy>,
+        secrets: Arc<RunSecrets>,
+        job_id: u64,
+        tls: Arc<rustls::ClientConfig>,
+        budget: BodyBudget,
+    ) -> Self {
         OutboundHooks {
             policy,
             secrets,
@@ -109,6 +114,7 @@ impl OutboundHooks {
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             timeouts: StepTimeouts::default(),
             tls,
+            budget,
         }
     }
 
@@ -122,11 +128,7 @@ impl OutboundHooks {
         let Ok(mut calls) = self.calls.lock() else { return Vec::new() };
         std::mem::take(&mut calls.0)
             .into_iter()
-            .filter_map(|recorded| {
-                let mut call = recorded.call.lock().ok()?.clone();
-                call.response_bytes = recorded.read.load(Ordering::Relaxed);
-                Some(call)
-            })
+            .filter_map(|recorded| recorded.lock().ok().map(|call| call.clone()))
             .collect()
     }
 
@@ -138,12 +140,13 @@ impl OutboundHooks {
             rule,
             status: None,
             error,
+            request_bytes: 0,
             response_bytes: 0,
             ms: 0,
         };
         match self.calls.lock() {
             Ok(mut calls) => calls.push(call),
-            Err(_) => Recorded { call: Arc::new(Mutex::new(call)), read: Arc::default() },
+            Err(_) => Arc::new(Mutex::new(call)),
         }
     }
 
@@ -172,13 +175,14 @@ impl OutboundHooks {
             Ok(allowed) => allowed,
             Err(refusal) => return self.refuse(refusal, Error::HttpRequestDenied),
         };
+        let timeouts = self.timeouts.granted(allowed.timeouts).within(options);
         Ok(Sending {
             job_type: self.policy.job_type.clone(),
             origin,
             allowed,
-            timeouts: self.timeouts.within(options),
+            timeouts,
             tls: self.tls.clone(),
-            read: Arc::default(),
+            meter: (self.budget.clone(), Arc::default()),
         })
     }
 }
@@ -224,7 +228,7 @@ type Responding = Box<dyn Future<Output = Result<send::Sent, Error>> + Send>;
 impl WasiHttpHooks for OutboundHooks {
     fn send_request(
         &mut self,
-        mut request: http::Request<WasiBody>,
+        request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _request_result: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Responding {
@@ -247,19 +251,26 @@ impl WasiHttpHooks for OutboundHooks {
             return Box::new(async move { Err(error.unwrap_or(Error::ConnectionLimitReached)) });
         };
         let recorded = self.record(&request, &origin_text, sending.allowed.rule.clone(), None);
-        sending.read = recorded.read.clone();
+        sending.meter.1 = recorded.clone();
+        let mut request = request.map(|body| {
+            use http_body_util::BodyExt;
+            Metered::new(body, self.budget.clone(), Direction::Sent, recorded.clone()).boxed_unsync()
+        });
         let started = Instant::now();
         self.secrets.substitute(&mut request, &sending.allowed.secrets);
         self.add_headers(&mut request, &sending);
         let refusals = self.refusals.clone();
         Box::new(async move {
             let sent = send::send(request, sending).await;
-            if let Ok(mut call) = recorded.call.lock() {
+            if let Ok(mut call) = recorded.lock() {
                 call.ms = started.elapsed().as_millis() as u64;
                 match &sent {
                     Ok((response, _)) => call.status = Some(response.status().as_u16()),
                     Err(SendError::Refused(_)) => call.error = Some("refused".into()),
-                    Err(SendError::Failed(error)) => call.error = Some(format!("{error:?}")),
+                    // A request body past the budget has said so already.
+                    Err(SendError::Failed(error)) => {
+                        call.error.get_or_insert_with(|| format!("{error:?}"));
+                    }
                 }
             }
             match sent {

@@ -3,10 +3,12 @@
 //! addresses those origins may resolve to. See docs/outbound.md.
 
 pub mod address;
+pub mod budget;
 pub mod hooks;
 pub mod origin;
 pub mod policy;
 pub mod redact;
+pub mod run;
 pub mod secrets;
 pub mod send;
 
@@ -25,17 +27,27 @@ pub fn method_name(text: &str) -> Result<String, String> {
     Ok(method)
 }
 
-/// A secret's name, as the guest reads it from its environment: upper-case
-/// letters, digits and `_`, not first a digit.
+/// A name for a run's environment: upper-case letters, digits and `_`,
+/// not first a digit.
 ///
 /// # Errors
 /// Anything else, with the reason.
-pub fn secret_name(text: &str) -> Result<String, String> {
+pub fn environment_name(text: &str) -> Result<String, String> {
     let ok = text.len() <= 128
         && text.bytes().next().is_some_and(|b| b.is_ascii_uppercase() || b == b'_')
         && text.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
     if !ok {
-        return Err(format!("{text:?} is not a secret name: upper-case letters, digits and _, not first a digit"));
+        return Err(format!("{text:?} is not a variable name: upper-case letters, digits and _, not first a digit"));
     }
     Ok(text.to_string())
+}
+
+/// A secret's name, as the guest reads it from its environment: as
+/// [`environment_name`].
+///
+/// # Errors
+/// Anything else, with the reason.
+pub fn secret_name(text: &str) -> Result<String, String> {
+    environment_name(text)
+        .map_err(|_| format!("{text:?} is not a secret name: upper-case letters, digits and _, not first a digit"))
 }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use super::address::private_range;
 use super::origin::{Origin, OriginPattern};
+use crate::store::grant::GrantTimeouts;
 
 /// One side's rule: an origin pattern, the methods (upper case; empty
 /// allows any) and the secrets requests matching it may carry.
@@ -37,6 +38,8 @@ pub struct GrantRule {
     pub private: bool,
     /// Whether its requests carry an `Idempotency-Key`.
     pub idempotency_key: bool,
+    /// Its own step timeouts, where it sets them.
+    pub timeouts: GrantTimeouts,
 }
 
 /// What one job type's runs may reach: its declared rules and its grants,
@@ -63,6 +66,8 @@ pub struct Allowed {
     pub named_addresses: Vec<IpAddr>,
     /// Whether a matching grant asks for an `Idempotency-Key`.
     pub idempotency_key: bool,
+    /// The step timeouts the matching grants set, the widest of each.
+    pub timeouts: GrantTimeouts,
     /// The first declared rule it matched, printed: what metrics label it by.
     pub rule: String,
 }
@@ -114,6 +119,7 @@ impl Policy {
             private: grants.iter().any(|g| g.private),
             named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
             idempotency_key: grants.iter().any(|g| g.idempotency_key),
+            timeouts: grants.iter().fold(GrantTimeouts::default(), |widest, g| widest.widest(g.timeouts)),
             rule: first.origin.to_string(),
         })
     }
@@ -169,7 +175,12 @@ mod tests {
     }
 
     fn grant(origin: &str, methods: &[&str], secrets: &[&str]) -> GrantRule {
-        GrantRule { rule: rule(origin, methods, secrets), private: false, idempotency_key: false }
+        GrantRule {
+            rule: rule(origin, methods, secrets),
+            private: false,
+            idempotency_key: false,
+            timeouts: Default::default(),
+        }
     }
 
     fn origin(url: &str) -> Origin {

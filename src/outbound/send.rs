@@ -16,6 +16,10 @@ use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, WasiBody};
 
+use crate::store::grant::GrantTimeouts;
+use crate::types::OutboundCall;
+
+use super::budget::{BodyBudget, Direction, Metered};
 use super::origin::{Origin, Scheme};
 use super::policy::{Allowed, Refusal};
 
@@ -43,6 +47,16 @@ impl Default for StepTimeouts {
 }
 
 impl StepTimeouts {
+    /// These bounds, with each step a grant sets replaced by its value.
+    pub fn granted(self, grant: GrantTimeouts) -> Self {
+        let set = |ours: Duration, theirs: Option<u64>| theirs.map_or(ours, Duration::from_millis);
+        StepTimeouts {
+            connect: set(self.connect, grant.connect_ms),
+            first_byte: set(self.first_byte, grant.first_byte_ms),
+            between_bytes: set(self.between_bytes, grant.between_bytes_ms),
+        }
+    }
+
     /// These bounds, lowered to what the guest's request options ask.
     pub fn within(self, options: Option<wasmtime_wasi_http::RequestOptions>) -> Self {
         let Some(options) = options else { return self };
@@ -67,8 +81,9 @@ pub struct Sending {
     pub timeouts: StepTimeouts,
     /// Roots for https.
     pub tls: Arc<rustls::ClientConfig>,
-    /// Counts the response body's bytes as the guest reads them.
-    pub read: Arc<std::sync::atomic::AtomicU64>,
+    /// The run's body budget, and the request's record the response's
+    /// bytes are counted into.
+    pub meter: (BodyBudget, Arc<std::sync::Mutex<OutboundCall>>),
 }
 
 /// The response, and the future that drives its connection until the body
@@ -81,7 +96,7 @@ pub type Sent = (http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Er
 /// A refused address (returned apart, for the job's log), or the wasi:http
 /// error the guest receives.
 pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Result<Sent, SendError> {
-    let Sending { job_type, origin, allowed, timeouts, tls, read } = sending;
+    let Sending { job_type, origin, allowed, timeouts, tls, meter: (budget, call) } = sending;
     let stream = tokio::time::timeout(timeouts.connect, connect(&job_type, &origin, &allowed, &tls))
         .await
         .map_err(|_| SendError::Failed(Error::ConnectionTimeout))??;
@@ -102,7 +117,8 @@ pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Res
     let between = timeouts.between_bytes.max(Duration::from_millis(1));
     let response = response.map(|body| {
         use http_body_util::BodyExt;
-        PacedBody { body, between, idle: Box::pin(tokio::time::sleep(between)), read }.boxed_unsync()
+        let paced = PacedBody { body, between, idle: Box::pin(tokio::time::sleep(between)) };
+        Metered::new(paced, budget, Direction::Received, call).boxed_unsync()
     });
     let driver = async move { connection.await.map_err(Error::from) };
     Ok((response, Box::new(driver)))
@@ -188,7 +204,6 @@ struct PacedBody {
     body: Incoming,
     between: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
-    read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Body for PacedBody {
@@ -198,9 +213,6 @@ impl Body for PacedBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match Pin::new(&mut self.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.read.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
                 let next = tokio::time::Instant::now() + self.between;
                 self.idle.as_mut().reset(next);
                 Poll::Ready(Some(Ok(frame)))

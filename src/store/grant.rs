@@ -25,6 +25,8 @@ pub struct OutboundGrant {
     /// Whether requests to the origin carry an `Idempotency-Key` header,
     /// stable across the attempts of one job.
     pub idempotency_key: bool,
+    /// Step timeouts replacing the host's defaults for requests it allows.
+    pub timeouts: GrantTimeouts,
     /// When it was granted, or last changed.
     pub granted_at: DateTime<Utc>,
 }
@@ -44,4 +46,41 @@ pub struct NewGrant {
     pub private: bool,
     /// Whether requests carry an `Idempotency-Key` header.
     pub idempotency_key: bool,
+    /// Step timeouts replacing the host's defaults.
+    pub timeouts: GrantTimeouts,
+}
+
+/// A grant's own step timeouts, in milliseconds; each one not set keeps the
+/// host's default (docs/outbound.md, "Bounds"). A guest's request options
+/// may still lower them, never raise them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GrantTimeouts {
+    /// Name lookup, TCP connect and TLS handshake together.
+    pub connect_ms: Option<u64>,
+    /// From the request sent to the response's head.
+    pub first_byte_ms: Option<u64>,
+    /// Between two pieces of the response body.
+    pub between_bytes_ms: Option<u64>,
+}
+
+impl GrantTimeouts {
+    /// The longest a grant may set a step to: a run's own timeout bounds
+    /// every request anyway; this keeps a typo from meaning a year.
+    pub const MAX_MS: u64 = 3_600_000;
+
+    /// Each step the longer of the two, where either sets it: what two
+    /// grants matching one request allow together.
+    pub fn widest(self, other: GrantTimeouts) -> GrantTimeouts {
+        let max = |a: Option<u64>, b: Option<u64>| a.max(b);
+        GrantTimeouts {
+            connect_ms: max(self.connect_ms, other.connect_ms),
+            first_byte_ms: max(self.first_byte_ms, other.first_byte_ms),
+            between_bytes_ms: max(self.between_bytes_ms, other.between_bytes_ms),
+        }
+    }
+
+    /// Whether no step is set.
+    pub fn is_empty(&self) -> bool {
+        *self == GrantTimeouts::default()
+    }
 }

@@ -33,6 +33,7 @@ pub mod secret;
 pub mod session;
 pub mod sqlite;
 mod timestamp;
+pub mod variable;
 
 use std::collections::HashMap;
 
@@ -686,6 +687,15 @@ pub trait Store: Backend + 'static {
 
     /// The sealed values of those of `names` that are set.
     async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, secret::Sealed)>>;
+
+    /// Sets a job type's plain variable; true when it replaced a value.
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool>;
+
+    /// Removes a job type's variable; false when there was none.
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool>;
+
+    /// The variables of one job type, or of all, by type and name.
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<variable::TypeVariable>>;
 
     /// Enqueues one job per tick of a schedule, moving its cursor past them
     /// in the same transaction, unless another host moved it first; a tick

@@ -73,6 +73,7 @@ pub async fn wait_for<T: Clone + std::fmt::Debug>(
     found.unwrap_or_else(|_| panic!("no matching event within {within:?}; saw: {seen:#?}"))
 }
 
+pub mod bodies;
 pub mod browser;
 pub mod db;
 pub mod fleet;

@@ -5,13 +5,18 @@
 //! environment variable NAME, where a secret's placeholder is, and each
 //! header sent is logged). Output: `{"status": 200, "body": "...",
 //! "headers": {...}}`, or `{"error": "..."}` with the wasi:http error code
-//! when the request failed or was refused. It declares loopback and one
+//! when the request failed or was refused. `"parallel": N` sends N copies
+//! at once and returns each one's status or error; `"discard": true` counts
+//! the body's bytes instead of keeping them; `"upload_bytes": N` sends N
+//! bytes as the body; `"between_bytes_ms"` asks for that read timeout. It declares loopback and one
 //! public API as its outbound origins; an operator grants what it may use.
 
 use jobhost_guest::{Guest, JobConfig, JobContext, JobError, OutboundRule, export, parse_payload};
 use serde_json::{Value, json};
 use wasi::http::outgoing_handler;
-use wasi::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::http::types::{
+    Fields, FutureIncomingResponse, Method, OutgoingBody, OutgoingRequest, RequestOptions, Scheme,
+};
 use wasi::io::streams::StreamError;
 
 struct Fetcher;
@@ -59,8 +64,31 @@ impl Guest for Fetcher {
     }
 }
 
-/// The request the payload describes, sent; its response read whole.
+/// The request the payload describes, sent (`parallel` copies of it at
+/// once when the payload asks); each response read whole.
 fn fetch(payload: &Value) -> Result<Value, String> {
+    let Some(copies) = payload["parallel"].as_u64() else {
+        let pending = send(payload)?;
+        return receive(pending, payload);
+    };
+    // Every copy is sent before any answer is awaited, and progress says
+    // so: all are in flight at once.
+    let pending: Vec<_> = (0..copies).map(|_| send(payload)).collect();
+    jobhost_guest::host::progress(copies, copies);
+    let answers = pending
+        .into_iter()
+        .map(|sent| match sent.and_then(|pending| receive(pending, payload)) {
+            Ok(answer) => json!({ "status": answer["status"] }),
+            Err(error) => json!({ "error": error }),
+        })
+        .collect();
+    Ok(Value::Array(answers))
+}
+
+/// Sends the payload's request, its body (`body` text, or `upload_bytes`
+/// bytes of `x`) written after the request is handed over, so a body larger
+/// than the pipe's buffer streams.
+fn send(payload: &Value) -> Result<Sent, String> {
     let url = payload["url"].as_str().ok_or("no url")?;
     let (scheme, rest) = url.split_once("://").ok_or("the url has no scheme")?;
     let (authority, path) = match rest.find('/') {
@@ -92,22 +120,48 @@ fn fetch(payload: &Value) -> Result<Value, String> {
     request.set_scheme(Some(&scheme)).map_err(|_| "bad scheme")?;
     request.set_authority(Some(authority)).map_err(|_| "bad authority")?;
     request.set_path_with_query(Some(path)).map_err(|_| "bad path")?;
-    let body = request.body().map_err(|_| "no body")?;
-    if let Some(text) = payload["body"].as_str() {
-        let stream = body.write().map_err(|_| "no body stream")?;
-        for chunk in text.as_bytes().chunks(4096) {
-            stream.blocking_write_and_flush(chunk).map_err(|e| format!("writing the body: {e:?}"))?;
+    let options = match payload["between_bytes_ms"].as_u64() {
+        Some(ms) => {
+            let options = RequestOptions::new();
+            options.set_between_bytes_timeout(Some(ms * 1_000_000)).map_err(|_| "bad timeout")?;
+            Some(options)
         }
-        drop(stream);
+        None => None,
+    };
+    let body = request.body().map_err(|_| "no body")?;
+    let pending = outgoing_handler::handle(request, options).map_err(|e| format!("{e:?}"))?;
+    let stream = body.write().map_err(|_| "no body stream")?;
+    let upload = |chunk: &[u8]| stream.blocking_write_and_flush(chunk).map_err(|e| format!("writing the body: {e:?}"));
+    let mut written = Ok(());
+    if let Some(text) = payload["body"].as_str() {
+        written = text.as_bytes().chunks(4096).try_for_each(upload);
     }
-    let response = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
-    OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}"))?;
-    response.subscribe().block();
-    let response = match response.get() {
+    if let Some(bytes) = payload["upload_bytes"].as_u64() {
+        let chunk = vec![b'x'; 4096];
+        written = written.and_then(|()| (0..bytes.div_ceil(4096)).try_for_each(|_| upload(&chunk)));
+    }
+    drop(stream);
+    // A body the host stopped taking (a refused request, a budget spent)
+    // is not finished; the response then says why.
+    let written = written.and_then(|()| OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}")));
+    Ok((pending, written.err()))
+}
+
+/// A request handed over, and why its body could not be written whole.
+type Sent = (FutureIncomingResponse, Option<String>);
+
+/// The response to a request sent, read to its end: kept as text, or
+/// only counted (`"discard": true`) for a body larger than the guest's memory.
+fn receive((pending, unwritten): Sent, payload: &Value) -> Result<Value, String> {
+    pending.subscribe().block();
+    let response = match pending.get() {
         Some(Ok(Ok(response))) => response,
         Some(Ok(Err(code))) => return Err(format!("{code:?}")),
         Some(Err(())) | None => return Err("the response was taken already".into()),
     };
+    if let Some(unwritten) = unwritten {
+        return Err(unwritten);
+    }
     let status = response.status();
     let mut seen = serde_json::Map::new();
     for (name, value) in response.headers().entries() {
@@ -115,15 +169,21 @@ fn fetch(payload: &Value) -> Result<Value, String> {
     }
     let incoming = response.consume().map_err(|_| "no body")?;
     let stream = incoming.stream().map_err(|_| "no body stream")?;
-    let mut bytes = Vec::new();
+    let discard = payload["discard"].as_bool().unwrap_or(false);
+    let (mut bytes, mut count) = (Vec::new(), 0u64);
     loop {
         match stream.blocking_read(64 << 10) {
+            Ok(chunk) if discard => count += chunk.len() as u64,
             Ok(chunk) => bytes.extend_from_slice(&chunk),
             Err(StreamError::Closed) => break,
             Err(StreamError::LastOperationFailed(e)) => {
-                return Err(format!("reading the body: {}", e.to_debug_string()));
+                let read = if discard { count } else { bytes.len() as u64 };
+                return Err(format!("reading the body after {read} bytes: {}", e.to_debug_string()));
             }
         }
+    }
+    if discard {
+        return Ok(json!({ "status": status, "bytes": count, "headers": seen }));
     }
     Ok(json!({ "status": status, "body": String::from_utf8_lossy(&bytes), "headers": seen }))
 }

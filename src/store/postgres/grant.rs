@@ -3,19 +3,19 @@
 use sqlx::PgPool;
 
 use crate::store::Result;
-use chrono::{DateTime, Utc};
-
-use crate::store::grant::{NewGrant, OutboundGrant};
-use crate::store::secret::{Sealed, SecretInfo};
+use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
 
 pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
     let replaced: bool = sqlx::query_scalar(
-        "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key,
+                                               connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (job_type, origin) DO UPDATE
             SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets, private = EXCLUDED.private,
-                idempotency_key = EXCLUDED.idempotency_key, granted_at = now()
+                idempotency_key = EXCLUDED.idempotency_key, connect_timeout_ms = EXCLUDED.connect_timeout_ms,
+                first_byte_timeout_ms = EXCLUDED.first_byte_timeout_ms,
+                between_bytes_timeout_ms = EXCLUDED.between_bytes_timeout_ms, granted_at = now()
          RETURNING xmax <> 0",
     )
     .bind(&grant.job_type)
@@ -24,6 +24,9 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     .bind(&grant.secrets)
     .bind(grant.private)
     .bind(grant.idempotency_key)
+    .bind(grant.timeouts.connect_ms.map(ms_column))
+    .bind(grant.timeouts.first_byte_ms.map(ms_column))
+    .bind(grant.timeouts.between_bytes_ms.map(ms_column))
     .fetch_one(pool)
     .await?;
     Ok(replaced)
@@ -40,7 +43,9 @@ pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool>
 
 pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
     let rows: Vec<GrantRow> = sqlx::query_as(
-        "SELECT job_type, origin, methods, secrets, private, idempotency_key, granted_at FROM jobhost.outbound_grants
+        "SELECT job_type, origin, methods, secrets, private, idempotency_key, connect_timeout_ms,
+                first_byte_timeout_ms, between_bytes_timeout_ms, granted_at
+         FROM jobhost.outbound_grants
          WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
     .bind(job_type)
@@ -55,6 +60,11 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundG
             secrets: row.secrets,
             private: row.private,
             idempotency_key: row.idempotency_key,
+            timeouts: GrantTimeouts {
+                connect_ms: row.connect_timeout_ms.map(|ms| ms as u64),
+                first_byte_ms: row.first_byte_timeout_ms.map(|ms| ms as u64),
+                between_bytes_ms: row.between_bytes_timeout_ms.map(|ms| ms as u64),
+            },
             granted_at: row.granted_at,
         })
         .collect())
@@ -68,47 +78,13 @@ struct GrantRow {
     secrets: Vec<String>,
     private: bool,
     idempotency_key: bool,
+    connect_timeout_ms: Option<i64>,
+    first_byte_timeout_ms: Option<i64>,
+    between_bytes_timeout_ms: Option<i64>,
     granted_at: chrono::DateTime<chrono::Utc>,
 }
 
-pub async fn secret_set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
-    let replaced: bool = sqlx::query_scalar(
-        "INSERT INTO jobhost.outbound_secrets (name, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (name) DO UPDATE
-            SET key_id = EXCLUDED.key_id, nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, updated_at = now()
-         RETURNING xmax <> 0",
-    )
-    .bind(name)
-    .bind(&sealed.key_id)
-    .bind(&sealed.nonce)
-    .bind(&sealed.ciphertext)
-    .fetch_one(pool)
-    .await?;
-    Ok(replaced)
-}
-
-pub async fn secret_delete(pool: &PgPool, name: &str) -> Result<bool> {
-    let removed = sqlx::query("DELETE FROM jobhost.outbound_secrets WHERE name = $1").bind(name).execute(pool).await?;
-    Ok(removed.rows_affected() > 0)
-}
-
-pub async fn secrets_list(pool: &PgPool) -> Result<Vec<SecretInfo>> {
-    let rows: Vec<(String, String, DateTime<Utc>, DateTime<Utc>)> =
-        sqlx::query_as("SELECT name, key_id, created_at, updated_at FROM jobhost.outbound_secrets ORDER BY name")
-            .fetch_all(pool)
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(name, key_id, created_at, updated_at)| SecretInfo { name, key_id, created_at, updated_at })
-        .collect())
-}
-
-pub async fn secrets_sealed(pool: &PgPool, names: &[String]) -> Result<Vec<(String, Sealed)>> {
-    let rows: Vec<(String, String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
-        "SELECT name, key_id, nonce, ciphertext FROM jobhost.outbound_secrets WHERE name = ANY($1) ORDER BY name",
-    )
-    .bind(names)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(|(name, key_id, nonce, ciphertext)| (name, Sealed { key_id, nonce, ciphertext })).collect())
+/// Milliseconds as the column keeps them (checked at most an hour when granted).
+fn ms_column(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }

@@ -55,8 +55,10 @@ mod lease;
 mod migrate;
 mod operate;
 mod schedule;
+mod secret;
 mod session;
 mod unique;
+mod variable;
 mod wait;
 
 use std::sync::Arc;
@@ -478,19 +480,31 @@ impl Store for PgStore {
     }
 
     async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        grant::secret_set(&self.pool, name, sealed).await
+        secret::set(&self.pool, name, sealed).await
     }
 
     async fn secret_delete(&self, name: &str) -> Result<bool> {
-        grant::secret_delete(&self.pool, name).await
+        secret::delete(&self.pool, name).await
     }
 
     async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
-        grant::secrets_list(&self.pool).await
+        secret::list(&self.pool).await
     }
 
     async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
-        grant::secrets_sealed(&self.pool, names).await
+        secret::sealed(&self.pool, names).await
+    }
+
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        variable::set(&self.pool, job_type, name, value).await
+    }
+
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
+        variable::unset(&self.pool, job_type, name).await
+    }
+
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
+        variable::list(&self.pool, job_type).await
     }
 
     async fn job_wait_available(&self, timeout: Duration) {

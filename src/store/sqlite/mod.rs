@@ -36,8 +36,10 @@ mod job;
 mod lease;
 mod operate;
 mod schedule;
+mod secret;
 mod session;
 mod unique;
+mod variable;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -804,24 +806,42 @@ impl Store for SqliteStore {
 
     async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
         let mut tx = self.write().await?;
-        let replaced = grant::secret_set(&mut tx, name, sealed, now_ms()).await?;
+        let replaced = secret::set(&mut tx, name, sealed, now_ms()).await?;
         tx.commit_settling(false).await?;
         Ok(replaced)
     }
 
     async fn secret_delete(&self, name: &str) -> Result<bool> {
         let mut tx = self.write().await?;
-        let removed = grant::secret_delete(&mut tx, name).await?;
+        let removed = secret::delete(&mut tx, name).await?;
         tx.commit_settling(false).await?;
         Ok(removed)
     }
 
     async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
-        grant::secrets_list(&self.reader).await
+        secret::list(&self.reader).await
     }
 
     async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
-        grant::secrets_sealed(&self.reader, names).await
+        secret::sealed(&self.reader, names).await
+    }
+
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let replaced = variable::set(&mut tx, job_type, name, value, now_ms()).await?;
+        tx.commit_settling(false).await?;
+        Ok(replaced)
+    }
+
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let removed = variable::unset(&mut tx, job_type, name).await?;
+        tx.commit_settling(false).await?;
+        Ok(removed)
+    }
+
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
+        variable::list(&self.reader, job_type).await
     }
 
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {

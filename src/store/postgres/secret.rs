@@ -1,0 +1,50 @@
+//! Sealed secrets in PostgreSQL: names, the sealing key's fingerprint,
+//! nonces and ciphertexts; never a value.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::store::Result;
+use crate::store::secret::{Sealed, SecretInfo};
+
+pub async fn set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
+    let replaced: bool = sqlx::query_scalar(
+        "INSERT INTO jobhost.outbound_secrets (name, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (name) DO UPDATE
+            SET key_id = EXCLUDED.key_id, nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, updated_at = now()
+         RETURNING xmax <> 0",
+    )
+    .bind(name)
+    .bind(&sealed.key_id)
+    .bind(&sealed.nonce)
+    .bind(&sealed.ciphertext)
+    .fetch_one(pool)
+    .await?;
+    Ok(replaced)
+}
+
+pub async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
+    let removed = sqlx::query("DELETE FROM jobhost.outbound_secrets WHERE name = $1").bind(name).execute(pool).await?;
+    Ok(removed.rows_affected() > 0)
+}
+
+pub async fn list(pool: &PgPool) -> Result<Vec<SecretInfo>> {
+    let rows: Vec<(String, String, DateTime<Utc>, DateTime<Utc>)> =
+        sqlx::query_as("SELECT name, key_id, created_at, updated_at FROM jobhost.outbound_secrets ORDER BY name")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, key_id, created_at, updated_at)| SecretInfo { name, key_id, created_at, updated_at })
+        .collect())
+}
+
+pub async fn sealed(pool: &PgPool, names: &[String]) -> Result<Vec<(String, Sealed)>> {
+    let rows: Vec<(String, String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT name, key_id, nonce, ciphertext FROM jobhost.outbound_secrets WHERE name = ANY($1) ORDER BY name",
+    )
+    .bind(names)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(name, key_id, nonce, ciphertext)| (name, Sealed { key_id, nonce, ciphertext })).collect())
+}

@@ -1,0 +1,44 @@
+//! Job types' plain variables in PostgreSQL.
+
+use sqlx::PgPool;
+
+use crate::store::Result;
+use crate::store::variable::TypeVariable;
+
+pub async fn set(pool: &PgPool, job_type: &str, name: &str, value: &str) -> Result<bool> {
+    // `xmax <> 0` on the returned row: the insert met the old row and updated it.
+    let replaced: bool = sqlx::query_scalar(
+        "INSERT INTO jobhost.type_variables (job_type, name, value) VALUES ($1, $2, $3)
+         ON CONFLICT (job_type, name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+         RETURNING xmax <> 0",
+    )
+    .bind(job_type)
+    .bind(name)
+    .bind(value)
+    .fetch_one(pool)
+    .await?;
+    Ok(replaced)
+}
+
+pub async fn unset(pool: &PgPool, job_type: &str, name: &str) -> Result<bool> {
+    let removed = sqlx::query("DELETE FROM jobhost.type_variables WHERE job_type = $1 AND name = $2")
+        .bind(job_type)
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(removed.rows_affected() > 0)
+}
+
+pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<TypeVariable>> {
+    let rows: Vec<(String, String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT job_type, name, value, updated_at FROM jobhost.type_variables
+         WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, name",
+    )
+    .bind(job_type)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(job_type, name, value, updated_at)| TypeVariable { job_type, name, value, updated_at })
+        .collect())
+}
