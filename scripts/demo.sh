@@ -7,7 +7,9 @@
 # duplicate of a unique job answered with the waiting job's id, a batch
 # with its callback and progress, a job's progress while it runs, a wait
 # for a job's result, a schedule enqueueing a job every second once it
-# is dropped in, and a component deployed through the database; all of it on the web dashboard, whose address it prints
+# is dropped in, a component deployed through the database, and a handler
+# calling a small local HTTP API with a secret it never sees (and a request
+# refused, with the command that would allow it); all of it on the web dashboard, whose address it prints
 # (run from a terminal, it keeps the dashboard up at the end until Ctrl-C).
 # DATABASE_URL=postgres://... runs the same demo on PostgreSQL instead.
 set -euo pipefail
@@ -23,7 +25,9 @@ export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher,fetcher}.wasm "$components"
+# The hosts' key for secrets: every host of a fleet holds the same one.
+export JOBHOST_SECRET_KEY="${JOBHOST_SECRET_KEY:-$("$jobhost" secret new-key)}"
 step "$jobhost" migrate
 "$jobhost" run --components "$components,db" --heartbeat 1s --lease 5s > "$components/host.log" 2>&1 &
 host=$!
@@ -104,6 +108,47 @@ if command -v curl >/dev/null; then
   echo; step curl -s -X POST "$dashboard/api/jobs" -H "Authorization: Bearer $JOBHOST_TOKEN" \
     -H 'content-type: application/json' -d '{"job": "hello", "payload": {"name": "HTTP"}}'
   echo; curl -s "$dashboard/metrics" | grep '^jobhost_jobs{' | head -n 5
+fi
+# Outbound HTTP: a small API on loopback (a private address, so the grant
+# names it), a secret the handler sends in a header without ever seeing it
+# (its environment holds a placeholder the host swaps on the way out), a
+# plain variable, and a request to an origin declared but not granted.
+if command -v python3 >/dev/null; then
+  cat > "$components/api.py" <<'PY'
+import http.server, json
+class Api(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        seen = {"path": self.path, "authorization": self.headers.get("authorization"),
+                "x-region": self.headers.get("x-region")}
+        print(f"demo API received: {seen}", flush=True)
+        body = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Api)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+PY
+  python3 "$components/api.py" > "$components/api.log" 2>&1 &
+  api=$!
+  trap 'kill $host $serve $api 2>/dev/null || true' EXIT
+  until [ -s "$components/api.log" ]; do sleep 0.1; done
+  api_origin="http://127.0.0.1:$(head -n 1 "$components/api.log")"
+  export DEMO_API_KEY="demo-key-$RANDOM$RANDOM"
+  step "$jobhost" secret set API_KEY --from-env DEMO_API_KEY
+  step "$jobhost" grant fetcher "$api_origin" --methods GET --secret API_KEY
+  step "$jobhost" var set fetcher REGION eu-west
+  step "$jobhost" enqueue fetcher --wait --timeout 30s --payload \
+    "{\"url\": \"$api_origin/orders\", \"headers\": {\"authorization\": \"Bearer \${API_KEY}\", \"x-region\": \"\${REGION}\"}}"
+  echo "(the API received the real key; the job's output and log hold [secret API_KEY] and the placeholder:)"
+  tail -n 1 "$components/api.log"
+  refused=$("$jobhost" enqueue fetcher --payload '{"url": "https://api.example.com/v1/things"}')
+  until "$jobhost" job "$refused" | grep -q '"state": "completed"'; do sleep 0.2; done
+  step "$jobhost" job "$refused"
 fi
 kill -TERM "$host" && wait "$host"
 echo; echo "host log:"; cat "$components/host.log"

@@ -476,6 +476,44 @@ async fn a_type_variable_reaches_its_runs_and_yields_to_a_secret(db: TestDb) {
     assert!(!log.contains("plain-value"), "{log}");
 }
 
+/// The fetcher handler written in Rust, in Python (`guests/python/
+/// py_fetcher`, through `jobhost_guest.http`) and in JavaScript
+/// (`guests/js/js_fetcher`, through `fetch`) does the same: the server
+/// receives the secret's value in the header, the output holds it redacted,
+/// and a request declared but not granted is refused with the hint.
+#[tokio::test]
+async fn the_fetcher_in_rust_python_and_javascript_carries_a_secret_alike() {
+    let db = TestDb::postgres().await;
+    let Server { address, seen, .. } = server().await;
+    let key = SecretKey::generate().unwrap();
+    db.store.secret_set("API_KEY", &key.seal("API_KEY", SECRET).unwrap()).await.unwrap();
+    let (granting, _cache) = runtime(&db);
+    let runtime = granting.with_secrets(secrets_from(db.dyn_store(), Some(key)));
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    for job_type in ["fetcher", "py_fetcher", "js_fetcher"] {
+        let component = load(&runtime, job_type).await;
+        let new = NewGrant {
+            job_type: job_type.into(),
+            origin: origin.clone(),
+            secrets: vec!["API_KEY".into()],
+            ..Default::default()
+        };
+        db.store.grant_set(&new).await.unwrap();
+        let headers = json!({"authorization": "Bearer ${API_KEY}"});
+        let carried = fetch(&runtime, &component, json!({"url": format!("{origin}/echo"), "headers": headers})).await;
+        let output = completed_output(&carried.outcome);
+        assert_eq!((&output["status"], &output["body"]), (&json!(200), &json!("Bearer [secret API_KEY]")), "{job_type}");
+        assert_eq!(seen.all().last().unwrap(), &format!("authorization: Bearer {SECRET}"), "{job_type}");
+        assert!(!format!("{carried:?}").contains(SECRET), "{job_type}: no value in the report");
+
+        let refused = fetch(&runtime, &component, json!({"url": "https://api.example.com/v1"})).await;
+        let output = completed_output(&refused.outcome);
+        assert!(output["error"].is_string(), "{job_type}: {output}");
+        let hint = format!("`jobhost grant {job_type} https://api.example.com --methods GET` allows it");
+        assert!(logged(&refused).contains(&hint), "{job_type}: {}", logged(&refused));
+    }
+}
+
 on_both_backends!(
     a_paused_body_fails_at_the_grants_timeout,
     a_run_has_at_most_16_requests_in_flight,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds each JavaScript handler (a folder holding app.js) into
 # guests/dist/NAME.wasm with componentize-js, against the repository's WIT,
-# with AOT off and without wasi:http (the sandbox grants none). Run
+# world `job-http` (so `fetch` sends through the host's allow-list, and
+# `wasi:cli/environment` reads the run's variables), with AOT off. Run
 # toolchain.sh first. A component newer than its sources, the SDK and the
 # WIT is left as it is: a build takes about ten seconds and bundles the
 # SpiderMonkey engine (some 12 MB).
@@ -20,11 +21,11 @@ for app in */app.js; do
   name=$(dirname "$app")
   [ "$name" = node_modules ] && continue
   out="$dist/$name.wasm"
-  newer=$(find "$name" sdk "$wit/job.wit" -newer "$out" -print -quit 2>/dev/null || echo changed)
+  newer=$(find "$name" sdk "$wit" -newer "$out" -print -quit 2>/dev/null || echo changed)
   if [ -f "$out" ] && [ -z "$newer" ]; then
     continue
   fi
-  node_modules/.bin/componentize-js "$app" --wit "$wit" --world-name job \
-    --disable http fetch-event -o "$out.tmp" > /dev/null
+  node_modules/.bin/componentize-js "$app" --wit "$wit" --world-name job-http \
+    --disable fetch-event -o "$out.tmp" > /dev/null
   mv -f "$out.tmp" "$out"
 done

@@ -12,10 +12,10 @@ mkdir -p "$dist"
 for app in */app.py; do
   name=$(dirname "$app")
   out="$dist/$name.wasm"
-  newer=$(find "$name" sdk "$wit/job.wit" -newer "$out" -print -quit 2>/dev/null || echo changed)
+  newer=$(find "$name" sdk "$wit" -newer "$out" -print -quit 2>/dev/null || echo changed)
   if [ -f "$out" ] && [ -z "$newer" ]; then
     continue
   fi
-  componentize-py -d "$wit" -w job componentize -p "$name" -p sdk app -o "$out.tmp" > /dev/null
+  componentize-py -d "$wit" -w job-http componentize -p "$name" -p sdk app -o "$out.tmp" > /dev/null
   mv -f "$out.tmp" "$out"
 done

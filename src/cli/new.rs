@@ -46,13 +46,26 @@ impl Language {
 }
 
 const WIT: &str = include_str!("../../wit/job.wit");
+/// The world with outbound HTTP, and the WASI packages it names: Python and
+/// JavaScript projects build against it.
+const WIT_HTTP: [(&str, &str); 8] = [
+    ("wit/job-http.wit", include_str!("../../wit/job-http.wit")),
+    ("wit/deps/cli.wit", include_str!("../../wit/deps/cli.wit")),
+    ("wit/deps/clocks.wit", include_str!("../../wit/deps/clocks.wit")),
+    ("wit/deps/filesystem.wit", include_str!("../../wit/deps/filesystem.wit")),
+    ("wit/deps/http.wit", include_str!("../../wit/deps/http.wit")),
+    ("wit/deps/io.wit", include_str!("../../wit/deps/io.wit")),
+    ("wit/deps/random.wit", include_str!("../../wit/deps/random.wit")),
+    ("wit/deps/sockets.wit", include_str!("../../wit/deps/sockets.wit")),
+];
 const README: &str = include_str!("templates/README.md.tmpl");
 const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.tmpl");
 const RUST_LIB: &str = include_str!("templates/rust/lib.rs.tmpl");
 const RUST_BUILD: &str = include_str!("templates/rust/build.sh.tmpl");
 const PYTHON_APP: &str = include_str!("templates/python/app.py.tmpl");
 const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.tmpl");
-const PYTHON_SDK: &str = include_str!("../../guests/python/sdk/jobhost_guest.py");
+const PYTHON_SDK: &str = include_str!("../../guests/python/sdk/jobhost_guest/__init__.py");
+const PYTHON_HTTP: &str = include_str!("../../guests/python/sdk/jobhost_guest/http.py");
 const JS_APP: &str = include_str!("templates/js/app.js.tmpl");
 const JS_BUILD: &str = include_str!("templates/js/build.sh.tmpl");
 const JS_PACKAGE: &str = include_str!("templates/js/package.json.tmpl");
@@ -72,6 +85,7 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
         ("payload.json", PAYLOAD.to_string(), false),
         ("README.md", fill(README), false),
     ];
+    files.extend(WIT_HTTP.iter().map(|(path, text)| (*path, text.to_string(), false)));
     match lang {
         Language::Rust => files.extend([
             ("Cargo.toml", fill(RUST_CARGO), false),
@@ -81,7 +95,8 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
         ]),
         Language::Python => files.extend([
             ("app.py", fill(PYTHON_APP), false),
-            ("jobhost_guest.py", PYTHON_SDK.to_string(), false),
+            ("jobhost_guest/__init__.py", PYTHON_SDK.to_string(), false),
+            ("jobhost_guest/http.py", PYTHON_HTTP.to_string(), false),
             ("build.sh", fill(PYTHON_BUILD), true),
             (".gitignore", "__pycache__/\n*.wasm\n".to_string(), false),
         ]),

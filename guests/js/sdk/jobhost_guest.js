@@ -35,7 +35,10 @@ import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from
  * A job type's configuration; every option left out takes the host's default.
  * `backoffMs` is a `[base, cap]` pair in milliseconds.
  */
-export function config(name, { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique } = {}) {
+export function config(
+  name,
+  { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique, outbound } = {},
+) {
   return {
     name,
     queue,
@@ -47,8 +50,19 @@ export function config(name, { queue, priority, maxAttempts, backoffMs, timeoutM
     concurrency,
     unique,
     schedule: undefined,
-    outbound: undefined,
+    outbound,
   };
+}
+
+/**
+ * An outbound rule for `config`'s `outbound` list: requests to `origin`
+ * (`https://api.example.com`, `https://*.example.com`, `http://127.0.0.1:*`)
+ * with `methods` (every method when empty), which may carry the named
+ * `secrets`. An operator grants it too before a request goes out; the
+ * handler sends it with the standard `fetch` (docs/outbound.md).
+ */
+export function allow(origin, { methods = [], secrets = [] } = {}) {
+  return { origin, methods, secrets };
 }
 
 /**

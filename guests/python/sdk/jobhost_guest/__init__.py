@@ -20,9 +20,14 @@ These helpers spare it the generated types' positional noise:
 import json
 
 from componentize_py_types import Err
-from wit_world.imports import host, types
+from wit_world.imports import host
 
-__all__ = ["config", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue"]
+try:  # built against the `job-http` world, where wasi:http brings a `types` of its own
+    from wit_world.imports import jobhost_job_types as types
+except ImportError:  # built against `job`
+    from wit_world.imports import types
+
+__all__ = ["config", "allow", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue"]
 
 _CONFLICT = {"block": types.OnConflict.BLOCK, "discard": types.OnConflict.DISCARD, "raise": types.OnConflict.RAISE}
 _STRATEGY = {
@@ -33,15 +38,24 @@ _DUPLICATE = {"skip": types.OnDuplicate.SKIP, "replace": types.OnDuplicate.REPLA
 
 
 def config(name, queue=None, priority=None, max_attempts=None, backoff_ms=None, timeout_ms=None,
-           memory_limit_bytes=None, concurrency=None, unique=None):
+           memory_limit_bytes=None, concurrency=None, unique=None, outbound=None):
     """A job type's configuration; every option left out takes the host's default.
 
-    ``backoff_ms`` is a ``(base, cap)`` pair in milliseconds.
+    ``backoff_ms`` is a ``(base, cap)`` pair in milliseconds; ``outbound`` a
+    list of ``allow(...)`` rules, the origins runs may send HTTP requests to
+    once an operator grants them too (docs/outbound.md).
     """
     backoff = types.Backoff(base_ms=backoff_ms[0], cap_ms=backoff_ms[1]) if backoff_ms else None
     return types.JobConfig(name=name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
                            timeout_ms=timeout_ms, memory_limit_bytes=memory_limit_bytes, concurrency=concurrency,
-                           unique=unique, schedule=None, outbound=None)
+                           unique=unique, schedule=None, outbound=outbound)
+
+
+def allow(origin, methods=(), secrets=()):
+    """An outbound rule: requests to ``origin`` (``https://api.example.com``,
+    ``https://*.example.com``, ``http://127.0.0.1:*``) with ``methods`` (every
+    method when empty), which may carry the named ``secrets``."""
+    return types.OutboundRule(origin=origin, methods=list(methods), secrets=list(secrets))
 
 
 def limit(at_once, key=None, duration_secs=30, on_conflict="block"):
