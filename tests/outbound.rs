@@ -502,7 +502,11 @@ async fn the_fetcher_in_rust_python_and_javascript_carries_a_secret_alike() {
         let headers = json!({"authorization": "Bearer ${API_KEY}"});
         let carried = fetch(&runtime, &component, json!({"url": format!("{origin}/echo"), "headers": headers})).await;
         let output = completed_output(&carried.outcome);
-        assert_eq!((&output["status"], &output["body"]), (&json!(200), &json!("Bearer [secret API_KEY]")), "{job_type}");
+        assert_eq!(
+            (&output["status"], &output["body"]),
+            (&json!(200), &json!("Bearer [secret API_KEY]")),
+            "{job_type}"
+        );
         assert_eq!(seen.all().last().unwrap(), &format!("authorization: Bearer {SECRET}"), "{job_type}");
         assert!(!format!("{carried:?}").contains(SECRET), "{job_type}: no value in the report");
 
