@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use fantoccini::{Client, Locator};
+use jobhost::store::grant::NewGrant;
 use jobhost::store::{EnqueueParams, FinishOutcome, JobState, NewBatch};
 use jobhost::template::KeyTemplate;
 use jobhost::types::{ConcurrencyConfig, OnConflict};
@@ -45,9 +46,24 @@ async fn populate(db: &TestDb) -> (i64, i64) {
         });
         (config, "v1".to_string())
     };
+    // Mail declares two origins; one is granted, and one grant meets nothing declared.
+    let mut mail = job_config("mail");
+    let rule = |origin: &str, methods: &[&str], secrets: &[&str]| jobhost::types::OutboundRule {
+        origin: origin.into(),
+        methods: methods.iter().map(|m| m.to_string()).collect(),
+        secrets: secrets.iter().map(|s| s.to_string()).collect(),
+    };
+    mail.outbound =
+        vec![rule("https://api.mailgun.net", &["POST"], &["MAILGUN_KEY"]), rule("https://*.example.com", &[], &[])];
+    for (origin, secrets) in
+        [("https://api.mailgun.net", vec!["MAILGUN_KEY".to_string()]), ("https://api.stripe.com", vec![])]
+    {
+        let grant = NewGrant { job_type: "mail".into(), origin: origin.into(), secrets, ..Default::default() };
+        db.store.grant_set(&grant).await.unwrap();
+    }
     let types = [
         (job_config("hello"), "v0".to_string()),
-        (job_config("mail"), "v1".to_string()),
+        (mail, "v1".to_string()),
         limited("blocking", OnConflict::Block),
         limited("discarding", OnConflict::Discard),
     ];
@@ -61,7 +77,19 @@ async fn populate(db: &TestDb) -> (i64, i64) {
     let failed = enqueue("hello", json!({"name": "retry me"})).await;
     let leased = db.store.job_fetch(&departed(&["hello"], 1)).await.unwrap();
     let error = FinishOutcome::Failed { error: "the mail server said no: 550 mailbox unavailable".into() };
-    db.store.job_finish(vec![finish(&leased[0], error)]).await.unwrap();
+    let mut failing = finish(&leased[0], error);
+    let call = |path: &str, status: Option<u16>, error: Option<&str>, sent: u64, received: u64, ms: u64| {
+        json!({"method": "POST", "origin": "https://api.mailgun.net", "path": path, "rule": "https://api.mailgun.net",
+               "status": status, "error": error, "request_bytes": sent, "response_bytes": received, "ms": ms})
+    };
+    failing.log = json!({
+        "lines": [{"level": "warn", "message": "the mail server said no"}],
+        "outbound": [
+            call("/v3/mg.example.com/messages", Some(550), None, 2_310, 96, 184),
+            call("/v3/mg.example.com/messages", None, Some("ConnectionReadTimeout reading the response body"), 2_310, 0, 30_004),
+        ],
+    });
+    db.store.job_finish(vec![failing]).await.unwrap();
     // Held keys: a running holder and a blocked job; a discarded one.
     enqueue("blocking", json!({"k": "tenant-1"})).await;
     enqueue("discarding", json!({"k": "tenant-1"})).await;
@@ -175,6 +203,34 @@ async fn the_dashboard_in_a_real_browser() {
         let browser = driver.session(screen).await;
         sign_in(&browser, &server, screen, "/").await;
         look_at_every_page(&browser, &server, screen, failed, batch).await;
+        // Declared origins beside the grants, and a run's requests as a table.
+        browser.goto(&format!("{}/types", server.url())).await.unwrap();
+        let types = text(&browser, "main").await;
+        for shown in [
+            "Outbound HTTP",
+            "https://api.mailgun.net granted https://api.mailgun.net (any declared method; secrets MAILGUN_KEY) POST MAILGUN_KEY",
+            "not granted\njobhost grant mail https://*.example.com",
+            "granted, but allows nothing: the component does not declare it",
+        ] {
+            assert!(types.contains(shown), "{shown:?} on the job types page: {types}");
+        }
+        browser.goto(&format!("{}/jobs/{failed}", server.url())).await.unwrap();
+        let job = text(&browser, "main").await;
+        for shown in ["Outbound requests", "POST https://api.mailgun.net/v3/mg.example.com/messages", "550", "30004 ms"]
+        {
+            assert!(job.contains(shown), "{shown:?} on the job's page: {job}");
+        }
+        let table =
+            "[...document.querySelectorAll('h3')].find(h => h.textContent == 'Outbound requests').scrollIntoView()";
+        script(&browser, table).await;
+        screenshot(&browser, screen, "job-outbound").await;
+        browser.goto(&format!("{}/types", server.url())).await.unwrap();
+        script(
+            &browser,
+            "[...document.querySelectorAll('h3')].find(h => h.textContent == 'Outbound HTTP').scrollIntoView()",
+        )
+        .await;
+        screenshot(&browser, screen, "types-outbound").await;
         browser.goto(&server.url()).await.unwrap();
         let stats = db.store.job_stats().await.unwrap();
         for state in JobState::ALL {

@@ -95,11 +95,18 @@ pub struct JobTypeView {
     /// The version the fleet serves from the database, if it was deployed
     /// through it (`jobhost deploy`, `POST /api/deployments`).
     pub deployed: Option<crate::store::Deployment>,
+    /// The operator's outbound grants for it, shown beside the rules its
+    /// component declares.
+    pub grants: Vec<crate::store::grant::OutboundGrant>,
 }
 
 /// Every registered job type, by name.
 pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeView>> {
     let hosts = store.host_list().await?;
+    let mut grants: BTreeMap<String, Vec<crate::store::grant::OutboundGrant>> = BTreeMap::new();
+    for grant in store.grants(None).await? {
+        grants.entry(grant.job_type.clone()).or_default().push(grant);
+    }
     let mut deployed: BTreeMap<String, crate::store::Deployment> =
         store.deployments_current().await?.into_iter().map(|d| (d.job_type.clone(), d)).collect();
     Ok(store
@@ -117,7 +124,8 @@ pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeVie
                 })
                 .collect();
             let deployed = deployed.remove(&registered.name);
-            JobTypeView { registered, hosts, deployed }
+            let grants = grants.remove(&registered.name).unwrap_or_default();
+            JobTypeView { registered, hosts, deployed, grants }
         })
         .collect())
 }

@@ -133,6 +133,27 @@ impl OriginPattern {
         self.scheme == origin.scheme && port && host
     }
 
+    /// Whether some origin falls under both patterns: for showing which
+    /// grants meet which declared rules.
+    pub fn overlaps(&self, other: &OriginPattern) -> bool {
+        let ports = match (self.port, other.port) {
+            (PortPattern::Exactly(a), PortPattern::Exactly(b)) => a == b,
+            _ => true,
+        };
+        let below =
+            |name: &str, domain: &str| name.strip_suffix(domain).is_some_and(|l| l.len() > 1 && l.ends_with('.'));
+        let hosts = match (&self.host, &other.host) {
+            (HostPattern::Any, _) | (_, HostPattern::Any) => true,
+            (HostPattern::Name(a), HostPattern::Name(b)) => a == b,
+            (HostPattern::Address(a), HostPattern::Address(b)) => a == b,
+            (HostPattern::Name(name), HostPattern::Below(domain))
+            | (HostPattern::Below(domain), HostPattern::Name(name)) => below(name, domain),
+            (HostPattern::Below(a), HostPattern::Below(b)) => a == b || below(a, b) || below(b, a),
+            _ => false,
+        };
+        self.scheme == other.scheme && ports && hosts
+    }
+
     /// Whether this pattern names its host exactly, as an IP literal: such
     /// a grant reaches that address even where it is private.
     pub fn names_an_address(&self) -> Option<IpAddr> {
@@ -311,5 +332,23 @@ mod tests {
             assert_eq!(pattern(&pattern(text).to_string()), pattern(text));
         }
         assert_eq!(pattern("HTTPS://API.Example.COM:443/").to_string(), "https://api.example.com");
+    }
+
+    #[test]
+    fn patterns_overlap_where_one_origin_falls_under_both() {
+        let pattern = |text: &str| text.parse::<OriginPattern>().unwrap();
+        for (a, b, overlap) in [
+            ("http://127.0.0.1:*", "http://127.0.0.1:8025", true),
+            ("http://127.0.0.1:8025", "http://127.0.0.1:8026", false),
+            ("https://*.example.com", "https://api.example.com", true),
+            ("https://*.example.com", "https://example.com", false),
+            ("https://*.example.com", "https://*.eu.example.com", true),
+            ("https://api.example.com", "http://api.example.com", false),
+            ("https://api.example.com", "https://*:*", true),
+            ("http://localhost:*", "http://127.0.0.1:*", false),
+        ] {
+            assert_eq!(pattern(a).overlaps(&pattern(b)), overlap, "{a} and {b}");
+            assert_eq!(pattern(b).overlaps(&pattern(a)), overlap, "{b} and {a}");
+        }
     }
 }

@@ -45,13 +45,18 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
         RunOutcome::Crashed { crash } if crash.is_deterministic() => FinishOutcome::Failed { error: crash.to_string() },
         RunOutcome::Crashed { crash } => retry_or_fail(crash.to_string()),
     };
-    let log = serde_json::json!({
+    let mut log = serde_json::json!({
         "lines": effects.logs,
         "stdout": tail(&effects.stdout, LOG_TAIL_BYTES),
         "stderr": tail(&effects.stderr, LOG_TAIL_BYTES),
         "truncated": effects.truncated,
         "elapsed_us": elapsed_us,
     });
+    // The attempt's outbound requests, as records: the job's page shows them
+    // as a table (their lines are in `lines` too, in order with the rest).
+    if !effects.outbound.is_empty() {
+        log["outbound"] = serde_json::to_value(&effects.outbound).unwrap_or_default();
+    }
     let progress = effects.progress.map(|(done, total)| serde_json::json!({ "done": done, "total": total }));
     let outcome = without_nul_outcome(outcome);
     Finish {

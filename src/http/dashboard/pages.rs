@@ -292,6 +292,25 @@ fn run_log(log: &serde_json::Value) -> Markup {
         @for (name, label) in [("stdout", "Standard output"), ("stderr", "Standard error")] {
             @if let Some(text) = text(name) { h3 { (label) } pre.log { (text) } }
         }
+        @if let Some(calls) = log.get("outbound").and_then(|c| c.as_array()).filter(|c| !c.is_empty()) {
+            h3 { "Outbound requests" }
+            (table(&[Head::Text("Request, under the declared rule"), Head::Text("Result"), Head::Number("Sent"), Head::Number("Received"), Head::Number("Time")], html! {
+                @for call in calls {
+                    @let text = |name: &str| call.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
+                    @let number = |name: &str| call.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+                    tr {
+                        td.wrap { code { (text("method")) " " (text("origin")) (text("path")) } br; span.muted { (text("rule")) } }
+                        td {
+                            @if let Some(status) = call.get("status").and_then(|s| s.as_u64()) { (status) " " }
+                            @if let Some(error) = call.get("error").and_then(|e| e.as_str()) { span.warning-text { (one_line(error)) } }
+                        }
+                        td.num { (bytes(number("request_bytes"))) }
+                        td.num { (bytes(number("response_bytes"))) }
+                        td.num { (number("ms")) " ms" }
+                    }
+                }
+            }))
+        }
         @if let Some(elapsed) = log.get("elapsed_us").and_then(|e| e.as_f64()) {
             p.muted { "Ran for " (span(elapsed / 1e6)) "." }
         }
@@ -386,6 +405,9 @@ pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
                 }
                 @if let Some(config) = &view.registered.config {
                     (config_facts(config))
+                    @if !config.outbound.is_empty() || !view.grants.is_empty() {
+                        (outbound_rules(&view.registered.name, &config.outbound, &view.grants))
+                    }
                 }
                 p {
                     "Served by: "
@@ -399,6 +421,72 @@ pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
             }
         }
     }
+}
+
+/// The origins a type's component declares, each beside the grants that
+/// meet it (or the command that would grant it), then grants that meet no
+/// declared rule and so allow nothing.
+fn outbound_rules(
+    job_type: &str,
+    declared: &[crate::types::OutboundRule],
+    grants: &[crate::store::grant::OutboundGrant],
+) -> Markup {
+    use crate::outbound::OriginPattern;
+    let pattern = |text: &str| text.parse::<OriginPattern>().ok();
+    let meets = |rule: &crate::types::OutboundRule, grant: &crate::store::grant::OutboundGrant| matches!((pattern(&rule.origin), pattern(&grant.origin)), (Some(a), Some(b)) if a.overlaps(&b));
+    let list = |items: &[String], none: &str| if items.is_empty() { none.to_string() } else { items.join(", ") };
+    let stray: Vec<_> = grants.iter().filter(|g| !declared.iter().any(|rule| meets(rule, g))).collect();
+    html! {
+        h3 { "Outbound HTTP" }
+        (table(&[Head::Text("Declared origin"), Head::Text("Granted"), Head::Text("Methods"), Head::Text("Secrets")], html! {
+            @for rule in declared {
+                @let granted: Vec<_> = grants.iter().filter(|g| meets(rule, g)).collect();
+                tr {
+                    td { code { (rule.origin) } }
+                    td {
+                        @if granted.is_empty() {
+                            span.warning-text { "not granted" } br;
+                            @let command = pattern(&rule.origin).map(|origin| {
+                                let rule = crate::outbound::Rule { origin, methods: rule.methods.clone(), secrets: rule.secrets.clone() };
+                                crate::outbound::policy::grant_command(job_type, &rule)
+                            });
+                            @if let Some(command) = command { code { (command) } }
+                        }
+                        @for (n, grant) in granted.iter().enumerate() {
+                            @if n > 0 { br; }
+                            (state_badge("granted")) " " code { (grant.origin) } " " (grant_terms(grant))
+                        }
+                    }
+                    td { (list(&rule.methods, "any")) }
+                    td { (list(&rule.secrets, "none")) }
+                }
+            }
+            @for grant in &stray {
+                tr {
+                    td.muted { "none declared" }
+                    td { code { (grant.origin) } " " span.warning-text { "granted, but allows nothing: the component does not declare it" } }
+                    td { (list(&grant.methods, "any")) }
+                    td { (list(&grant.secrets, "none")) }
+                }
+            }
+        }))
+    }
+}
+
+/// A grant's methods, secrets and options, in words.
+fn grant_terms(grant: &crate::store::grant::OutboundGrant) -> String {
+    let mut terms =
+        vec![if grant.methods.is_empty() { "any declared method".to_string() } else { grant.methods.join(",") }];
+    if !grant.secrets.is_empty() {
+        terms.push(format!("secrets {}", grant.secrets.join(",")));
+    }
+    if grant.private {
+        terms.push("private addresses".into());
+    }
+    if grant.idempotency_key {
+        terms.push("Idempotency-Key".into());
+    }
+    format!("({})", terms.join("; "))
 }
 
 /// A JSON scalar as text, without a string's quotes.
