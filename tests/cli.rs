@@ -496,15 +496,16 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     let table = stdout(&jobhost(&db, &["grants"]));
     assert!(table.contains("mail https://api.mailgun.net: GET,POST"), "{table}");
 
-    let timed = ["--first-byte-timeout", "2m", "--between-bytes-timeout", "1500ms"];
+    let timed = ["--first-byte-timeout", "2m", "--between-bytes-timeout", "1500ms", "--secret-in", "query,body"];
     let timed =
         jobhost(&db, &[&["grant", "mail", "https://api.mailgun.net", "--methods", "GET,POST"][..], &timed].concat());
     assert!(timed.status.success(), "{}", stderr(&timed));
     let listed = stdout(&jobhost(&db, &["grants", "mail", "--json"]));
     let one: Value = serde_json::from_str(listed.lines().nth(1).unwrap()).unwrap();
     assert_eq!(one["timeouts"], json!({"connect_ms": null, "first_byte_ms": 120000, "between_bytes_ms": 1500}));
+    assert_eq!(one["secrets_in"], json!(["query", "body"]));
     let table = stdout(&jobhost(&db, &["grants"]));
-    assert!(table.contains("GET,POST, timeouts: first byte 2m, between bytes 1s 500ms"), "{table}");
+    assert!(table.contains("GET,POST (also in the query and body), timeouts: first byte 2m, between"), "{table}");
 
     for (args, message) in [
         (vec!["grant", "mail", "api.mailgun.net"], "is not an origin pattern"),
@@ -513,6 +514,7 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
         (vec!["grant", "mail", "https://a.example", "--secret", "lower"], "is not a secret name"),
         (vec!["grant", "mail", "https://a.example", "--connect-timeout", "2h"], "is not between 1ms and 1h"),
         (vec!["grant", "mail", "https://a.example", "--connect-timeout", "soon"], "is not a duration like 30s"),
+        (vec!["grant", "mail", "https://a.example", "--secret-in", "headers"], "is not a place for secrets"),
     ] {
         let refused = jobhost(&db, &args);
         assert!(!refused.status.success() && stderr(&refused).contains(message), "{args:?}: {}", stderr(&refused));

@@ -47,6 +47,11 @@ pub struct GrantArgs {
     /// [default: 30s].
     #[arg(long, value_parser = parse_timeout)]
     between_bytes_timeout: Option<u64>,
+    /// Where else the secrets may be swapped in besides header values,
+    /// comma-separated: query (percent-encoded), body (the request then goes
+    /// out chunked).
+    #[arg(long, value_delimiter = ',', value_parser = crate::outbound::substitute::place_name)]
+    secret_in: Vec<String>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -116,6 +121,7 @@ pub async fn grant(args: GrantArgs) -> ExitCode {
             first_byte_ms: args.first_byte_timeout,
             between_bytes_ms: args.between_bytes_timeout,
         },
+        secrets_in: args.secret_in,
     };
     match store.grant_set(&new).await {
         Ok(replaced) => {
@@ -164,7 +170,12 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         let private = if grant.private { ", private addresses allowed" } else { "" };
         let idempotent = if grant.idempotency_key { ", Idempotency-Key" } else { "" };
         let timeouts = describe_timeouts(grant.timeouts);
-        println!("{} {}: {methods}{secrets}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
+        let places = if grant.secrets_in.is_empty() {
+            String::new()
+        } else {
+            format!(" (also in the {})", grant.secrets_in.join(" and "))
+        };
+        println!("{} {}: {methods}{secrets}{places}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));
     }
     if grants.is_empty() && !args.json {

@@ -252,12 +252,12 @@ impl WasiHttpHooks for OutboundHooks {
         };
         let recorded = self.record(&request, &origin_text, sending.allowed.rule.clone(), None);
         sending.meter.1 = recorded.clone();
-        let mut request = request.map(|body| {
+        let request = request.map(|body| {
             use http_body_util::BodyExt;
             Metered::new(body, self.budget.clone(), Direction::Sent, recorded.clone()).boxed_unsync()
         });
         let started = Instant::now();
-        self.secrets.substitute(&mut request, &sending.allowed.secrets);
+        let mut request = self.secrets.substitute(request, &sending.allowed.secrets, sending.allowed.secrets_in);
         self.add_headers(&mut request, &sending);
         let refusals = self.refusals.clone();
         Box::new(async move {

@@ -11,6 +11,7 @@ pub mod redact;
 pub mod run;
 pub mod secrets;
 pub mod send;
+pub mod substitute;
 
 pub use origin::{Origin, OriginPattern};
 pub use policy::{Allowed, GrantRule, Policy, Refusal, Rule};

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use super::address::private_range;
 use super::origin::{Origin, OriginPattern};
+use super::substitute::Places;
 use crate::store::grant::GrantTimeouts;
 
 /// One side's rule: an origin pattern, the methods (upper case; empty
@@ -40,6 +41,8 @@ pub struct GrantRule {
     pub idempotency_key: bool,
     /// Its own step timeouts, where it sets them.
     pub timeouts: GrantTimeouts,
+    /// Where besides headers its secrets may be swapped in.
+    pub secrets_in: Places,
 }
 
 /// What one job type's runs may reach: its declared rules and its grants,
@@ -68,6 +71,9 @@ pub struct Allowed {
     pub idempotency_key: bool,
     /// The step timeouts the matching grants set, the widest of each.
     pub timeouts: GrantTimeouts,
+    /// Where besides headers the secrets may be swapped in: the places
+    /// of the matching grants that name a secret the request may carry.
+    pub secrets_in: Places,
     /// The first declared rule it matched, printed: what metrics label it by.
     pub rule: String,
 }
@@ -114,12 +120,17 @@ impl Policy {
             .collect();
         secrets.sort();
         secrets.dedup();
+        let secrets_in = grants
+            .iter()
+            .filter(|g| g.rule.secrets.iter().any(|name| secrets.contains(name)))
+            .fold(Places::default(), |places, g| places.with(g.secrets_in));
         Ok(Allowed {
             secrets,
             private: grants.iter().any(|g| g.private),
             named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
             idempotency_key: grants.iter().any(|g| g.idempotency_key),
             timeouts: grants.iter().fold(GrantTimeouts::default(), |widest, g| widest.widest(g.timeouts)),
+            secrets_in,
             rule: first.origin.to_string(),
         })
     }
@@ -180,6 +191,7 @@ mod tests {
             private: false,
             idempotency_key: false,
             timeouts: Default::default(),
+            secrets_in: Default::default(),
         }
     }
 

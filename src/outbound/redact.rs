@@ -1,12 +1,19 @@
 //! The run's secrets as the guest and the host see them: each a random
 //! placeholder in the guest's environment, swapped for its value only in
-//! the headers of requests allowed to carry it; and, as defence in depth,
+//! the headers (and, where a grant says so, the query string and body) of
+//! requests allowed to carry it; and, as defence in depth,
 //! every exact value in what the run leaves behind (log, stdout, stderr,
 //! reasons, output) replaced by `[secret NAME]`.
 
 use std::collections::HashMap;
 
+use wasmtime_wasi_http::WasiBody;
+
+use super::substitute::{self, Places};
 use crate::types::{Crash, JsonText, RunOutcome, RunReport};
+
+/// The shortest secret value redacted from what a run leaves.
+pub const MIN_REDACTED_BYTES: usize = 6;
 
 /// One run's secrets: placeholders for every declared name, and the values
 /// of those both sides let requests carry.
@@ -42,14 +49,21 @@ impl RunSecrets {
     }
 
     /// Swaps the placeholders of `allowed` for their values in the header
-    /// values of `request`; any other placeholder goes out as it is.
-    pub fn substitute(&self, request: &mut http::Request<wasmtime_wasi_http::WasiBody>, allowed: &[String]) {
+    /// values of `request`, and in its query string and body where `places`
+    /// allow; any other placeholder goes out as it is. A body that may
+    /// change length loses its `Content-Length` and goes out chunked.
+    pub fn substitute(
+        &self,
+        mut request: http::Request<WasiBody>,
+        allowed: &[String],
+        places: Places,
+    ) -> http::Request<WasiBody> {
         let swaps: Vec<(&str, &str)> = allowed
             .iter()
             .filter_map(|name| Some((self.placeholders.get(name)?.as_str(), self.values.get(name)?.as_str())))
             .collect();
         if swaps.is_empty() {
-            return;
+            return request;
         }
         for value in request.headers_mut().values_mut() {
             let Ok(text) = value.to_str() else { continue };
@@ -65,6 +79,26 @@ impl RunSecrets {
                 *value = header;
             }
         }
+        if places.query
+            && let Some(query) = request.uri().query().and_then(|q| substitute::swap_in_query(q, &swaps))
+        {
+            let path_and_query = format!("{}?{query}", request.uri().path());
+            let mut parts = request.uri().clone().into_parts();
+            if let Ok(swapped) = path_and_query.parse() {
+                parts.path_and_query = Some(swapped);
+                if let Ok(uri) = http::Uri::from_parts(parts) {
+                    *request.uri_mut() = uri;
+                }
+            }
+        }
+        if places.body {
+            request.headers_mut().remove(http::header::CONTENT_LENGTH);
+            return request.map(|body| {
+                use http_body_util::BodyExt;
+                substitute::Substituted::new(body, &swaps).boxed_unsync()
+            });
+        }
+        request
     }
 
     /// Replaces every exact secret value in what the run leaves behind.
@@ -97,8 +131,15 @@ impl RunSecrets {
         }
     }
 
+    /// The values worth looking for: one shorter than
+    /// [`MIN_REDACTED_BYTES`] would turn every occurrence of a common
+    /// string into a marker and garble the record while hiding nothing.
+    fn redactable(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.values.iter().filter(|(_, value)| value.len() >= MIN_REDACTED_BYTES)
+    }
+
     fn redact_text(&self, text: &mut String) {
-        for (name, value) in &self.values {
+        for (name, value) in self.redactable() {
             if text.contains(value.as_str()) {
                 *text = text.replace(value.as_str(), &format!("[secret {name}]"));
             }
@@ -108,7 +149,7 @@ impl RunSecrets {
     /// In JSON text a value appears escaped: the escaped form is replaced.
     fn redact_json(&self, text: &mut String) -> bool {
         let mut changed = false;
-        for (name, value) in &self.values {
+        for (name, value) in self.redactable() {
             let escaped = serde_json::to_string(value).unwrap_or_default();
             let escaped = escaped.trim_matches('"');
             if !escaped.is_empty() && text.contains(escaped) {
@@ -140,11 +181,9 @@ mod tests {
                 .body(wasmtime_wasi_http::WasiBody::default())
                 .unwrap()
         };
-        let mut allowed = request();
-        one.substitute(&mut allowed, &["API_KEY".into()]);
+        let allowed = one.substitute(request(), &["API_KEY".into()], Places::default());
         assert_eq!(allowed.headers()["authorization"], "Bearer s3cr\"et-value");
-        let mut elsewhere = request();
-        one.substitute(&mut elsewhere, &[]);
+        let elsewhere = one.substitute(request(), &[], Places::default());
         assert_eq!(elsewhere.headers()["authorization"].to_str().unwrap(), format!("Bearer {placeholder}"));
     }
 
@@ -165,5 +204,19 @@ mod tests {
         assert_eq!(output.get(), r#"{"echo":"[secret API_KEY]"}"#);
         assert_eq!(report.effects.logs[0].message, "got [secret API_KEY] back");
         assert_eq!(report.effects.stderr, "[secret API_KEY]");
+    }
+
+    #[test]
+    fn a_value_too_short_to_hide_anything_is_not_looked_for() {
+        let short = RunSecrets::new(&["PIN".into()], vec![("PIN".into(), "1".into())]).unwrap();
+        let mut report = RunReport {
+            outcome: RunOutcome::Failed { reason: "attempt 1 of 10".into() },
+            effects: Default::default(),
+            elapsed_us: 0,
+            instantiate_us: None,
+        };
+        short.redact(&mut report);
+        let RunOutcome::Failed { reason } = &report.outcome else { panic!() };
+        assert_eq!(reason, "attempt 1 of 10");
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::redact::RunSecrets;
+use super::substitute::Places;
 use super::{GrantRule, Policy, Rule};
 use crate::store::grant::OutboundGrant;
 use crate::types::JobConfig;
@@ -108,5 +109,11 @@ pub fn secrets_from(
 fn grant_rule(grant: &OutboundGrant) -> Option<GrantRule> {
     let origin = grant.origin.parse().ok()?;
     let rule = Rule { origin, methods: grant.methods.clone(), secrets: grant.secrets.clone() };
-    Some(GrantRule { rule, private: grant.private, idempotency_key: grant.idempotency_key, timeouts: grant.timeouts })
+    Some(GrantRule {
+        rule,
+        private: grant.private,
+        idempotency_key: grant.idempotency_key,
+        timeouts: grant.timeouts,
+        secrets_in: Places::of(&grant.secrets_in),
+    })
 }

@@ -27,6 +27,9 @@ pub struct OutboundGrant {
     pub idempotency_key: bool,
     /// Step timeouts replacing the host's defaults for requests it allows.
     pub timeouts: GrantTimeouts,
+    /// Where besides header values its secrets may be swapped in:
+    /// `query`, `body`.
+    pub secrets_in: Vec<String>,
     /// When it was granted, or last changed.
     pub granted_at: DateTime<Utc>,
 }
@@ -48,6 +51,8 @@ pub struct NewGrant {
     pub idempotency_key: bool,
     /// Step timeouts replacing the host's defaults.
     pub timeouts: GrantTimeouts,
+    /// Where besides header values its secrets may be swapped in.
+    pub secrets_in: Vec<String>,
 }
 
 /// A grant's own step timeouts, in milliseconds; each one not set keeps the

@@ -1,9 +1,9 @@
 //! Sends one HTTP request through the standard `wasi:http/outgoing-handler`
 //! and returns what came back. Payload: `{"url": "http://127.0.0.1:8080/x",
 //! "method": "GET", "body": "text", "headers": {"name": "value"}}` (method,
-//! body and headers optional; `${NAME}` in a header value is the
-//! environment variable NAME, where a secret's placeholder is, and each
-//! header sent is logged). Output: `{"status": 200, "body": "...",
+//! body and headers optional; `${NAME}` in the url, the body or a header
+//! value is the environment variable NAME, where a secret's placeholder
+//! is, and each header sent is logged). Output: `{"status": 200, "body": "...",
 //! "headers": {...}}`, or `{"error": "..."}` with the wasi:http error code
 //! when the request failed or was refused. `"parallel": N` sends N copies
 //! at once and returns each one's status or error; `"discard": true` counts
@@ -89,7 +89,8 @@ fn fetch(payload: &Value) -> Result<Value, String> {
 /// bytes of `x`) written after the request is handed over, so a body larger
 /// than the pipe's buffer streams.
 fn send(payload: &Value) -> Result<Sent, String> {
-    let url = payload["url"].as_str().ok_or("no url")?;
+    let url = expand(payload["url"].as_str().ok_or("no url")?);
+    let url = url.as_str();
     let (scheme, rest) = url.split_once("://").ok_or("the url has no scheme")?;
     let (authority, path) = match rest.find('/') {
         Some(slash) => (&rest[..slash], &rest[slash..]),
@@ -134,7 +135,7 @@ fn send(payload: &Value) -> Result<Sent, String> {
     let upload = |chunk: &[u8]| stream.blocking_write_and_flush(chunk).map_err(|e| format!("writing the body: {e:?}"));
     let mut written = Ok(());
     if let Some(text) = payload["body"].as_str() {
-        written = text.as_bytes().chunks(4096).try_for_each(upload);
+        written = expand(text).as_bytes().chunks(4096).try_for_each(upload);
     }
     if let Some(bytes) = payload["upload_bytes"].as_u64() {
         let chunk = vec![b'x'; 4096];

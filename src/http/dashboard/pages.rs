@@ -483,6 +483,9 @@ fn grant_terms(grant: &crate::store::grant::OutboundGrant) -> String {
     if grant.private {
         terms.push("private addresses".into());
     }
+    if !grant.secrets_in.is_empty() {
+        terms.push(format!("secrets also in the {}", grant.secrets_in.join(" and ")));
+    }
     if grant.idempotency_key {
         terms.push("Idempotency-Key".into());
     }

@@ -9,13 +9,15 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
     let replaced: bool = sqlx::query_scalar(
         "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key,
-                                               connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                               connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms,
+                                               secrets_in)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (job_type, origin) DO UPDATE
             SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets, private = EXCLUDED.private,
                 idempotency_key = EXCLUDED.idempotency_key, connect_timeout_ms = EXCLUDED.connect_timeout_ms,
                 first_byte_timeout_ms = EXCLUDED.first_byte_timeout_ms,
-                between_bytes_timeout_ms = EXCLUDED.between_bytes_timeout_ms, granted_at = now()
+                between_bytes_timeout_ms = EXCLUDED.between_bytes_timeout_ms, secrets_in = EXCLUDED.secrets_in,
+                granted_at = now()
          RETURNING xmax <> 0",
     )
     .bind(&grant.job_type)
@@ -27,6 +29,7 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     .bind(grant.timeouts.connect_ms.map(ms_column))
     .bind(grant.timeouts.first_byte_ms.map(ms_column))
     .bind(grant.timeouts.between_bytes_ms.map(ms_column))
+    .bind(&grant.secrets_in)
     .fetch_one(pool)
     .await?;
     Ok(replaced)
@@ -44,7 +47,7 @@ pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool>
 pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
     let rows: Vec<GrantRow> = sqlx::query_as(
         "SELECT job_type, origin, methods, secrets, private, idempotency_key, connect_timeout_ms,
-                first_byte_timeout_ms, between_bytes_timeout_ms, granted_at
+                first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in, granted_at
          FROM jobhost.outbound_grants
          WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
@@ -65,6 +68,7 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundG
                 first_byte_ms: row.first_byte_timeout_ms.map(|ms| ms as u64),
                 between_bytes_ms: row.between_bytes_timeout_ms.map(|ms| ms as u64),
             },
+            secrets_in: row.secrets_in,
             granted_at: row.granted_at,
         })
         .collect())
@@ -81,6 +85,7 @@ struct GrantRow {
     connect_timeout_ms: Option<i64>,
     first_byte_timeout_ms: Option<i64>,
     between_bytes_timeout_ms: Option<i64>,
+    secrets_in: Vec<String>,
     granted_at: chrono::DateTime<chrono::Utc>,
 }
 
