@@ -379,18 +379,24 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
     assert_eq!(seen.len(), 4, "no request left the refused runs");
 }
 
-/// A response body that pauses longer than the grant's between-bytes
-/// timeout fails the read at the grant's bound (the host's default is 30 s;
-/// the guest asks for a minute, which cannot raise it), and the request's
-/// record says how far it got.
-async fn a_paused_body_fails_at_the_grants_timeout(db: TestDb) {
+/// A server that never answers fails the request at the grant's
+/// first-byte timeout, and a response body that pauses longer than the
+/// grant's between-bytes timeout fails the read at that bound (the host's
+/// defaults are 30 s; the guest asks for a minute, which cannot raise it);
+/// the request's record says how far it got.
+async fn a_silent_server_and_a_paused_body_fail_at_the_grants_timeouts(db: TestDb) {
     let Server { address, .. } = server().await;
     let (runtime, _cache) = runtime(&db);
     let fetcher = load(&runtime, "fetcher").await;
     let origin = format!("http://127.0.0.1:{}", address.port());
-    let timeouts = GrantTimeouts { between_bytes_ms: Some(200), ..Default::default() };
+    let timeouts = GrantTimeouts { between_bytes_ms: Some(200), first_byte_ms: Some(300), ..Default::default() };
     let new = NewGrant { job_type: "fetcher".into(), origin: origin.clone(), timeouts, ..Default::default() };
     db.store.grant_set(&new).await.unwrap();
+    // A server that never answers: the grant's first-byte timeout.
+    let started = std::time::Instant::now();
+    let silent = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/hang")})).await;
+    assert!(started.elapsed() < Duration::from_secs(20), "timed out by the 30 s default: {:?}", started.elapsed());
+    assert_eq!(completed_output(&silent.outcome), json!({"error": "ErrorCode::ConnectionReadTimeout"}));
     let started = std::time::Instant::now();
     let report =
         fetch(&runtime, &fetcher, json!({"url": format!("{origin}/trickle"), "between_bytes_ms": 60_000})).await;
@@ -566,7 +572,7 @@ async fn the_fetcher_in_rust_python_and_javascript_carries_a_secret_alike() {
 
 on_both_backends!(
     a_grant_may_let_secrets_go_in_the_query_and_body,
-    a_paused_body_fails_at_the_grants_timeout,
+    a_silent_server_and_a_paused_body_fail_at_the_grants_timeouts,
     a_run_has_at_most_16_requests_in_flight,
     an_upload_past_the_outbound_budget_stops_at_it,
     a_type_variable_reaches_its_runs_and_yields_to_a_secret,

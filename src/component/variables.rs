@@ -20,44 +20,73 @@ type Read = Arc<Vec<(String, String)>>;
 /// How long a type's variables read once serve its runs.
 pub const FRESH_FOR: Duration = Duration::from_secs(2);
 
+/// One type's last copy, and the lock one run holds while it reads again.
+#[derive(Default)]
+struct Slot {
+    copy: std::sync::Mutex<Option<(Instant, Read)>>,
+    reading: Mutex<()>,
+}
+
+impl Slot {
+    fn copy(&self) -> Option<(Instant, Read)> {
+        self.copy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+}
+
 /// Each type's variables, as last read.
 pub struct Variables {
     source: VariableSource,
-    /// Behind one async lock: when a type's copy goes stale, one run reads
-    /// it again while the others of that moment wait for the answer.
-    kept: Mutex<HashMap<String, (Instant, Read)>>,
+    /// One slot per type: when a type's copy goes stale one of its runs
+    /// reads it again while its other runs keep the stale copy, and other
+    /// types' runs never wait on it.
+    kept: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 impl Variables {
     /// Variables read from `source`.
     pub fn new(source: VariableSource) -> Self {
-        Variables { source, kept: Mutex::default() }
+        Variables { source, kept: Default::default() }
     }
 
-    /// `job_type`'s variables, read at most [`FRESH_FOR`] ago.
+    /// `job_type`'s variables, read at most [`FRESH_FOR`] ago, or the last
+    /// copy while another run reads them again.
     ///
     /// # Errors
     /// They cannot be read and none were read before: the run should not
     /// start without them.
     pub async fn of(&self, job_type: &str) -> Result<Read, String> {
-        let mut kept = self.kept.lock().await;
-        if let Some((at, variables)) = kept.get(job_type)
-            && at.elapsed() < FRESH_FOR
-        {
-            return Ok(variables.clone());
+        let slot = {
+            let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            kept.entry(job_type.to_string()).or_default().clone()
+        };
+        let fresh = |copy: &Option<(Instant, Read)>| copy.as_ref().filter(|(at, _)| at.elapsed() < FRESH_FOR).cloned();
+        let last = slot.copy();
+        if let Some((_, variables)) = fresh(&last) {
+            return Ok(variables);
+        }
+        let _reading = match (slot.reading.try_lock(), &last) {
+            (Ok(reading), _) => reading,
+            // Another run is reading them again: the last copy serves.
+            (Err(_), Some((_, variables))) => return Ok(variables.clone()),
+            (Err(_), None) => slot.reading.lock().await,
+        };
+        let last = slot.copy();
+        if let Some((_, variables)) = fresh(&last) {
+            return Ok(variables);
         }
         match (self.source)(job_type.to_string()).await {
             Ok(variables) => {
                 let variables = Arc::new(variables);
-                kept.insert(job_type.to_string(), (Instant::now(), variables.clone()));
+                *slot.copy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some((Instant::now(), variables.clone()));
                 Ok(variables)
             }
             // The last values read are better than none: a change waits
             // for the database to answer again.
-            Err(error) => match kept.get(job_type) {
+            Err(error) => match last {
                 Some((_, variables)) => {
                     tracing::warn!(job_type, %error, "cannot read variables again; runs keep the last read");
-                    Ok(variables.clone())
+                    Ok(variables)
                 }
                 None => Err(format!("cannot read job type {job_type}'s variables: {error}")),
             },
@@ -100,5 +129,26 @@ mod tests {
         assert_eq!(reads.load(Ordering::SeqCst), 1, "served from memory while fresh");
         let error = variables.of("broken").await.unwrap_err();
         assert!(error.contains("cannot read job type broken's variables: the database is away"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_type_whose_read_hangs_holds_up_no_other_type() {
+        let source: VariableSource = Arc::new(move |job_type| {
+            Box::pin(async move {
+                if job_type == "slow" {
+                    std::future::pending::<()>().await;
+                }
+                Ok(vec![("REGION".to_string(), "eu".to_string())])
+            })
+        });
+        let variables = Arc::new(Variables::new(source));
+        let slow = tokio::spawn({
+            let variables = variables.clone();
+            async move { variables.of("slow").await }
+        });
+        tokio::task::yield_now().await;
+        let mail = tokio::time::timeout(Duration::from_secs(10), variables.of("mail")).await;
+        assert_eq!(mail.expect("not held up").unwrap()[0].1, "eu");
+        slow.abort();
     }
 }

@@ -88,7 +88,8 @@ impl<B> Substituted<B> {
         let mut out = Vec::with_capacity(self.held.len());
         let mut start = 0;
         let mut at = 0;
-        let keep_from = if at_end { self.held.len() } else { self.held.len().saturating_sub(self.longest() - 1) };
+        let tail = self.longest().saturating_sub(1);
+        let keep_from = if at_end { self.held.len() } else { self.held.len().saturating_sub(tail) };
         while at < self.held.len() {
             let found = self.swaps.iter().find(|(placeholder, _)| self.held[at..].starts_with(placeholder));
             if let Some((placeholder, value)) = found {
