@@ -2,6 +2,9 @@
 
 use clap::Parser;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     // Die quietly when stdout is closed early (`jobhost jobs | head`), as
     // command-line tools do, instead of panicking on the failed write.

@@ -61,6 +61,8 @@ struct Server {
     waiting: mpsc::UnboundedReceiver<()>,
     /// Lets every request to `/wait` answer.
     release: tokio::sync::watch::Sender<bool>,
+    /// How many connections the server accepted.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A server on 127.0.0.1 answering `pong PATH` to everything, except
@@ -121,8 +123,13 @@ async fn server() -> Server {
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let listener = axum::serve::ListenerExt::tap_io(listener, move |_| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Server { address, seen, hung, closed, waiting, release }
+    Server { address, seen, hung, closed, waiting, release, accepted }
 }
 
 fn runtime(db: &TestDb) -> (Runtime, tempfile::TempDir) {
@@ -250,6 +257,40 @@ async fn a_stopped_run_closes_its_connection(db: TestDb) {
     let report = run.await.unwrap();
     assert!(!report.outcome.is_completed(), "{:?}", report.outcome);
     tokio::time::timeout(Duration::from_secs(5), closed.recv()).await.expect("the server saw the connection close");
+}
+
+/// Runs reuse a connection a finished request left open, once their own
+/// grant has judged its address; a run stopped mid-request leaves none
+/// behind (its connection is closed, not kept).
+async fn runs_reuse_kept_connections(db: TestDb) {
+    let Server { address, accepted, mut hung, mut closed, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = Arc::new(load(&runtime, "fetcher").await);
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    grant(&db, &origin, &[], false).await;
+    for n in 0..5 {
+        let answered = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/run-{n}")})).await;
+        assert_eq!(completed_output(&answered.outcome)["status"], 200, "{:?}", answered.outcome);
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "five runs, one after another, one connection");
+    // Revoked: the kept connection does not carry a request the grant no longer allows.
+    db.store.grant_revoke("fetcher", &origin).await.unwrap();
+    let refused = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/revoked")})).await;
+    assert_eq!(completed_output(&refused.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
+    grant(&db, &origin, &[], false).await;
+    let signal = StopSignal::new();
+    let request = json!({"url": format!("{origin}/hang")}).to_string();
+    let run = {
+        let (runtime, fetcher, signal) = (runtime.clone(), fetcher.clone(), signal.clone());
+        tokio::spawn(async move { runtime.run(&fetcher, &context(43, 1), &request, signal).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), hung.recv()).await.expect("the request reached the server");
+    signal.stop("cancelled");
+    run.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), closed.recv()).await.expect("the server saw the connection close");
+    let after = fetch(&runtime, &fetcher, json!({"url": format!("{origin}/after")})).await;
+    assert_eq!(completed_output(&after.outcome)["status"], 200, "{:?}", after.outcome);
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2, "the stopped run's connection was not kept");
 }
 
 /// A grant may ask for an Idempotency-Key: the same on every attempt of
@@ -528,6 +569,27 @@ async fn a_grant_may_let_secrets_go_in_the_query_and_body(db: TestDb) {
     }
 }
 
+/// A run whose grants cannot be read (the database unreachable, a pool
+/// drained) does not start: it is retried, saying why, instead of running
+/// with every request refused as if nothing were granted.
+#[tokio::test]
+async fn a_run_whose_grants_cannot_be_read_is_retried_not_refused() {
+    let (runtime, _cache) = common::runtime();
+    let unreadable: jobhost::component::GrantSource =
+        Arc::new(|_| Box::pin(async { Err("pool timed out while waiting for an open connection".to_string()) }));
+    let runtime = runtime.with_grants(unreadable);
+    let fetcher = load(&runtime, "fetcher").await;
+    let report = fetch(&runtime, &fetcher, json!({"url": "http://127.0.0.1:9/never"})).await;
+    match &report.outcome {
+        jobhost::types::RunOutcome::Retry { reason } => assert_eq!(
+            reason,
+            "cannot read the outbound grants of job type fetcher: pool timed out while waiting for an open connection"
+        ),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    assert!(report.effects.outbound.is_empty(), "no request was tried");
+}
+
 /// The fetcher handler written in Rust, in Python (`guests/python/
 /// py_fetcher`, through `jobhost_guest.http`) and in JavaScript
 /// (`guests/js/js_fetcher`, through `fetch`) does the same: the server
@@ -582,4 +644,5 @@ on_both_backends!(
     requests_go_out_only_when_declared_and_granted,
     a_name_resolving_to_loopback_needs_a_private_grant,
     a_stopped_run_closes_its_connection,
+    runs_reuse_kept_connections,
 );

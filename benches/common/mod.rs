@@ -51,12 +51,14 @@ pub fn host_binary() -> String {
     std::env::var("JOBHOST_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_jobhost").into())
 }
 
-/// A host at concurrency 10 with more flags of `jobhost run`, and those in
+/// A host at concurrency 10 (unless `flags` set it) with more flags of `jobhost run`, and those in
 /// `JOBHOST_BENCH_HOST_FLAGS` (space-separated), for comparing settings.
 pub fn start_host_with(url: &str, components: &Path, cache: &Path, flags: &[&str]) -> Child {
     let from_env = std::env::var("JOBHOST_BENCH_HOST_FLAGS").unwrap_or_default();
+    let concurrency = if flags.contains(&"--concurrency") { &[][..] } else { &["--concurrency", "10"][..] };
     Command::new(host_binary())
-        .args(["run", "--no-migrate", "--concurrency", "10"])
+        .args(["run", "--no-migrate"])
+        .args(concurrency)
         .args(flags)
         .args(from_env.split_whitespace())
         .arg("--components")

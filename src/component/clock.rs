@@ -15,8 +15,6 @@ use wasmtime_wasi::clocks::WasiClocksView;
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 
-use super::sandbox::SandboxState;
-
 /// The interface whose subscriptions are replaced; the linker matches any
 /// guest's `0.2.x` import to it.
 const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
@@ -26,7 +24,7 @@ const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
 ///
 /// # Errors
 /// Only if the interface is missing from the linker, which is a host bug.
-pub fn link_precise_sleeps(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
+pub fn link_precise_sleeps<T: WasiClocksView + Send + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut clock = linker.instance(MONOTONIC_CLOCK)?;
     clock.func_wrap("subscribe-duration", |mut store, (nanos,): (u64,)| {

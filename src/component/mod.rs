@@ -162,8 +162,9 @@ struct Inner {
     run_slots: Semaphore,
     /// The same for loads, which instantiate to call `describe`.
     load_slots: Semaphore,
-    /// TLS settings of outbound https, built once.
-    tls: Arc<rustls::ClientConfig>,
+    /// Outbound TLS settings, built once, and the connections every run's
+    /// requests share.
+    connections: Arc<crate::outbound::send::Connections>,
 }
 
 impl Runtime {
@@ -182,8 +183,8 @@ impl Runtime {
         let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
         let run_slots = Semaphore::new(config.max_concurrent_runs as usize);
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
-        let tls = crate::outbound::send::tls_config();
-        let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, tls });
+        let connections = Arc::new(crate::outbound::send::Connections::new());
+        let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, connections });
         Ok(Runtime { inner, child_check: None, grants: None, secrets: None, variables: None })
     }
 
@@ -299,10 +300,12 @@ impl Runtime {
         // The semaphore is never closed, so acquiring cannot fail.
         let _slot = self.inner.load_slots.acquire().await;
         let budget = BodyBudget::new(0);
-        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), 0, self.inner.tls.clone(), budget);
+        let outbound = OutboundHooks::new(Arc::default(), Arc::default(), 0, self.inner.connections.clone(), budget);
         let (signal, progress) = (StopSignal::new(), LiveProgress::new());
         let mut store = sandbox::new_store(&self.inner.engine, limits, signal, progress, None, outbound, &[]);
-        let declared = sandbox::call_describe(&mut store, &pre).await.map_err(|e| fail(LoadErrorKind::Describe(e)))?;
+        let declared = sandbox::call_describe(&mut store, async |store| pre.describe(store).await)
+            .await
+            .map_err(|e| fail(LoadErrorKind::Describe(e)))?;
         let config = metadata::validate(declared, &self.inner.config).map_err(|e| fail(e.into()))?;
         Ok(LoadedComponent { source: source.to_path_buf(), digest, config, pre })
     }
@@ -348,7 +351,10 @@ impl Runtime {
             let outcome = RunOutcome::Retry { reason };
             RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None }
         };
-        let policy = run::policy_for(self.grants.as_ref(), config).await;
+        let policy = match run::policy_for(self.grants.as_ref(), config).await {
+            Ok(policy) => policy,
+            Err(reason) => return not_started(reason),
+        };
         let secrets = match run::secrets_for(self.secrets.as_ref(), &policy).await {
             Ok(secrets) => Arc::new(secrets),
             Err(reason) => {
@@ -367,13 +373,15 @@ impl Runtime {
         let secret_names: Vec<String> = environment.iter().map(|(name, _)| name.clone()).collect();
         environment.extend(variables.iter().filter(|(name, _)| !secret_names.contains(name)).cloned());
         let budget = BodyBudget::new(self.inner.config.outbound_budget_bytes);
-        let (policy, tls) = (Arc::new(policy), self.inner.tls.clone());
-        let outbound = OutboundHooks::new(policy, secrets.clone(), context.job_id, tls, budget);
+        let (policy, connections) = (Arc::new(policy), self.inner.connections.clone());
+        let outbound = OutboundHooks::new(policy, secrets.clone(), context.job_id, connections, budget);
         let child_check = self.child_check.clone();
         let mut store =
             sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);
         store.data_mut().set_in_batch(context.batch_id.is_some());
-        let end = sandbox::call_run(&mut store, &component.pre, &context.into(), payload).await;
+        let wit_context: wit::JobContext = context.into();
+        let end =
+            sandbox::call_run(&mut store, async |store| component.pre.run(store, &wit_context, payload).await).await;
         let outcome = match end {
             CallEnd::Returned(Ok(output)) => sandbox::completed(store.data(), output),
             CallEnd::Returned(Err(wit::JobError::Retry(reason))) => RunOutcome::Retry { reason },

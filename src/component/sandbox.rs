@@ -17,7 +17,6 @@ use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
-use crate::component::world::WorldPre;
 use crate::outbound::hooks::OutboundHooks;
 use crate::types::{
     BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
@@ -297,18 +296,17 @@ pub enum CallEnd {
     Abandoned,
 }
 
-/// Instantiates the component and calls `run`, bounded by the deadline and
-/// the stop signal even while the guest waits in a host call.
+/// Makes a run's call (instantiating the component and calling `run`, in
+/// whichever world it implements), bounded by the deadline and the stop
+/// signal even while the guest waits in a host call.
 pub async fn call_run(
     store: &mut Store<SandboxState>,
-    pre: &WorldPre,
-    context: &wit::JobContext,
-    payload: &str,
+    run: impl AsyncFnOnce(&mut Store<SandboxState>) -> wasmtime::Result<Result<Option<String>, wit::JobError>>,
 ) -> CallEnd {
     let deadline = tokio::time::Instant::from_std(store.data().limits.deadline);
     let signal = store.data().signal.clone();
     let outcome = {
-        let call = pre.run(&mut *store, context, payload);
+        let call = run(&mut *store);
         tokio::select! {
             result = call => Some(result),
             () = tokio::time::sleep_until(deadline) => None,
@@ -329,13 +327,17 @@ pub async fn call_run(
     }
 }
 
-/// Instantiates the component and calls `describe`, bounded like a run.
+/// Makes a load's call (instantiating the component and calling
+/// `describe`), bounded like a run.
 ///
 /// # Errors
 /// The guest trapped, ran past the deadline or blocked in a host call.
-pub async fn call_describe(store: &mut Store<SandboxState>, pre: &WorldPre) -> Result<wit::JobConfig, String> {
+pub async fn call_describe(
+    store: &mut Store<SandboxState>,
+    describe: impl AsyncFnOnce(&mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig>,
+) -> Result<wit::JobConfig, String> {
     let deadline = tokio::time::Instant::from_std(store.data().limits.deadline);
-    let call = pre.describe(&mut *store);
+    let call = describe(&mut *store);
     let result = tokio::time::timeout_at(deadline, call).await;
     match result {
         Ok(Ok(config)) => Ok(config),

@@ -14,7 +14,7 @@ use super::budget::{BodyBudget, Direction, Metered};
 use super::origin::Origin;
 use super::policy::{Policy, Refusal};
 use super::redact::RunSecrets;
-use super::send::{self, SendError, Sending, StepTimeouts};
+use super::send::{self, Connections, SendError, Sending, StepTimeouts};
 use crate::types::OutboundCall;
 
 /// Requests one run may have in flight at once; past it a request fails at
@@ -60,7 +60,7 @@ pub struct OutboundHooks {
     refusals: Arc<Mutex<Refusals>>,
     in_flight: Arc<Semaphore>,
     timeouts: StepTimeouts,
-    tls: Arc<rustls::ClientConfig>,
+    connections: Arc<Connections>,
     budget: BodyBudget,
 }
 
@@ -100,7 +100,7 @@ impl OutboundHooks {
         policy: Arc<Policy>,
         secrets: Arc<RunSecrets>,
         job_id: u64,
-        tls: Arc<rustls::ClientConfig>,
+        connections: Arc<Connections>,
         budget: BodyBudget,
     ) -> Self {
         OutboundHooks {
@@ -113,7 +113,7 @@ impl OutboundHooks {
             refusals: Arc::default(),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             timeouts: StepTimeouts::default(),
-            tls,
+            connections,
             budget,
         }
     }
@@ -181,7 +181,7 @@ impl OutboundHooks {
             origin,
             allowed,
             timeouts,
-            tls: self.tls.clone(),
+            connections: self.connections.clone(),
             meter: (self.budget.clone(), Arc::default()),
         })
     }
@@ -274,7 +274,7 @@ impl WasiHttpHooks for OutboundHooks {
                 }
             }
             match sent {
-                // The permit is held until the connection ends.
+                // The permit is held until the response's body is read or dropped.
                 Ok((response, driver)) => Ok((
                     response,
                     Box::new(async move {

@@ -7,10 +7,12 @@ pub mod budget;
 pub mod hooks;
 pub mod origin;
 pub mod policy;
+pub mod pool;
 pub mod redact;
 pub mod run;
 pub mod secrets;
 pub mod send;
+pub mod shared_read;
 pub mod substitute;
 
 pub use origin::{Origin, OriginPattern};

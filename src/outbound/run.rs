@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use super::redact::RunSecrets;
+use super::secrets::Sealed;
+use super::shared_read::SharedReads;
 use super::substitute::Places;
 use super::{GrantRule, Policy, Rule};
 use crate::store::grant::OutboundGrant;
@@ -29,7 +31,11 @@ pub type SecretSource = Arc<
 
 /// What a run of `config`'s type may reach: its declared rules, and the
 /// grants read now. A type that declares nothing reads no grants.
-pub async fn policy_for(grants: Option<&GrantSource>, config: &JobConfig) -> Policy {
+///
+/// # Errors
+/// The grants cannot be read: the run should not start (its requests
+/// would be refused as if nothing were granted).
+pub async fn policy_for(grants: Option<&GrantSource>, config: &JobConfig) -> Result<Policy, String> {
     let declared: Vec<Rule> = config
         .outbound
         .iter()
@@ -40,14 +46,13 @@ pub async fn policy_for(grants: Option<&GrantSource>, config: &JobConfig) -> Pol
         .collect();
     let mut policy = Policy { job_type: config.name.clone(), declared, granted: Vec::new() };
     let Some(source) = grants.filter(|_| !policy.declared.is_empty()) else {
-        return policy;
+        return Ok(policy);
     };
-    match source(config.name.clone()).await {
-        Ok(grants) => policy.granted = grants.iter().filter_map(grant_rule).collect(),
-        // Nothing is granted this run: its requests are refused, not sent unchecked.
-        Err(error) => tracing::warn!(job_type = %config.name, %error, "cannot read outbound grants"),
-    }
-    policy
+    let grants = source(config.name.clone())
+        .await
+        .map_err(|error| format!("cannot read the outbound grants of job type {}: {error}", config.name))?;
+    policy.granted = grants.iter().filter_map(grant_rule).collect();
+    Ok(policy)
 }
 
 /// The run's secrets: a placeholder for each name its component
@@ -75,11 +80,26 @@ pub async fn secrets_for(source: Option<&SecretSource>, policy: &Policy) -> Resu
     RunSecrets::new(&declared, values)
 }
 
-/// Grants read from the fleet's database, as hosts read them.
+/// Grants read from the fleet's database, as hosts read them: each run
+/// gets a read begun after it started, shared with the runs of its type
+/// starting with it.
 pub fn grants_from(store: Arc<dyn crate::store::Store>) -> GrantSource {
-    Arc::new(move |job_type| {
+    shared_grants(Arc::new(move |job_type| {
         let store = store.clone();
         Box::pin(async move { store.grants(Some(&job_type)).await.map_err(|e| e.to_string()) })
+    }))
+}
+
+/// `source`, with runs of one type starting together sharing one read
+/// (see [`SharedReads`]).
+pub fn shared_grants(source: GrantSource) -> GrantSource {
+    let shared = Arc::new(SharedReads::<String, Vec<OutboundGrant>>::default());
+    Arc::new(move |job_type| {
+        let (source, shared) = (source.clone(), shared.clone());
+        Box::pin(async move {
+            let grants = shared.read(&job_type, || source(job_type.clone())).await?;
+            Ok(grants.as_ref().clone())
+        })
     })
 }
 
@@ -88,8 +108,10 @@ pub fn secrets_from(
     store: Arc<dyn crate::store::Store>,
     key: Option<crate::outbound::secrets::SecretKey>,
 ) -> SecretSource {
+    // Sealed values are shared between runs as grants are; each run opens its own.
+    let shared = Arc::new(SharedReads::<Vec<String>, Vec<(String, Sealed)>>::default());
     Arc::new(move |names| {
-        let (store, key) = (store.clone(), key.clone());
+        let (store, key, shared) = (store.clone(), key.clone(), shared.clone());
         Box::pin(async move {
             let Some(key) = key else {
                 return Err(format!(
@@ -98,8 +120,9 @@ pub fn secrets_from(
                     crate::outbound::secrets::KEY_FILE_VARIABLE
                 ));
             };
-            let sealed = store.secrets_sealed(&names).await.map_err(|e| e.to_string())?;
-            sealed.into_iter().map(|(name, sealed)| Ok((name.clone(), key.open(&name, &sealed)?))).collect()
+            let read = || async { store.secrets_sealed(&names).await.map_err(|e| e.to_string()) };
+            let sealed = shared.read(&names, read).await?;
+            sealed.iter().map(|(name, sealed)| Ok((name.clone(), key.open(name, sealed)?))).collect()
         })
     })
 }

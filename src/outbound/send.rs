@@ -22,6 +22,7 @@ use crate::types::OutboundCall;
 use super::budget::{BodyBudget, Direction, Metered};
 use super::origin::{Origin, Scheme};
 use super::policy::{Allowed, Refusal};
+use super::pool::{Connection, ConnectionPool, Destination, Returning};
 
 /// How long each step of a request may take when the guest asks for no
 /// shorter bound: connecting (name lookup, TCP and TLS), waiting for the
@@ -79,48 +80,74 @@ pub struct Sending {
     pub allowed: Allowed,
     /// The step bounds.
     pub timeouts: StepTimeouts,
-    /// Roots for https.
-    pub tls: Arc<rustls::ClientConfig>,
+    /// The TLS settings and the kept connections.
+    pub connections: Arc<Connections>,
     /// The run's body budget, and the request's record the response's
     /// bytes are counted into.
     pub meter: (BodyBudget, Arc<std::sync::Mutex<OutboundCall>>),
 }
 
-/// The response, and the future that drives its connection until the body
-/// is read (dropped with the run's resources, it closes the connection).
+/// The response, and a future that ends when its body has been read to
+/// the end or dropped (what holds the run's in-flight slot until then).
 pub type Sent = (http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Error>> + Send>);
 
-/// Sends `request` as `sending` allows.
+/// What every request of a host shares: the TLS settings, and the
+/// connections kept open between requests.
+pub struct Connections {
+    /// Roots for https.
+    pub tls: Arc<rustls::ClientConfig>,
+    /// Idle connections, by origin and address.
+    pub pool: Arc<ConnectionPool>,
+}
+
+impl Connections {
+    /// Mozilla's roots, and no connection kept yet.
+    pub fn new() -> Self {
+        Connections { tls: tls_config(), pool: Arc::default() }
+    }
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Sends `request` as `sending` allows, on a kept connection to a checked
+/// address of its origin where one is idle, else on a new one.
 ///
 /// # Errors
 /// A refused address (returned apart, for the job's log), or the wasi:http
 /// error the guest receives.
 pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Result<Sent, SendError> {
-    let Sending { job_type, origin, allowed, timeouts, tls, meter: (budget, call) } = sending;
-    let stream = tokio::time::timeout(timeouts.connect, connect(&job_type, &origin, &allowed, &tls))
-        .await
-        .map_err(|_| SendError::Failed(Error::ConnectionTimeout))??;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| SendError::Failed(Error::from(e)))?;
+    let Sending { job_type, origin, allowed, timeouts, connections, meter: (budget, call) } = sending;
+    let (destination, mut connection) =
+        tokio::time::timeout(timeouts.connect, connection_for(&job_type, &origin, &allowed, &connections))
+            .await
+            .map_err(|_| SendError::Failed(Error::ConnectionTimeout))??;
     // On the wire the request line carries the path only; the authority
     // went into the Host header when wasi:http built the request.
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
     *request.uri_mut() = http::Uri::try_from(path).map_err(|_| SendError::Failed(Error::HttpRequestUriInvalid))?;
-    // Aborted when dropped: a run's resources, dropped when it ends for any
-    // reason, close its connections at once.
-    let connection = wasmtime_wasi::runtime::spawn(connection);
-    let response = tokio::time::timeout(timeouts.first_byte, sender.send_request(request))
+    // Dropped with this future (a timeout, or the run's end), the
+    // connection's task is aborted and its socket closed at once.
+    let response = tokio::time::timeout(timeouts.first_byte, connection.sender.send_request(request))
         .await
         .map_err(|_| SendError::Failed(Error::ConnectionReadTimeout))?
         .map_err(|e| SendError::Failed(Error::from(e)))?;
     let between = timeouts.between_bytes.max(Duration::from_millis(1));
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let lease = (connections.pool.clone(), destination, connection);
     let response = response.map(|body| {
         use http_body_util::BodyExt;
         let paced = PacedBody { body, between, idle: Box::pin(tokio::time::sleep(between)) };
-        Metered::new(paced, budget, Direction::Received, call).boxed_unsync()
+        let returning = Returning::new(paced, lease, done);
+        Metered::new(returning, budget, Direction::Received, call).boxed_unsync()
     });
-    let driver = async move { connection.await.map_err(Error::from) };
+    let driver = async move {
+        let _ = finished.await;
+        Ok(())
+    };
     Ok((response, Box::new(driver)))
 }
 
@@ -142,13 +169,14 @@ impl From<Refusal> for SendError {
 trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
-/// A connection to a checked address of the origin, TLS for https.
-async fn connect(
+/// A connection to a checked address of the origin: an idle one kept for
+/// it, or a new one (TLS for https).
+async fn connection_for(
     job_type: &str,
     origin: &Origin,
     allowed: &Allowed,
-    tls: &Arc<rustls::ClientConfig>,
-) -> Result<Box<dyn Stream>, SendError> {
+    connections: &Connections,
+) -> Result<(Destination, Connection), SendError> {
     let addresses: Vec<SocketAddr> = match origin.address() {
         Some(address) => vec![SocketAddr::new(address, origin.port)],
         None => tokio::net::lookup_host((origin.host.as_str(), origin.port))
@@ -157,26 +185,38 @@ async fn connect(
             .collect(),
     };
     // Every address the name resolves to is checked, not only the first:
-    // one public answer must not carry a private one along.
+    // one public answer must not carry a private one along. A kept
+    // connection is used only once its address has passed this check.
     for address in &addresses {
         allowed.destination(job_type, origin, address.ip())?;
+    }
+    for address in &addresses {
+        let destination = Destination::new(origin, *address);
+        if let Some(connection) = connections.pool.take(&destination) {
+            return Ok((destination, connection));
+        }
     }
     let mut last = Error::DestinationNotFound;
     for address in addresses {
         match TcpStream::connect(address).await {
             Ok(tcp) => {
                 let _ = tcp.set_nodelay(true);
-                return match origin.scheme {
-                    Scheme::Http => Ok(Box::new(tcp)),
+                let stream: Box<dyn Stream> = match origin.scheme {
+                    Scheme::Http => Box::new(tcp),
                     Scheme::Https => {
                         let name = rustls::pki_types::ServerName::try_from(origin.host.clone())
                             .map_err(|_| SendError::Failed(Error::HttpRequestUriInvalid))?;
-                        let connector = tokio_rustls::TlsConnector::from(tls.clone());
-                        let stream =
-                            connector.connect(name, tcp).await.map_err(|e| SendError::Failed(Error::Tls(e)))?;
-                        Ok(Box::new(stream))
+                        let connector = tokio_rustls::TlsConnector::from(connections.tls.clone());
+                        Box::new(connector.connect(name, tcp).await.map_err(|e| SendError::Failed(Error::Tls(e)))?)
                     }
                 };
+                let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| SendError::Failed(Error::from(e)))?;
+                let driver = wasmtime_wasi::runtime::spawn(async move {
+                    let _ = driver.await;
+                });
+                return Ok((Destination::new(origin, address), Connection { sender, driver }));
             }
             Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => last = Error::ConnectionRefused,
             Err(error) => last = Error::Connect(error),

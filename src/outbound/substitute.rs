@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
+use memchr::memmem;
 use wasmtime_wasi_http::Error;
 
 /// The places besides headers a grant lets secrets go.
@@ -83,29 +84,37 @@ impl<B> Substituted<B> {
     }
 
     /// Swaps what `held` holds, sending all but a tail that may begin a
-    /// placeholder (everything, at the end).
+    /// placeholder (everything, at the end). Each placeholder is searched
+    /// for with a vectorised substring search: the body is scanned in
+    /// bulk, not tried at every byte.
     fn swap(&mut self, at_end: bool) -> Option<Bytes> {
-        let mut out = Vec::with_capacity(self.held.len());
-        let mut start = 0;
-        let mut at = 0;
         let tail = self.longest().saturating_sub(1);
+        // A placeholder beginning before `keep_from` would lie wholly in
+        // `held`, so the search finds it; only a tail past it is held back.
         let keep_from = if at_end { self.held.len() } else { self.held.len().saturating_sub(tail) };
-        while at < self.held.len() {
-            let found = self.swaps.iter().find(|(placeholder, _)| self.held[at..].starts_with(placeholder));
-            if let Some((placeholder, value)) = found {
-                out.extend_from_slice(&self.held[start..at]);
-                out.extend_from_slice(value);
-                at += placeholder.len();
-                start = at;
-            } else if at >= keep_from {
-                break;
-            } else {
-                at += 1;
-            }
+        let mut out = Vec::with_capacity(self.held.len());
+        let mut at = 0;
+        while let Some((found, index)) = self.next_placeholder(at) {
+            let (placeholder, value) = &self.swaps[index];
+            out.extend_from_slice(&self.held[at..found]);
+            out.extend_from_slice(value);
+            at = found + placeholder.len();
         }
-        out.extend_from_slice(&self.held[start..at]);
-        self.held.drain(..at);
+        let sent = at.max(keep_from);
+        out.extend_from_slice(&self.held[at..sent]);
+        self.held.drain(..sent);
         (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    /// The first placeholder in `held` at or after `from`: where it starts,
+    /// and which one it is.
+    fn next_placeholder(&self, from: usize) -> Option<(usize, usize)> {
+        let rest = &self.held[from..];
+        self.swaps
+            .iter()
+            .enumerate()
+            .filter_map(|(index, (placeholder, _))| Some((from + memmem::find(rest, placeholder)?, index)))
+            .min()
     }
 }
 

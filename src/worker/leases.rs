@@ -59,8 +59,14 @@ pub const CANCELLED: &str = "cancelled by an operator while running";
 #[derive(Clone, Default)]
 pub struct Leases {
     held: Arc<Mutex<HashMap<RunId, Held>>>,
-    /// Wakes the fence task when a lease is added: its fence may come first.
+    /// Wakes the fence task when a lease is added whose fence comes before
+    /// the one it waits for.
     added: Arc<Notify>,
+    /// The fence the fence task waits for (none: no live lease), written
+    /// and read under `held`'s lock. A new lease's fence is almost always
+    /// later, so adding one rarely wakes the task: with a thousand runs
+    /// held, waking it per lease scanned them all per job.
+    next_fence: Arc<Mutex<Option<Instant>>>,
     calls: Arc<Mutex<LeasingCalls>>,
 }
 
@@ -184,9 +190,16 @@ impl Leases {
             cancelled: false,
             started: false,
         };
-        self.lock().insert(run, held);
+        let comes_first = {
+            let mut held_now = self.lock();
+            held_now.insert(run, held);
+            let next = self.next_fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            next.is_none_or(|next| fence_at < next)
+        };
         lock_calls(&self.calls).arriving.remove(&run);
-        self.added.notify_one();
+        if comes_first {
+            self.added.notify_one();
+        }
     }
 
     /// Notes that a run's guest has returned; says whether an operator
@@ -305,7 +318,9 @@ impl Leases {
             );
             lease.signal.stop("lease could not be renewed before it expired");
         }
-        held.values().filter(live).map(|h| h.fence_at).min()
+        let next = held.values().filter(live).map(|h| h.fence_at).min();
+        *self.next_fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = next;
+        next
     }
 }
 
