@@ -145,11 +145,12 @@ async fn a_partitioned_host_stops_its_guests_before_its_leases_expire() {
     let log = logs.path().join("partitioned.log");
 
     // Alone at first, so that it is the host that takes the long runs. Its
-    // heartbeat of a second puts its fence half a second before the
-    // database's expiry: room for a busy machine's scheduling, well inside
-    // the limited jobs' 10 s lease.
+    // heartbeat of two seconds puts its fence a second before the
+    // database's expiry: room for a busy machine's scheduling (with half a
+    // second, CI failed this test once, its message not kept), well inside
+    // the limited jobs' 10 s lease, which the long runs outlast by 4 s.
     let mut hosts = vec![Host::start(
-        host_command_beating(&url_via(&db.url, proxy.port()), components.path(), cache.path(), "1s", "2s")
+        host_command_beating(&url_via(&db.url, proxy.port()), components.path(), cache.path(), "2s", "4s")
             .env("RUST_LOG", "warn,jobhost=debug")
             .stderr(std::fs::File::create(&log).expect("create the host's log")),
     )];
