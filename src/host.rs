@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background::deployments::DeploymentFollower;
+use crate::background::maintenance::{Maintenance, MaintenanceConfig};
+use crate::background::registration::Registrar;
+use crate::background::scheduler::{Scheduler, SchedulerConfig};
 use crate::component::{DirectoryWatcher, Registry, Runtime, WatcherConfig};
 use crate::config::RuntimeConfig;
-use crate::deployments::DeploymentFollower;
-use crate::maintenance::{Maintenance, MaintenanceConfig};
-use crate::registration::Registrar;
-use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{EnqueueLimits, Store};
 use crate::supervisor::{Supervisor, TaskPanic};
 use crate::worker::{KnownJobTypes, Worker, WorkerConfig};

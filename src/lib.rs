@@ -18,30 +18,29 @@
 //!   [`store::finish`]) over one writer per backend (an embedded SQLite
 //!   file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
-//! - [`maintenance`]: the sweeps (due jobs, expired leases, retention).
+//! - [`outbound`]: handlers' HTTP requests through the two-sided
+//!   allow-list, with secrets the guest never sees.
+//! - [`background`]: the loops beside the workers: the sweeps (due jobs,
+//!   expired leases, blocked jobs, retention), the schedule loop, the
+//!   deployment follower and job type registration.
 //! - [`http`]: the JSON API, the dashboard and `/metrics`; [`metrics`]:
 //!   what this process counts for them.
-//! - [`scheduler`]: the schedule loop, enqueueing each due tick's job once.
-//! - [`registration`]: job types recorded in the database as components load.
 //! - [`supervisor`]: background tasks whose panic stops the host.
 //! - [`host`]: a whole host wired together; [`client`]: the enqueue API.
 //! - [`cli`]: the `jobhost` command line.
 
 #![warn(missing_docs)]
 
+pub mod background;
 pub mod cli;
 pub mod client;
 pub mod component;
 pub mod config;
-pub mod deployments;
 pub mod host;
 pub mod http;
-pub mod maintenance;
 pub mod metrics;
 pub mod outbound;
-pub mod registration;
 pub mod schedule;
-pub mod scheduler;
 pub mod store;
 pub mod supervisor;
 pub mod template;

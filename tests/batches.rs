@@ -43,10 +43,6 @@ fn work(n: usize) -> Vec<EnqueueParams> {
     (0..n).map(|i| EnqueueParams::new("work", json!({ "i": i }))).collect()
 }
 
-async fn fetch(db: &TestDb, job: &str, limit: i64) -> Vec<FetchedJob> {
-    db.store.job_fetch(&fetch_params("h", &[job], limit)).await.unwrap()
-}
-
 async fn batch(db: &TestDb, id: i64) -> Batch {
     db.store.batch_get(id).await.unwrap().expect("the batch exists")
 }
@@ -91,7 +87,7 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
     assert_eq!(enqueued.len(), 10);
     let created = batch(&db, id).await;
     assert_eq!((created.state, created.counts.total, created.counts.pending), (BatchState::Closed, 10, 10));
-    let runs = fetch(&db, "work", 10).await;
+    let runs = db.fetch("work", 10).await;
     assert_eq!(batch(&db, id).await.counts.running, 10);
     assert!(runs.iter().all(|r| r.batch_id == Some(id)), "a member knows its batch");
     // 6 complete, 2 fail, 1 retries (and later completes: a success), 1 is cancelled by an operator.
@@ -109,7 +105,7 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
     assert_eq!(midway.state, BatchState::Closed);
     assert_eq!(jobs_of(&db, "on_done").await, 0, "nothing fires while a member is left");
 
-    let retried = fetch(&db, "work", 1).await.remove(0);
+    let retried = db.fetch("work", 1).await.remove(0);
     assert_eq!(retried.attempt, 2);
     db.store.job_finish(vec![finish(&retried, completed())]).await.unwrap();
     let done = batch(&db, id).await;
@@ -136,7 +132,7 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
         ))
         .await;
     db.store.job_retry(failed[0].parse().unwrap()).await.unwrap();
-    let rerun = fetch(&db, "work", 1).await.remove(0);
+    let rerun = db.fetch("work", 1).await.remove(0);
     assert_eq!(rerun.batch_id, None, "it left the finished batch");
     db.store.job_finish(vec![finish(&rerun, completed())]).await.unwrap();
     let after = batch(&db, id).await;
@@ -147,13 +143,13 @@ async fn a_batch_counts_each_ending_and_fires_its_callbacks_once(db: TestDb) {
 async fn a_retried_member_of_an_unfinished_batch_is_pending_again(db: TestDb) {
     register(&db).await;
     let (id, _) = db.store.batch_create(&all_callbacks(), &work(2)).await.unwrap();
-    let runs = fetch(&db, "work", 2).await;
+    let runs = db.fetch("work", 2).await;
     db.store.job_finish(vec![finish(&runs[0], FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
     assert_eq!(batch(&db, id).await.counts.failed, 1);
     db.store.job_retry(runs[0].id).await.unwrap();
     let again = batch(&db, id).await;
     assert_eq!((again.counts.failed, again.counts.pending, again.counts.running), (0, 1, 1), "its failure uncounted");
-    let retried = fetch(&db, "work", 1).await.remove(0);
+    let retried = db.fetch("work", 1).await.remove(0);
     assert_eq!(retried.batch_id, Some(id));
     db.store.job_finish(vec![finish(&retried, completed()), finish(&runs[1], completed())]).await.unwrap();
     assert_eq!(batch(&db, id).await.state, BatchState::Succeeded, "a member that succeeds on a retry is a success");
@@ -163,7 +159,7 @@ async fn a_retried_member_of_an_unfinished_batch_is_pending_again(db: TestDb) {
 async fn a_batch_whose_members_all_succeed_fires_on_success_and_a_one_job_batch_fires_too(db: TestDb) {
     register(&db).await;
     let (id, _) = db.store.batch_create(&all_callbacks(), &work(1)).await.unwrap();
-    let run = fetch(&db, "work", 1).await.remove(0);
+    let run = db.fetch("work", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     assert_eq!(batch(&db, id).await.state, BatchState::Succeeded);
     assert_eq!((jobs_of(&db, "on_done").await, jobs_of(&db, "on_ok").await, jobs_of(&db, "on_bad").await), (1, 1, 0));
@@ -174,7 +170,7 @@ async fn an_open_batch_fires_only_once_closed(db: TestDb) {
     register(&db).await;
     let open = NewBatch { open: true, ..all_callbacks() };
     let (id, _) = db.store.batch_create(&open, &work(2)).await.unwrap();
-    for run in fetch(&db, "work", 2).await {
+    for run in db.fetch("work", 2).await {
         db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     }
     assert_eq!(batch(&db, id).await.state, BatchState::Open);
@@ -183,7 +179,7 @@ async fn an_open_batch_fires_only_once_closed(db: TestDb) {
     let more = EnqueueParams { batch_id: Some(id), ..EnqueueParams::new("work", json!({"late": true})) };
     db.store.job_enqueue(&[more]).await.unwrap();
     assert_eq!(batch(&db, id).await.counts.total, 3);
-    let run = fetch(&db, "work", 1).await.remove(0);
+    let run = db.fetch("work", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     assert_eq!(jobs_of(&db, "on_done").await, 0);
     assert!(db.store.batch_close(id).await.unwrap());
@@ -220,7 +216,7 @@ async fn blocked_members_count_as_pending_and_are_never_lost(db: TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 4);
     assert_eq!(batch(&db, id).await.counts.pending, 5, "a blocked member is pending");
     for _ in 0..5 {
-        let run = fetch(&db, "lim", 5).await;
+        let run = db.fetch("lim", 5).await;
         assert_eq!(run.len(), 1, "one slot, one run");
         db.store.job_finish(vec![finish(&run[0], completed())]).await.unwrap();
     }
@@ -236,7 +232,7 @@ async fn members_discarded_by_the_gate_are_counted_even_in_the_creating_transact
     let (id, _) = db.store.batch_create(&all_callbacks(), &members).await.unwrap();
     let created = batch(&db, id).await;
     assert_eq!((created.counts.total, created.counts.discarded, created.counts.pending), (3, 2, 1));
-    let run = fetch(&db, "lim", 1).await.remove(0);
+    let run = db.fetch("lim", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     assert_eq!(batch(&db, id).await.state, BatchState::Failed, "a discarded member is not a success");
     assert_eq!((jobs_of(&db, "on_bad").await, jobs_of(&db, "on_ok").await), (1, 0));
@@ -262,7 +258,7 @@ async fn a_retried_member_of_a_finished_batch_leaves_it_whatever_the_gate_does(d
         limited(db, on_conflict).await;
         let (id, _) =
             db.store.batch_create(&all_callbacks(), &[EnqueueParams::new("lim", json!({"k": "one"}))]).await.unwrap();
-        let run = fetch(db, "lim", 1).await.remove(0);
+        let run = db.fetch("lim", 1).await.remove(0);
         db.store.job_finish(vec![finish(&run, FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
         let finished = batch(db, id).await;
         assert_eq!(
@@ -277,11 +273,11 @@ async fn a_retried_member_of_a_finished_batch_leaves_it_whatever_the_gate_does(d
         assert_eq!((retried.row.state, retried.batch_id), (expected, None), "{on_conflict:?}: it left the batch");
         assert_eq!(counts_of(&batch(db, id).await), counts_of(&finished), "{on_conflict:?}: the record is unchanged");
         // The holder ends; a blocked retry is promoted and runs to completion.
-        let held = fetch(db, "lim", 1).await.remove(0);
+        let held = db.fetch("lim", 1).await.remove(0);
         assert_eq!(held.id, holder);
         db.store.job_finish(vec![finish(&held, completed())]).await.unwrap();
         if on_conflict == OnConflict::Block {
-            let rerun = fetch(db, "lim", 1).await.remove(0);
+            let rerun = db.fetch("lim", 1).await.remove(0);
             assert_eq!((rerun.id, rerun.batch_id), (run.id, None));
             db.store.job_finish(vec![finish(&rerun, completed())]).await.unwrap();
         }
@@ -306,7 +302,7 @@ async fn a_duplicate_of_a_unique_job_is_not_a_member(db: TestDb) {
     let (id, enqueued) = db.store.batch_create(&all_callbacks(), &members).await.unwrap();
     assert_eq!(enqueued[0], Enqueued::Duplicate(holder));
     assert_eq!(batch(&db, id).await.counts.total, 1, "only the stored job is a member");
-    let runs = fetch(&db, "once", 2).await;
+    let runs = db.fetch("once", 2).await;
     let member = runs.iter().find(|r| r.batch_id == Some(id)).expect("the member runs");
     db.store.job_finish(vec![finish(member, completed())]).await.unwrap();
     assert_eq!(batch(&db, id).await.state, BatchState::Succeeded);
@@ -325,7 +321,7 @@ async fn a_callback_that_cannot_be_enqueued_is_recorded_and_the_last_member_stil
         on_conflict: OnConflict::Block,
     });
     db.store.job_types_register(&[(changed, "v2".into())]).await.unwrap();
-    let run = fetch(&db, "work", 1).await.remove(0);
+    let run = db.fetch("work", 1).await.remove(0);
     assert_eq!(db.store.job_finish(vec![finish(&run, completed())]).await.unwrap(), vec![FinishResult::Done]);
     let done = batch(&db, id).await;
     assert_eq!(done.state, BatchState::Succeeded);
@@ -338,14 +334,14 @@ async fn a_callback_type_whose_stored_configuration_is_unreadable_stalls_nothing
     register(&db).await;
     let (id, _) = db.store.batch_create(&all_callbacks(), &work(1)).await.unwrap();
     db.execute("UPDATE jobhost.job_types SET config = '{\"unreadable\": true}' WHERE name = 'on_ok'").await;
-    let run = fetch(&db, "work", 1).await.remove(0);
+    let run = db.fetch("work", 1).await.remove(0);
     assert_eq!(db.store.job_finish(vec![finish(&run, completed())]).await.unwrap(), vec![FinishResult::Done]);
     let done = batch(&db, id).await;
     assert!(done.callback_errors.contains_key("on_success"), "{:?}", done.callback_errors);
     assert_eq!(jobs_of(&db, "on_done").await, 1, "the readable callback fired");
     // Every later write goes on (guarantee 13).
     db.store.job_enqueue(&work(1)).await.unwrap();
-    let next = fetch(&db, "work", 1).await.remove(0);
+    let next = db.fetch("work", 1).await.remove(0);
     assert_eq!(db.store.job_finish(vec![finish(&next, completed())]).await.unwrap(), vec![FinishResult::Done]);
 }
 
@@ -379,7 +375,7 @@ async fn two_last_members_ending_at_once_fire_one_callback(db: TestDb) {
     register(&db).await;
     for _ in 0..10 {
         let (id, _) = db.store.batch_create(&all_callbacks(), &work(2)).await.unwrap();
-        let finishers = finish_each_at_once(&db, fetch(&db, "work", 2).await);
+        let finishers = finish_each_at_once(&db, db.fetch("work", 2).await);
         for finisher in finishers {
             assert_eq!(finisher.await.unwrap(), vec![FinishResult::Done]);
         }
@@ -391,7 +387,7 @@ async fn two_last_members_ending_at_once_fire_one_callback(db: TestDb) {
 async fn progress_shows_while_a_job_runs_and_sums_into_its_batch(db: TestDb) {
     register(&db).await;
     let (id, _) = db.store.batch_create(&all_callbacks(), &work(4)).await.unwrap();
-    let runs = fetch(&db, "work", 4).await;
+    let runs = db.fetch("work", 4).await;
     let ids: Vec<RunId> = runs.iter().map(|r| RunId { job_id: r.id, lease_token: r.lease_token }).collect();
     let progress = [RunProgress { run: ids[0], done: 1, total: 4 }, RunProgress { run: ids[1], done: 3, total: 4 }];
     let renewal = common::renew(&db, "h", &ids, &progress).await;
@@ -413,7 +409,7 @@ async fn waiting_for_a_job_returns_when_it_ends(db: TestDb) {
     let id = db.store.job_enqueue(&work(1)).await.unwrap()[0];
     let store = db.dyn_store();
     let waiter = tokio::spawn(async move { store.job_wait(id, Duration::from_secs(60)).await });
-    let run = fetch(&db, "work", 1).await.remove(0);
+    let run = db.fetch("work", 1).await.remove(0);
     // The waiter has registered (or reads the end at its first look).
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     let ended = waiter.await.unwrap().unwrap().expect("it ended within the wait");
@@ -423,7 +419,7 @@ async fn waiting_for_a_job_returns_when_it_ends(db: TestDb) {
     assert!(db.store.job_wait(id, Duration::ZERO).await.unwrap().is_some());
     let live = db.store.job_enqueue(&work(1)).await.unwrap()[0];
     assert!(db.store.job_wait(live, Duration::from_millis(300)).await.unwrap().is_none());
-    assert!(matches!(db.store.job_wait(live + 1000, Duration::from_secs(1)).await, Err(Error::JobState { .. })));
+    assert!(matches!(db.store.job_wait(live + 1000, Duration::from_secs(1)).await, Err(Error::NotFound { .. })));
 }
 
 on_both_backends!(
@@ -457,7 +453,7 @@ async fn the_last_two_members_released_together_fire_one_callback() {
     let db = TestDb::new(Backend::Postgres).await;
     register(&db).await;
     let (id, _) = db.store.batch_create(&all_callbacks(), &work(2)).await.unwrap();
-    let runs = fetch(&db, "work", 2).await;
+    let runs = db.fetch("work", 2).await;
     let mut holder = db.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM jobhost.batches WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *holder).await.unwrap();
     let finishers = finish_each_at_once(&db, runs);
@@ -501,7 +497,7 @@ async fn a_batch_made_from_sql_fires_like_any_other() {
     assert_eq!(batch(&db, id).await.counts.total, 3);
     let closed = sqlx::query("SELECT jobhost.enqueue('work', '{}', batch_id => $1)").bind(id).execute(db.pool()).await;
     assert!(closed.unwrap_err().to_string().contains("is closed"));
-    for run in fetch(&db, "work", 3).await {
+    for run in db.fetch("work", 3).await {
         db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     }
     assert_eq!(jobs_of(&db, "on_done").await, 1);
@@ -606,7 +602,7 @@ async fn the_end_of_a_waited_for_job_is_announced_and_no_other() {
     let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
     listener.listen("jobhost_finished").await.unwrap();
     sqlx::query("INSERT INTO jobhost.job_waits (job_id) VALUES ($1)").bind(ids[1]).execute(db.pool()).await.unwrap();
-    let runs = fetch(&db, "work", 2).await;
+    let runs = db.fetch("work", 2).await;
     let (unwaited, waited) = if runs[0].id == ids[0] { (&runs[0], &runs[1]) } else { (&runs[1], &runs[0]) };
     db.store.job_finish(vec![finish(unwaited, completed())]).await.unwrap();
     db.store.job_finish(vec![finish(waited, completed())]).await.unwrap();
@@ -624,7 +620,7 @@ async fn an_open_transaction_on_a_batch_holds_back_only_its_members_results() {
     register(&db).await;
     let (id, _) = db.store.batch_create(&NewBatch { open: true, ..all_callbacks() }, &work(1)).await.unwrap();
     db.store.job_enqueue(&work(2)).await.unwrap();
-    let runs = fetch(&db, "work", 3).await;
+    let runs = db.fetch("work", 3).await;
     let mut application = db.pool().begin().await.unwrap();
     sqlx::query("SELECT jobhost.enqueue('work', '{}', batch_id => $1)")
         .bind(id)

@@ -1,6 +1,8 @@
-//! Per-key concurrency limits against a real PostgreSQL: the gate, blocking,
-//! promotion, the sweep and the repair (DESIGN.md guarantees 1-4 and 7), one
-//! test per bug class the job systems we descend from shipped.
+//! Per-key concurrency limits on both backends, a real PostgreSQL and an
+//! SQLite file (five, of notifications and row locks, are PostgreSQL's own): the
+//! gate, blocking, promotion, the sweep and the repair (DESIGN.md
+//! guarantees 1-4 and 7), one test per bug class the job systems we
+//! descend from shipped.
 
 mod common;
 
@@ -30,33 +32,21 @@ fn keyed(job: &str, key: &str) -> EnqueueParams {
     EnqueueParams::new(job, json!({ "key": key }))
 }
 
-async fn enqueue(db: &TestDb, job: &str, key: &str) -> i64 {
-    db.store.job_enqueue(&[keyed(job, key)]).await.unwrap()[0]
-}
-
-async fn fetch(db: &TestDb, job: &str, limit: i64) -> Vec<FetchedJob> {
-    db.store.job_fetch(&fetch_params("h", &[job], limit)).await.unwrap()
-}
-
-async fn state_of(db: &TestDb, id: i64) -> JobState {
-    db.store.job_get(id).await.unwrap().expect("job exists").row.state
-}
-
 async fn holders(db: &TestDb, job: &str, key: &str) -> i64 {
     db.scalar(format!("SELECT coalesce(sum(holders), 0) FROM jobhost.semaphores WHERE job = '{job}' AND key = '{key}'"))
         .await
 }
 
-fn maintenance(db: &TestDb) -> jobhost::maintenance::Maintenance {
-    jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap()
+fn maintenance(db: &TestDb) -> jobhost::background::maintenance::Maintenance {
+    jobhost::background::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap()
 }
 
 async fn a_blocked_job_is_promoted_however_long_it_waited(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    enqueue(&db, "lim", "k").await;
-    let blocked = enqueue(&db, "lim", "k").await;
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
-    let holder = fetch(&db, "lim", 10).await.remove(0);
+    db.enqueue_one(keyed("lim", "k")).await;
+    let blocked = db.enqueue_one(keyed("lim", "k")).await;
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked);
+    let holder = db.fetch("lim", 10).await.remove(0);
 
     // Blocked for a day, a thousand times its key's duration: sweeps pass over it.
     db.execute(db.dialect(
@@ -67,10 +57,10 @@ async fn a_blocked_job_is_promoted_however_long_it_waited(db: TestDb) {
     for _ in 0..3 {
         maintenance(&db).run_once(None).await.unwrap();
     }
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "still blocked while the holder runs");
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked, "still blocked while the holder runs");
 
     db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
-    assert_eq!(state_of(&db, blocked).await, JobState::Available, "promoted by the holder's completion");
+    assert_eq!(db.state_of(blocked).await, JobState::Available, "promoted by the holder's completion");
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
@@ -78,9 +68,9 @@ async fn a_holder_heartbeating_past_its_duration_keeps_the_key_to_itself(db: Tes
     // `serial`: limit 1 per key, duration 1 s (the floor at twice the 200 ms heartbeat).
     let host = TestHost::start(&db, &["serial"], |_| {}).await;
     let long = db.store.job_enqueue(&[EnqueueParams::new("serial", json!({"key": "k", "ms": 3500}))]).await.unwrap()[0];
-    eventually(WITHIN, || async { state_of(&db, long).await == JobState::Running }).await;
+    eventually(WITHIN, || async { db.state_of(long).await == JobState::Running }).await;
     let next = db.store.job_enqueue(&[EnqueueParams::new("serial", json!({"key": "k", "ms": 0}))]).await.unwrap()[0];
-    eventually(WITHIN, || async { state_of(&db, next).await == JobState::Completed }).await;
+    eventually(WITHIN, || async { db.state_of(next).await == JobState::Completed }).await;
     host.stop().await;
 
     let long = db.store.job_get(long).await.unwrap().unwrap();
@@ -124,10 +114,10 @@ async fn blocks_racing_finishing_holders_strand_nothing(db: TestDb) {
     for round in 0..ROUNDS {
         for key in 0..KEYS {
             for _ in 0..LIMIT {
-                enqueue(&db, "lim", &format!("k{key}")).await;
+                db.enqueue_one(keyed("lim", &format!("k{key}"))).await;
             }
         }
-        let holders = fetch(&db, "lim", (KEYS * LIMIT) as i64).await;
+        let holders = db.fetch("lim", (KEYS * LIMIT) as i64).await;
         assert_eq!(holders.len(), KEYS * LIMIT);
         let start = Arc::new(tokio::sync::Barrier::new(2 * KEYS));
         let mut racing = Vec::new();
@@ -144,7 +134,7 @@ async fn blocks_racing_finishing_holders_strand_nothing(db: TestDb) {
             racing.push(tokio::spawn(async move {
                 blocker_start.wait().await;
                 stagger().await;
-                enqueue(&blocker_db, "lim", &key).await;
+                blocker_db.enqueue_one(keyed("lim", &key)).await;
             }));
         }
         for task in racing {
@@ -159,7 +149,7 @@ async fn blocks_racing_finishing_holders_strand_nothing(db: TestDb) {
             .await;
         assert_eq!(stranded, 0, "round {round}: a blocked job waits beside a free slot");
         loop {
-            let running = fetch(&db, "lim", 100).await;
+            let running = db.fetch("lim", 100).await;
             let still_held = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'running'").await;
             if running.is_empty() && still_held == 0 {
                 break;
@@ -179,45 +169,45 @@ async fn blocks_racing_finishing_holders_strand_nothing(db: TestDb) {
 
 async fn a_stale_lease_tokens_completion_releases_nothing(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    enqueue(&db, "lim", "k").await;
-    let blocked = enqueue(&db, "lim", "k").await;
-    let first = fetch(&db, "lim", 1).await.remove(0);
+    db.enqueue_one(keyed("lim", "k")).await;
+    let blocked = db.enqueue_one(keyed("lim", "k")).await;
+    let first = db.fetch("lim", 1).await.remove(0);
 
     // The first host goes silent: its lease expires and the job is
     // redelivered with its slot still held; the blocked job stays blocked.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (1, 0));
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
-    let second = fetch(&db, "lim", 1).await.remove(0);
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked);
+    let second = db.fetch("lim", 1).await.remove(0);
     assert_eq!(second.id, first.id);
 
     // The first host comes back and reports: a duplicate, which touches nothing.
     let stale = db.store.job_finish(vec![finish(&first, completed())]).await.unwrap();
     assert_eq!(stale, vec![FinishResult::Duplicate]);
     assert_eq!(holders(&db, "lim", "k").await, 1);
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "the stale completion promoted nothing");
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked, "the stale completion promoted nothing");
 
     db.store.job_finish(vec![finish(&second, completed())]).await.unwrap();
-    assert_eq!(state_of(&db, blocked).await, JobState::Available);
+    assert_eq!(db.state_of(blocked).await, JobState::Available);
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
 async fn every_blocked_payload_is_a_json_object(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     db.store.job_types_register(&[(job_config("parent"), "v1".into())]).await.unwrap();
-    enqueue(&db, "lim", "k").await;
-    let holder = fetch(&db, "lim", 1).await.remove(0);
+    db.enqueue_one(keyed("lim", "k")).await;
+    let holder = db.fetch("lim", 1).await.remove(0);
 
     // Blocked through every path: a single enqueue, a bulk one, the SQL
     // function (PostgreSQL's own), a child written with its parent's
     // completion, and a retry that came due.
-    enqueue(&db, "lim", "k").await;
+    db.enqueue_one(keyed("lim", "k")).await;
     db.store.job_enqueue(&[keyed("lim", "k"), keyed("lim", "k")]).await.unwrap();
     if db.backend == Backend::Postgres {
         db.execute("SELECT jobhost.enqueue('lim', '{\"key\": \"k\", \"via\": \"sql\"}')").await;
     }
     db.store.job_enqueue(&[EnqueueParams::new("parent", json!({}))]).await.unwrap();
-    let parent = fetch(&db, "parent", 1).await.remove(0);
+    let parent = db.fetch("parent", 1).await.remove(0);
     let child = ChildJob {
         job: "lim".into(),
         payload: json!({"key": "k", "nested": {"a": [1, 2]}}),
@@ -234,7 +224,7 @@ async fn every_blocked_payload_is_a_json_object(db: TestDb) {
         .unwrap();
     // The retry gave its slot back, so the first blocked job took it; take
     // that one too, so the retry finds the key busy when it comes due.
-    let promoted = fetch(&db, "lim", 1).await;
+    let promoted = db.fetch("lim", 1).await;
     assert_eq!(promoted.len(), 1);
     let later = chrono::Utc::now() + chrono::Duration::minutes(1);
     db.store.job_promote_due(Some(later)).await.unwrap();
@@ -253,41 +243,41 @@ async fn a_waiting_job_holds_no_slot(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
     let delayed = EnqueueParams { delay_ms: Some(3_600_000), ..keyed("lim", "k") };
     let delayed = db.store.job_enqueue(&[delayed]).await.unwrap()[0];
-    assert_eq!(state_of(&db, delayed).await, JobState::Scheduled);
+    assert_eq!(db.state_of(delayed).await, JobState::Scheduled);
     assert_eq!(holders(&db, "lim", "k").await, 0, "a delayed job takes no slot while it waits");
 
-    let now = enqueue(&db, "lim", "k").await;
-    assert_eq!(state_of(&db, now).await, JobState::Available, "the key's slot was free for it");
-    let running = fetch(&db, "lim", 1).await.remove(0);
+    let now = db.enqueue_one(keyed("lim", "k")).await;
+    assert_eq!(db.state_of(now).await, JobState::Available, "the key's slot was free for it");
+    let running = db.fetch("lim", 1).await.remove(0);
     db.store
         .job_finish(vec![finish(&running, FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 })])
         .await
         .unwrap();
     assert_eq!(holders(&db, "lim", "k").await, 0, "a job in retry backoff takes no slot");
-    let third = enqueue(&db, "lim", "k").await;
-    assert_eq!(state_of(&db, third).await, JobState::Available);
+    let third = db.enqueue_one(keyed("lim", "k")).await;
+    assert_eq!(db.state_of(third).await, JobState::Available);
 
     // Both come due while the third holds the key: they pass the gate and are blocked.
     let later = chrono::Utc::now() + chrono::Duration::hours(2);
     assert_eq!(db.store.job_promote_due(Some(later)).await.unwrap(), 2);
-    assert_eq!(state_of(&db, delayed).await, JobState::Blocked);
-    assert_eq!(state_of(&db, now).await, JobState::Blocked);
+    assert_eq!(db.state_of(delayed).await, JobState::Blocked);
+    assert_eq!(db.state_of(now).await, JobState::Blocked);
     assert_eq!(holders(&db, "lim", "k").await, 1);
 }
 
 async fn a_handed_back_job_keeps_its_slot(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    let first = enqueue(&db, "lim", "k").await;
-    let running = fetch(&db, "lim", 1).await.remove(0);
-    let blocked = enqueue(&db, "lim", "k").await;
+    let first = db.enqueue_one(keyed("lim", "k")).await;
+    let running = db.fetch("lim", 1).await.remove(0);
+    let blocked = db.enqueue_one(keyed("lim", "k")).await;
     // A host shutting down hands the run back: the job is available again at
     // once, so nothing else may take its slot meanwhile.
     let release = FinishOutcome::Release { reason: "shutdown".into() };
     db.store.job_finish(vec![finish(&running, release)]).await.unwrap();
-    assert_eq!(state_of(&db, first).await, JobState::Available);
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked, "the slot stayed with the handed-back job");
+    assert_eq!(db.state_of(first).await, JobState::Available);
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked, "the slot stayed with the handed-back job");
     assert_eq!(holders(&db, "lim", "k").await, 1);
-    let again = fetch(&db, "lim", 10).await;
+    let again = db.fetch("lim", 10).await;
     assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [first]);
 }
 
@@ -303,25 +293,26 @@ async fn a_free_key_is_promoted_within_one_round_of_pages_despite_thousands_of_b
     let busy: Vec<EnqueueParams> =
         (0..BUSY).flat_map(|i| [keyed("lim", &format!("busy-{i}")), keyed("lim", &format!("busy-{i}"))]).collect();
     db.store.job_enqueue(&busy).await.unwrap();
-    enqueue(&db, "lim", "free").await;
-    let blocked = enqueue(&db, "lim", "free").await;
+    db.enqueue_one(keyed("lim", "free")).await;
+    let blocked = db.enqueue_one(keyed("lim", "free")).await;
     // Its holder vanishes by hand (an operator's DELETE), leaving the blocked
     // job behind a free slot that no completion will hand over.
     db.execute("DELETE FROM jobhost.jobs WHERE concurrency_key = 'free'").await;
     db.execute("DELETE FROM jobhost.semaphores WHERE key = 'free'").await;
 
-    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: PAGE as i64, ..Default::default() };
-    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let config =
+        jobhost::background::maintenance::MaintenanceConfig { promote_keys: PAGE as i64, ..Default::default() };
+    let sweep = jobhost::background::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
     let round = (BUSY + 1).div_ceil(PAGE);
     let mut passes = 0;
-    while state_of(&db, blocked).await == JobState::Blocked {
+    while db.state_of(blocked).await == JobState::Blocked {
         passes += 1;
         assert!(passes <= round, "not promoted within a round of {round} pages");
         let report = sweep.run_once(None).await.unwrap();
         assert!(report.unblocked <= 1, "only the free key can be promoted: {report:?}");
     }
     assert_eq!(passes, round, "the free key is the last key, reached by the round's last page");
-    assert_eq!(state_of(&db, blocked).await, JobState::Available);
+    assert_eq!(db.state_of(blocked).await, JobState::Available);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, BUSY as i64);
 }
 
@@ -342,8 +333,8 @@ async fn the_sweep_visits_a_page_of_keys_per_pass_and_wraps(db: TestDb) {
         db.execute(format!("DELETE FROM jobhost.jobs WHERE concurrency_key = '{name}'")).await;
         db.execute(format!("DELETE FROM jobhost.semaphores WHERE key = '{name}'")).await;
     }
-    let config = jobhost::maintenance::MaintenanceConfig { promote_keys: 10, ..Default::default() };
-    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let config = jobhost::background::maintenance::MaintenanceConfig { promote_keys: 10, ..Default::default() };
+    let sweep = jobhost::background::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
     let promoted_keys = || async {
         let mut keys = Vec::new();
         for name in &names {
@@ -378,8 +369,8 @@ async fn the_repair_checks_a_page_of_keys_per_pass(db: TestDb) {
     db.store.job_enqueue(&jobs).await.unwrap();
     db.execute("UPDATE jobhost.semaphores SET holders = 2").await;
     db.execute("DELETE FROM jobhost.semaphores WHERE key = 'k12'").await;
-    let config = jobhost::maintenance::MaintenanceConfig { repair_keys: 10, ..Default::default() };
-    let sweep = jobhost::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
+    let config = jobhost::background::maintenance::MaintenanceConfig { repair_keys: 10, ..Default::default() };
+    let sweep = jobhost::background::maintenance::Maintenance::new(db.dyn_store(), config).unwrap();
     let wrong = || db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE holders <> 1");
     assert_eq!(sweep.run_once(None).await.unwrap().repaired, 10);
     assert_eq!(wrong().await, 14, "k00-k09 fixed, k10-k24 left (k12 has no row)");
@@ -399,8 +390,8 @@ async fn the_repair_checks_a_page_of_keys_per_pass(db: TestDb) {
 async fn raise_and_discard_leave_no_semaphore_residue(db: TestDb) {
     limited_type(&db, "rai", 1, OnConflict::Raise, "v1").await;
     limited_type(&db, "dis", 1, OnConflict::Discard, "v1").await;
-    enqueue(&db, "rai", "k").await;
-    enqueue(&db, "dis", "k").await;
+    db.enqueue_one(keyed("rai", "k")).await;
+    db.enqueue_one(keyed("dis", "k")).await;
 
     let refused = db.store.job_enqueue(&[keyed("rai", "k")]).await.unwrap_err();
     assert!(matches!(refused, Error::LimitReached(_)), "{refused}");
@@ -415,7 +406,7 @@ async fn raise_and_discard_leave_no_semaphore_residue(db: TestDb) {
         assert_eq!(sql.as_database_error().and_then(|e| e.code()).as_deref(), Some("JHL01"));
     }
 
-    let discarded = enqueue(&db, "dis", "k").await;
+    let discarded = db.enqueue_one(keyed("dis", "k")).await;
     let detail = db.store.job_get(discarded).await.unwrap().unwrap();
     assert_eq!(detail.row.state, JobState::Discarded);
     assert!(detail.row.error.unwrap().contains("concurrency limit reached"));
@@ -426,7 +417,7 @@ async fn raise_and_discard_leave_no_semaphore_residue(db: TestDb) {
     assert_eq!(db.scalar("SELECT sum(holders) FROM jobhost.semaphores").await, 2);
 
     for job in ["rai", "dis"] {
-        let holder = fetch(&db, job, 1).await.remove(0);
+        let holder = db.fetch(job, 1).await.remove(0);
         db.store.job_finish(vec![finish(&holder, completed())]).await.unwrap();
     }
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "no residue once the holders end");
@@ -439,35 +430,35 @@ async fn a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody(db:
 
     limited_type(&db, "lim", 3, OnConflict::Block, "v2").await;
     for id in &ids {
-        assert_eq!(state_of(&db, *id).await, JobState::Available, "a new version's higher limit applies at once");
+        assert_eq!(db.state_of(*id).await, JobState::Available, "a new version's higher limit applies at once");
     }
-    let running = fetch(&db, "lim", 3).await;
+    let running = db.fetch("lim", 3).await;
     assert_eq!(running.len(), 3);
 
     limited_type(&db, "lim", 1, OnConflict::Block, "v3").await;
     for id in &ids {
-        assert_eq!(state_of(&db, *id).await, JobState::Running, "a lower limit stops no running holder");
+        assert_eq!(db.state_of(*id).await, JobState::Running, "a lower limit stops no running holder");
     }
-    let fourth = enqueue(&db, "lim", "k").await;
-    assert_eq!(state_of(&db, fourth).await, JobState::Blocked);
+    let fourth = db.enqueue_one(keyed("lim", "k")).await;
+    assert_eq!(db.state_of(fourth).await, JobState::Blocked);
     db.store.job_finish(vec![finish(&running[0], completed())]).await.unwrap();
     db.store.job_finish(vec![finish(&running[1], completed())]).await.unwrap();
-    assert_eq!(state_of(&db, fourth).await, JobState::Blocked, "still at the new limit of 1");
+    assert_eq!(db.state_of(fourth).await, JobState::Blocked, "still at the new limit of 1");
     db.store.job_finish(vec![finish(&running[2], completed())]).await.unwrap();
-    assert_eq!(state_of(&db, fourth).await, JobState::Available);
+    assert_eq!(db.state_of(fourth).await, JobState::Available);
 }
 
 async fn cancel_works_on_blocked_and_admitted_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    let holder = enqueue(&db, "lim", "k").await;
-    let first_blocked = enqueue(&db, "lim", "k").await;
-    let second_blocked = enqueue(&db, "lim", "k").await;
+    let holder = db.enqueue_one(keyed("lim", "k")).await;
+    let first_blocked = db.enqueue_one(keyed("lim", "k")).await;
+    let second_blocked = db.enqueue_one(keyed("lim", "k")).await;
 
     db.store.job_cancel(first_blocked).await.unwrap();
-    assert_eq!(state_of(&db, first_blocked).await, JobState::Cancelled);
+    assert_eq!(db.state_of(first_blocked).await, JobState::Cancelled);
     db.store.job_cancel(holder).await.unwrap();
-    assert_eq!(state_of(&db, holder).await, JobState::Cancelled);
-    assert_eq!(state_of(&db, second_blocked).await, JobState::Available, "the cancelled holder's slot passed on");
+    assert_eq!(db.state_of(holder).await, JobState::Cancelled);
+    assert_eq!(db.state_of(second_blocked).await, JobState::Available, "the cancelled holder's slot passed on");
     assert_eq!(holders(&db, "lim", "k").await, 1);
     let error = db.store.job_cancel(holder).await.unwrap_err();
     assert!(error.to_string().contains("is cancelled and cannot be cancelled"), "{error}");
@@ -500,20 +491,20 @@ async fn a_last_attempt_lost_with_its_host_gives_its_slot_to_a_blocked_job(db: T
         on_conflict: OnConflict::Block,
     });
     db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
-    enqueue(&db, "lim", "k").await;
-    let blocked = enqueue(&db, "lim", "k").await;
-    let run = fetch(&db, "lim", 1).await.remove(0);
+    db.enqueue_one(keyed("lim", "k")).await;
+    let blocked = db.enqueue_one(keyed("lim", "k")).await;
+    let run = db.fetch("lim", 1).await.remove(0);
     common::confirm_started(&db, &[jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token }]).await;
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
-    assert_eq!(state_of(&db, blocked).await, JobState::Available);
+    assert_eq!(db.state_of(blocked).await, JobState::Available);
 }
 
 async fn the_concurrency_view_lists_holders_and_blocked_jobs(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    let holder = enqueue(&db, "lim", "k").await;
-    enqueue(&db, "lim", "k").await;
-    fetch(&db, "lim", 1).await;
+    let holder = db.enqueue_one(keyed("lim", "k")).await;
+    db.enqueue_one(keyed("lim", "k")).await;
+    db.fetch("lim", 1).await;
     let keys = db.store.semaphore_list().await.unwrap();
     assert_eq!(keys.len(), 1);
     let key = &keys[0];
@@ -533,7 +524,7 @@ async fn a_guest_enqueue_refused_by_a_raise_limit_errs_at_the_call(db: TestDb) {
     let refused = db.store.job_enqueue(&[fanout(3)]).await.unwrap()[0];
     let fits = db.store.job_enqueue(&[fanout(2)]).await.unwrap()[0];
     eventually(WITHIN, || async {
-        state_of(&db, refused).await == JobState::Failed && state_of(&db, fits).await == JobState::Completed
+        db.state_of(refused).await == JobState::Failed && db.state_of(fits).await == JobState::Completed
     })
     .await;
     let error = db.store.job_get(refused).await.unwrap().unwrap().row.error.unwrap();
@@ -566,7 +557,7 @@ async fn a_write_leases_its_promotions_in_fetch_order(db: TestDb) {
     };
     let both = |budget| fetch_params("h", &["lim", "plain"], budget);
     db.store.job_enqueue(&[with_priority("lim", Some("k"), 5)]).await.unwrap();
-    let holder = fetch(&db, "lim", 1).await.remove(0);
+    let holder = db.fetch("lim", 1).await.remove(0);
 
     // An available job of priority 0 comes first: the promoted job waits.
     let ids =
@@ -574,12 +565,12 @@ async fn a_write_leases_its_promotions_in_fetch_order(db: TestDb) {
     let (promoted, first) = (ids[0], ids[1]);
     let (_, leased) = db.store.job_finish_and_fetch(vec![finish(&holder, completed())], &both(1)).await.unwrap();
     assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [first], "the job ahead took the budget");
-    assert_eq!(state_of(&db, promoted).await, JobState::Available);
+    assert_eq!(db.state_of(promoted).await, JobState::Available);
     assert_eq!(holders(&db, "lim", "k").await, 1, "the promoted job holds the slot while it waits");
     db.store.job_finish(vec![finish(&leased[0], completed())]).await.unwrap();
 
     // Behind it, an available job of priority 9 waits for the promoted one.
-    let holder = fetch(&db, "lim", 1).await.remove(0);
+    let holder = db.fetch("lim", 1).await.remove(0);
     assert_eq!(holder.id, promoted);
     let ids =
         db.store.job_enqueue(&[with_priority("lim", Some("k"), 5), with_priority("plain", None, 9)]).await.unwrap();
@@ -588,12 +579,12 @@ async fn a_write_leases_its_promotions_in_fetch_order(db: TestDb) {
     assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted], "the promoted job came first");
     assert_eq!(leased[0].attempt, 1);
     assert_eq!(leased[0].concurrency_key.as_deref(), Some("k"));
-    assert_eq!(state_of(&db, promoted).await, JobState::Running);
-    assert_eq!(state_of(&db, behind).await, JobState::Available);
+    assert_eq!(db.state_of(promoted).await, JobState::Running);
+    assert_eq!(db.state_of(behind).await, JobState::Available);
     assert_eq!(holders(&db, "lim", "k").await, 1);
 
     // A budget of two takes the next promotion and the job behind it.
-    let next = enqueue(&db, "lim", "k").await;
+    let next = db.enqueue_one(keyed("lim", "k")).await;
     let (_, leased) = db.store.job_finish_and_fetch(vec![finish(&leased[0], completed())], &both(2)).await.unwrap();
     let mut got = leased.iter().map(|j| j.id).collect::<Vec<_>>();
     got.sort();
@@ -622,9 +613,9 @@ async fn a_promotion_leased_by_its_write_takes_its_while_executing_claim(db: Tes
     db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
     let params = || EnqueueParams::new("solo", json!({"key": "k", "u": "x"}));
     db.store.job_enqueue(&[params()]).await.unwrap();
-    let holder = fetch(&db, "solo", 1).await.remove(0);
+    let holder = db.fetch("solo", 1).await.remove(0);
     let promoted = db.store.job_enqueue(&[params()]).await.unwrap()[0];
-    assert_eq!(state_of(&db, promoted).await, JobState::Blocked);
+    assert_eq!(db.state_of(promoted).await, JobState::Blocked);
 
     let (_, leased) = db
         .store
@@ -640,9 +631,9 @@ async fn a_promotion_leased_by_its_write_takes_its_while_executing_claim(db: Tes
 /// available and holding its slot, until the queue resumes.
 async fn a_write_leases_no_promotion_of_a_paused_queue(db: TestDb) {
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    enqueue(&db, "lim", "k").await;
-    let holder = fetch(&db, "lim", 1).await.remove(0);
-    let promoted = enqueue(&db, "lim", "k").await;
+    db.enqueue_one(keyed("lim", "k")).await;
+    let holder = db.fetch("lim", 1).await.remove(0);
+    let promoted = db.enqueue_one(keyed("lim", "k")).await;
     assert!(db.store.queue_pause("default").await.unwrap());
     let (_, leased) = db
         .store
@@ -650,10 +641,10 @@ async fn a_write_leases_no_promotion_of_a_paused_queue(db: TestDb) {
         .await
         .unwrap();
     assert!(leased.is_empty(), "a paused queue's promotion was leased");
-    assert_eq!(state_of(&db, promoted).await, JobState::Available);
+    assert_eq!(db.state_of(promoted).await, JobState::Available);
     assert_eq!(holders(&db, "lim", "k").await, 1);
     assert!(db.store.queue_resume("default").await.unwrap());
-    assert_eq!(fetch(&db, "lim", 1).await.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted]);
+    assert_eq!(db.fetch("lim", 1).await.iter().map(|j| j.id).collect::<Vec<_>>(), [promoted]);
 }
 
 /// One write that frees many keys (a result write carries a result per key
@@ -671,7 +662,7 @@ async fn one_write_freeing_many_keys_fills_each_in_promotion_order(db: TestDb) {
     for key in keys {
         db.store.job_enqueue(&[keyed("lim", key), keyed("lim", key)]).await.unwrap();
     }
-    enqueue(&db, "lim", "alone").await;
+    db.enqueue_one(keyed("lim", "alone")).await;
     // Per key, blocked: one at priority 5, one at 1, another at 5, one at 0.
     let mut blocked = Vec::new();
     for key in keys {
@@ -682,16 +673,16 @@ async fn one_write_freeing_many_keys_fills_each_in_promotion_order(db: TestDb) {
             .unwrap();
         blocked.push(ids);
     }
-    let holders_now = fetch(&db, "lim", 100).await;
+    let holders_now = db.fetch("lim", 100).await;
     assert_eq!(holders_now.len(), 7, "two holders per key and the lone one");
 
     db.store.job_finish(holders_now.iter().map(|job| finish(job, completed())).collect()).await.unwrap();
     for (key, ids) in keys.iter().zip(&blocked) {
         let states = [
-            state_of(&db, ids[0]).await,
-            state_of(&db, ids[1]).await,
-            state_of(&db, ids[2]).await,
-            state_of(&db, ids[3]).await,
+            db.state_of(ids[0]).await,
+            db.state_of(ids[1]).await,
+            db.state_of(ids[2]).await,
+            db.state_of(ids[3]).await,
         ];
         use JobState::{Available, Blocked};
         assert_eq!(states, [Blocked, Available, Blocked, Available], "key {key}: priorities 0 and 1 first");
@@ -701,7 +692,7 @@ async fn one_write_freeing_many_keys_fills_each_in_promotion_order(db: TestDb) {
     assert_eq!(lone, 0, "a key left with no holder keeps no semaphore");
 
     // A slot freed in each key again: the older of the two at priority 5 goes first.
-    let running = fetch(&db, "lim", 100).await;
+    let running = db.fetch("lim", 100).await;
     assert_eq!(running.len(), 6);
     let firsts: Vec<i64> = blocked.iter().map(|ids| ids[3]).collect();
     let ending: Vec<_> =
@@ -709,8 +700,8 @@ async fn one_write_freeing_many_keys_fills_each_in_promotion_order(db: TestDb) {
     assert_eq!(ending.len(), 3);
     db.store.job_finish(ending).await.unwrap();
     for (key, ids) in keys.iter().zip(&blocked) {
-        assert_eq!(state_of(&db, ids[0]).await, JobState::Available, "key {key}: the older job at priority 5");
-        assert_eq!(state_of(&db, ids[2]).await, JobState::Blocked, "key {key}: the younger job at priority 5");
+        assert_eq!(db.state_of(ids[0]).await, JobState::Available, "key {key}: the older job at priority 5");
+        assert_eq!(db.state_of(ids[2]).await, JobState::Blocked, "key {key}: the younger job at priority 5");
         assert_eq!(holders(&db, "lim", key).await, 2, "key {key}");
     }
 }
@@ -755,9 +746,13 @@ async fn announced(listener: &mut sqlx::postgres::PgListener) -> String {
 async fn only_promotions_the_writing_host_did_not_lease_are_announced() {
     let db = TestDb::postgres().await;
     limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
-    enqueue(&db, "lim", "k").await;
-    let blocked = [enqueue(&db, "lim", "k").await, enqueue(&db, "lim", "k").await, enqueue(&db, "lim", "k").await];
-    let holder = fetch(&db, "lim", 10).await.remove(0);
+    db.enqueue_one(keyed("lim", "k")).await;
+    let blocked = [
+        db.enqueue_one(keyed("lim", "k")).await,
+        db.enqueue_one(keyed("lim", "k")).await,
+        db.enqueue_one(keyed("lim", "k")).await,
+    ];
+    let holder = db.fetch("lim", 10).await.remove(0);
     let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
     listener.listen("jobhost_available").await.unwrap();
     let sentinel = || sqlx::query("SELECT pg_notify('jobhost_available', 'sentinel')").execute(db.pool());
@@ -783,13 +778,13 @@ async fn only_promotions_the_writing_host_did_not_lease_are_announced() {
     assert_eq!(announced(&mut listener).await, "sentinel");
 
     // A write that fetches nothing announces its promotion too.
-    let next = fetch(&db, "lim", 1).await.remove(0);
+    let next = db.fetch("lim", 1).await.remove(0);
     assert_eq!(next.id, blocked[1]);
     db.store.job_finish(vec![finish(&next, completed())]).await.unwrap();
     sentinel().await.unwrap();
     assert_eq!(announced(&mut listener).await, "", "a promotion by a write without a fetch was not announced");
     assert_eq!(announced(&mut listener).await, "sentinel");
-    assert_eq!(state_of(&db, blocked[2]).await, JobState::Available);
+    assert_eq!(db.state_of(blocked[2]).await, JobState::Available);
 }
 
 /// PostgreSQL only (SQLite's writers take the whole file's lock): an
@@ -849,8 +844,8 @@ async fn running_on_its_last_attempt(db: &TestDb) -> FetchedJob {
         on_conflict: OnConflict::Block,
     });
     db.store.job_types_register(&[(config, "v1".into())]).await.unwrap();
-    enqueue(db, "last", "q").await;
-    let run = fetch(db, "last", 1).await.remove(0);
+    db.enqueue_one(keyed("last", "q")).await;
+    let run = db.fetch("last", 1).await.remove(0);
     common::confirm_started(db, &[jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token }]).await;
     run
 }
@@ -919,7 +914,7 @@ async fn a_late_result_and_the_expiry_of_its_lease_never_deadlock() {
     assert_eq!(expired, (0, 1, 0), "the expiry ended the job (requeued, failed, held back)");
     let (results, _) = finishing.await.unwrap().expect("the late result was not rolled back");
     assert_eq!(results, vec![FinishResult::Duplicate], "the late result found its lease gone");
-    assert_eq!(state_of(&db, run.id).await, JobState::Failed);
+    assert_eq!(db.state_of(run.id).await, JobState::Failed);
     assert_eq!(holders(&db, "last", "q").await, 0, "the slot was given back once");
 }
 
@@ -968,7 +963,7 @@ async fn an_expiry_passes_over_a_job_whose_key_another_transaction_holds() {
         .expect("the expiry did not wait for the key");
     conn.commit().await.unwrap();
     assert_eq!(expired, (0, 0, 1), "held back, not ended");
-    assert_eq!(state_of(&db, run.id).await, JobState::Running);
+    assert_eq!(db.state_of(run.id).await, JobState::Running);
     application.commit().await.unwrap();
     let expired: (i32, i32, i32) = sqlx::query_as("SELECT * FROM jobhost.expire_leases($1, NULL, 1000)")
         .bind(later)
@@ -976,5 +971,5 @@ async fn an_expiry_passes_over_a_job_whose_key_another_transaction_holds() {
         .await
         .unwrap();
     assert_eq!(expired, (0, 1, 0), "ended once the key was free");
-    assert_eq!(state_of(&db, run.id + 1).await, JobState::Available, "the application's job took the freed slot");
+    assert_eq!(db.state_of(run.id + 1).await, JobState::Available, "the application's job took the freed slot");
 }

@@ -235,7 +235,7 @@ async fn the_dashboard_in_a_real_browser() {
         let stats = db.store.job_stats().await.unwrap();
         for state in JobState::ALL {
             let card = text(&browser, &format!(".card.state-{}", state.as_str())).await;
-            let expected = stats.states[state.as_str()];
+            let expected = stats.states[&state];
             assert!(expected > 0, "a job in state {state} is on show");
             assert_eq!(card.split_whitespace().collect::<Vec<_>>(), [expected.to_string().as_str(), state.as_str()]);
         }

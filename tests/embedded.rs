@@ -66,7 +66,10 @@ async fn operator_reads_skip_the_payloads_of_rows_they_do_not_show() {
     let before = bytes_read();
     let stats = db.store.job_stats().await.unwrap();
     let read = bytes_read() - before;
-    assert_eq!((stats.states["completed"], stats.states["failed"], stats.states["available"]), (134, 66, 100));
+    assert_eq!(
+        (stats.states[&JobState::Completed], stats.states[&JobState::Failed], stats.states[&JobState::Available]),
+        (134, 66, 100)
+    );
     assert!(read < budget, "stats read {read} bytes");
 
     for filter in [

@@ -55,10 +55,6 @@ impl Language {
     }
 }
 
-async fn enqueue(db: &TestDb, job: &str, payload: Value) -> i64 {
-    db.store.job_enqueue(&[EnqueueParams::new(job, payload)]).await.unwrap()[0]
-}
-
 async fn ended(db: &TestDb, id: i64) -> JobDetail {
     eventually(WITHIN, || async { db.store.job_get(id).await.unwrap().unwrap().row.state.is_final() }).await;
     db.store.job_get(id).await.unwrap().unwrap()
@@ -66,7 +62,7 @@ async fn ended(db: &TestDb, id: i64) -> JobDetail {
 
 async fn logs_reports_progress_and_enqueues(db: TestDb, lang: &Language) {
     let host = TestHost::start(&db, &[&lang.hello(), "hello"], |_| {}).await;
-    let id = enqueue(&db, &lang.hello(), json!({"name": "Ada", "children": ["Grace", "Edsger"]})).await;
+    let id = db.enqueue_new(&lang.hello(), json!({"name": "Ada", "children": ["Grace", "Edsger"]})).await;
     let job = ended(&db, id).await;
     assert_eq!(job.row.state, JobState::Completed, "{job:?}");
     let greeting = format!("{}Ada", lang.greeting);
@@ -93,7 +89,7 @@ async fn logs_reports_progress_and_enqueues(db: TestDb, lang: &Language) {
 
 async fn is_retried_and_an_exception_traps(db: TestDb, lang: &Language) {
     let host = TestHost::start(&db, &[&lang.hello()], |_| {}).await;
-    let id = enqueue(&db, &lang.hello(), json!({"name": "Barbara", "fail_times": 2})).await;
+    let id = db.enqueue_new(&lang.hello(), json!({"name": "Barbara", "fail_times": 2})).await;
     let job = ended(&db, id).await;
     assert_eq!(job.row.state, JobState::Completed, "{job:?}");
     assert_eq!(job.output.as_ref().unwrap()["attempt"], 3);
@@ -101,7 +97,7 @@ async fn is_retried_and_an_exception_traps(db: TestDb, lang: &Language) {
     assert_eq!(errors.len(), 2);
     assert_eq!(errors[1]["error"], "attempt 2 failed on purpose");
     // An uncaught exception traps: each attempt fails, naming the error.
-    let bad = enqueue(&db, &lang.hello(), (lang.crashing)()).await;
+    let bad = db.enqueue_new(&lang.hello(), (lang.crashing)()).await;
     let bad = ended(&db, bad).await;
     assert_eq!((bad.row.state, bad.row.attempts), (JobState::Failed, 5), "{bad:?}");
     let error = bad.row.error.unwrap();

@@ -41,16 +41,12 @@ async fn register(db: &TestDb) {
     db.store.job_types_register(&types).await.unwrap();
 }
 
-async fn enqueue(db: &TestDb, job: &str, payload: Value) -> i64 {
-    db.store.job_enqueue(&[EnqueueParams::new(job, payload)]).await.unwrap()[0]
-}
-
 /// Jobs in every state: returns their ids by state.
 async fn every_state(db: &TestDb) -> BTreeMap<JobState, i64> {
     register(db).await;
     let mut ids = BTreeMap::new();
-    let failed = enqueue(db, "mail", json!({"n": "failed"})).await;
-    let completed = enqueue(db, "mail", json!({"n": "completed"})).await;
+    let failed = db.enqueue_new("mail", json!({"n": "failed"})).await;
+    let completed = db.enqueue_new("mail", json!({"n": "completed"})).await;
     let fetched = db.store.job_fetch(&fetch_params("h1", &["mail"], 2)).await.unwrap();
     let outcome = |job: &jobhost::store::FetchedJob| {
         if job.id == failed { FinishOutcome::Failed { error: "it broke".into() } } else { common::completed() }
@@ -58,14 +54,14 @@ async fn every_state(db: &TestDb) -> BTreeMap<JobState, i64> {
     db.store.job_finish(fetched.iter().map(|j| finish(j, outcome(j))).collect()).await.unwrap();
     ids.insert(JobState::Failed, failed);
     ids.insert(JobState::Completed, completed);
-    let running = enqueue(db, "blocking", json!({"k": "a"})).await;
+    let running = db.enqueue_new("blocking", json!({"k": "a"})).await;
     db.store.job_fetch(&fetch_params("h1", &["blocking"], 1)).await.unwrap();
     ids.insert(JobState::Running, running);
-    ids.insert(JobState::Blocked, enqueue(db, "blocking", json!({"k": "a"})).await);
-    ids.insert(JobState::Available, enqueue(db, "pdf", json!({"n": 1})).await);
+    ids.insert(JobState::Blocked, db.enqueue_new("blocking", json!({"k": "a"})).await);
+    ids.insert(JobState::Available, db.enqueue_new("pdf", json!({"n": 1})).await);
     let scheduled = EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("mail", json!({})) };
     ids.insert(JobState::Scheduled, db.store.job_enqueue(&[scheduled]).await.unwrap()[0]);
-    let cancelled = enqueue(db, "mail", json!({"n": "cancelled"})).await;
+    let cancelled = db.enqueue_new("mail", json!({"n": "cancelled"})).await;
     db.store.job_cancel(cancelled).await.unwrap();
     ids.insert(JobState::Cancelled, cancelled);
     ids
@@ -130,7 +126,7 @@ async fn pages_follow_the_cursor_without_repeats_or_gaps(db: TestDb) {
         let page = server.get(&path).await.json();
         seen.extend(page["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_i64().unwrap()));
         // A job enqueued while paging lands before the cursor, never in a later page.
-        enqueue(&db, "mail", json!({})).await;
+        db.enqueue_new("mail", json!({})).await;
         match page["next"].as_i64() {
             Some(next) => path = format!("/api/jobs?limit=5&before={next}"),
             None => break,
@@ -183,7 +179,7 @@ fn changes(id: i64) -> Vec<(String, Value)> {
 
 async fn without_the_token_nothing_changes(db: TestDb) {
     register(&db).await;
-    let id = enqueue(&db, "mail", json!({})).await;
+    let id = db.enqueue_new("mail", json!({})).await;
     let read_only = TestServer::start(db.dyn_store(), None).await;
     let guarded = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     for (path, body) in changes(id) {
@@ -198,7 +194,7 @@ async fn without_the_token_nothing_changes(db: TestDb) {
     // Nothing above changed anything.
     let job = db.store.job_get(id).await.unwrap().unwrap();
     assert_eq!(job.row.state, JobState::Available);
-    assert_eq!(db.store.job_stats().await.unwrap().states["available"], 1);
+    assert_eq!(db.store.job_stats().await.unwrap().states[&JobState::Available], 1);
     assert!(db.store.job_stats().await.unwrap().paused_queues.is_empty());
     // With it, each one is answered.
     for (path, body) in changes(id) {
@@ -290,7 +286,7 @@ async fn bulk_actions_apply_the_filter_on_the_server(db: TestDb) {
     register(&db).await;
     let mut failing = Vec::new();
     for job in ["mail", "mail", "mail", "pdf"] {
-        failing.push(enqueue(&db, job, json!({})).await);
+        failing.push(db.enqueue_new(job, json!({})).await);
     }
     for job in ["mail", "pdf"] {
         let mut params = fetch_params("h1", &[job], 10);
@@ -330,7 +326,7 @@ async fn bulk_actions_apply_the_filter_on_the_server(db: TestDb) {
 
 async fn queues_pause_and_resume(db: TestDb) {
     register(&db).await;
-    enqueue(&db, "mail", json!({})).await;
+    db.enqueue_new("mail", json!({})).await;
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     let paused = server.post("/api/queues/default/pause", json!({})).await.json();
     assert_eq!((paused["paused"].as_bool(), paused["changed"].as_bool()), (Some(true), Some(true)));
@@ -433,7 +429,7 @@ async fn metrics_agree_with_stats(db: TestDb) {
 
 async fn every_documented_endpoint_answers(db: TestDb) {
     register(&db).await;
-    let id = enqueue(&db, "mail", json!({})).await;
+    let id = db.enqueue_new("mail", json!({})).await;
     let (batch, _) =
         db.store.batch_create(&NewBatch::default(), &[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
@@ -687,7 +683,7 @@ async fn a_worker_host_serves_the_metrics_of_its_runs() {
 async fn a_database_cut_off_is_answered_503_and_scraped_as_down() {
     let db = TestDb::postgres().await;
     register(&db).await;
-    enqueue(&db, "mail", json!({})).await;
+    db.enqueue_new("mail", json!({})).await;
     let proxy = common::proxy::Proxy::start(common::proxy::server_address()).await;
     let store = jobhost::store::open(&common::proxy::url_via(&db.url, proxy.port()), 4).await.unwrap();
     let config = jobhost::http::HttpConfig {

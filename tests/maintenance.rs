@@ -25,16 +25,8 @@ async fn register(db: &TestDb) {
     db.store.job_types_register(&[(job_config("mail"), "d-mail".into()), (limited, "d-lim".into())]).await.unwrap();
 }
 
-async fn enqueue(db: &TestDb, params: EnqueueParams) -> i64 {
-    db.store.job_enqueue(&[params]).await.unwrap()[0]
-}
-
 fn delayed(job: &str, payload: serde_json::Value) -> EnqueueParams {
     EnqueueParams { delay_ms: Some(60_000), ..EnqueueParams::new(job, payload) }
-}
-
-async fn state_of(db: &TestDb, id: i64) -> JobState {
-    db.store.job_get(id).await.unwrap().expect("job exists").row.state
 }
 
 /// Makes the database refuse every change to these jobs' rows, standing in
@@ -69,32 +61,32 @@ async fn refuse_updates_of(db: &TestDb, ids: &[i64]) {
 async fn one_bad_row_never_stalls_a_sweep(db: TestDb) {
     register(&db).await;
     // Due jobs: one that cannot be processed among good ones, limited and not.
-    let bad_due = enqueue(&db, delayed("mail", json!({"n": 1}))).await;
-    let good_due = enqueue(&db, delayed("mail", json!({"n": 2}))).await;
-    let limited_due = enqueue(&db, delayed("lim", json!({"key": "a"}))).await;
+    let bad_due = db.enqueue_one(delayed("mail", json!({"n": 1}))).await;
+    let good_due = db.enqueue_one(delayed("mail", json!({"n": 2}))).await;
+    let limited_due = db.enqueue_one(delayed("lim", json!({"key": "a"}))).await;
     // Expired leases: one bad, one good.
-    let bad_running = enqueue(&db, EnqueueParams::new("mail", json!({"n": 3}))).await;
-    let good_running = enqueue(&db, EnqueueParams::new("mail", json!({"n": 4}))).await;
+    let bad_running = db.enqueue_one(EnqueueParams::new("mail", json!({"n": 3}))).await;
+    let good_running = db.enqueue_one(EnqueueParams::new("mail", json!({"n": 4}))).await;
     assert_eq!(db.store.job_fetch(&fetch_params("h", &["mail"], 10)).await.unwrap().len(), 2);
     // A blocked job whose key's holder vanished: the repair frees the slot
     // and the sweep promotes it.
-    let holder = enqueue(&db, EnqueueParams::new("lim", json!({"key": "b"}))).await;
-    let blocked = enqueue(&db, EnqueueParams::new("lim", json!({"key": "b"}))).await;
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
+    let holder = db.enqueue_one(EnqueueParams::new("lim", json!({"key": "b"}))).await;
+    let blocked = db.enqueue_one(EnqueueParams::new("lim", json!({"key": "b"}))).await;
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked);
     db.execute(format!("DELETE FROM jobhost.jobs WHERE id = {holder}")).await;
     refuse_updates_of(&db, &[bad_due, bad_running]).await;
 
     let later = Utc::now() + chrono::Duration::hours(2);
-    let maintenance = jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap();
+    let maintenance = jobhost::background::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap();
     let report = maintenance.run_once(Some(later)).await.expect("no sweep fails for one row");
     let mut states = Vec::new();
     for id in [bad_due, good_due, limited_due, bad_running, good_running, blocked] {
-        states.push((id, state_of(&db, id).await));
+        states.push((id, db.state_of(id).await));
     }
     assert_eq!(report.quarantined, 2, "{report:?}; jobs now: {states:?}");
     assert_eq!((report.promoted, report.requeued, report.repaired), (2, 1, 1), "{report:?}");
     for id in [good_due, limited_due, good_running, blocked] {
-        assert_eq!(state_of(&db, id).await, JobState::Available, "job {id} was processed");
+        assert_eq!(db.state_of(id).await, JobState::Available, "job {id} was processed");
     }
     for id in [bad_due, bad_running] {
         let job = db.store.job_get(id).await.unwrap().unwrap();
@@ -126,7 +118,7 @@ async fn an_over_long_key_is_refused_at_enqueue_and_an_old_one_is_failed_alone()
 
     // A row written before the limit existed.
     db.execute("ALTER TABLE jobhost.jobs DROP CONSTRAINT concurrency_key_at_most_1024_bytes").await;
-    let old = enqueue(&db, delayed("mail", json!({"n": 0}))).await;
+    let old = db.enqueue_one(delayed("mail", json!({"n": 0}))).await;
     db.execute(format!(
         "UPDATE jobhost.jobs SET job = 'lim', concurrency_key = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 200))
          WHERE id = {old}"
@@ -137,12 +129,12 @@ async fn an_over_long_key_is_refused_at_enqueue_and_an_old_one_is_failed_alone()
          CHECK (octet_length(concurrency_key) <= 1024) NOT VALID",
     )
     .await;
-    let good = enqueue(&db, delayed("lim", json!({"key": "a"}))).await;
+    let good = db.enqueue_one(delayed("lim", json!({"key": "a"}))).await;
     let later = Utc::now() + chrono::Duration::hours(2);
-    let maintenance = jobhost::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap();
+    let maintenance = jobhost::background::maintenance::Maintenance::new(db.dyn_store(), Default::default()).unwrap();
     let report = maintenance.run_once(Some(later)).await.unwrap();
     assert_eq!((report.promoted, report.quarantined), (1, 1), "{report:?}");
-    assert_eq!(state_of(&db, good).await, JobState::Available);
+    assert_eq!(db.state_of(good).await, JobState::Available);
     let failed = db.store.job_get(old).await.unwrap().unwrap().row;
     assert_eq!(failed.state, JobState::Failed);
     assert!(failed.error.unwrap_or_default().contains("index row size"), "the database's reason is kept");
@@ -152,7 +144,7 @@ async fn an_over_long_key_is_refused_at_enqueue_and_an_old_one_is_failed_alone()
 /// and a huge reason is stored cut; its row stays far from jsonb's limit.
 async fn a_job_keeps_only_its_newest_errors(db: TestDb) {
     register(&db).await;
-    let id = enqueue(&db, EnqueueParams::new("mail", json!({}))).await;
+    let id = db.enqueue_one(EnqueueParams::new("mail", json!({}))).await;
     db.execute(format!("UPDATE jobhost.jobs SET max_attempts = 1000 WHERE id = {id}")).await;
     let later = Utc::now() + chrono::Duration::hours(2);
     for round in 0..30 {
@@ -198,10 +190,8 @@ async fn payloads_past_the_limit_are_refused_at_every_enqueue_path(db: TestDb) {
         .job_enqueue(&[EnqueueParams::new("fanout", json!({"count": 1, "child": { "name": "x".repeat(2000) }}))])
         .await
         .unwrap()[0];
-    common::eventually(std::time::Duration::from_secs(60), || async {
-        state_of(&db, parent).await == JobState::Failed
-    })
-    .await;
+    common::eventually(std::time::Duration::from_secs(60), || async { db.state_of(parent).await == JobState::Failed })
+        .await;
     let reason = db.store.job_get(parent).await.unwrap().unwrap().row.error.unwrap_or_default();
     assert!(reason.contains("more than the largest accepted, 1024 bytes"), "{reason}");
     assert!(reason.starts_with("payload is"), "refused at the guest's call, not at completion: {reason}");
@@ -277,22 +267,22 @@ async fn a_due_job_whose_key_is_locked_waits_and_is_never_failed() {
     let db = TestDb::postgres().await;
     register(&db).await;
     let store = store_under_database_lock_timeout(&db, "100ms").await;
-    let locked = enqueue(&db, delayed("lim", json!({"key": "q"}))).await;
-    let free = enqueue(&db, delayed("lim", json!({"key": "r"}))).await;
-    let plain = enqueue(&db, delayed("mail", json!({"n": 1}))).await;
+    let locked = db.enqueue_one(delayed("lim", json!({"key": "q"}))).await;
+    let free = db.enqueue_one(delayed("lim", json!({"key": "r"}))).await;
+    let plain = db.enqueue_one(delayed("mail", json!({"n": 1}))).await;
     let application = application_holding_key(&db, "lim", "q").await;
 
     let later = Utc::now() + chrono::Duration::hours(2);
-    let maintenance = jobhost::maintenance::Maintenance::new(store, Default::default()).unwrap();
+    let maintenance = jobhost::background::maintenance::Maintenance::new(store, Default::default()).unwrap();
     let report = maintenance.run_once(Some(later)).await.expect("a lock wait is not a failed sweep");
     assert_eq!((report.quarantined, report.busy, report.promoted), (0, 1, 2), "{report:?}");
-    assert_eq!(state_of(&db, locked).await, JobState::Scheduled, "left due for the next pass");
-    assert_eq!((state_of(&db, free).await, state_of(&db, plain).await), (JobState::Available, JobState::Available));
+    assert_eq!(db.state_of(locked).await, JobState::Scheduled, "left due for the next pass");
+    assert_eq!((db.state_of(free).await, db.state_of(plain).await), (JobState::Available, JobState::Available));
 
     application.commit().await.unwrap();
     let report = maintenance.run_once(Some(later)).await.unwrap();
     assert_eq!((report.quarantined, report.busy), (0, 0), "{report:?}");
-    assert_eq!(state_of(&db, locked).await, JobState::Blocked, "admitted through the gate once the lock went");
+    assert_eq!(db.state_of(locked).await, JobState::Blocked, "admitted through the gate once the lock went");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 0, "nothing was failed");
 }
 
@@ -306,17 +296,17 @@ async fn an_expiry_that_waits_for_a_lock_fails_nothing_early() {
     let db = TestDb::postgres().await;
     register_single_attempt(&db).await;
     let store = store_under_database_lock_timeout(&db, "100ms").await;
-    let id = enqueue(&db, EnqueueParams::new("lim1", json!({"key": "q"}))).await;
+    let id = db.enqueue_one(EnqueueParams::new("lim1", json!({"key": "q"}))).await;
     let run = db.store.job_fetch(&fetch_params("h", &["lim1"], 1)).await.unwrap().remove(0);
     let started = jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token };
     common::confirm_started(&db, &[started]).await;
     let application = application_holding_key(&db, "lim1", "q").await;
 
     let later = Utc::now() + chrono::Duration::hours(2);
-    let maintenance = jobhost::maintenance::Maintenance::new(store, Default::default()).unwrap();
+    let maintenance = jobhost::background::maintenance::Maintenance::new(store, Default::default()).unwrap();
     let report = maintenance.run_once(Some(later)).await.unwrap();
     assert_eq!((report.quarantined, report.failed, report.requeued), (0, 0, 0), "{report:?}");
-    assert_eq!(state_of(&db, id).await, JobState::Running, "still its host's until the expiry can end it");
+    assert_eq!(db.state_of(id).await, JobState::Running, "still its host's until the expiry can end it");
 
     application.commit().await.unwrap();
     let report = maintenance.run_once(Some(later)).await.unwrap();
@@ -324,7 +314,7 @@ async fn an_expiry_that_waits_for_a_lock_fails_nothing_early() {
     let ended = db.store.job_get(id).await.unwrap().unwrap().row;
     assert_eq!(ended.state, JobState::Failed);
     assert!(ended.error.unwrap_or_default().starts_with("lease expired"), "ended by its lease, not by maintenance");
-    assert_eq!(state_of(&db, id + 1).await, JobState::Available, "the application's job took the freed slot");
+    assert_eq!(db.state_of(id + 1).await, JobState::Available, "the application's job took the freed slot");
 }
 
 /// A completion whose child must wait for its key (an application's open
@@ -336,7 +326,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
     let db = TestDb::postgres().await;
     register(&db).await;
     let store = store_under_database_lock_timeout(&db, "100ms").await;
-    let parent = enqueue(&db, EnqueueParams::new("mail", json!({}))).await;
+    let parent = db.enqueue_one(EnqueueParams::new("mail", json!({}))).await;
     let run = store.job_fetch(&fetch_params("h", &["mail"], 1)).await.unwrap().remove(0);
     let application = application_holding_key(&db, "lim", "q").await;
     let child = jobhost::types::ChildJob {
@@ -372,7 +362,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
     application.commit().await.unwrap();
     let written = finishing.await.unwrap().expect("the write waited for the lock instead of failing");
     assert_eq!(written, vec![jobhost::store::FinishResult::Done]);
-    assert_eq!(state_of(&db, parent).await, JobState::Completed);
+    assert_eq!(db.state_of(parent).await, JobState::Completed);
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs WHERE job = 'lim'").await, 1, "its child");
 }
 
@@ -383,7 +373,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
 async fn waits_and_cancels_are_transient_not_refusals() {
     let db = TestDb::postgres().await;
     register(&db).await;
-    enqueue(&db, EnqueueParams::new("mail", json!({}))).await;
+    db.enqueue_one(EnqueueParams::new("mail", json!({}))).await;
     let mut holder = db.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM jobhost.jobs FOR UPDATE").execute(&mut *holder).await.unwrap();
     let mut conn = db.pool().acquire().await.unwrap();

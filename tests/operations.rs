@@ -13,10 +13,6 @@ use common::{TestHost, eventually};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
-async fn state_of(db: &TestDb, id: i64) -> JobState {
-    db.store.job_get(id).await.unwrap().expect("job exists").row.state
-}
-
 /// A cancelled running job is stopped by its host and archived as cancelled
 /// in the transaction that gives back its slot, so the job blocked behind it
 /// runs, and never beside it; children it enqueued before are not written.
@@ -27,14 +23,14 @@ async fn a_running_job_is_cancelled_by_its_host(db: TestDb) {
     let running = |id: i64| format!("SELECT count(*) FROM jobhost.jobs WHERE id = {id} AND state = 'running'");
     eventually(WITHIN, || async { db.scalar(running(holder)).await == 1 }).await;
     let blocked = client.enqueue("serial", json!({"key": "k", "ms": 0})).await.unwrap();
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked);
     let parent = client.enqueue("fanout", json!({"count": 3, "sleep_ms": 600_000})).await.unwrap();
     eventually(WITHIN, || async { db.scalar(running(parent)).await == 1 }).await;
 
     assert_eq!(db.store.job_cancel(holder).await.unwrap(), Cancel::Requested);
     assert_eq!(db.store.job_cancel(parent).await.unwrap(), Cancel::Requested);
-    eventually(WITHIN, || async { state_of(&db, blocked).await == JobState::Completed }).await;
-    eventually(WITHIN, || async { state_of(&db, parent).await == JobState::Cancelled }).await;
+    eventually(WITHIN, || async { db.state_of(blocked).await == JobState::Completed }).await;
+    eventually(WITHIN, || async { db.state_of(parent).await == JobState::Cancelled }).await;
     for id in [holder, parent] {
         let job = db.store.job_get(id).await.unwrap().unwrap();
         assert_eq!(job.row.state, JobState::Cancelled);
@@ -63,7 +59,7 @@ async fn a_cancelled_job_whose_host_died_is_not_redelivered(db: TestDb) {
     assert_eq!(db.store.job_cancel(id).await.unwrap(), Cancel::Requested);
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1));
-    assert_eq!(state_of(&db, id).await, JobState::Cancelled);
+    assert_eq!(db.state_of(id).await, JobState::Cancelled);
 }
 
 /// After `pause` returns, no host leases from the queue; running jobs are
@@ -83,12 +79,12 @@ async fn a_paused_queue_is_leased_by_no_host(db: TestDb) {
         .enqueue_with(EnqueueParams { queue: Some("other".into()), ..EnqueueParams::new("hello", json!({})) })
         .await
         .unwrap();
-    eventually(WITHIN, || async { state_of(&db, witness).await == JobState::Completed }).await;
-    assert_eq!(state_of(&db, waiting).await, JobState::Available, "a paused queue's job waits");
+    eventually(WITHIN, || async { db.state_of(witness).await == JobState::Completed }).await;
+    assert_eq!(db.state_of(waiting).await, JobState::Available, "a paused queue's job waits");
     assert_eq!(db.store.job_stats().await.unwrap().paused_queues, ["default"]);
 
     assert!(db.store.queue_resume("default").await.unwrap());
-    eventually(WITHIN, || async { state_of(&db, waiting).await == JobState::Completed }).await;
+    eventually(WITHIN, || async { db.state_of(waiting).await == JobState::Completed }).await;
     assert!(db.store.job_stats().await.unwrap().paused_queues.is_empty());
     assert!(!db.store.queue_resume("default").await.unwrap(), "not paused");
     host.stop().await;

@@ -472,7 +472,7 @@ async fn operators_retry_cancel_list_and_prune(db: TestDb) {
     assert!(db.store.job_retry(ids[1]).await.is_err(), "an available job has nothing to retry");
 
     let stats = db.store.job_stats().await.unwrap();
-    assert_eq!(stats.states["available"], 2);
+    assert_eq!(stats.states[&JobState::Available], 2);
     assert_eq!(stats.states.len(), JobState::ALL.len());
 
     for job in db.store.job_fetch(&fetch_params("h", &["mail"], 2)).await.unwrap() {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
-use jobhost::scheduler::{Scheduler, SchedulerConfig};
+use jobhost::background::scheduler::{Scheduler, SchedulerConfig};
 use jobhost::store::{HostInfo, Store};
 use jobhost::types::{
     ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, ScheduleConfig, UniqueConfig, UniqueStrategy,

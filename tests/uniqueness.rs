@@ -7,14 +7,14 @@ mod common;
 
 use std::time::Duration;
 
-use jobhost::store::{EnqueueParams, Enqueued, Error, FetchedJob, FinishOutcome, FinishResult, JobState};
+use jobhost::store::{EnqueueParams, Enqueued, Error, FinishOutcome, FinishResult, JobState};
 use jobhost::template::KeyTemplate;
 use jobhost::types::{ChildJob, ConcurrencyConfig, OnConflict, OnDuplicate, UniqueConfig, UniqueStrategy};
 use serde_json::json;
 
 use common::db::{Backend, TestDb, on_both_backends};
 use common::fleet::{self, Host};
-use common::{completed, eventually, fetch_params, finish, job_config};
+use common::{completed, eventually, finish, job_config};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -41,18 +41,6 @@ async fn unique_and_limited(db: &TestDb, unique: &str, on_duplicate: OnDuplicate
 
 fn keyed(job: &str, key: &str) -> EnqueueParams {
     EnqueueParams::new(job, json!({ "key": key }))
-}
-
-async fn enqueue(db: &TestDb, params: EnqueueParams) -> Enqueued {
-    db.store.job_enqueue_outcomes(&[params]).await.unwrap().remove(0)
-}
-
-async fn fetch(db: &TestDb, job: &str, limit: i64) -> Vec<FetchedJob> {
-    db.store.job_fetch(&fetch_params("h", &[job], limit)).await.unwrap()
-}
-
-async fn state_of(db: &TestDb, id: i64) -> JobState {
-    db.store.job_get(id).await.unwrap().expect("job exists").row.state
 }
 
 async fn live_jobs(db: &TestDb, job: &str) -> i64 {
@@ -102,44 +90,48 @@ async fn eight_concurrent_enqueuers_of_one_key_store_one_job(db: TestDb) {
 
 async fn a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends(db: TestDb) {
     unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
-    let first = enqueue(&db, keyed("once", "k")).await.id();
-    let run = fetch(&db, "once", 1).await.remove(0);
-    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "a running job holds its key");
+    let first = db.enqueue_outcome(keyed("once", "k")).await.id();
+    let run = db.fetch("once", 1).await.remove(0);
+    assert_eq!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::Duplicate(first), "a running job holds its key");
     let retry = FinishOutcome::Retry { error: "try later".into(), delay_ms: 3_600_000 };
     assert_eq!(db.store.job_finish(vec![finish(&run, retry)]).await.unwrap(), vec![FinishResult::Done]);
-    assert_eq!(state_of(&db, first).await, JobState::Scheduled);
-    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "so does one waiting to retry");
+    assert_eq!(db.state_of(first).await, JobState::Scheduled);
+    assert_eq!(
+        db.enqueue_outcome(keyed("once", "k")).await,
+        Enqueued::Duplicate(first),
+        "so does one waiting to retry"
+    );
     db.store.job_retry(first).await.unwrap();
-    let run = fetch(&db, "once", 1).await.remove(0);
+    let run = db.fetch("once", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
     assert_eq!(claims(&db).await, 0, "the transaction that completed the job gave its key back");
-    let second = enqueue(&db, keyed("once", "k")).await;
+    let second = db.enqueue_outcome(keyed("once", "k")).await;
     assert!(matches!(second, Enqueued::New(id) if id != first), "a completed job's key is free: {second:?}");
     // A cancelled job gives its key back too.
     db.store.job_cancel(second.id()).await.unwrap();
-    assert!(matches!(enqueue(&db, keyed("once", "k")).await, Enqueued::New(_)));
+    assert!(matches!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::New(_)));
 }
 
 async fn uniqueness_is_checked_before_the_gate_and_survives_blocking(db: TestDb) {
     // Unique per `id`, limited to one run per `c`.
     unique_and_limited(&db, "{id}", OnDuplicate::Skip, OnConflict::Block).await;
-    let holder = enqueue(&db, EnqueueParams::new("both", json!({"id": 1, "c": "k"}))).await.id();
-    let blocked = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await.id();
-    assert_eq!(state_of(&db, blocked).await, JobState::Blocked);
-    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
+    let holder = db.enqueue_outcome(EnqueueParams::new("both", json!({"id": 1, "c": "k"}))).await.id();
+    let blocked = db.enqueue_outcome(EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await.id();
+    assert_eq!(db.state_of(blocked).await, JobState::Blocked);
+    let duplicate = db.enqueue_outcome(EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
     assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a blocked job holds its unique key");
     // The holder completes; the blocked job is promoted and still holds its key.
-    let run = fetch(&db, "both", 5).await.remove(0);
+    let run = db.fetch("both", 5).await.remove(0);
     assert_eq!(run.id, holder);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
-    assert_eq!(state_of(&db, blocked).await, JobState::Available);
-    let duplicate = enqueue(&db, EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
+    assert_eq!(db.state_of(blocked).await, JobState::Available);
+    let duplicate = db.enqueue_outcome(EnqueueParams::new("both", json!({"id": 2, "c": "k"}))).await;
     assert_eq!(duplicate, Enqueued::Duplicate(blocked), "a promoted job still holds its unique key");
 }
 
 async fn raise_refuses_a_duplicate_and_stores_nothing(db: TestDb) {
     unique_type(&db, "strict", UniqueStrategy::UntilExecuted, OnDuplicate::Raise).await;
-    let first = enqueue(&db, keyed("strict", "k")).await.id();
+    let first = db.enqueue_outcome(keyed("strict", "k")).await.id();
     let refused = db.store.job_enqueue(&[keyed("strict", "other"), keyed("strict", "k")]).await.unwrap_err();
     assert!(matches!(&refused, Error::Duplicate { claimant, .. } if *claimant == first), "{refused}");
     assert!(refused.to_string().contains(&format!("duplicate of job {first}")), "{refused}");
@@ -150,16 +142,16 @@ async fn replace_updates_a_waiting_job_and_never_a_running_one(db: TestDb) {
     unique_type(&db, "latest", UniqueStrategy::UntilExecuted, OnDuplicate::Replace).await;
     let later =
         EnqueueParams { delay_ms: Some(3_600_000), ..EnqueueParams::new("latest", json!({"key": "k", "v": 1})) };
-    let first = enqueue(&db, later).await.id();
-    assert_eq!(state_of(&db, first).await, JobState::Scheduled);
+    let first = db.enqueue_outcome(later).await.id();
+    assert_eq!(db.state_of(first).await, JobState::Scheduled);
     let now = EnqueueParams::new("latest", json!({"key": "k", "v": 2}));
-    assert_eq!(enqueue(&db, now).await, Enqueued::Replaced(first));
+    assert_eq!(db.enqueue_outcome(now).await, Enqueued::Replaced(first));
     let job = db.store.job_get(first).await.unwrap().unwrap();
     assert_eq!(job.payload["v"], json!(2), "the waiting job took the duplicate's payload");
     assert_eq!(job.row.state, JobState::Available, "and its time to run: now");
-    let run = fetch(&db, "latest", 1).await.remove(0);
+    let run = db.fetch("latest", 1).await.remove(0);
     let running = EnqueueParams::new("latest", json!({"key": "k", "v": 3}));
-    assert_eq!(enqueue(&db, running).await, Enqueued::Duplicate(first), "a running job is never replaced");
+    assert_eq!(db.enqueue_outcome(running).await, Enqueued::Duplicate(first), "a running job is never replaced");
     assert_eq!(db.store.job_get(first).await.unwrap().unwrap().payload["v"], json!(2));
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
 }
@@ -177,13 +169,13 @@ async fn while_executing_queues_duplicates_and_runs_one_at_a_time(db: TestDb) {
             duplicate => panic!("while_executing duplicates may queue: {duplicate:?}"),
         })
         .collect();
-    let leased = fetch(&db, "solo", 10).await;
+    let leased = db.fetch("solo", 10).await;
     let leased_ids: Vec<i64> = leased.iter().map(|j| j.id).collect();
     assert_eq!(leased_ids, vec![ids[0], ids[3]], "one of key k, and the job behind k's duplicates");
-    assert!(fetch(&db, "solo", 10).await.is_empty(), "k's duplicates wait while k runs");
+    assert!(db.fetch("solo", 10).await.is_empty(), "k's duplicates wait while k runs");
     let retry = FinishOutcome::Retry { error: "again".into(), delay_ms: 0 };
     db.store.job_finish(vec![finish(&leased[0], retry)]).await.unwrap();
-    let next = fetch(&db, "solo", 10).await;
+    let next = db.fetch("solo", 10).await;
     assert_eq!(next.len(), 1, "a run that ended gave its key back, and one job of k runs next");
     db.store.job_finish(vec![finish(&next[0], completed()), finish(&leased[1], completed())]).await.unwrap();
     assert_eq!(claims(&db).await, 0);
@@ -191,14 +183,14 @@ async fn while_executing_queues_duplicates_and_runs_one_at_a_time(db: TestDb) {
 
 async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors_claim(db: TestDb) {
     unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
-    let id = enqueue(&db, keyed("solo", "k")).await.id();
-    let stale = fetch(&db, "solo", 10).await.remove(0);
+    let id = db.enqueue_outcome(keyed("solo", "k")).await.id();
+    let stale = db.fetch("solo", 10).await.remove(0);
     let started = jobhost::store::RunId { job_id: stale.id, lease_token: stale.lease_token };
     common::confirm_started(&db, &[started]).await;
     // Its host goes silent; the lease expires and the same job runs again.
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
     db.store.lease_expire(Some(later)).await.unwrap();
-    let successor = fetch(&db, "solo", 10).await.remove(0);
+    let successor = db.fetch("solo", 10).await.remove(0);
     assert_eq!((successor.id, successor.attempt), (id, 2), "the expired run's claim went with its lease");
     let held = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
     assert_eq!(held, vec![(id, successor.lease_token)], "bound to the successor's run");
@@ -217,62 +209,62 @@ async fn a_stale_run_finishing_after_its_successor_started_leaves_the_successors
     }
     let held_after = db.rows::<(i64, i64)>("SELECT job_id, lease_token FROM jobhost.unique_claims").await;
     assert_eq!(held_after, held, "the successor's claim is untouched");
-    enqueue(&db, keyed("solo", "k")).await;
-    assert!(fetch(&db, "solo", 10).await.is_empty(), "and still keeps k's next job waiting");
+    db.enqueue_outcome(keyed("solo", "k")).await;
+    assert!(db.fetch("solo", 10).await.is_empty(), "and still keeps k's next job waiting");
     db.store.job_finish(vec![finish(&successor, completed())]).await.unwrap();
-    assert_eq!(fetch(&db, "solo", 10).await.len(), 1, "until the successor's run ends");
+    assert_eq!(db.fetch("solo", 10).await.len(), 1, "until the successor's run ends");
 }
 
 async fn replace_never_runs_the_gate_on_a_limited_job(db: TestDb) {
     // Unique per `key` (replace), limited to one run per `c`, refusing the rest.
     unique_and_limited(&db, "{key}", OnDuplicate::Replace, OnConflict::Raise).await;
-    enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
+    db.enqueue_outcome(EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
     let later = EnqueueParams {
         delay_ms: Some(3_600_000),
         ..EnqueueParams::new("both", json!({"key": "a", "c": "c", "v": 1}))
     };
-    let waiting = enqueue(&db, later).await.id();
+    let waiting = db.enqueue_outcome(later).await.id();
     // Due now, while c's one slot is taken: the replace must not take the
     // waiting job through the gate (which would refuse it).
     let now = EnqueueParams::new("both", json!({"key": "a", "c": "c", "v": 2}));
-    assert_eq!(enqueue(&db, now).await, Enqueued::Replaced(waiting));
+    assert_eq!(db.enqueue_outcome(now).await, Enqueued::Replaced(waiting));
     let job = db.store.job_get(waiting).await.unwrap().unwrap();
     assert_eq!((job.payload["v"].clone(), job.row.state), (json!(2), JobState::Scheduled), "payload only");
     let moved = EnqueueParams::new("both", json!({"key": "a", "c": "d", "v": 3}));
-    assert_eq!(enqueue(&db, moved).await, Enqueued::Duplicate(waiting), "a new concurrency key is not taken");
+    assert_eq!(db.enqueue_outcome(moved).await, Enqueued::Duplicate(waiting), "a new concurrency key is not taken");
     assert_eq!(db.store.job_get(waiting).await.unwrap().unwrap().payload["v"], json!(2));
 }
 
 async fn a_job_discarded_at_the_gate_gives_its_key_back(db: TestDb) {
     unique_and_limited(&db, "{key}", OnDuplicate::Skip, OnConflict::Discard).await;
-    enqueue(&db, EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
-    let discarded = enqueue(&db, EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
-    assert_eq!(state_of(&db, discarded.id()).await, JobState::Discarded);
-    let again = enqueue(&db, EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
+    db.enqueue_outcome(EnqueueParams::new("both", json!({"key": "x", "c": "c"}))).await;
+    let discarded = db.enqueue_outcome(EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
+    assert_eq!(db.state_of(discarded.id()).await, JobState::Discarded);
+    let again = db.enqueue_outcome(EnqueueParams::new("both", json!({"key": "y", "c": "c"}))).await;
     assert!(matches!(again, Enqueued::New(id) if id != discarded.id()), "the discarded job held nothing: {again:?}");
     assert_eq!(claims(&db).await, 1, "only x holds a claim");
 }
 
 async fn a_retried_archived_job_takes_its_key_again(db: TestDb) {
     unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
-    let first = enqueue(&db, keyed("once", "k")).await.id();
-    let run = fetch(&db, "once", 1).await.remove(0);
+    let first = db.enqueue_outcome(keyed("once", "k")).await.id();
+    let run = db.fetch("once", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
-    let second = enqueue(&db, keyed("once", "k")).await.id();
+    let second = db.enqueue_outcome(keyed("once", "k")).await.id();
     let refused = db.store.job_retry(first).await.unwrap_err();
     assert!(refused.to_string().contains(&second.to_string()), "refused while job {second} holds k: {refused}");
-    assert_eq!(state_of(&db, first).await, JobState::Failed, "and left in the archive");
+    assert_eq!(db.state_of(first).await, JobState::Failed, "and left in the archive");
     db.store.job_cancel(second).await.unwrap();
     db.store.job_retry(first).await.unwrap();
-    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first), "the retried job holds k");
+    assert_eq!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::Duplicate(first), "the retried job holds k");
 }
 
 async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
     unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Raise).await;
     db.store.job_types_register(&[(job_config("parent"), "v1".to_string())]).await.unwrap();
-    let existing = enqueue(&db, keyed("once", "k")).await.id();
+    let existing = db.enqueue_outcome(keyed("once", "k")).await.id();
     db.store.job_enqueue(&[EnqueueParams::new("parent", json!({}))]).await.unwrap();
-    let parent = fetch(&db, "parent", 1).await.remove(0);
+    let parent = db.fetch("parent", 1).await.remove(0);
     let child = |key: &str| ChildJob {
         job: "once".into(),
         payload: json!({ "key": key }),
@@ -284,9 +276,9 @@ async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
     let children = vec![child("k"), child("fresh"), child("fresh")];
     let outcome = FinishOutcome::Completed { output: None, children: children.into(), batches: Default::default() };
     assert_eq!(db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap(), vec![FinishResult::Done]);
-    assert_eq!(state_of(&db, parent.id).await, JobState::Completed, "a duplicate child never fails its parent");
+    assert_eq!(db.state_of(parent.id).await, JobState::Completed, "a duplicate child never fails its parent");
     assert_eq!(live_jobs(&db, "once").await, 2, "the existing job and one fresh child");
-    assert_eq!(state_of(&db, existing).await, JobState::Available);
+    assert_eq!(db.state_of(existing).await, JobState::Available);
 }
 
 on_both_backends!(
@@ -310,7 +302,7 @@ async fn the_sql_enqueue_returns_the_holders_id_for_a_duplicate() {
     unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
     let first = db.scalar("SELECT jobhost.enqueue('once', '{\"key\": \"k\"}')").await;
     assert_eq!(db.scalar("SELECT jobhost.enqueue('once', '{\"key\": \"k\"}')").await, first);
-    assert_eq!(enqueue(&db, keyed("once", "k")).await, Enqueued::Duplicate(first));
+    assert_eq!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::Duplicate(first));
     assert_eq!(live_jobs(&db, "once").await, 1);
 }
 
@@ -350,7 +342,7 @@ async fn while_executing_never_overlaps_through_a_killed_holder() {
         db.scalar("SELECT count(*) FROM jobhost.archive WHERE job = 'exclusive' AND state = 'completed'").await == 4
     })
     .await;
-    assert_eq!(state_of(&db, held).await, JobState::Cancelled);
+    assert_eq!(db.state_of(held).await, JobState::Cancelled);
     let runs: Vec<(i64, i64)> = db
         .rows(
             "SELECT (output->>'started_ms')::bigint, (output->>'ended_ms')::bigint

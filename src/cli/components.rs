@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use super::{RuntimeArgs, fail, start_runtime};
+use super::{Exit, RuntimeArgs, fail, start_runtime};
 use crate::component::{DirectoryWatcher, Registry, RegistryEvent, StopSignal, WatcherConfig};
 use crate::types::{JobContext, RunOutcome, RunReport};
 
@@ -88,7 +88,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     } else {
         print_report(&report);
     }
-    if report.outcome.is_completed() { ExitCode::SUCCESS } else { ExitCode::from(1) }
+    if report.outcome.is_completed() { ExitCode::SUCCESS } else { Exit::JobFailed.into() }
 }
 
 /// The job's output goes to stdout (nothing else does, so it can be piped);

@@ -1,26 +1,23 @@
 //! The `jobhost` command line: flag definitions and the commands behind them.
-//! Exit codes: 0 success, 1 a job ran but did not complete, 2 bad input (a
-//! component that does not load, a payload that is not JSON, an unknown job
-//! type) or a host error (a host task that panicked among them), 3 a
-//! concurrency limit refused the job, 4 and 5 a waited-for job was
-//! discarded or cancelled, 6 it did not end within the wait, 130 a host
-//! stopped by a second SIGINT or SIGTERM.
+//! Exit codes are an [`Exit`].
 //!
 //! Flags shared by several commands are defined here; the commands live in
-//! `host` (`run`, the one that runs jobs), `operator` (the commands that
-//! read or change the database and exit), `deploy` (components deployed
-//! through the database) and `components` (the commands that work on
-//! component files without a database).
+//! `run` (the one that runs jobs), `serve` (the HTTP server alone; both
+//! stop through `signals`), `operator` (the commands that read or change
+//! the database and exit), `deploy` (components deployed through the
+//! database) and `components` (the commands that work on component files
+//! without a database).
 
 mod batch;
 mod components;
 mod deploy;
 mod grant;
-mod host;
 mod new;
 mod operator;
+mod run;
 mod secret;
 mod serve;
+mod signals;
 mod variable;
 
 use std::path::PathBuf;
@@ -31,6 +28,37 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::component::Runtime;
 use crate::config::RuntimeConfig;
+
+/// How a command ended, as its exit code tells scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// It did what was asked (a waited-for job completed).
+    Success = 0,
+    /// A job ran but did not complete (a waited-for one failed).
+    JobFailed = 1,
+    /// Bad input (a component that does not load, a payload that is not
+    /// JSON, an unknown job type) or a host error (a host task that
+    /// panicked among them).
+    Error = 2,
+    /// A concurrency limit refused the job (`on_conflict = raise`).
+    LimitReached = 3,
+    /// A waited-for job was discarded.
+    JobDiscarded = 4,
+    /// A waited-for job was cancelled.
+    JobCancelled = 5,
+    /// A waited-for job did not end within the wait.
+    WaitTimedOut = 6,
+    /// A host stopped by a second SIGINT or SIGTERM: 128 + SIGINT, as a
+    /// shell reports a process interrupted by Ctrl-C.
+    Forced = 130,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
 
 /// A durable background-job host whose handlers are WebAssembly components.
 #[derive(Debug, Parser)]
@@ -57,7 +85,7 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a host: serve the components in a directory from the database's queues.
-    Run(Box<host::RunArgs>),
+    Run(Box<run::RunArgs>),
     /// Serve the HTTP API, the dashboard and Prometheus metrics, without
     /// running jobs (`run --http` serves them from a worker host).
     Serve(serve::ServeArgs),
@@ -325,7 +353,7 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => host::run(*args).await,
+            Command::Run(args) => run::run(*args).await,
             Command::Serve(args) => serve::serve(args).await,
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,
@@ -364,7 +392,7 @@ pub fn main(cli: Cli) -> ExitCode {
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
-    ExitCode::from(2)
+    Exit::Error.into()
 }
 
 /// A store error, with exit code 3 when a concurrency limit refused the job
@@ -372,7 +400,7 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 fn fail_store(error: crate::store::Error) -> ExitCode {
     if matches!(error, crate::store::Error::LimitReached(_)) {
         eprintln!("error: {error}");
-        return ExitCode::from(3);
+        return Exit::LimitReached.into();
     }
     fail(error)
 }

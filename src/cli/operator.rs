@@ -2,7 +2,7 @@
 //! `retry`, `cancel`, `queue pause`/`resume`, `concurrency` and `schedules`
 //! (the `batch` commands are in [`super::batch`]). Each opens
 //! the database, does one thing and exits; none runs jobs (that is the host
-//! command, in [`super::host`]).
+//! command, in [`super::run`]).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
-use super::{DbArgs, fail, fail_store};
+use super::{DbArgs, Exit, fail, fail_store};
 use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, ScheduleStatus, Store};
 
 /// Payload lines inserted per transaction by `enqueue --file`.
@@ -155,7 +155,7 @@ async fn wait_for(store: &dyn Store, id: i64, timeout: Duration) -> ExitCode {
         Ok(Some(job)) => job,
         Ok(None) => {
             eprintln!("job {id} did not end within {}", humantime::format_duration(timeout));
-            return ExitCode::from(6);
+            return Exit::WaitTimedOut.into();
         }
         Err(error) => return fail(error),
     };
@@ -165,11 +165,12 @@ async fn wait_for(store: &dyn Store, id: i64, timeout: Duration) -> ExitCode {
         eprintln!("job {id} {}: {error}", job.row.state);
     }
     match job.row.state {
-        JobState::Completed => ExitCode::SUCCESS,
-        JobState::Failed => ExitCode::from(1),
-        JobState::Discarded => ExitCode::from(4),
-        _ => ExitCode::from(5),
+        JobState::Completed => Exit::Success,
+        JobState::Failed => Exit::JobFailed,
+        JobState::Discarded => Exit::JobDiscarded,
+        _ => Exit::JobCancelled,
     }
+    .into()
 }
 
 /// A new job is its bare id, so scripts can capture it; a duplicate (not

@@ -80,7 +80,7 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         return fail(error);
     }
     let shutdown = CancellationToken::new();
-    super::host::stop_on_signals(shutdown.clone());
+    super::signals::stop_on_signals(shutdown.clone());
     // Like a host, it waits for a database that is not up yet (and
     // migrates it), on a connection it then lets go.
     let opened = crate::host::open_waiting(&args.db.database_url, 1, limits, !args.no_migrate, &shutdown).await;

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
-use super::views::{self, BulkAction, QueueAction};
+use super::views::{self, BulkAction, QueueAction, QueueActionError};
 use crate::store::{Cancel, EnqueueParams, Enqueued};
 
 /// The OpenAPI description of everything below.
@@ -267,8 +267,8 @@ async fn queue_act(
         return Err(not_found().await);
     };
     let changed = action.apply(&*state.store, &name).await.map_err(|refused| match refused {
-        Ok(reason) => ApiError::bad_request(reason),
-        Err(error) => ApiError::from(error),
+        QueueActionError::BadName(_) => ApiError::bad_request(refused.to_string()),
+        QueueActionError::Store(error) => ApiError::from(error),
     })?;
     ok(json!({ "queue": name, "paused": action == QueueAction::Pause, "changed": changed }))
 }

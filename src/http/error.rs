@@ -58,8 +58,8 @@ impl From<Error> for ApiError {
             Error::PayloadNotObject { .. } | Error::PayloadTooLarge { .. } | Error::InvalidEnqueue(_) => {
                 StatusCode::BAD_REQUEST
             }
-            Error::JobState { reason, .. } if reason == crate::store::NO_SUCH_JOB => StatusCode::NOT_FOUND,
-            Error::JobState { .. }
+            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::WrongState { .. }
             | Error::LimitReached(_)
             | Error::Duplicate { .. }
             | Error::BatchRefused(_)

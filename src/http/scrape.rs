@@ -84,7 +84,7 @@ fn database_registry(stats: &Stats, keys: &[KeyStatus]) -> Registry {
     let jobs = Family::<StateQueue, Gauge>::default();
     for (queue, states) in &stats.queues {
         for (state, count) in states {
-            jobs.get_or_create(&StateQueue { state: state.clone(), queue: queue.clone() }).set(*count);
+            jobs.get_or_create(&StateQueue { state: state.as_str().to_string(), queue: queue.clone() }).set(*count);
         }
     }
     registry.register("jobhost_jobs", "Jobs in the database by state and queue, live and archived", jobs);

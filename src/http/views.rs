@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::store::{Cancel, JobFilter, JobTypeRow, ScheduleStatus, Store};
+use crate::store::{Cancel, JobFilter, JobState, JobTypeRow, ScheduleStatus, Store};
 
 /// A queue: its live and archived jobs by state, and whether it is paused.
 #[derive(Debug, Clone, Serialize)]
@@ -16,7 +16,7 @@ pub struct QueueView {
     /// Whether hosts are kept from leasing its jobs.
     pub paused: bool,
     /// Its jobs by state (only states it has).
-    pub counts: BTreeMap<String, i64>,
+    pub counts: BTreeMap<JobState, i64>,
 }
 
 /// Every queue with jobs or a pause, by name.
@@ -50,18 +50,28 @@ pub enum QueueAction {
     Resume,
 }
 
+/// Why a queue action did not apply.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueActionError {
+    /// The name is not a queue's: the caller's mistake.
+    #[error("queue {0}")]
+    BadName(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
+
 impl QueueAction {
     /// Pauses or resumes `queue`, a valid queue name: whether it changed.
     ///
     /// # Errors
-    /// A name that is not a queue's, as `Err(Ok(reason))`; a store failure as `Err(Err(error))`.
-    pub async fn apply(self, store: &dyn Store, queue: &str) -> Result<bool, Result<String, crate::store::Error>> {
-        crate::types::check_name(queue).map_err(|reason| Ok(format!("queue {reason}")))?;
-        match self {
-            QueueAction::Pause => store.queue_pause(queue).await,
-            QueueAction::Resume => store.queue_resume(queue).await,
-        }
-        .map_err(Err)
+    /// A name that is not a queue's; a store failure.
+    pub async fn apply(self, store: &dyn Store, queue: &str) -> Result<bool, QueueActionError> {
+        crate::types::check_name(queue).map_err(QueueActionError::BadName)?;
+        Ok(match self {
+            QueueAction::Pause => store.queue_pause(queue).await?,
+            QueueAction::Resume => store.queue_resume(queue).await?,
+        })
     }
 
     /// What it did, for a person.
@@ -142,7 +152,7 @@ pub struct Throughput {
     /// The window, in seconds.
     pub window_secs: f64,
     /// Jobs that ended in it, by final state (every final state listed).
-    pub finished: BTreeMap<String, i64>,
+    pub finished: BTreeMap<JobState, i64>,
     /// Completed jobs per second over the window.
     pub completed_per_sec: f64,
 }
@@ -150,12 +160,12 @@ pub struct Throughput {
 /// What ended in the last `window_secs` seconds.
 pub async fn throughput(store: &dyn Store, window_secs: f64) -> crate::store::Result<Throughput> {
     let counted = store.job_finished_since(window_secs).await?;
-    let finished: BTreeMap<String, i64> = crate::store::JobState::ALL
-        .iter()
+    let finished: BTreeMap<JobState, i64> = JobState::ALL
+        .into_iter()
         .filter(|s| s.is_final())
-        .map(|s| (s.as_str().to_string(), counted.get(s.as_str()).copied().unwrap_or(0)))
+        .map(|s| (s, counted.get(&s).copied().unwrap_or(0)))
         .collect();
-    let completed_per_sec = finished["completed"] as f64 / window_secs;
+    let completed_per_sec = finished[&JobState::Completed] as f64 / window_secs;
     Ok(Throughput { window_secs, finished, completed_per_sec })
 }
 
@@ -246,7 +256,13 @@ pub async fn bulk(
         match done {
             Ok(Cancel::Cancelled) => outcome.changed += 1,
             Ok(Cancel::Requested) => outcome.requested += 1,
-            Err(error) if error.is_refusal() || matches!(error, crate::store::Error::JobState { .. }) => {
+            Err(error)
+                if error.is_refusal()
+                    || matches!(
+                        error,
+                        crate::store::Error::NotFound { .. } | crate::store::Error::WrongState { .. }
+                    ) =>
+            {
                 if outcome.unchanged.len() < UNCHANGED_LISTED {
                     outcome.unchanged.push(Unchanged { id: job.id, reason: error.to_string() });
                 }

@@ -49,4 +49,9 @@ pub(crate) trait Backend: Send + Sync {
     /// another host wrote those ticks, or a registration changed the
     /// calendar, and nothing was written.
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>>;
+
+    /// Moves a live job to the archive as failed with `reason` as its last
+    /// error, keeping its earlier errors or not, in one transaction; a
+    /// blocked job is left where it is. Whether the job was there.
+    async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool>;
 }

@@ -1,7 +1,10 @@
-//! Per-key concurrency: what operators see of slots and blocked jobs, and
-//! what the repair sweep reports. The gate itself is SQL, in the backends.
+//! Per-key concurrency: what operators see of slots and blocked jobs, what
+//! the repair sweep reports, and the sweep of blocked jobs over the keys.
+//! The gate itself is SQL, in the backends.
 
 use serde::Serialize;
+
+use super::Result;
 
 /// One key of a limited job type.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -44,6 +47,15 @@ pub struct SemaphoreFix {
     pub recorded: i32,
     /// The live jobs that hold its slots, which it now has.
     pub actual: i32,
+}
+
+/// Says in the host's log what a page of the repair sweep corrected, in
+/// the same words on every backend, and returns the page.
+pub(crate) fn logged_repairs(page: KeyPage<Vec<SemaphoreFix>>) -> KeyPage<Vec<SemaphoreFix>> {
+    for SemaphoreFix { job, key, recorded, actual } in &page.done {
+        tracing::warn!(job, key, recorded, actual, "repaired a semaphore whose holder count disagreed with its jobs");
+    }
+    page
 }
 
 /// A place in the (job type, key) order of concurrency keys: the last key a
@@ -108,4 +120,62 @@ impl Slots {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// A key with blocked jobs, as the sweep reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockedKey {
+    /// The job type.
+    pub job: String,
+    /// The key.
+    pub key: String,
+    /// Whether it has a free slot now, so its blocked jobs can be promoted.
+    pub promotable: bool,
+}
+
+/// A backend's part in the sweep of blocked jobs: it reads and writes; the
+/// sweep ([`promote_blocked`]) decides.
+#[async_trait::async_trait]
+pub(crate) trait BlockedSweep: Sync {
+    /// The next `max_keys` keys with blocked jobs after `after` (from the
+    /// first when `None`), in (job type, key) order.
+    async fn blocked_keys_page(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<Vec<BlockedKey>>>;
+
+    /// Promotes one key's blocked jobs into its free slots, in a
+    /// transaction of its own: how many it promoted.
+    async fn promote_key(&self, job: &str, key: &str) -> Result<u64>;
+}
+
+/// Visits a page of keys with blocked jobs and promotes those of the keys
+/// that can take a slot now (see `Store::blocked_promote`).
+///
+/// One transaction per key: a key's promotion locks only that key, so the
+/// sweep never holds one semaphore while waiting for another, and a key the
+/// database refuses to promote stays blocked (guarantee 2) without holding
+/// back the keys after it (guarantee 13): the page goes on past it.
+pub(crate) async fn promote_blocked(
+    backend: &(impl BlockedSweep + ?Sized),
+    after: Option<&KeyCursor>,
+    max_keys: i64,
+) -> Result<KeyPage<u64>> {
+    let page = backend.blocked_keys_page(after, max_keys).await?;
+    let mut promoted = 0;
+    for BlockedKey { job, key, .. } in page.done.into_iter().filter(|key| key.promotable) {
+        match backend.promote_key(&job, &key).await {
+            Ok(moved) => promoted += moved,
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
+            }
+            // Another transaction holds the key's semaphore (an application
+            // enqueuing to it): its blocked jobs wait for the next pass.
+            Err(error) if error.is_lock_timeout() => {
+                tracing::info!(job, key, "a key's semaphore is held by another transaction; promoting it next pass");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    if promoted > 0 {
+        tracing::info!(promoted, "promoted blocked jobs into free slots");
+    }
+    Ok(KeyPage { done: promoted, next: page.next })
 }

@@ -118,6 +118,13 @@ pub struct MixedComponents {
     pub digests: BTreeMap<String, Vec<String>>,
 }
 
+/// `stats` with what operators should hear about the live hosts (see
+/// [`fleet_warnings`]), from every host's health row.
+pub(crate) fn with_fleet_warnings(mut stats: super::Stats, rows: Vec<HostHealthRow>) -> super::Stats {
+    (stats.watchers_down, stats.mixed_components) = fleet_warnings(rows);
+    stats
+}
+
 /// What operators should hear about the live hosts: watchers that are down,
 /// and job types served with different components. Hosts presumed dead are
 /// left out (they are reported as such).

@@ -66,6 +66,15 @@ impl JobState {
     pub fn parse(name: &str) -> Option<JobState> {
         JobState::ALL.into_iter().find(|s| s.as_str() == name)
     }
+
+    /// Reads a state name the database stored.
+    ///
+    /// # Errors
+    /// [`super::Error::Decode`] for a name no state has: the schema and this
+    /// binary disagree.
+    pub(crate) fn decode(name: &str) -> super::Result<JobState> {
+        JobState::parse(name).ok_or_else(|| super::Error::Decode(format!("unknown job state {name:?}")))
+    }
 }
 
 impl std::fmt::Display for JobState {
@@ -394,10 +403,10 @@ pub struct JobDetail {
 /// The queue at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stats {
-    /// Every state name with its count (zero included).
-    pub states: std::collections::BTreeMap<String, i64>,
-    /// Per queue, live jobs by state.
-    pub queues: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    /// Every state with its count (zero included), in life order.
+    pub states: std::collections::BTreeMap<JobState, i64>,
+    /// Per queue, its jobs by state (only the states it has).
+    pub queues: std::collections::BTreeMap<String, std::collections::BTreeMap<JobState, i64>>,
     /// Seconds the oldest available job has waited.
     pub oldest_available_secs: Option<f64>,
     /// Hosts that heartbeated within their own interval's allowance.
@@ -416,21 +425,25 @@ impl Stats {
     /// The stats from (state, queue, count) rows, every state listed, and
     /// the hosts as (id, seconds since seen, heartbeat ms) rows, and the
     /// paused queues.
+    ///
+    /// # Errors
+    /// [`super::Error::Decode`] for a state name no state has.
     pub fn from_counts(
         counts: Vec<(String, String, i64)>,
         oldest_available_secs: Option<f64>,
         hosts: Vec<(String, f64, i64)>,
         paused_queues: Vec<String>,
-    ) -> Stats {
+    ) -> super::Result<Stats> {
         let (hosts_alive, hosts_silent) = super::host::liveness(hosts);
         use std::collections::BTreeMap;
-        let mut states: BTreeMap<String, i64> = JobState::ALL.iter().map(|s| (s.as_str().to_string(), 0)).collect();
-        let mut queues: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        let mut states: BTreeMap<JobState, i64> = JobState::ALL.iter().map(|s| (*s, 0)).collect();
+        let mut queues: BTreeMap<String, BTreeMap<JobState, i64>> = BTreeMap::new();
         for (state, queue, count) in counts {
-            *states.entry(state.clone()).or_default() += count;
+            let state = JobState::decode(&state)?;
+            *states.entry(state).or_default() += count;
             *queues.entry(queue).or_default().entry(state).or_default() += count;
         }
-        Stats {
+        Ok(Stats {
             states,
             queues,
             oldest_available_secs,
@@ -439,8 +452,16 @@ impl Stats {
             paused_queues,
             watchers_down: Vec::new(),
             mixed_components: Vec::new(),
-        }
+        })
     }
+}
+
+/// Counts by state from (state name, count) rows.
+///
+/// # Errors
+/// [`super::Error::Decode`] for a state name no state has.
+pub(crate) fn counts_by_state(rows: Vec<(String, i64)>) -> super::Result<std::collections::BTreeMap<JobState, i64>> {
+    rows.into_iter().map(|(state, count)| Ok((JobState::decode(&state)?, count))).collect()
 }
 
 #[cfg(test)]

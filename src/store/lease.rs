@@ -5,6 +5,33 @@ use std::time::Duration;
 
 use crate::types::JobConfig;
 
+/// What a pass of lease expiry did, as a backend reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Expired {
+    /// Jobs back to `available` (or their attempt given back).
+    pub requeued: u64,
+    /// Jobs archived as failed (or cancelled): their attempts were spent.
+    pub failed: u64,
+    /// Expired leases left for the next pass: another transaction held
+    /// their key or batch (PostgreSQL's sweep skips locked rows).
+    pub held_back: u64,
+}
+
+impl Expired {
+    /// Says what the pass did in the host's log, in the same words on every
+    /// backend and path, and returns what the store reports: (requeued, failed).
+    pub(crate) fn logged(self) -> (u64, u64) {
+        let Expired { requeued, failed, held_back } = self;
+        if requeued > 0 || failed > 0 {
+            tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
+        }
+        if held_back > 0 {
+            tracing::info!(held_back, "expired leases wait for a key or batch another transaction holds");
+        }
+        (requeued, failed)
+    }
+}
+
 /// One run of a job: the job and the lease token its fetch issued. A job
 /// leased again gets a new token, so two runs of one job (a lingering old
 /// one and its redelivery) are never mistaken for each other (guarantee 6).

@@ -121,13 +121,21 @@ pub enum Error {
     /// An enqueue's options are invalid.
     #[error("invalid enqueue: {0}")]
     InvalidEnqueue(String),
-    /// No job with this id is in a state the operation applies to.
-    #[error("job {id} {reason}")]
-    JobState {
+    /// No job, live or archived, has this id.
+    #[error("job {id} does not exist")]
+    NotFound {
         /// The job.
         id: i64,
-        /// What state it is in instead.
-        reason: String,
+    },
+    /// The job is in a state the operation does not apply to: nothing changed.
+    #[error("job {id} is {state} and cannot be {action}")]
+    WrongState {
+        /// The job.
+        id: i64,
+        /// The state it is in.
+        state: JobState,
+        /// What the operation would have done to it ("retried", "cancelled").
+        action: &'static str,
     },
     /// The job's concurrency key has no free slot and its type's
     /// `on_conflict` is `raise`: nothing was enqueued.
@@ -168,6 +176,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Why an operator's `action` did not apply to job `id`, from the state
+    /// it is in (none: it is nowhere).
+    pub(crate) fn not_applied(id: i64, state: Option<JobState>, action: &'static str) -> Error {
+        match state {
+            None => Error::NotFound { id },
+            Some(state) => Error::WrongState { id, state, action },
+        }
+    }
+
     /// True for a transaction rolled back for a deadlock or serialization
     /// failure (PostgreSQL SQLSTATE class 40), for a statement that waited
     /// too long or was cancelled (a lock timeout, a statement timeout, an
@@ -307,9 +324,6 @@ const SQLSTATE_WAITS: [&str; 3] = [LOCK_NOT_AVAILABLE, "25P03", "57014"];
 /// SQLSTATE `lock_not_available`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-/// The reason of an [`Error::JobState`] for a job id that is nowhere.
-pub const NO_SUCH_JOB: &str = "does not exist";
-
 /// The database used when none is named: an embedded file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://jobhost.db";
 
@@ -448,7 +462,7 @@ pub trait Store: Backend + 'static {
 
     /// How many jobs ended within the last `secs` seconds, by final state:
     /// the throughput operators watch.
-    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>>;
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<JobState, i64>>;
 
     /// Removes this host's row at shutdown.
     async fn host_remove(&self, host_id: &str) -> Result<()>;
@@ -536,7 +550,14 @@ pub trait Store: Backend + 'static {
     /// failed, with `reason` as its last error, so the sweeps go on without
     /// it and operators see it (guarantee 13). A blocked job is never
     /// quarantined (guarantee 2). Returns whether the job was there.
-    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool>;
+    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
+        // The job's own errors may be what the database refuses (a value
+        // past a column's range): it goes without them rather than stay.
+        match self.quarantine_write(id, reason, true).await {
+            Err(error) if error.is_refusal() => self.quarantine_write(id, reason, false).await,
+            other => other,
+        }
+    }
 
     /// Visits the next `max_keys` keys with blocked jobs after `after` (from
     /// the first key when `None`), in (job type, key) order, and promotes
@@ -637,7 +658,7 @@ pub trait Store: Backend + 'static {
     /// Woken by the database's announcements, not by polling.
     ///
     /// # Errors
-    /// [`Error::JobState`] for a job that does not exist.
+    /// [`Error::NotFound`] for a job that does not exist.
     async fn job_wait(&self, id: i64, timeout: std::time::Duration) -> Result<Option<JobDetail>>;
 
     /// Waits until jobs may be available (a notification), or `timeout`.

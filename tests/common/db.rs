@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use jobhost::store::Store;
 use jobhost::store::postgres::PgStore;
 use jobhost::store::sqlite::SqliteStore;
+use jobhost::store::{EnqueueParams, Enqueued, FetchedJob, JobState, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, SqlitePool};
 
@@ -179,6 +179,32 @@ impl TestDb {
             Raw::Sqlite { pool, .. } => sqlx::query(sql).execute(pool).await.map(|_| ()),
         }
         .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Enqueues one job, which must be accepted: its id (or its holder's).
+    pub async fn enqueue_one(&self, params: EnqueueParams) -> i64 {
+        self.store.job_enqueue(&[params]).await.unwrap()[0]
+    }
+
+    /// Enqueues one job of `job` with `payload` and its type's defaults,
+    /// which must be accepted: its id.
+    pub async fn enqueue_new(&self, job: &str, payload: serde_json::Value) -> i64 {
+        self.enqueue_one(EnqueueParams::new(job, payload)).await
+    }
+
+    /// Enqueues one job, which must be accepted: what became of it.
+    pub async fn enqueue_outcome(&self, params: EnqueueParams) -> Enqueued {
+        self.store.job_enqueue_outcomes(&[params]).await.unwrap().remove(0)
+    }
+
+    /// Leases up to `limit` jobs of one type from the default queue to host `h`.
+    pub async fn fetch(&self, job: &str, limit: i64) -> Vec<FetchedJob> {
+        self.store.job_fetch(&super::fetch_params("h", &[job], limit)).await.unwrap()
+    }
+
+    /// The state of a job that exists.
+    pub async fn state_of(&self, id: i64) -> JobState {
+        self.store.job_get(id).await.unwrap().expect("job exists").row.state
     }
 }
 

@@ -128,7 +128,7 @@ impl TestHost {
                 shutdown_grace: Duration::from_secs(5),
                 ..Default::default()
             },
-            maintenance: jobhost::maintenance::MaintenanceConfig {
+            maintenance: jobhost::background::maintenance::MaintenanceConfig {
                 interval: Duration::from_millis(50),
                 ..Default::default()
             },

@@ -665,8 +665,7 @@ async fn queue_act(
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
         match action.apply(&*store, &name).await {
             Ok(_) => Ok(action.done(&name)),
-            Err(Ok(reason)) => Err(reason),
-            Err(Err(error)) => Err(error.to_string()),
+            Err(error) => Err(error.to_string()),
         }
     })
     .await

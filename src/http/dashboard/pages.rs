@@ -26,15 +26,15 @@ pub fn overview(
         section.cards aria-label="Jobs by state" {
             @for state in JobState::ALL {
                 a class={ "card state-" (state.as_str()) } href={ "/jobs?state=" (state.as_str()) } {
-                    span.count { (stats.states.get(state.as_str()).copied().unwrap_or(0)) }
+                    span.count { (stats.states.get(&state).copied().unwrap_or(0)) }
                     span.label { (state.as_str()) }
                 }
             }
         }
         section.cards aria-label="Throughput" {
             div.card { span.count { (format!("{:.1}", minute.completed_per_sec)) } span.label { "completed / s, last minute" } }
-            div.card { span.count { (hour.finished["completed"]) } span.label { "completed, last hour" } }
-            div.card { span.count { (hour.finished["failed"]) } span.label { "failed, last hour" } }
+            div.card { span.count { (hour.finished[&JobState::Completed]) } span.label { "completed, last hour" } }
+            div.card { span.count { (hour.finished[&JobState::Failed]) } span.label { "failed, last hour" } }
             div.card {
                 span.count { (stats.oldest_available_secs.map_or("–".to_string(), span)) }
                 span.label { "oldest available job's wait" }
@@ -61,8 +61,8 @@ pub fn overview(
                             a href={ "/jobs?queue=" (encode(&queue.name)) } { (queue.name) }
                             @if queue.paused { " " span.badge.state-paused { "paused" } }
                         }
-                        @for state in ["available", "running", "scheduled", "blocked", "failed", "completed"] {
-                            td.num { (queue.counts.get(state).copied().unwrap_or(0)) }
+                        @for state in [JobState::Available, JobState::Running, JobState::Scheduled, JobState::Blocked, JobState::Failed, JobState::Completed] {
+                            td.num { (queue.counts.get(&state).copied().unwrap_or(0)) }
                         }
                         td.actions {
                             @if queue.paused {

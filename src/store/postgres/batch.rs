@@ -1,5 +1,5 @@
-//! Batches in PostgreSQL: creating and closing them, counting new members,
-//! and reading them back. The counting of ended
+//! Batches in PostgreSQL: creating and closing them, and reading them back
+//! (new members are counted in `membership`). The counting of ended
 //! members and the callbacks are triggers (migrations/postgres/0009_batches.sql),
 //! so every path that archives a job counts it.
 
@@ -9,38 +9,9 @@ use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
+use super::membership::refused_or_failed;
 use crate::store::batch::{Batch, Callbacks, PreparedBatch, StoredBatch};
-use crate::store::{Enqueued, Error, PreparedJob, Result};
-
-/// Counts the batch members among `jobs`, inserted and past the gate, into
-/// their batches, refusing a batch that is missing or closed. Locks: those
-/// batches' rows, in id order, until the caller commits.
-pub async fn add_members(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<()> {
-    if jobs.iter().all(|j| j.batch_id.is_none()) {
-        return Ok(());
-    }
-    let ids: Vec<Option<i64>> = jobs.iter().map(|j| j.batch_id).collect();
-    let closed_ok: Vec<bool> = jobs.iter().map(|j| j.batch_by_member).collect();
-    sqlx::query("SELECT jobhost.batch_add_members($1, $2)")
-        .bind(&ids)
-        .bind(&closed_ok)
-        .execute(conn)
-        .await
-        .map_err(refused_or_failed)?;
-    Ok(())
-}
-
-/// The batch functions' refusal of a missing or closed batch (SQLSTATE
-/// 22023) as [`Error::BatchRefused`], as SQLite names it too; any other
-/// error as it is.
-fn refused_or_failed(error: sqlx::Error) -> Error {
-    match error {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("22023") => {
-            Error::BatchRefused(db.message().to_string())
-        }
-        error => error.into(),
-    }
-}
+use crate::store::{Enqueued, PreparedJob, Result};
 
 /// Creates a batch and inserts its first members in one transaction,
 /// closing it unless it is to stay open.

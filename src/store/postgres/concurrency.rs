@@ -5,7 +5,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::concurrency::{key_page_cut, key_page_read, key_page_start};
+use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
@@ -39,45 +39,30 @@ pub async fn release(conn: &mut PgConnection, slots: &Slots) -> Result<()> {
     Ok(())
 }
 
-pub async fn promote_blocked(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-    let (after_job, after_key) = key_page_start(after);
-    let keys: Vec<(String, String, bool)> =
-        sqlx::query_as("SELECT job, key, promotable FROM jobhost.promotable_keys($1, $2, $3)")
-            .bind(after_job)
-            .bind(after_key)
-            .bind(key_page_read(max_keys).min(i64::from(i32::MAX)) as i32)
-            .fetch_all(pool)
+#[async_trait::async_trait]
+impl BlockedSweep for super::PgStore {
+    async fn blocked_keys_page(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<Vec<BlockedKey>>> {
+        let (after_job, after_key) = key_page_start(after);
+        let keys: Vec<(String, String, bool)> =
+            sqlx::query_as("SELECT job, key, promotable FROM jobhost.promotable_keys($1, $2, $3)")
+                .bind(after_job)
+                .bind(after_key)
+                .bind(key_page_read(max_keys).min(i64::from(i32::MAX)) as i32)
+                .fetch_all(&self.sweeps)
+                .await?;
+        let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
+        let done = keys.into_iter().map(|(job, key, promotable)| BlockedKey { job, key, promotable }).collect();
+        Ok(KeyPage { done, next })
+    }
+
+    async fn promote_key(&self, job: &str, key: &str) -> Result<u64> {
+        let moved: i32 = sqlx::query_scalar("SELECT jobhost.promote_parked($1, $2)")
+            .bind(job)
+            .bind(key)
+            .fetch_one(&self.sweeps)
             .await?;
-    let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
-    // One transaction per key: a key's promotion locks only that key, so the
-    // sweep never holds one semaphore while waiting for another, and a key
-    // the database refuses to promote stays blocked (guarantee 2) without
-    // holding back the keys after it (guarantee 13): the page goes on past it.
-    let mut promoted = 0;
-    for (job, key, _) in keys.into_iter().filter(|(_, _, promotable)| *promotable) {
-        let moved = sqlx::query_scalar::<_, i32>("SELECT jobhost.promote_parked($1, $2)")
-            .bind(&job)
-            .bind(&key)
-            .fetch_one(pool)
-            .await
-            .map_err(crate::store::Error::from);
-        match moved {
-            Ok(moved) => promoted += moved as u64,
-            Err(error) if error.is_refusal() => {
-                tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
-            }
-            // Another transaction holds the key's semaphore (an application
-            // enqueuing to it): its blocked jobs wait for the next pass.
-            Err(error) if error.is_lock_timeout() => {
-                tracing::info!(job, key, "a key's semaphore is held by another transaction; promoting it next pass");
-            }
-            Err(error) => return Err(error),
-        }
+        Ok(moved as u64)
     }
-    if promoted > 0 {
-        tracing::info!(promoted, "promoted blocked jobs into free slots");
-    }
-    Ok(KeyPage { done: promoted, next })
 }
 
 pub async fn promote_blocked_of_types(conn: &mut PgConnection, job_types: &[String]) -> Result<u64> {
@@ -128,9 +113,6 @@ pub async fn repair(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> 
             .bind(keys)
             .fetch_all(pool)
             .await?;
-    for (job, key, recorded, actual) in &fixes {
-        tracing::warn!(job, key, recorded, actual, "repaired a semaphore whose holder count disagreed with its jobs");
-    }
     Ok(KeyPage {
         done: fixes
             .into_iter()

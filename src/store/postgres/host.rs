@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
-use crate::store::{HostInfo, Result};
+use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
 
 pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
@@ -171,7 +171,7 @@ pub async fn job_types_list(pool: &PgPool) -> Result<Vec<JobTypeRow>> {
 }
 
 /// Jobs that ended within the last `secs` seconds, by how they ended.
-pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<String, i64>> {
+pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<JobState, i64>> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "SELECT state, count(*) FROM jobhost.archive
          WHERE finished_at > now() - $1 * interval '1 second' GROUP BY state",
@@ -179,5 +179,5 @@ pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<String,
     .bind(secs)
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().collect())
+    crate::store::job::counts_by_state(rows)
 }

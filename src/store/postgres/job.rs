@@ -20,7 +20,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
     if jobs.iter().all(|j| j.unique.is_none()) {
         let rows = insert_rows(conn, jobs, None).await?;
         admit_due(conn, &rows).await?;
-        super::batch::add_members(conn, jobs).await?;
+        super::membership::add_members(conn, jobs).await?;
         return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
     }
     let ids = super::unique::allocate_ids(conn, jobs.len()).await?;
@@ -34,7 +34,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
     // takes its key with it.
     super::unique::record_keys(conn, &fresh).await?;
     admit_due(conn, &rows).await?;
-    super::batch::add_members(conn, &fresh_jobs).await?;
+    super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
 }
 
@@ -173,14 +173,7 @@ async fn promote_due_ids_in(conn: &mut PgConnection, now: Option<DateTime<Utc>>,
 /// failed, with `reason` as its last error, touching nothing else: a slot it
 /// held is corrected by the semaphore repair. When even its errors cannot be
 /// extended (they are what is too large), they are replaced by the reason.
-pub async fn quarantine(pool: &PgPool, id: i64, reason: &str) -> Result<bool> {
-    match quarantine_with(pool, id, reason, true).await {
-        Err(error) if error.is_refusal() => quarantine_with(pool, id, reason, false).await,
-        other => other,
-    }
-}
-
-async fn quarantine_with(pool: &PgPool, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
+pub async fn quarantine(pool: &PgPool, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
     let moved = sqlx::query(include_str!("sql/quarantine.sql"))
         .bind(id)
         .bind(reason)

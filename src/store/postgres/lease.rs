@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use crate::store::lease::StrayRow;
+use crate::store::lease::{Expired, StrayRow};
 use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
 
 /// Sets the `started_at` of the current runs among `runs` to now and
@@ -80,7 +80,7 @@ pub async fn renew(pool: &PgPool, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal
 /// every path that ends a job does and never waits while it holds a job
 /// row. In a transaction of its own, rolled back before a failure returns
 /// (see [`super::commit_or_roll_back`]).
-pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<(u64, u64)> {
+pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>, only: Option<&[i64]>) -> Result<Expired> {
     let mut tx = pool.begin().await?;
     let expired = sqlx::query_as::<_, (i32, i32, i32)>(
         "SELECT requeued, failed, held_back FROM jobhost.expire_leases(coalesce($1, now()), $2, 1000)",
@@ -91,13 +91,7 @@ pub async fn expire(pool: &PgPool, now: Option<DateTime<Utc>>, only: Option<&[i6
     .await
     .map_err(Into::into);
     let (requeued, failed, held_back) = super::commit_or_roll_back(tx, expired).await?;
-    if requeued > 0 || failed > 0 {
-        tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
-    }
-    if held_back > 0 {
-        tracing::info!(held_back, "expired leases wait for a key or batch another transaction holds");
-    }
-    Ok((requeued as u64, failed as u64))
+    Ok(Expired { requeued: requeued as u64, failed: failed as u64, held_back: held_back as u64 })
 }
 
 /// Running jobs whose lease expired by `now`, soonest expired first.

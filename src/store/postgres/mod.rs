@@ -52,6 +52,7 @@ mod grant;
 mod host;
 mod job;
 mod lease;
+mod membership;
 mod migrate;
 mod operate;
 mod schedule;
@@ -276,6 +277,10 @@ impl Backend for PgStore {
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
         schedule::write(&self.pool, write).await
     }
+
+    async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
+        job::quarantine(&self.sweeps, id, reason, keep_errors).await
+    }
 }
 
 #[async_trait]
@@ -309,7 +314,7 @@ impl Store for PgStore {
         host::job_types_list(&self.pool).await
     }
 
-    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>> {
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
         host::finished_since(&self.pool, secs).await
     }
 
@@ -334,7 +339,7 @@ impl Store for PgStore {
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        lease::expire(&self.sweeps, now, None).await
+        Ok(lease::expire(&self.sweeps, now, None).await?.logged())
     }
 
     async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
@@ -350,11 +355,7 @@ impl Store for PgStore {
     }
 
     async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
-        lease::expire(&self.sweeps, now, Some(ids)).await
-    }
-
-    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
-        job::quarantine(&self.sweeps, id, reason).await
+        Ok(lease::expire(&self.sweeps, now, Some(ids)).await?.logged())
     }
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
@@ -362,7 +363,7 @@ impl Store for PgStore {
     }
 
     async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-        concurrency::promote_blocked(&self.sweeps, after, max_keys).await
+        crate::store::concurrency::promote_blocked(self, after, max_keys).await
     }
 
     async fn semaphore_repair_page(
@@ -370,7 +371,7 @@ impl Store for PgStore {
         after: Option<&KeyCursor>,
         max_keys: i64,
     ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-        concurrency::repair(&self.sweeps, after, max_keys).await
+        concurrency::repair(&self.sweeps, after, max_keys).await.map(crate::store::concurrency::logged_repairs)
     }
 
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
@@ -394,10 +395,8 @@ impl Store for PgStore {
     }
 
     async fn job_stats(&self) -> Result<Stats> {
-        let mut stats = operate::stats(&self.pool).await?;
-        (stats.watchers_down, stats.mixed_components) =
-            crate::store::host::fleet_warnings(host::host_health(&self.pool).await?);
-        Ok(stats)
+        let stats = operate::stats(&self.pool).await?;
+        Ok(crate::store::host::with_fleet_warnings(stats, host::host_health(&self.pool).await?))
     }
 
     async fn database_ping(&self) -> Result<()> {

@@ -34,7 +34,7 @@ fn row_of(row: &sqlx::postgres::PgRow) -> Result<JobRow> {
         id: row.try_get("id")?,
         job: row.try_get("job")?,
         queue: row.try_get("queue")?,
-        state: JobState::parse(&state).ok_or_else(|| Error::Decode(format!("unknown job state {state:?}")))?,
+        state: JobState::decode(&state)?,
         attempts: row.try_get("attempt")?,
         concurrency_key: row.try_get("concurrency_key")?,
         error: row.try_get("error")?,
@@ -128,7 +128,7 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
     .await?;
     let paused: Vec<String> =
         sqlx::query_scalar("SELECT name FROM jobhost.queue_pauses ORDER BY name").fetch_all(pool).await?;
-    Ok(Stats::from_counts(counts, oldest, hosts, paused))
+    Stats::from_counts(counts, oldest, hosts, paused)
 }
 
 pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
@@ -168,7 +168,7 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
         .rows_affected()
     };
     if due + revived == 0 {
-        return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "retried").await? });
+        return Err(Error::not_applied(id, state_of(&mut tx, id).await?, "retried"));
     }
     if revived > 0 {
         sqlx::query("SELECT jobhost.reclaim_unique($1)").bind(id).execute(&mut *tx).await?;
@@ -216,7 +216,7 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
             tx.commit().await?;
             return Ok(Cancel::Requested);
         }
-        return Err(Error::JobState { id, reason: state_reason(&mut tx, id, "cancelled").await? });
+        return Err(Error::not_applied(id, state_of(&mut tx, id).await?, "cancelled"));
     };
     let mut slots = crate::store::Slots::default();
     slots.push(&job, key.as_deref());
@@ -225,8 +225,8 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     Ok(Cancel::Cancelled)
 }
 
-/// Explains why an operator action did not apply to a job.
-async fn state_reason(conn: &mut PgConnection, id: i64, action: &str) -> Result<String> {
+/// The state a job is in, wherever it is; none when it is nowhere.
+async fn state_of(conn: &mut PgConnection, id: i64) -> Result<Option<JobState>> {
     let state: Option<(String,)> = sqlx::query_as(
         "SELECT state FROM jobhost.jobs WHERE id = $1
          UNION ALL SELECT state FROM jobhost.archive WHERE id = $1
@@ -235,8 +235,5 @@ async fn state_reason(conn: &mut PgConnection, id: i64, action: &str) -> Result<
     .bind(id)
     .fetch_optional(conn)
     .await?;
-    Ok(match state {
-        None => crate::store::NO_SUCH_JOB.to_string(),
-        Some((state,)) => format!("is {state} and cannot be {action}"),
-    })
+    state.map(|(state,)| JobState::decode(&state)).transpose()
 }

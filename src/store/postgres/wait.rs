@@ -95,7 +95,7 @@ async fn watch(
     let mut nap = FIRST_LOOK;
     loop {
         match super::operate::get(pool, id).await? {
-            None => return Err(Error::JobState { id, reason: crate::store::NO_SUCH_JOB.into() }),
+            None => return Err(Error::NotFound { id }),
             Some(job) if job.row.state.is_final() => return Ok(Some(job)),
             Some(_) => {}
         }

@@ -1,6 +1,6 @@
-//! Batches in SQLite, inside the writer's transaction: counting new
-//! members, creating and closing batches, reading them back, and settling
-//! finished ones. A trigger counts each archived member
+//! Batches in SQLite, inside the writer's transaction: creating and
+//! closing batches, reading them back, and settling finished ones (new
+//! members are counted in `membership`). A trigger counts each archived member
 //! (migrations/sqlite/0007_batches.sql); [`settle`] runs just before every
 //! write transaction commits, so the transaction that ends a closed
 //! batch's last member (by any path) also enqueues its callbacks, once:
@@ -16,39 +16,6 @@ use super::time_of;
 use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, StoredBatch, settle_callbacks};
 use crate::store::enqueue::{Configs, job_names};
 use crate::store::{EnqueueLimits, Enqueued, Error, PreparedJob, Result};
-
-/// Counts the batch members among `jobs` into their batches before they are
-/// inserted, refusing a batch that is missing or closed.
-pub async fn add_members(conn: &mut SqliteConnection, jobs: &[&PreparedJob]) -> Result<()> {
-    // Per batch: how many members, and whether all come from its running members.
-    let mut counts: BTreeMap<i64, (i64, bool)> = BTreeMap::new();
-    for job in jobs {
-        if let Some(batch) = job.batch_id {
-            let count = counts.entry(batch).or_insert((0, true));
-            count.0 += 1;
-            count.1 &= job.batch_by_member;
-        }
-    }
-    for (batch, (n, by_member)) in counts {
-        let closed: Option<Option<i64>> = sqlx::query_scalar("SELECT closed_at FROM batches WHERE id = $1")
-            .bind(batch)
-            .fetch_optional(&mut *conn)
-            .await?;
-        match closed {
-            None => return Err(Error::BatchRefused(format!("batch {batch} does not exist"))),
-            Some(Some(_)) if !by_member => {
-                return Err(Error::BatchRefused(format!("batch {batch} is closed: it takes no more jobs")));
-            }
-            Some(_) => {}
-        }
-        sqlx::query("UPDATE batches SET total = total + $2 WHERE id = $1")
-            .bind(batch)
-            .bind(n)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
 
 /// Creates a batch and inserts its first members, closing it unless it is
 /// to stay open.

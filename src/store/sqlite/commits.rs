@@ -6,9 +6,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::sync::Notify;
+
+use super::SqliteStore;
 
 /// Wakes `wake` whenever the write-ahead log of the database at `path` is
 /// written. Returns the watcher, which stops when dropped, or `None` where
@@ -40,4 +44,99 @@ pub fn watch(path: &Path, wake: Arc<Notify>) -> Option<RecommendedWatcher> {
         return None;
     }
     Some(watcher)
+}
+
+/// `seen_version` before the first look.
+pub(super) const UNSEEN: i64 = i64::MIN;
+
+/// After a wake-up, how long an idle host looks for the commit it
+/// announced: the log is written, and reported, before the commit ends.
+const CLOSE_LOOK: Duration = Duration::from_millis(50);
+
+/// How often it looks meanwhile: every 100 µs for the first few
+/// milliseconds, where a commit's sync usually ends, then every millisecond.
+fn close_look_every(since_wake: Duration) -> Duration {
+    if since_wake < Duration::from_millis(5) { Duration::from_micros(100) } else { Duration::from_millis(1) }
+}
+
+/// How often an idle host checks whether another process committed, in
+/// case the file system did not report the write.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+impl SqliteStore {
+    /// Whether any connection (another process's, or this one's writer)
+    /// committed since the last look; true when the look fails, so the caller
+    /// goes and checks.
+    pub(super) async fn committed_since_last_look(&self) -> bool {
+        match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await {
+            Ok(version) => {
+                let seen = self.seen_version.swap(version, Ordering::Relaxed);
+                seen != UNSEEN && seen != version
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Waits for a commit by any connection since `seen`, the data version
+    /// the caller last saw (updated here), until `deadline`: false when the
+    /// deadline came first. Woken like an idle host: by the file system's
+    /// report of a write to the log, with a look every [`WATCH_INTERVAL`]
+    /// where it reports nothing.
+    pub(super) async fn wait_for_commit(&self, seen: &mut i64, deadline: tokio::time::Instant) -> bool {
+        let version = || async { sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await };
+        if *seen == UNSEEN {
+            *seen = version().await.unwrap_or(UNSEEN);
+        }
+        let mut woken_at = None;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let every = match woken_at {
+                Some(woken) if now < woken + CLOSE_LOOK => close_look_every(now - woken),
+                _ => WATCH_INTERVAL,
+            };
+            tokio::select! {
+                () = self.logged.notified() => woken_at = Some(tokio::time::Instant::now()),
+                () = crate::timer::sleep(every.min(deadline - now)) => {}
+            }
+            match version().await {
+                Ok(now_seen) if now_seen == *seen => {}
+                Ok(now_seen) => {
+                    *seen = now_seen;
+                    return true;
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// Waits until jobs may be available: this process made some so, or
+    /// another process committed; or until `timeout`.
+    pub(super) async fn wait_available(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut woken_at = None;
+        if self.seen_version.load(Ordering::Relaxed) == UNSEEN {
+            self.committed_since_last_look().await;
+        }
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return;
+            }
+            let every = match woken_at {
+                Some(woken) if now < woken + CLOSE_LOOK => close_look_every(now - woken),
+                _ => WATCH_INTERVAL,
+            };
+            tokio::select! {
+                () = self.wake.notified() => return,
+                () = self.logged.notified() => woken_at = Some(tokio::time::Instant::now()),
+                () = crate::timer::sleep(every.min(deadline - now)) => {}
+            }
+            if self.committed_since_last_look().await {
+                return;
+            }
+        }
+    }
 }

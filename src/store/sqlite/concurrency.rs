@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{iso, json_list};
-use crate::store::concurrency::{key_page_cut, key_page_read, key_page_start};
+use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
@@ -258,20 +258,28 @@ async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now:
 /// page goes on. A page, read one index probe per key however many jobs each
 /// has blocked; a sweep that follows it visits every key in turn, so a
 /// crowd of full keys cannot starve one with a free slot (guarantee 4).
-pub async fn promotable_keys(
-    pool: &SqlitePool,
-    after: Option<&KeyCursor>,
-    max_keys: i64,
-) -> Result<KeyPage<Vec<(String, String, bool)>>> {
-    let (after_job, after_key) = key_page_start(after);
-    let keys: Vec<(String, String, bool)> = sqlx::query_as(include_str!("sql/promotable_keys.sql"))
-        .bind(after_job)
-        .bind(after_key)
-        .bind(key_page_read(max_keys))
-        .fetch_all(pool)
-        .await?;
-    let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
-    Ok(KeyPage { done: keys, next })
+#[async_trait::async_trait]
+impl BlockedSweep for super::SqliteStore {
+    async fn blocked_keys_page(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<Vec<BlockedKey>>> {
+        let (after_job, after_key) = key_page_start(after);
+        let keys: Vec<(String, String, bool)> = sqlx::query_as(include_str!("sql/promotable_keys.sql"))
+            .bind(after_job)
+            .bind(after_key)
+            .bind(key_page_read(max_keys))
+            .fetch_all(&self.reader)
+            .await?;
+        let (keys, next) = key_page_cut(keys, max_keys, |(job, key, _)| (job.clone(), key.clone()));
+        let done = keys.into_iter().map(|(job, key, promotable)| BlockedKey { job, key, promotable }).collect();
+        Ok(KeyPage { done, next })
+    }
+
+    /// One transaction per key keeps each hold of the write lock short.
+    async fn promote_key(&self, job: &str, key: &str) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let moved = fill(&mut tx, job, key, 0, super::now_ms()).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
 }
 
 /// The keys with blocked jobs of some job types, for promotion after their

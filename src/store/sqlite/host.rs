@@ -8,7 +8,7 @@ use sqlx::types::Json;
 
 use super::{json_list, now_ms, time_of};
 use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
-use crate::store::{HostInfo, Result};
+use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
 
 /// Records loaded configurations, in the caller's write transaction; the
@@ -155,11 +155,11 @@ pub async fn job_types_list(pool: &sqlx::SqlitePool) -> Result<Vec<JobTypeRow>> 
 }
 
 /// Jobs that ended within the last `secs` seconds before `now`, by how they ended.
-pub async fn finished_since(pool: &sqlx::SqlitePool, now: i64, secs: f64) -> Result<BTreeMap<String, i64>> {
+pub async fn finished_since(pool: &sqlx::SqlitePool, now: i64, secs: f64) -> Result<BTreeMap<JobState, i64>> {
     let rows: Vec<(String, i64)> =
         sqlx::query_as("SELECT state, count(*) FROM archive WHERE finished_at > $1 GROUP BY state")
             .bind(now - (secs * 1000.0) as i64)
             .fetch_all(pool)
             .await?;
-    Ok(rows.into_iter().collect())
+    crate::store::job::counts_by_state(rows)
 }

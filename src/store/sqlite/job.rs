@@ -41,7 +41,7 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     let decisions = unique::decide(conn, jobs, now).await?;
     let fresh: Vec<&PreparedJob> =
         jobs.iter().zip(&decisions).filter(|(_, d)| **d == Decision::Insert).map(|(j, _)| *j).collect();
-    super::batch::add_members(conn, &fresh).await?;
+    super::membership::add_members(conn, &fresh).await?;
     let inserted = insert_rows(conn, &fresh, now).await?;
     let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
     // Before the gate, which may archive a job (discard), and the archive

@@ -28,33 +28,36 @@
 mod batch;
 mod commits;
 mod concurrency;
+mod connect;
 mod deploy;
+mod encode;
 mod finish;
 mod grant;
 mod host;
 mod job;
 mod lease;
+mod membership;
 mod operate;
 mod schedule;
 mod secret;
 mod session;
 mod unique;
 mod variable;
+mod write;
 
-use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{ConnectOptions, Sqlite, Transaction};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tokio::sync::Notify;
 
 use super::batch::{Batch, PreparedBatch};
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
+use super::lease::Expired;
 use super::schedule::{Schedules, TickWrite};
 use super::session::SessionLifetime;
 use super::{
@@ -63,43 +66,13 @@ use super::{
     LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
 };
 use crate::types::JobConfig;
+use commits::UNSEEN;
+pub use connect::WAL_SIZE_LIMIT;
+use encode::{iso, json_list, ms_or_now, now_ms, time_of};
+use write::{Write, while_locked};
 
 /// How often a host serving deployed components looks for a change.
 const DEPLOYMENT_LOOK: Duration = Duration::from_millis(500);
-
-/// How long a write waits for another process's write lock before failing
-/// (the failure is retried like any transient database error).
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How often a write waiting for the lock tries again. SQLite's own busy
-/// handler backs off to sleeps of 5, 10, 25 ms and more, far longer than a
-/// jobhost transaction holds the lock, so the writer asks again itself.
-const LOCK_RETRY: Duration = Duration::from_millis(1);
-
-/// After a wake-up, how long an idle host looks for the commit it
-/// announced: the log is written, and reported, before the commit ends.
-const CLOSE_LOOK: Duration = Duration::from_millis(50);
-
-/// How often it looks meanwhile: every 100 µs for the first few
-/// milliseconds, where a commit's sync usually ends, then every millisecond.
-fn close_look_every(since_wake: Duration) -> Duration {
-    if since_wake < Duration::from_millis(5) { Duration::from_micros(100) } else { Duration::from_millis(1) }
-}
-
-/// How often an idle host checks whether another process committed, in
-/// case the file system did not report the write.
-const WATCH_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Pages the log may hold before a commit checkpoints it (SQLite's default,
-/// set so that no connection runs with checkpoints turned off).
-const WAL_CHECKPOINT_PAGES: u32 = 1000;
-
-/// Bytes the log file is cut back to when it starts over after a checkpoint:
-/// without a limit it keeps the largest size a long read ever let it reach.
-pub const WAL_SIZE_LIMIT: u64 = 16 << 20;
-
-/// `seen_version` before the first look.
-const UNSEEN: i64 = i64::MIN;
 
 /// A SQLite file holding the jobhost tables.
 #[derive(Clone)]
@@ -144,63 +117,6 @@ impl SqliteStore {
         Self::connect(url, max_connections, false).await
     }
 
-    async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Self> {
-        // WAL lets readers run beside the writer. FULL syncs the log at
-        // every commit: an enqueue reported as done survives a power cut.
-        // The log is checkpointed every WAL_CHECKPOINT_PAGES and cut back to
-        // WAL_SIZE_LIMIT once it starts over, so a burst of writes beside a
-        // long read leaves no oversized file behind.
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(create)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
-            .pragma("wal_autocheckpoint", WAL_CHECKPOINT_PAGES.to_string())
-            .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
-            .log_statements(tracing::log::LevelFilter::Trace);
-        // Checked first for a clear message; `create_if_missing(false)` is
-        // what guarantees nothing is created should the file vanish meanwhile.
-        let file = options.get_filename();
-        if !create && !file.exists() {
-            return Err(Error::DatabaseMissing(file.display().to_string()));
-        }
-        let pool = |size: u32| {
-            SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
-        };
-        // The reader connects at once, creating the file and proving the URL.
-        // The writer and the watcher connect when first used: a command that
-        // only reads never opens them. Connecting sets the journal mode,
-        // which may wait for another process's lock, so the writer waits as
-        // long as any connection while it connects and only then stops
-        // waiting inside SQLite (`write` retries instead).
-        //
-        // Connecting to a new file switches it to WAL. Two processes doing
-        // that at once can each hold a lock the other needs, which SQLite
-        // reports at once as busy rather than waiting: connecting retries.
-        let reader =
-            while_locked(|| async { Ok(pool(max_connections.max(2)).connect_with(options.clone()).await?) }).await?;
-        let writer = pool(1)
-            .after_connect(|conn, _| {
-                Box::pin(async move { sqlx::Executor::execute(conn, "PRAGMA busy_timeout = 0").await.map(|_| ()) })
-            })
-            .connect_lazy_with(options.clone());
-        let logged = Arc::new(Notify::new());
-        let commits = commits::watch(options.get_filename(), logged.clone()).map(Arc::new);
-        let watch = pool(1).connect_lazy_with(options.clone());
-        let store = SqliteStore {
-            writer,
-            options,
-            reader,
-            watch,
-            seen_version: Arc::new(AtomicI64::new(UNSEEN)),
-            wake: Arc::new(Notify::new()),
-            logged,
-            _commits: commits,
-            limits: EnqueueLimits::default(),
-        };
-        Ok(store)
-    }
-
     /// Holds every enqueue through this store to `limits`.
     pub fn with_limits(self, limits: EnqueueLimits) -> Self {
         SqliteStore { limits, ..self }
@@ -209,14 +125,6 @@ impl SqliteStore {
     /// A pool for tests that check invariants, or edit rows, with their own SQL.
     pub fn pool(&self) -> &SqlitePool {
         &self.reader
-    }
-
-    /// One try at [`Store::job_quarantine`], keeping the job's errors or not.
-    async fn quarantine(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let moved = job::quarantine(&mut tx, id, reason, keep_errors, now_ms()).await?;
-        tx.commit().await?;
-        Ok(moved)
     }
 
     /// A write transaction holding the file's write lock from its first
@@ -243,115 +151,33 @@ impl SqliteStore {
         Ok(Write { tx, limits: self.limits, wake: self.wake.clone() })
     }
 
-    /// Whether any connection (another process's, or this one's writer)
-    /// committed since the last look; true when the look fails, so the caller
-    /// goes and checks.
-    async fn committed_since_last_look(&self) -> bool {
-        match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await {
-            Ok(version) => {
-                let seen = self.seen_version.swap(version, Ordering::Relaxed);
-                seen != UNSEEN && seen != version
-            }
-            Err(_) => true,
-        }
+    /// Runs `write` in a write transaction and commits it (settling the
+    /// batches it finished): the shape of most writes.
+    async fn write_with<T>(&self, write: impl AsyncFnOnce(&mut Write) -> Result<T>) -> Result<T> {
+        self.write_committing(true, write).await
     }
 
-    /// Waits for a commit by any connection since `seen`, the data version
-    /// the caller last saw (updated here), until `deadline`: false when the
-    /// deadline came first. Woken like an idle host: by the file system's
-    /// report of a write to the log, with a look every [`WATCH_INTERVAL`]
-    /// where it reports nothing.
-    async fn wait_for_commit(&self, seen: &mut i64, deadline: tokio::time::Instant) -> bool {
-        let version = || async { sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await };
-        if *seen == UNSEEN {
-            *seen = version().await.unwrap_or(UNSEEN);
-        }
-        let mut woken_at = None;
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            let every = match woken_at {
-                Some(woken) if now < woken + CLOSE_LOOK => close_look_every(now - woken),
-                _ => WATCH_INTERVAL,
-            };
-            tokio::select! {
-                () = self.logged.notified() => woken_at = Some(tokio::time::Instant::now()),
-                () = crate::timer::sleep(every.min(deadline - now)) => {}
-            }
-            match version().await {
-                Ok(now_seen) if now_seen == *seen => {}
-                Ok(now_seen) => {
-                    *seen = now_seen;
-                    return true;
-                }
-                Err(_) => return true,
-            }
-        }
+    /// [`Self::write_with`] for a write that touches no job (a session, a
+    /// grant, a secret): it cannot finish a batch, so none is looked for.
+    async fn write_outside_jobs<T>(&self, write: impl AsyncFnOnce(&mut Write) -> Result<T>) -> Result<T> {
+        self.write_committing(false, write).await
+    }
+
+    async fn write_committing<T>(
+        &self,
+        may_finish_batch: bool,
+        write: impl AsyncFnOnce(&mut Write) -> Result<T>,
+    ) -> Result<T> {
+        let mut tx = self.write().await?;
+        let done = write(&mut tx).await?;
+        tx.commit_settling(may_finish_batch).await?;
+        Ok(done)
     }
 
     /// Wakes this process's idle fetch loop.
     fn announce(&self, any_available: bool) {
         if any_available {
             self.wake.notify_one();
-        }
-    }
-}
-
-/// A write transaction holding the file's write lock. It commits only
-/// after settling the batches its writes finished (`batch::settle`): the
-/// transaction that ends a closed batch's last member, whatever ended it,
-/// enqueues the batch's callbacks (guarantee 12).
-struct Write {
-    tx: Transaction<'static, Sqlite>,
-    limits: EnqueueLimits,
-    wake: Arc<Notify>,
-}
-
-impl Write {
-    /// Settles finished batches, then commits.
-    async fn commit(self) -> Result<()> {
-        self.commit_settling(true).await
-    }
-
-    /// Commits, settling finished batches first only if `may_finish_batch`:
-    /// a write that ended no batch member skips a statement that would find
-    /// nothing to do.
-    async fn commit_settling(mut self, may_finish_batch: bool) -> Result<()> {
-        let available = may_finish_batch && batch::settle(&mut self.tx, &self.limits, now_ms()).await?;
-        self.tx.commit().await?;
-        if available {
-            self.wake.notify_one();
-        }
-        Ok(())
-    }
-}
-
-impl std::ops::Deref for Write {
-    type Target = sqlx::SqliteConnection;
-
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl std::ops::DerefMut for Write {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
-/// Runs `attempt` again, every [`LOCK_RETRY`] up to [`BUSY_TIMEOUT`], while
-/// it fails on another connection's lock of the file.
-async fn while_locked<T, F: Future<Output = Result<T>>>(mut attempt: impl FnMut() -> F) -> Result<T> {
-    let deadline = tokio::time::Instant::now() + BUSY_TIMEOUT;
-    loop {
-        match attempt().await {
-            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(LOCK_RETRY).await;
-            }
-            outcome => return outcome,
         }
     }
 }
@@ -369,32 +195,6 @@ async fn applied_migrations(pool: &SqlitePool) -> Result<Vec<i64>> {
     Ok(sqlx::query_scalar("SELECT version FROM _sqlx_migrations").fetch_all(pool).await?)
 }
 
-/// Now, in the schema's unit.
-fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
-}
-
-/// A caller's `now`, or the clock's.
-fn ms_or_now(now: Option<DateTime<Utc>>) -> i64 {
-    now.map_or_else(now_ms, |t| t.timestamp_millis())
-}
-
-/// A stored time.
-fn time_of(ms: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(ms).unwrap_or_default()
-}
-
-/// A stored time as the text JSON documents (error entries) carry.
-fn iso(ms: i64) -> String {
-    time_of(ms).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-}
-
-/// A list of values as the JSON array `json_each` reads: SQLite binds no arrays.
-fn json_list<T: serde::Serialize>(items: &[T]) -> String {
-    // Serializing plain numbers and strings cannot fail.
-    serde_json::to_string(items).unwrap_or_else(|_| "[]".into())
-}
-
 #[async_trait]
 impl Backend for SqliteStore {
     fn limits(&self) -> &EnqueueLimits {
@@ -406,17 +206,14 @@ impl Backend for SqliteStore {
     }
 
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {
-        let mut tx = self.write().await?;
-        let enqueued = job::insert(&mut tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await?;
-        tx.commit().await?;
+        let enqueued =
+            self.write_with(async |tx| job::insert(tx, &jobs.iter().collect::<Vec<_>>(), now_ms()).await).await?;
         self.announce(enqueued.iter().any(|e| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_))));
         Ok(enqueued)
     }
 
     async fn batch_write(&self, batch: PreparedBatch) -> Result<(i64, Vec<Enqueued>)> {
-        let mut tx = self.write().await?;
-        let written = batch::write(&mut tx, batch, now_ms()).await?;
-        tx.commit().await?;
+        let written = self.write_with(async |tx| batch::write(tx, batch, now_ms()).await).await?;
         self.announce(written.1.iter().any(|e| matches!(e, Enqueued::New(_))));
         Ok(written)
     }
@@ -430,12 +227,14 @@ impl Backend for SqliteStore {
     }
 
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
-        let mut tx = self.write().await?;
-        let written = schedule::write(&mut tx, &write, now_ms()).await?;
-        tx.commit().await?;
+        let written = self.write_with(async |tx| schedule::write(tx, &write, now_ms()).await).await?;
         let available = |e: &Enqueued| matches!(e, Enqueued::New(_) | Enqueued::Replaced(_));
         self.announce(written.as_ref().is_some_and(|written| written.iter().any(available)));
         Ok(written)
+    }
+
+    async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
+        self.write_with(async |tx| job::quarantine(tx, id, reason, keep_errors, now_ms()).await).await
     }
 }
 
@@ -474,9 +273,7 @@ impl Store for SqliteStore {
     }
 
     async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
-        let mut tx = self.write().await?;
-        let (changed, promoted) = host::job_types_register(&mut tx, types).await?;
-        tx.commit().await?;
+        let (changed, promoted) = self.write_with(async |tx| host::job_types_register(tx, types).await).await?;
         if promoted > 0 {
             tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
         }
@@ -489,9 +286,7 @@ impl Store for SqliteStore {
     }
 
     async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
-        let mut tx = self.write().await?;
-        host::host_upsert(&mut tx, info).await?;
-        Ok(tx.commit().await?)
+        self.write_with(async |tx| host::host_upsert(tx, info).await).await
     }
 
     async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
@@ -502,21 +297,16 @@ impl Store for SqliteStore {
         host::job_types_list(&self.reader).await
     }
 
-    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<String, i64>> {
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
         host::finished_since(&self.reader, now_ms(), secs).await
     }
 
     async fn host_remove(&self, host_id: &str) -> Result<()> {
-        let mut tx = self.write().await?;
-        host::host_remove(&mut tx, host_id).await?;
-        Ok(tx.commit().await?)
+        self.write_with(async |tx| host::host_remove(tx, host_id).await).await
     }
 
     async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let pruned = host::host_prune(&mut tx, silent_secs).await?;
-        tx.commit().await?;
-        Ok(pruned)
+        self.write_with(async |tx| host::host_prune(tx, silent_secs).await).await
     }
 
     async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
@@ -525,20 +315,14 @@ impl Store for SqliteStore {
         if !job::any_available(&self.reader, params).await? {
             return Ok(Vec::new());
         }
-        let mut tx = self.write().await?;
-        let jobs = job::fetch(&mut tx, params, now_ms()).await?;
-        tx.commit().await?;
-        Ok(jobs)
+        self.write_with(async |tx| job::fetch(tx, params, now_ms()).await).await
     }
 
     async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
         if runs.is_empty() {
             return Ok(());
         }
-        let mut tx = self.write().await?;
-        lease::started(&mut tx, runs, now_ms()).await?;
-        tx.commit().await?;
-        Ok(())
+        self.write_with(async |tx| lease::started(tx, runs, now_ms()).await).await
     }
 
     async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
@@ -553,20 +337,13 @@ impl Store for SqliteStore {
     }
 
     async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        let mut tx = self.write().await?;
-        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now), None).await?;
-        tx.commit().await?;
-        if requeued > 0 {
-            tracing::warn!(requeued, failed, "rescued jobs whose lease expired");
-        }
+        let (requeued, failed) = self.write_with(async |tx| lease::expire(tx, ms_or_now(now), None).await).await?;
         self.announce(requeued > 0);
-        Ok((requeued, failed))
+        Ok(Expired { requeued, failed, held_back: 0 }.logged())
     }
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now), None).await?;
-        tx.commit().await?;
+        let (due, admitted) = self.write_with(async |tx| job::promote_due(tx, ms_or_now(now), None).await).await?;
         self.announce(admitted > 0);
         Ok(due)
     }
@@ -577,9 +354,7 @@ impl Store for SqliteStore {
     }
 
     async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let (due, admitted) = job::promote_due(&mut tx, ms_or_now(now), Some(ids)).await?;
-        tx.commit().await?;
+        let (due, admitted) = self.write_with(async |tx| job::promote_due(tx, ms_or_now(now), Some(ids)).await).await?;
         self.announce(admitted > 0);
         Ok(due)
     }
@@ -590,45 +365,15 @@ impl Store for SqliteStore {
     }
 
     async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
-        let mut tx = self.write().await?;
-        let (requeued, failed) = lease::expire(&mut tx, ms_or_now(now), Some(ids)).await?;
-        tx.commit().await?;
+        let (requeued, failed) = self.write_with(async |tx| lease::expire(tx, ms_or_now(now), Some(ids)).await).await?;
         self.announce(requeued > 0);
-        Ok((requeued, failed))
-    }
-
-    async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
-        match self.quarantine(id, reason, true).await {
-            Err(error) if error.is_refusal() => self.quarantine(id, reason, false).await,
-            other => other,
-        }
+        Ok(Expired { requeued, failed, held_back: 0 }.logged())
     }
 
     async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-        let page = concurrency::promotable_keys(&self.reader, after, max_keys).await?;
-        let mut promoted = 0;
-        // One transaction per key keeps each hold of the write lock short.
-        // A key the database refuses to promote stays blocked (guarantee 2)
-        // without holding back the keys after it (guarantee 13): the page
-        // goes on past it.
-        for (job, key, _) in page.done.into_iter().filter(|(_, _, promotable)| *promotable) {
-            let mut tx = self.write().await?;
-            match concurrency::fill(&mut tx, &job, &key, 0, now_ms()).await {
-                Ok(moved) => {
-                    tx.commit().await?;
-                    promoted += moved;
-                }
-                Err(error) if error.is_refusal() => {
-                    tracing::error!(job, key, %error, "cannot promote this key's blocked jobs; they stay blocked");
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        if promoted > 0 {
-            tracing::info!(promoted, "promoted blocked jobs into free slots");
-        }
-        self.announce(promoted > 0);
-        Ok(KeyPage { done: promoted, next: page.next })
+        let page = crate::store::concurrency::promote_blocked(self, after, max_keys).await?;
+        self.announce(page.done > 0);
+        Ok(page)
     }
 
     async fn semaphore_repair_page(
@@ -636,19 +381,8 @@ impl Store for SqliteStore {
         after: Option<&KeyCursor>,
         max_keys: i64,
     ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-        let mut tx = self.write().await?;
-        let page = concurrency::repair(&mut tx, after, max_keys, now_ms()).await?;
-        tx.commit().await?;
-        for fix in &page.done {
-            tracing::warn!(
-                job = fix.job,
-                key = fix.key,
-                recorded = fix.recorded,
-                actual = fix.actual,
-                "repaired a semaphore whose holder count disagreed with its jobs"
-            );
-        }
-        Ok(page)
+        let page = self.write_with(async |tx| concurrency::repair(tx, after, max_keys, now_ms()).await).await?;
+        Ok(crate::store::concurrency::logged_repairs(page))
     }
 
     async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
@@ -679,10 +413,8 @@ impl Store for SqliteStore {
 
     async fn job_stats(&self) -> Result<Stats> {
         let now = now_ms();
-        let mut stats = operate::stats(&self.reader, now).await?;
-        (stats.watchers_down, stats.mixed_components) =
-            crate::store::host::fleet_warnings(host::host_health(&self.reader, now).await?);
-        Ok(stats)
+        let stats = operate::stats(&self.reader, now).await?;
+        Ok(crate::store::host::with_fleet_warnings(stats, host::host_health(&self.reader, now).await?))
     }
 
     async fn database_ping(&self) -> Result<()> {
@@ -691,17 +423,13 @@ impl Store for SqliteStore {
     }
 
     async fn job_retry(&self, id: i64) -> Result<()> {
-        let mut tx = self.write().await?;
-        operate::retry(&mut tx, id, now_ms()).await?;
-        tx.commit().await?;
+        self.write_with(async |tx| operate::retry(tx, id, now_ms()).await).await?;
         self.announce(true);
         Ok(())
     }
 
     async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        let mut tx = self.write().await?;
-        let promoted = operate::cancel(&mut tx, id, now_ms()).await?;
-        tx.commit().await?;
+        let promoted = self.write_with(async |tx| operate::cancel(tx, id, now_ms()).await).await?;
         self.announce(promoted.is_some_and(|n| n > 0));
         Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })
     }
@@ -727,10 +455,7 @@ impl Store for SqliteStore {
     }
 
     async fn batch_close(&self, id: i64) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let closed = batch::close(&mut tx, id, now_ms()).await?;
-        tx.commit().await?;
-        Ok(closed)
+        self.write_with(async |tx| batch::close(tx, id, now_ms()).await).await
     }
 
     async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
@@ -746,7 +471,7 @@ impl Store for SqliteStore {
         let mut seen = UNSEEN;
         loop {
             match operate::get(&self.reader, id).await? {
-                None => return Err(Error::JobState { id, reason: crate::store::NO_SUCH_JOB.into() }),
+                None => return Err(Error::NotFound { id }),
                 Some(job) if job.row.state.is_final() => return Ok(Some(job)),
                 Some(_) => {}
             }
@@ -762,9 +487,7 @@ impl Store for SqliteStore {
     }
 
     async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
-        let mut tx = self.write().await?;
-        session::create(&mut tx, digest, lifetime, now_ms()).await?;
-        tx.commit_settling(false).await
+        self.write_outside_jobs(async |tx| session::create(tx, digest, lifetime, now_ms()).await).await
     }
 
     async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
@@ -773,31 +496,21 @@ impl Store for SqliteStore {
             return Ok(false);
         };
         if stale {
-            let mut tx = self.write().await?;
-            session::touch(&mut tx, digest, now).await?;
-            tx.commit_settling(false).await?;
+            self.write_outside_jobs(async |tx| session::touch(tx, digest, now).await).await?;
         }
         Ok(true)
     }
 
     async fn session_revoke(&self, digest: &str) -> Result<()> {
-        let mut tx = self.write().await?;
-        session::revoke(&mut tx, digest).await?;
-        tx.commit_settling(false).await
+        self.write_outside_jobs(async |tx| session::revoke(tx, digest).await).await
     }
 
     async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let replaced = grant::set(&mut tx, new, now_ms()).await?;
-        tx.commit_settling(false).await?;
-        Ok(replaced)
+        self.write_outside_jobs(async |tx| grant::set(tx, new, now_ms()).await).await
     }
 
     async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let removed = grant::revoke(&mut tx, job_type, origin).await?;
-        tx.commit_settling(false).await?;
-        Ok(removed)
+        self.write_outside_jobs(async |tx| grant::revoke(tx, job_type, origin).await).await
     }
 
     async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
@@ -805,17 +518,11 @@ impl Store for SqliteStore {
     }
 
     async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let replaced = secret::set(&mut tx, name, sealed, now_ms()).await?;
-        tx.commit_settling(false).await?;
-        Ok(replaced)
+        self.write_outside_jobs(async |tx| secret::set(tx, name, sealed, now_ms()).await).await
     }
 
     async fn secret_delete(&self, name: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let removed = secret::delete(&mut tx, name).await?;
-        tx.commit_settling(false).await?;
-        Ok(removed)
+        self.write_outside_jobs(async |tx| secret::delete(tx, name).await).await
     }
 
     async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
@@ -827,17 +534,13 @@ impl Store for SqliteStore {
     }
 
     async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let replaced = variable::set(&mut tx, job_type, name, value, now_ms()).await?;
-        tx.commit_settling(false).await?;
+        let replaced =
+            self.write_outside_jobs(async |tx| variable::set(tx, job_type, name, value, now_ms()).await).await?;
         Ok(replaced)
     }
 
     async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let removed = variable::unset(&mut tx, job_type, name).await?;
-        tx.commit_settling(false).await?;
-        Ok(removed)
+        self.write_outside_jobs(async |tx| variable::unset(tx, job_type, name).await).await
     }
 
     async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
@@ -845,16 +548,12 @@ impl Store for SqliteStore {
     }
 
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
-        let mut tx = self.write().await?;
-        schedule::looked(&mut tx, jobs, at.timestamp_millis()).await?;
-        tx.commit_settling(false).await?;
+        self.write_outside_jobs(async |tx| schedule::looked(tx, jobs, at.timestamp_millis()).await).await?;
         Ok(())
     }
 
     async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        let mut tx = self.write().await?;
-        let (change, promoted) = deploy::apply(&mut tx, job_type, request).await?;
-        tx.commit().await?;
+        let (change, promoted) = self.write_with(async |tx| deploy::apply(tx, job_type, request).await).await?;
         self.announce(promoted > 0);
         Ok(change)
     }
@@ -878,28 +577,6 @@ impl Store for SqliteStore {
     }
 
     async fn job_wait_available(&self, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut woken_at = None;
-        if self.seen_version.load(Ordering::Relaxed) == UNSEEN {
-            self.committed_since_last_look().await;
-        }
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return;
-            }
-            let every = match woken_at {
-                Some(woken) if now < woken + CLOSE_LOOK => close_look_every(now - woken),
-                _ => WATCH_INTERVAL,
-            };
-            tokio::select! {
-                () = self.wake.notified() => return,
-                () = self.logged.notified() => woken_at = Some(tokio::time::Instant::now()),
-                () = crate::timer::sleep(every.min(deadline - now)) => {}
-            }
-            if self.committed_since_last_look().await {
-                return;
-            }
-        }
+        self.wait_available(timeout).await;
     }
 }

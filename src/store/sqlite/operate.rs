@@ -30,7 +30,7 @@ fn row_of(row: &SqliteRow) -> Result<JobRow> {
         id: row.try_get("id")?,
         job: row.try_get("job")?,
         queue: row.try_get("queue")?,
-        state: JobState::parse(&state).ok_or_else(|| Error::Decode(format!("unknown job state {state:?}")))?,
+        state: JobState::decode(&state)?,
         attempts: row.try_get("attempt")?,
         concurrency_key: row.try_get("concurrency_key")?,
         error: row.try_get("error")?,
@@ -176,7 +176,7 @@ pub async fn stats(pool: &SqlitePool, now: i64) -> Result<Stats> {
             .fetch_all(pool)
             .await?;
     let paused: Vec<String> = sqlx::query_scalar("SELECT name FROM queue_pauses ORDER BY name").fetch_all(pool).await?;
-    Ok(Stats::from_counts(counts, oldest.map(|s| s.max(0.0)), hosts, paused))
+    Stats::from_counts(counts, oldest.map(|s| s.max(0.0)), hosts, paused)
 }
 
 pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()> {
@@ -227,7 +227,7 @@ pub async fn retry(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()>
         revived
     };
     if due + revived == 0 {
-        return Err(Error::JobState { id, reason: state_reason(conn, id, "retried").await? });
+        return Err(Error::not_applied(id, state_of(conn, id).await?, "retried"));
     }
     concurrency::admit(conn, &[id], true, now).await?;
     Ok(())
@@ -265,7 +265,7 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Op
         if requested == 1 {
             return Ok(None);
         }
-        return Err(Error::JobState { id, reason: state_reason(conn, id, "cancelled").await? });
+        return Err(Error::not_applied(id, state_of(conn, id).await?, "cancelled"));
     };
     // Built from constants only; every value is a bound parameter.
     let sql = format!(
@@ -287,8 +287,8 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Op
     Ok(Some(concurrency::release(conn, &slots, now).await?))
 }
 
-/// Explains why an operator action did not apply to a job.
-async fn state_reason(conn: &mut SqliteConnection, id: i64, action: &str) -> Result<String> {
+/// The state a job is in, wherever it is; none when it is nowhere.
+async fn state_of(conn: &mut SqliteConnection, id: i64) -> Result<Option<JobState>> {
     let state: Option<String> = sqlx::query_scalar(
         "SELECT state FROM jobs WHERE id = $1
          UNION ALL SELECT state FROM archive WHERE id = $1
@@ -297,8 +297,5 @@ async fn state_reason(conn: &mut SqliteConnection, id: i64, action: &str) -> Res
     .bind(id)
     .fetch_optional(conn)
     .await?;
-    Ok(match state {
-        None => crate::store::NO_SUCH_JOB.to_string(),
-        Some(state) => format!("is {state} and cannot be {action}"),
-    })
+    state.map(|state| JobState::decode(&state)).transpose()
 }
