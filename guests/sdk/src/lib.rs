@@ -19,6 +19,10 @@ pub mod bindings {
     });
 }
 
+/// Outbound HTTP through the host's allow-list (the `http` feature).
+#[cfg(feature = "http")]
+pub mod http;
+
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, Schedule, UniqueStrategy, Uniqueness,
 };
