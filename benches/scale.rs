@@ -30,14 +30,22 @@ use sqlx::PgPool;
 
 const DB: &str = "jobhost_bench_scale";
 
-async fn fresh() -> Arc<PgStore> {
+/// The store's front, and the backend itself for the raw SQL that loads
+/// and measures the database.
+struct Db {
+    front: Store,
+    pg: Arc<PgStore>,
+}
+
+async fn fresh() -> Db {
     let admin = PgPool::connect(&format!("{}/postgres", common::server())).await.expect("PostgreSQL");
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)")))
         .execute(&admin)
         .await
         .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DB}"))).execute(&admin).await.unwrap();
-    let store = Arc::new(PgStore::connect(&format!("{}/{DB}", common::server()), 4).await.unwrap());
+    let pg = Arc::new(PgStore::connect(&format!("{}/{DB}", common::server()), 4).await.unwrap());
+    let store = Store::shared(pg.clone());
     store.schema_migrate().await.unwrap();
     let config = |name: &str, concurrency: Option<ConcurrencyConfig>| JobConfig {
         name: name.into(),
@@ -62,11 +70,11 @@ async fn fresh() -> Arc<PgStore> {
         .job_types_register(&[(config("plain", None), "v1".into()), (config("lim", Some(limited)), "v1".into())])
         .await
         .unwrap();
-    store
+    Db { front: store, pg }
 }
 
-async fn exec(store: &PgStore, sql: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(store.pool()).await.unwrap();
+async fn exec(store: &Db, sql: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(store.pg.pool()).await.unwrap();
 }
 
 /// Timed samples of one operation.
@@ -121,32 +129,32 @@ struct Row {
 }
 
 /// Hot-path figures: fetch of 10, bulk enqueue per job, completion per job.
-async fn hot_path(store: &Arc<PgStore>) -> [f64; 3] {
+async fn hot_path(store: &Db) -> [f64; 3] {
     // Warm up: the plans cached, the pages read.
     for _ in 0..20 {
-        let jobs = store.job_fetch(&fetch(10)).await.unwrap();
-        store.job_finish(jobs.iter().map(done).collect()).await.unwrap();
+        let jobs = store.front.job_fetch(&fetch(10)).await.unwrap();
+        store.front.job_finish(jobs.iter().map(done).collect()).await.unwrap();
     }
     let (mut fetches, mut finishes, mut enqueues) = (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..100 {
         let start = Instant::now();
-        let jobs = store.job_fetch(&fetch(10)).await.unwrap();
+        let jobs = store.front.job_fetch(&fetch(10)).await.unwrap();
         fetches.since(start);
         let start = Instant::now();
-        store.job_finish(jobs.iter().map(done).collect()).await.unwrap();
+        store.front.job_finish(jobs.iter().map(done).collect()).await.unwrap();
         finishes.since(start);
     }
     for i in 0..10 {
         let jobs: Vec<EnqueueParams> =
             (0..1_000).map(|n| EnqueueParams::new("plain", json!({"n": n, "batch": i}))).collect();
         let start = Instant::now();
-        store.job_enqueue(&jobs).await.unwrap();
+        store.front.job_enqueue(&jobs).await.unwrap();
         enqueues.since(start);
     }
     [fetches.median(), enqueues.median() / 1_000.0, finishes.median() / 10.0]
 }
 
-async fn load_available(store: &PgStore, n: i64) {
+async fn load_available(store: &Db, n: i64) {
     exec(
         store,
         &format!(
@@ -160,7 +168,7 @@ async fn load_available(store: &PgStore, n: i64) {
     exec(store, "ANALYZE jobhost.jobs").await;
 }
 
-async fn case_a(store: &Arc<PgStore>, rows: &mut Vec<Row>) {
+async fn case_a(store: &Db, rows: &mut Vec<Row>) {
     load_available(store, 20_000).await;
     let small = hot_path(store).await;
     load_available(store, 980_000).await;
@@ -173,7 +181,7 @@ async fn case_a(store: &Arc<PgStore>, rows: &mut Vec<Row>) {
 
 /// Loads `keys` keys of `lim`, each held by a running job, and 1,000,000
 /// blocked jobs over them.
-async fn load_keys(store: &PgStore, keys: i64) {
+async fn load_keys(store: &Db, keys: i64) {
     exec(store, "TRUNCATE jobhost.jobs, jobhost.blocked_jobs, jobhost.semaphores").await;
     exec(
         store,
@@ -211,12 +219,12 @@ async fn load_keys(store: &PgStore, keys: i64) {
 
 /// Gate, release+promotion, a sweep page, a repair page, and the unpaged
 /// functions, for the keys loaded.
-async fn keyed_ops(store: &Arc<PgStore>, keys: i64) -> [f64; 6] {
+async fn keyed_ops(store: &Db, keys: i64) -> [f64; 6] {
     let mut gate = Samples::default();
     for i in 0..200 {
         let key = format!("key-{}", (i * 7919) % keys + 1);
         let start = Instant::now();
-        store.job_enqueue(&[EnqueueParams::new("lim", json!({ "k": key }))]).await.unwrap();
+        store.front.job_enqueue(&[EnqueueParams::new("lim", json!({ "k": key }))]).await.unwrap();
         gate.since(start);
     }
     // Holders to finish: each finish gives back its slot and promotes the
@@ -225,7 +233,7 @@ async fn keyed_ops(store: &Arc<PgStore>, keys: i64) -> [f64; 6] {
         "SELECT id, lease_token, attempt, concurrency_key FROM jobhost.jobs
          WHERE state = 'running' ORDER BY random() LIMIT 200",
     )
-    .fetch_all(store.pool())
+    .fetch_all(store.pg.pool())
     .await
     .unwrap();
     let mut release = Samples::default();
@@ -244,17 +252,17 @@ async fn keyed_ops(store: &Arc<PgStore>, keys: i64) -> [f64; 6] {
             lease_secs: 30,
         };
         let start = Instant::now();
-        store.job_finish(vec![done(&job)]).await.unwrap();
+        store.front.job_finish(vec![done(&job)]).await.unwrap();
         release.since(start);
     }
     let (mut sweep, mut repair) = (Samples::default(), Samples::default());
     let (mut swept, mut repaired): (Option<KeyCursor>, Option<KeyCursor>) = (None, None);
     for _ in 0..20 {
         let start = Instant::now();
-        swept = store.blocked_promote(swept.as_ref(), 1_000).await.unwrap().next;
+        swept = store.front.blocked_promote(swept.as_ref(), 1_000).await.unwrap().next;
         sweep.since(start);
         let start = Instant::now();
-        repaired = store.semaphore_repair_page(repaired.as_ref(), 1_000).await.unwrap().next;
+        repaired = store.front.semaphore_repair_page(repaired.as_ref(), 1_000).await.unwrap().next;
         repair.since(start);
     }
     let (mut old_sweep, mut old_repair) = (Samples::default(), Samples::default());
@@ -269,7 +277,7 @@ async fn keyed_ops(store: &Arc<PgStore>, keys: i64) -> [f64; 6] {
     [gate.median(), release.median(), sweep.median(), repair.median(), old_sweep.median(), old_repair.median()]
 }
 
-async fn case_b(store: &Arc<PgStore>, rows: &mut Vec<Row>) {
+async fn case_b(store: &Db, rows: &mut Vec<Row>) {
     load_keys(store, 20).await;
     let small = keyed_ops(store, 20).await;
     load_keys(store, 100_000).await;
@@ -299,7 +307,7 @@ async fn case_b(store: &Arc<PgStore>, rows: &mut Vec<Row>) {
 }
 
 /// Archives `n` rows, finished `days_ago` days ago in order of id.
-async fn load_archive(store: &PgStore, n: i64, days_ago: i64) {
+async fn load_archive(store: &Db, n: i64, days_ago: i64) {
     exec(
         store,
         &format!(
@@ -315,18 +323,18 @@ async fn load_archive(store: &PgStore, n: i64, days_ago: i64) {
     exec(store, "VACUUM ANALYZE jobhost.archive").await;
 }
 
-async fn retention_batch(store: &Arc<PgStore>) -> f64 {
+async fn retention_batch(store: &Db) -> f64 {
     let mut prune = Samples::default();
     for _ in 0..3 {
         let start = Instant::now();
-        let pruned = store.archive_prune(None, 7.0 * 86_400.0, 10_000).await.unwrap();
+        let pruned = store.front.archive_prune(None, 7.0 * 86_400.0, 10_000).await.unwrap();
         prune.since(start);
         assert_eq!(pruned, 10_000, "a full batch is due");
     }
     prune.median()
 }
 
-async fn case_c(store: &Arc<PgStore>, rows: &mut Vec<Row>) {
+async fn case_c(store: &Db, rows: &mut Vec<Row>) {
     load_available(store, 20_000).await;
     load_archive(store, 40_000, 30).await;
     let small = hot_path(store).await;

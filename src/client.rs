@@ -1,6 +1,5 @@
 //! The Rust API for programs that enqueue jobs without running a host.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{Batch, EnqueueParams, Enqueued, JobDetail, NewBatch, Result, Store};
@@ -12,7 +11,7 @@ use crate::store::{Batch, EnqueueParams, Enqueued, JobDetail, NewBatch, Result, 
 /// key (see [`Client::enqueue_reporting`] to tell the two apart).
 #[derive(Clone)]
 pub struct Client {
-    store: Arc<dyn Store>,
+    store: Store,
 }
 
 impl Client {
@@ -25,7 +24,7 @@ impl Client {
     }
 
     /// A client over an open store.
-    pub fn from_store(store: Arc<dyn Store>) -> Self {
+    pub fn from_store(store: Store) -> Self {
         Client { store }
     }
 
@@ -106,7 +105,7 @@ impl Client {
     }
 
     /// The store, for operator queries.
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 }

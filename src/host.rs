@@ -109,7 +109,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     // A guest's enqueue is checked against the fleet's job types with the
     // rules its completion will apply.
     let known = KnownJobTypes::default();
-    known.refresh(store.as_ref()).await;
+    known.refresh(&store).await;
     let grants = crate::component::grants_from(store.clone());
     let secrets = crate::component::secrets_from(store.clone(), config.secret_key.clone());
     let runtime = runtime
@@ -242,7 +242,7 @@ const OPEN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// available yet: hosts and their database often start together, and a
 /// host that exits instead needs something else to restart it. `None` when
 /// `shutdown` fired first.
-async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result<Option<Arc<dyn Store>>, HostError> {
+async fn open_store(config: &HostConfig, shutdown: &CancellationToken) -> Result<Option<Store>, HostError> {
     let max_connections = config.worker.concurrency as u32 + 4;
     Ok(open_waiting(&config.database_url, max_connections, config.limits, config.migrate, shutdown).await?)
 }
@@ -260,7 +260,7 @@ pub async fn open_waiting(
     limits: EnqueueLimits,
     migrate: bool,
     shutdown: &CancellationToken,
-) -> Result<Option<Arc<dyn Store>>, crate::store::Error> {
+) -> Result<Option<Store>, crate::store::Error> {
     let mut wait = OPEN_RETRY_FIRST;
     let mut attempt = 0u32;
     loop {

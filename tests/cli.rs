@@ -439,9 +439,9 @@ async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb
 async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_directory() {
     let dir = tempfile::tempdir().unwrap();
     let default_file = format!("sqlite://{}", dir.path().join("jobhost.db").display());
-    let store = jobhost::store::sqlite::SqliteStore::open(&default_file, 2).await.unwrap();
-    jobhost::store::Store::schema_migrate(&store).await.unwrap();
-    jobhost::store::Store::job_types_register(&store, &[(job_config("mail"), "d".into())]).await.unwrap();
+    let store = jobhost::store::Store::new(jobhost::store::sqlite::SqliteStore::open(&default_file, 2).await.unwrap());
+    store.schema_migrate().await.unwrap();
+    store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
     let bare = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_jobhost"))
             .args(args)
@@ -458,7 +458,7 @@ async fn with_no_database_flag_commands_share_the_embedded_file_in_the_working_d
     assert!(stdout(&listed).contains(&format!("{id}  available  mail")), "{}", stdout(&listed));
     assert!(stdout(&bare(&["stats"])).contains("available  1"));
     assert!(bare(&["concurrency"]).status.success());
-    let job = jobhost::store::Store::job_get(&store, id.parse().unwrap()).await.unwrap().unwrap();
+    let job = store.job_get(id.parse().unwrap()).await.unwrap().unwrap();
     assert_eq!(job.payload, json!({"to": "ada"}), "the CLI wrote to ./jobhost.db");
 }
 

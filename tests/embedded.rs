@@ -138,10 +138,11 @@ async fn the_log_is_cut_back_after_a_long_read_ends() {
     let _one_at_a_time = MEASURED.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("jobhost.db");
-    let store = SqliteStore::open(&format!("sqlite://{}", file.display()), 2).await.unwrap();
+    let sqlite = SqliteStore::open(&format!("sqlite://{}", file.display()), 2).await.unwrap();
+    let pool = sqlite.pool().clone();
+    let store = Store::new(sqlite);
     store.schema_migrate().await.unwrap();
     store.job_types_register(&[(job_config("mail"), "d".into())]).await.unwrap();
-    let pool = store.pool().clone();
     let limit: i64 = sqlx::query_scalar("PRAGMA journal_size_limit").fetch_one(&pool).await.unwrap();
     assert_eq!(limit as u64, WAL_SIZE_LIMIT);
     let checkpoint: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&pool).await.unwrap();

@@ -236,7 +236,7 @@ async fn register_single_attempt(db: &TestDb) {
 
 /// Sets a database-wide `lock_timeout` (as an operator might) and opens a
 /// store after it, whose sessions would take it up unless they override it.
-async fn store_under_database_lock_timeout(db: &TestDb, timeout: &str) -> std::sync::Arc<dyn jobhost::store::Store> {
+async fn store_under_database_lock_timeout(db: &TestDb, timeout: &str) -> jobhost::store::Store {
     let name = db.texts("SELECT current_database()::text").await.remove(0);
     db.execute(format!("ALTER DATABASE {name} SET lock_timeout = '{timeout}'")).await;
     jobhost::store::open(&db.url, 4).await.unwrap()

@@ -775,7 +775,7 @@ async fn opening_a_file_another_process_is_writing_waits_for_its_lock() {
 /// either waits out another's lock or finds the migration it lost applied.
 #[tokio::test]
 async fn stores_migrating_a_new_file_together_all_succeed() {
-    use jobhost::store::Store;
+    use jobhost::store::driver::SchemaDriver;
     for round in 0..20 {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());

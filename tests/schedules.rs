@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
@@ -61,7 +60,7 @@ async fn since(db: &TestDb, job: &str) -> DateTime<Utc> {
 }
 
 /// A look by a host that has not looked before, at `now`.
-fn scheduler(store: Arc<dyn Store>) -> Scheduler {
+fn scheduler(store: Store) -> Scheduler {
     Scheduler::new(store, SchedulerConfig::default()).unwrap()
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobhost::store::Store;
+use jobhost::store::driver::SchemaDriver;
 use jobhost::store::postgres::PgStore;
 use jobhost::store::sqlite::SqliteStore;
 use sqlx::{PgPool, SqlitePool};
@@ -109,10 +110,10 @@ impl BenchDb {
         BenchDb::Sqlite { store, url, _dir: dir }
     }
 
-    pub fn store(&self) -> Arc<dyn Store> {
+    pub fn store(&self) -> Store {
         match self {
-            BenchDb::Postgres { store, .. } => store.clone(),
-            BenchDb::Sqlite { store, .. } => store.clone(),
+            BenchDb::Postgres { store, .. } => Store::shared(store.clone()),
+            BenchDb::Sqlite { store, .. } => Store::shared(store.clone()),
         }
     }
 

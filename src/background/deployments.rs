@@ -52,7 +52,7 @@ enum Missed {
 pub struct DeploymentFollower {
     runtime: Runtime,
     registry: Arc<Registry>,
-    store: Arc<dyn Store>,
+    store: Store,
     /// The digest installed for each deployed type.
     served: HashMap<String, String>,
     /// The history entry whose version was refused, by type, and when: not
@@ -66,7 +66,7 @@ pub struct DeploymentFollower {
 
 impl DeploymentFollower {
     /// A follower feeding `registry` from `store`'s deployments.
-    pub fn new(runtime: Runtime, registry: Arc<Registry>, store: Arc<dyn Store>) -> Self {
+    pub fn new(runtime: Runtime, registry: Arc<Registry>, store: Store) -> Self {
         DeploymentFollower {
             runtime,
             registry,

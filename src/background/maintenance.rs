@@ -15,7 +15,7 @@
 //! did, and a set-based sweep the database refuses is split until the row
 //! it cannot process stands alone, which is failed with the reason.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -132,7 +132,7 @@ const ISOLATE_BATCH: i64 = 1_000;
 
 /// The sweeps of one host.
 pub struct Maintenance {
-    store: Arc<dyn Store>,
+    store: Store,
     config: MaintenanceConfig,
     metrics: crate::metrics::Metrics,
     /// The last key the sweep of blocked jobs visited; `None` starts from
@@ -148,7 +148,7 @@ impl Maintenance {
     ///
     /// # Errors
     /// Invalid settings.
-    pub fn new(store: Arc<dyn Store>, config: MaintenanceConfig) -> Result<Self, ConfigError> {
+    pub fn new(store: Store, config: MaintenanceConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Maintenance {
             store,

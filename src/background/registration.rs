@@ -28,7 +28,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Registers loaded components, retrying those the database has not taken.
 pub struct Registrar {
-    store: Arc<dyn Store>,
+    store: Store,
     registry: Arc<Registry>,
     /// Loaded components not registered yet, by job type: only the newest
     /// version of a type is worth registering.
@@ -39,7 +39,7 @@ pub struct Registrar {
 
 impl Registrar {
     /// A registrar for the components of `registry`.
-    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>) -> Self {
+    pub fn new(store: Store, registry: Arc<Registry>) -> Self {
         Registrar { store, registry, pending: BTreeMap::new(), failures: 0 }
     }
 

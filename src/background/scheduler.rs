@@ -16,7 +16,6 @@
 //! looked for longer than `max_pause` counts as missed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -88,7 +87,7 @@ const MIN_SLEEP: Duration = Duration::from_millis(5);
 
 /// The schedule loop of one host.
 pub struct Scheduler {
-    store: Arc<dyn Store>,
+    store: Store,
     config: SchedulerConfig,
     /// Per job type, the time of this host's last look that handled it,
     /// while it keeps looking without a pause longer than `max_pause`: the
@@ -108,7 +107,7 @@ impl Scheduler {
     ///
     /// # Errors
     /// Invalid settings.
-    pub fn new(store: Arc<dyn Store>, config: SchedulerConfig) -> Result<Self, ConfigError> {
+    pub fn new(store: Store, config: SchedulerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Scheduler { store, config, looked: HashMap::new() })
     }

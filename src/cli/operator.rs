@@ -7,7 +7,6 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -20,13 +19,13 @@ use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, Schedul
 const BULK_CHUNK: usize = 5_000;
 
 /// Opens the database for `migrate` and `enqueue`, creating an embedded file.
-pub(super) async fn open(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+pub(super) async fn open(db: &DbArgs) -> Result<Store, ExitCode> {
     crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
 /// Opens the database for commands that read or change jobs already there:
 /// a mistyped file name is reported, not created.
-pub(super) async fn open_existing(db: &DbArgs) -> Result<Arc<dyn Store>, ExitCode> {
+pub(super) async fn open_existing(db: &DbArgs) -> Result<Store, ExitCode> {
     crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)
 }
 
@@ -143,14 +142,14 @@ pub async fn enqueue(args: EnqueueArgs) -> ExitCode {
         }
     }
     match last {
-        Some(id) if args.wait.wait => wait_for(&*store, id, args.wait.timeout).await,
+        Some(id) if args.wait.wait => wait_for(&store, id, args.wait.timeout).await,
         _ => ExitCode::SUCCESS,
     }
 }
 
 /// Waits for a job to end, prints its output (or its last error, on
 /// stderr), and exits with a code telling how it ended.
-async fn wait_for(store: &dyn Store, id: i64, timeout: Duration) -> ExitCode {
+async fn wait_for(store: &Store, id: i64, timeout: Duration) -> ExitCode {
     let job = match store.job_wait(id, timeout).await {
         Ok(Some(job)) => job,
         Ok(None) => {
@@ -285,7 +284,7 @@ pub async fn job(id: i64, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
         Err(code) => return code,
     };
     if wait.wait {
-        return wait_for(&*store, id, wait.timeout).await;
+        return wait_for(&store, id, wait.timeout).await;
     }
     match store.job_get(id).await {
         Ok(Some(detail)) => {
@@ -393,7 +392,7 @@ pub async fn queue_pause(queue: &str, pause: bool, db: &DbArgs) -> ExitCode {
 /// Runs one operator action and prints what it did.
 async fn operate<F, Fut>(db: &DbArgs, action: F) -> ExitCode
 where
-    F: FnOnce(Arc<dyn Store>) -> Fut,
+    F: FnOnce(Store) -> Fut,
     Fut: std::future::Future<Output = crate::store::Result<String>>,
 {
     let store = match open_existing(db).await {

@@ -95,7 +95,7 @@ impl Variables {
 }
 
 /// Variables read from the fleet's database.
-pub fn variables_from(store: Arc<dyn crate::store::Store>) -> VariableSource {
+pub fn variables_from(store: crate::store::Store) -> VariableSource {
     Arc::new(move |job_type| {
         let store = store.clone();
         Box::pin(async move {

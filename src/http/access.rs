@@ -211,7 +211,7 @@ impl Access {
     /// Who the request comes from: its bearer token, and its session if
     /// the store knows it and it has not expired. A store that cannot be
     /// read signs no one in.
-    pub async fn caller(&self, store: &dyn Store, headers: &HeaderMap) -> Caller {
+    pub async fn caller(&self, store: &Store, headers: &HeaderMap) -> Caller {
         let bearer = self.check_bearer(headers).is_ok();
         let Some(id) = cookie(headers, &self.cookie).filter(|_| self.writable()) else {
             return Caller { bearer, session: None };
@@ -232,7 +232,7 @@ impl Access {
     ///
     /// # Errors
     /// The store's.
-    pub async fn sign_in(&self, store: &dyn Store) -> crate::store::Result<String> {
+    pub async fn sign_in(&self, store: &Store) -> crate::store::Result<String> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).expect("the operating system's random numbers");
         let id = hex::encode(bytes);

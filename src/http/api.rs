@@ -115,7 +115,7 @@ async fn throughput(State(state): State<AppState>, query: Result<Query<WindowQue
     if !(1.0..=7.0 * 86_400.0).contains(&window) {
         return Err(ApiError::bad_request("window must be between 1s and 7days"));
     }
-    ok(views::throughput(&*state.store, window).await?)
+    ok(views::throughput(&state.store, window).await?)
 }
 
 async fn jobs_list(State(state): State<AppState>, query: Result<Query<JobQuery>, QueryRejection>) -> ApiResult {
@@ -249,11 +249,11 @@ async fn bulk(
         ));
     }
     let filter = query.filter(DEFAULT_BULK, MAX_BULK).map_err(ApiError::bad_request)?;
-    ok(views::bulk(&*state.store, &filter, action, state.work_budget).await?)
+    ok(views::bulk(&state.store, &filter, action, state.work_budget).await?)
 }
 
 async fn queues(State(state): State<AppState>) -> ApiResult {
-    ok(views::queues(&*state.store).await?)
+    ok(views::queues(&state.store).await?)
 }
 
 /// `POST /api/queues/{name}/pause` and `.../resume`.
@@ -266,7 +266,7 @@ async fn queue_act(
     let Ok(Path((name, action))) = path else {
         return Err(not_found().await);
     };
-    let changed = action.apply(&*state.store, &name).await.map_err(|refused| match refused {
+    let changed = action.apply(&state.store, &name).await.map_err(|refused| match refused {
         QueueActionError::BadName(_) => ApiError::bad_request(refused.to_string()),
         QueueActionError::Store(error) => ApiError::from(error),
     })?;
@@ -282,7 +282,7 @@ async fn hosts(State(state): State<AppState>) -> ApiResult {
 }
 
 async fn job_types(State(state): State<AppState>) -> ApiResult {
-    ok(views::job_types(&*state.store).await?)
+    ok(views::job_types(&state.store).await?)
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,7 +308,7 @@ async fn batch_get(State(state): State<AppState>, id: Result<Path<i64>, PathReje
 }
 
 async fn schedules(State(state): State<AppState>) -> ApiResult {
-    ok(views::schedules(&*state.store).await?)
+    ok(views::schedules(&state.store).await?)
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
     if access.wrong_bearer(request.headers()) && access.wrong_token(from, "bearer") {
         return refused(&state, &request, Refusal::Throttled);
     }
-    let caller = access.caller(&*state.store, request.headers()).await;
+    let caller = access.caller(&state.store, request.headers()).await;
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
     let refusal = if path == "/metrics" {
         (!access.may_scrape(request.headers())).then_some(Refusal::Unauthorized)

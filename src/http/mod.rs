@@ -157,7 +157,7 @@ pub enum HttpError {
 /// What every handler shares.
 #[derive(Clone)]
 struct AppState {
-    store: Arc<dyn Store>,
+    store: Store,
     access: Arc<access::Access>,
     metrics: Metrics,
     /// How long a request's own work may go on (a scrape's reads, a bulk
@@ -182,7 +182,7 @@ impl Server {
     ///
     /// # Errors
     /// A token too short, or an address that cannot be bound.
-    pub async fn bind(config: &HttpConfig, store: Arc<dyn Store>, metrics: Metrics) -> Result<Server, HttpError> {
+    pub async fn bind(config: &HttpConfig, store: Store, metrics: Metrics) -> Result<Server, HttpError> {
         config.validate()?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

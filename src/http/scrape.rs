@@ -52,7 +52,7 @@ type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 async fn metrics(State(state): State<AppState>) -> Response {
     // A database that cannot be read is reported as down, and this
     // process's own counters are still scraped.
-    let read = match tokio::time::timeout(state.work_budget, read(&*state.store)).await {
+    let read = match tokio::time::timeout(state.work_budget, read(&state.store)).await {
         Ok(read) => read.map_err(|error| error.to_string()),
         Err(_) => Err(format!("no answer within {:?}", state.work_budget)),
     }
@@ -74,7 +74,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn read(store: &dyn Store) -> crate::store::Result<(Stats, Vec<KeyStatus>)> {
+async fn read(store: &Store) -> crate::store::Result<(Stats, Vec<KeyStatus>)> {
     Ok((store.job_stats().await?, store.semaphore_list().await?))
 }
 

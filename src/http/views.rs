@@ -20,7 +20,7 @@ pub struct QueueView {
 }
 
 /// Every queue with jobs or a pause, by name.
-pub async fn queues(store: &dyn Store) -> crate::store::Result<Vec<QueueView>> {
+pub async fn queues(store: &Store) -> crate::store::Result<Vec<QueueView>> {
     Ok(queues_of(store.job_stats().await?))
 }
 
@@ -66,7 +66,7 @@ impl QueueAction {
     ///
     /// # Errors
     /// A name that is not a queue's; a store failure.
-    pub async fn apply(self, store: &dyn Store, queue: &str) -> Result<bool, QueueActionError> {
+    pub async fn apply(self, store: &Store, queue: &str) -> Result<bool, QueueActionError> {
         crate::types::check_name(queue).map_err(QueueActionError::BadName)?;
         Ok(match self {
             QueueAction::Pause => store.queue_pause(queue).await?,
@@ -111,7 +111,7 @@ pub struct JobTypeView {
 }
 
 /// Every registered job type, by name.
-pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeView>> {
+pub async fn job_types(store: &Store) -> crate::store::Result<Vec<JobTypeView>> {
     let hosts = store.host_list().await?;
     let mut grants: BTreeMap<String, Vec<crate::store::grant::OutboundGrant>> = BTreeMap::new();
     for grant in store.grants(None).await? {
@@ -141,7 +141,7 @@ pub async fn job_types(store: &dyn Store) -> crate::store::Result<Vec<JobTypeVie
 }
 
 /// Every schedule as of the database's clock.
-pub async fn schedules(store: &dyn Store) -> crate::store::Result<Vec<ScheduleStatus>> {
+pub async fn schedules(store: &Store) -> crate::store::Result<Vec<ScheduleStatus>> {
     let listing = store.schedule_list(None).await?;
     Ok(listing.schedules.iter().map(|state| ScheduleStatus::new(state, listing.now)).collect())
 }
@@ -158,7 +158,7 @@ pub struct Throughput {
 }
 
 /// What ended in the last `window_secs` seconds.
-pub async fn throughput(store: &dyn Store, window_secs: f64) -> crate::store::Result<Throughput> {
+pub async fn throughput(store: &Store, window_secs: f64) -> crate::store::Result<Throughput> {
     let counted = store.job_finished_since(window_secs).await?;
     let finished: BTreeMap<JobState, i64> = JobState::ALL
         .into_iter()
@@ -218,7 +218,7 @@ const UNCHANGED_LISTED: usize = 100;
 /// cursor of the jobs it took, so a request never outlives its deadline
 /// with some of its jobs done and no word of which.
 pub async fn bulk(
-    store: &dyn Store,
+    store: &Store,
     filter: &JobFilter,
     action: BulkAction,
     budget: std::time::Duration,
@@ -300,7 +300,7 @@ mod tests {
         let mut filter = JobFilter { job: Some("mail".into()), limit: 100, ..JobFilter::default() };
         let mut passes = 0;
         loop {
-            let pass = bulk(&*store, &filter, BulkAction::Cancel, std::time::Duration::ZERO).await.unwrap();
+            let pass = bulk(&store, &filter, BulkAction::Cancel, std::time::Duration::ZERO).await.unwrap();
             passes += 1;
             assert_eq!((pass.matched, pass.changed), (1, 1), "pass {passes}: {pass:?}");
             match pass.next.filter(|_| pass.more) {

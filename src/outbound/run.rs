@@ -83,7 +83,7 @@ pub async fn secrets_for(source: Option<&SecretSource>, policy: &Policy) -> Resu
 /// Grants read from the fleet's database, as hosts read them: each run
 /// gets a read begun after it started, shared with the runs of its type
 /// starting with it.
-pub fn grants_from(store: Arc<dyn crate::store::Store>) -> GrantSource {
+pub fn grants_from(store: crate::store::Store) -> GrantSource {
     shared_grants(Arc::new(move |job_type| {
         let store = store.clone();
         Box::pin(async move { store.grants(Some(&job_type)).await.map_err(|e| e.to_string()) })
@@ -104,10 +104,7 @@ pub fn shared_grants(source: GrantSource) -> GrantSource {
 }
 
 /// Secrets opened from the fleet's database with this host's key.
-pub fn secrets_from(
-    store: Arc<dyn crate::store::Store>,
-    key: Option<crate::outbound::secrets::SecretKey>,
-) -> SecretSource {
+pub fn secrets_from(store: crate::store::Store, key: Option<crate::outbound::secrets::SecretKey>) -> SecretSource {
     // Sealed values are shared between runs as grants are; each run opens its own.
     let shared = Arc::new(SharedReads::<Vec<String>, Vec<(String, Sealed)>>::default());
     Arc::new(move |names| {

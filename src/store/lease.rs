@@ -7,7 +7,7 @@ use crate::types::JobConfig;
 
 /// What a pass of lease expiry did, as a backend reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Expired {
+pub struct Expired {
     /// Jobs back to `available` (or their attempt given back).
     pub requeued: u64,
     /// Jobs archived as failed (or cancelled): their attempts were spent.

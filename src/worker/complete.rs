@@ -60,7 +60,7 @@ pub(super) struct Writes {
 /// writes are made.
 #[derive(Clone)]
 pub(super) struct Writer {
-    pub(super) store: Arc<dyn Store>,
+    pub(super) store: Store,
     pub(super) leases: Leases,
     pub(super) health: WriteHealth,
     pub(super) writes: Writes,

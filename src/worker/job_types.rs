@@ -24,7 +24,7 @@ pub struct KnownJobTypes {
 
 impl KnownJobTypes {
     /// Rereads the job types; on failure the previous set stays.
-    pub async fn refresh(&self, store: &dyn Store) {
+    pub async fn refresh(&self, store: &Store) {
         let read = async {
             let names = store.job_types_names().await?;
             store.job_types_get(&names).await
@@ -41,7 +41,7 @@ impl KnownJobTypes {
     /// this run enqueued before (the probe counts them per key; it returns
     /// the key it rendered for that count). The gate still decides when the
     /// run completes; this only answers early.
-    pub fn check(&self, registry: Arc<Registry>, store: Arc<dyn Store>, limits: EnqueueLimits) -> ChildCheck {
+    pub fn check(&self, registry: Arc<Registry>, store: Store, limits: EnqueueLimits) -> ChildCheck {
         let configs = self.configs.clone();
         Arc::new(move |probe: ChildProbe| {
             let job = &probe.child.job;
@@ -53,18 +53,18 @@ impl KnownJobTypes {
                 // The parent's id is not known to the guest's call; the
                 // rules do not depend on it.
                 let prepared = prepare_child(0, probe.child.clone(), &config, &limits).map_err(|e| e.to_string())?;
-                room_under_limit(store.as_ref(), &config, prepared.concurrency_key, &probe).await
+                room_under_limit(&store, &config, prepared.concurrency_key, &probe).await
             })
         })
     }
 
     /// Refreshes every `interval` until `shutdown`.
-    pub async fn refresh_loop(self, store: Arc<dyn Store>, interval: Duration, shutdown: CancellationToken) {
+    pub async fn refresh_loop(self, store: Store, interval: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(interval);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = tick.tick() => self.refresh(store.as_ref()).await,
+                _ = tick.tick() => self.refresh(&store).await,
             }
         }
     }
@@ -73,7 +73,7 @@ impl KnownJobTypes {
 /// Refuses a child of a `raise` type whose key has no slot left for it.
 /// Returns the child's rendered key, for a limited type.
 async fn room_under_limit(
-    store: &dyn Store,
+    store: &Store,
     config: &JobConfig,
     key: Option<String>,
     probe: &ChildProbe,

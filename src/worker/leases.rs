@@ -345,7 +345,7 @@ pub async fn fence_loop(leases: Leases, shutdown: CancellationToken) {
 
 /// What the heartbeat renews, where, and when it must not.
 pub struct Heartbeat<H> {
-    pub store: Arc<dyn Store>,
+    pub store: Store,
     pub leases: Leases,
     /// This host's row as of now, read at each heartbeat: the job types it
     /// serves change as components load and unload.
@@ -389,7 +389,7 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
                     metrics.leases_renewed(renewal.renewed.len(), renewal.lost.len());
                     leases.renewed(&renewal, margin, sent_at);
                     let strays = leases.strays_to_hand_back(std::mem::take(&mut renewal.strays), floor);
-                    hand_back_strays(store.as_ref(), strays, deadline).await;
+                    hand_back_strays(&store, strays, deadline).await;
                     // A run passed over for a lock did not write its progress.
                     let renewed: std::collections::HashSet<&RunId> = renewal.renewed.iter().collect();
                     let unwritten: Vec<RunProgress> =
@@ -420,7 +420,7 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
 /// `duration` for a limited key, holding the key meanwhile). Each is matched
 /// on its lease token, so one since taken over changes nothing. One that
 /// cannot be handed back now is found by the next heartbeat.
-async fn hand_back_strays(store: &dyn Store, strays: Vec<StrayLease>, deadline: Duration) {
+async fn hand_back_strays(store: &Store, strays: Vec<StrayLease>, deadline: Duration) {
     if strays.is_empty() {
         return;
     }

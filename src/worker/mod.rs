@@ -35,7 +35,7 @@ pub use leases::Leases;
 
 /// One host's worker.
 pub struct Worker {
-    store: Arc<dyn Store>,
+    store: Store,
     runtime: Runtime,
     registry: Arc<Registry>,
     config: WorkerConfig,
@@ -61,7 +61,7 @@ impl Worker {
     /// # Errors
     /// Invalid settings.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Store,
         runtime: Runtime,
         registry: Arc<Registry>,
         config: WorkerConfig,

@@ -6,7 +6,6 @@
 //! notes queue here and one statement records every note that arrived while
 //! the previous one was being written.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -25,7 +24,7 @@ pub struct StartNotes {
 impl StartNotes {
     /// A queue of notes, and the task that writes them: it ends once every
     /// clone of the queue is dropped and what was queued is written.
-    pub fn new(store: Arc<dyn Store>, deadline: Duration) -> (StartNotes, impl Future<Output = ()> + Send) {
+    pub fn new(store: Store, deadline: Duration) -> (StartNotes, impl Future<Output = ()> + Send) {
         let (notes, queued) = mpsc::unbounded_channel();
         (StartNotes { notes }, write_loop(store, queued, deadline))
     }
@@ -38,7 +37,7 @@ impl StartNotes {
     }
 }
 
-async fn write_loop(store: Arc<dyn Store>, mut queued: mpsc::UnboundedReceiver<RunId>, deadline: Duration) {
+async fn write_loop(store: Store, mut queued: mpsc::UnboundedReceiver<RunId>, deadline: Duration) {
     let mut runs = Vec::new();
     while queued.recv_many(&mut runs, BATCH).await > 0 {
         match tokio::time::timeout(deadline, store.lease_started(&runs)).await {

@@ -3,9 +3,9 @@
 //! names the server, default the local one), or an embedded SQLite file in a
 //! temporary directory.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use jobhost::store::driver::SchemaDriver;
 use jobhost::store::postgres::PgStore;
 use jobhost::store::sqlite::SqliteStore;
 use jobhost::store::{EnqueueParams, Enqueued, FetchedJob, JobState, Store};
@@ -40,7 +40,7 @@ enum Raw {
 pub struct TestDb {
     pub backend: Backend,
     pub url: String,
-    pub store: Arc<dyn Store>,
+    pub store: Store,
     raw: Raw,
 }
 
@@ -88,7 +88,7 @@ impl TestDb {
             .await
             .expect("connect the checks to the test database");
         let raw = Raw::Postgres { name, server: server.to_string(), pool };
-        TestDb { backend: Backend::Postgres, url, store: Arc::new(store), raw }
+        TestDb { backend: Backend::Postgres, url, store: Store::new(store), raw }
     }
 
     pub async fn sqlite() -> TestDb {
@@ -102,7 +102,7 @@ impl TestDb {
         let store = SqliteStore::open(&url, 8).await.expect("open the test database");
         store.schema_migrate().await.expect("migrations apply");
         let pool = store.pool().clone();
-        TestDb { backend: Backend::Sqlite, url, store: Arc::new(store), raw: Raw::Sqlite { pool, _dir: dir } }
+        TestDb { backend: Backend::Sqlite, url, store: Store::new(store), raw: Raw::Sqlite { pool, _dir: dir } }
     }
 
     /// The PostgreSQL pool the checks use, for tests of PostgreSQL-only features.
@@ -113,7 +113,7 @@ impl TestDb {
         }
     }
 
-    pub fn dyn_store(&self) -> Arc<dyn Store> {
+    pub fn dyn_store(&self) -> Store {
         self.store.clone()
     }
 

@@ -1,7 +1,6 @@
 //! A real HTTP server over a test database, and a plain client for it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -43,22 +42,18 @@ impl Answer {
 
 impl TestServer {
     /// Serves `store` with `token` (read-only without one).
-    pub async fn start(store: Arc<dyn Store>, token: Option<&str>) -> TestServer {
+    pub async fn start(store: Store, token: Option<&str>) -> TestServer {
         Self::start_with(store, token, jobhost::metrics::Metrics::default()).await
     }
 
     /// [`TestServer::start`], exposing `metrics`.
-    pub async fn start_with(
-        store: Arc<dyn Store>,
-        token: Option<&str>,
-        metrics: jobhost::metrics::Metrics,
-    ) -> TestServer {
+    pub async fn start_with(store: Store, token: Option<&str>, metrics: jobhost::metrics::Metrics) -> TestServer {
         let config = HttpConfig { token: token.map(str::to_string), ..HttpConfig::new("127.0.0.1:0".parse().unwrap()) };
         Self::serving(&config, store, metrics).await
     }
 
     /// [`TestServer::start`] with reads open to anyone (`--public-read`).
-    pub async fn start_public(store: Arc<dyn Store>, token: Option<&str>) -> TestServer {
+    pub async fn start_public(store: Store, token: Option<&str>) -> TestServer {
         let config = HttpConfig {
             token: token.map(str::to_string),
             public_read: true,
@@ -68,7 +63,7 @@ impl TestServer {
     }
 
     /// A server with `config`, on the port it names (0: any).
-    pub async fn serving(config: &HttpConfig, store: Arc<dyn Store>, metrics: jobhost::metrics::Metrics) -> TestServer {
+    pub async fn serving(config: &HttpConfig, store: Store, metrics: jobhost::metrics::Metrics) -> TestServer {
         let server = Server::bind(config, store, metrics).await.expect("bind the HTTP server");
         let address = server.local_addr();
         let stop = CancellationToken::new();

@@ -203,7 +203,7 @@ async fn overview(
     uri: Uri,
     Extension(caller): Extension<Caller>,
 ) -> Response {
-    let store = &*state.store;
+    let store = &state.store;
     page!(state, caller, headers, uri, "Overview", "/", |context| {
         let stats = store.job_stats().await?;
         let minute = views::throughput(store, 60.0).await?;
@@ -294,7 +294,7 @@ async fn job_types(
     Extension(caller): Extension<Caller>,
 ) -> Response {
     page!(state, caller, headers, uri, "Job types", "/types", |context| {
-        Ok(pages::job_types(&views::job_types(&*state.store).await?, Utc::now()))
+        Ok(pages::job_types(&views::job_types(&state.store).await?, Utc::now()))
     })
 }
 
@@ -336,7 +336,7 @@ async fn schedules(
     Extension(caller): Extension<Caller>,
 ) -> Response {
     page!(state, caller, headers, uri, "Schedules", "/schedules", |context| {
-        Ok(pages::schedules(&views::schedules(&*state.store).await?, Utc::now()))
+        Ok(pages::schedules(&views::schedules(&state.store).await?, Utc::now()))
     })
 }
 
@@ -404,7 +404,7 @@ async fn login(
         let form = pages::login(return_to, state.access.reads_need_login(), Some(problem));
         return (status, layout::page_with(&context, "Sign in", "", None, form, false)).into_response();
     }
-    let id = match state.access.sign_in(&*state.store).await {
+    let id = match state.access.sign_in(&state.store).await {
         Ok(id) => id,
         Err(error) => return failed(&context, error),
     };
@@ -617,7 +617,7 @@ async fn bulk(
             return Err("a bulk action needs a filter".to_string());
         }
         let filter = query.filter(MAX_BULK, MAX_BULK)?;
-        let outcome = views::bulk(&*store, &filter, action, budget).await.map_err(|e| e.to_string())?;
+        let outcome = views::bulk(&store, &filter, action, budget).await.map_err(|e| e.to_string())?;
         let verb = if action == BulkAction::Retry { "retried" } else { "cancelled" };
         let mut notice = format!("{} of {} matching jobs {verb}", outcome.changed, outcome.matched);
         if outcome.requested > 0 {
@@ -663,7 +663,7 @@ async fn queue_act(
     let store = state.store.clone();
     let name = form.queue;
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
-        match action.apply(&*store, &name).await {
+        match action.apply(&store, &name).await {
             Ok(_) => Ok(action.done(&name)),
             Err(error) => Err(error.to_string()),
         }

@@ -3,6 +3,7 @@
 //! members and the callbacks are triggers (migrations/postgres/0009_batches.sql),
 //! so every path that archives a job counts it.
 
+use super::PgStore;
 use std::collections::BTreeMap;
 
 use sqlx::postgres::PgRow;
@@ -11,7 +12,9 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::membership::refused_or_failed;
 use crate::store::batch::{Batch, Callbacks, PreparedBatch, StoredBatch};
+use crate::store::driver::BatchDriver;
 use crate::store::{Enqueued, PreparedJob, Result};
+use async_trait::async_trait;
 
 /// Creates a batch and inserts its first members in one transaction,
 /// closing it unless it is to stay open.
@@ -76,4 +79,19 @@ fn batch_of(row: &PgRow) -> Result<Batch> {
         closed_at: row.try_get("closed_at")?,
         finished_at: row.try_get("finished_at")?,
     }))
+}
+
+#[async_trait]
+impl BatchDriver for PgStore {
+    async fn batch_close(&self, id: i64) -> Result<bool> {
+        close(&self.pool, id).await
+    }
+
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
+        Ok(list(&self.pool, Some(id), 1).await?.pop())
+    }
+
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
+        list(&self.pool, None, limit).await
+    }
 }

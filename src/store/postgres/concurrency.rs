@@ -3,10 +3,13 @@
 //! 0011_paged_sweeps.sql (where the locking is explained), and the
 //! operator's view of keys.
 
+use super::PgStore;
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
+use crate::store::driver::SemaphoreDriver;
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
+use async_trait::async_trait;
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
 const LIMIT_REACHED: &str = "JHL01";
@@ -147,4 +150,23 @@ struct KeyRow {
     holding: sqlx::types::Json<Vec<Holder>>,
     blocked: i64,
     oldest_blocked_secs: Option<f64>,
+}
+
+#[async_trait]
+impl SemaphoreDriver for PgStore {
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+        repair(&self.sweeps, after, max_keys).await
+    }
+
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
+        status(&self.pool).await
+    }
+
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
+        free_slots(&self.pool, job, key).await
+    }
 }

@@ -4,13 +4,17 @@
 //! changes to one type are decided one after the other, each on the
 //! history the other left; its `NOTIFY` goes out when it commits.
 
+use super::PgStore;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
+use std::time::Duration;
 
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
+use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
+use async_trait::async_trait;
 
 /// The channel on which deployment changes name their job type.
 pub const CHANNEL: &str = "jobhost_components";
@@ -116,4 +120,28 @@ pub async fn source(pool: &PgPool, digest: &str) -> Result<Option<Vec<u8>>> {
 
 fn entry_of((id, job_type, digest, action, at): EntryRow) -> Result<DeploymentEntry> {
     Ok(DeploymentEntry { id, job_type, digest, action: DeployAction::parse(&action)?, at })
+}
+
+#[async_trait]
+impl DeployDriver for PgStore {
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+        change(&self.pool, job_type, request).await
+    }
+
+    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
+        current(&self.pool).await
+    }
+
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+        history(&self.pool, job_type).await
+    }
+
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        source(&self.pool, digest).await
+    }
+
+    async fn deployments_wait(&self, timeout: Duration) {
+        self.listen().await;
+        let _ = tokio::time::timeout(timeout, self.deployed.notified()).await;
+    }
 }

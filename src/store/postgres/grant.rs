@@ -1,9 +1,12 @@
 //! Outbound grants in PostgreSQL.
 
+use super::PgStore;
 use sqlx::PgPool;
 
 use crate::store::Result;
+use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
+use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
@@ -92,4 +95,19 @@ struct GrantRow {
 /// Milliseconds as the column keeps them (checked at most an hour when granted).
 fn ms_column(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl GrantDriver for PgStore {
+    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        set(&self.pool, new).await
+    }
+
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
+        revoke(&self.pool, job_type, origin).await
+    }
+
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
+        list(&self.pool, job_type).await
+    }
 }

@@ -1,14 +1,17 @@
 //! Job types and hosts in PostgreSQL.
 
+use super::PgStore;
 use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Row;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
+use crate::store::driver::FleetDriver;
 use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
+use async_trait::async_trait;
 
 pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
     let mut tx = pool.begin().await?;
@@ -180,4 +183,43 @@ pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<JobStat
     .fetch_all(pool)
     .await?;
     crate::store::job::counts_by_state(rows)
+}
+
+#[async_trait]
+impl FleetDriver for PgStore {
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+        job_types_register(&self.pool, types).await
+    }
+
+    async fn job_types_names(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT name FROM jobhost.job_types").fetch_all(&self.pool).await?)
+    }
+
+    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
+        host_upsert(&self.pool, info).await
+    }
+
+    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
+        host_list(&self.pool).await
+    }
+
+    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
+        job_types_list(&self.pool).await
+    }
+
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
+        finished_since(&self.pool, secs).await
+    }
+
+    async fn host_remove(&self, host_id: &str) -> Result<()> {
+        host_remove(&self.pool, host_id).await
+    }
+
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
+        host_prune(&self.sweeps, silent_secs).await
+    }
+
+    async fn host_health(&self) -> Result<Vec<HostHealthRow>> {
+        host_health(&self.pool).await
+    }
 }

@@ -1,11 +1,16 @@
 //! Inserting prepared jobs, fetching them, and moving them between the
 //! queue's states (due, quarantined, pruned), in PostgreSQL.
 
+use super::PgStore;
+use crate::store::JobDetail;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
+use std::time::Duration;
 
+use crate::store::driver::JobDriver;
 use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
+use async_trait::async_trait;
 
 /// One set-based insert for the whole batch, then the gate for the limited
 /// jobs due now, then the members counted into their batches (after the
@@ -210,4 +215,36 @@ pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_
     .await?
     .rows_affected();
     Ok(pruned)
+}
+
+#[async_trait]
+impl JobDriver for PgStore {
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+        fetch(&self.pool, params).await
+    }
+
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        due_ids(&self.pool, now, limit).await
+    }
+
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+        promote_due_ids(&self.sweeps, now, ids).await
+    }
+
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        promote_due(&self.sweeps, now).await
+    }
+
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        archive_prune(&self.sweeps, now, retention_secs, limit).await
+    }
+
+    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
+        super::wait::wait(&self.pool, &self.listeners, &self.announcements, id, timeout).await
+    }
+
+    async fn job_wait_available(&self, timeout: Duration) {
+        self.listen().await;
+        let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
+    }
 }

@@ -1,11 +1,14 @@
 //! Lease renewal and expiry in PostgreSQL.
 
+use super::PgStore;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use crate::store::driver::LeaseDriver;
 use crate::store::lease::{Expired, StrayRow};
 use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
+use async_trait::async_trait;
 
 /// Sets the `started_at` of the current runs among `runs` to now and
 /// confirms their leases. Locks: those jobs' rows.
@@ -104,4 +107,27 @@ pub async fn expired_ids(pool: &PgPool, now: Option<DateTime<Utc>>, limit: i64) 
     .bind(limit)
     .fetch_all(pool)
     .await?)
+}
+
+#[async_trait]
+impl LeaseDriver for PgStore {
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
+        started(&self.pool, runs).await
+    }
+
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+        self::renew(&self.pool, renew).await
+    }
+
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<Expired> {
+        Ok(expire(&self.sweeps, now, None).await?)
+    }
+
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        expired_ids(&self.pool, now, limit).await
+    }
+
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<Expired> {
+        Ok(expire(&self.sweeps, now, Some(ids)).await?)
+    }
 }

@@ -66,22 +66,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+
+use super::driver::SchemaDriver;
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
-use super::batch::{Batch, PreparedBatch};
+use super::batch::PreparedBatch;
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
-use super::schedule::{Schedules, TickWrite};
-use super::session::SessionLifetime;
-use super::{
-    Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, FetchParams,
-    FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal,
-    Result, RunId, SemaphoreFix, Stats, Store,
-};
-use crate::types::JobConfig;
+use super::schedule::TickWrite;
+use super::{Backend, EnqueueLimits, Enqueued, FetchParams, Result};
 
 /// How long the server lets a session sit idle inside a transaction.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
@@ -284,7 +279,7 @@ impl Backend for PgStore {
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl SchemaDriver for PgStore {
     fn location(&self) -> String {
         let o = &self.options;
         format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
@@ -294,242 +289,9 @@ impl Store for PgStore {
         self.schema_migrate_to(None).await
     }
 
-    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
-        host::job_types_register(&self.pool, types).await
-    }
-
-    async fn job_types_names(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar("SELECT name FROM jobhost.job_types").fetch_all(&self.pool).await?)
-    }
-
-    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
-        host::host_upsert(&self.pool, info).await
-    }
-
-    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
-        host::host_list(&self.pool).await
-    }
-
-    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
-        host::job_types_list(&self.pool).await
-    }
-
-    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
-        host::finished_since(&self.pool, secs).await
-    }
-
-    async fn host_remove(&self, host_id: &str) -> Result<()> {
-        host::host_remove(&self.pool, host_id).await
-    }
-
-    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
-        host::host_prune(&self.sweeps, silent_secs).await
-    }
-
-    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
-        job::fetch(&self.pool, params).await
-    }
-
-    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
-        lease::started(&self.pool, runs).await
-    }
-
-    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
-        lease::renew(&self.pool, renew).await
-    }
-
-    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        Ok(lease::expire(&self.sweeps, now, None).await?.logged())
-    }
-
-    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
-        job::due_ids(&self.pool, now, limit).await
-    }
-
-    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
-        job::promote_due_ids(&self.sweeps, now, ids).await
-    }
-
-    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
-        lease::expired_ids(&self.pool, now, limit).await
-    }
-
-    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
-        Ok(lease::expire(&self.sweeps, now, Some(ids)).await?.logged())
-    }
-
-    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
-        job::promote_due(&self.sweeps, now).await
-    }
-
-    async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-        crate::store::concurrency::promote_blocked(self, after, max_keys).await
-    }
-
-    async fn semaphore_repair_page(
-        &self,
-        after: Option<&KeyCursor>,
-        max_keys: i64,
-    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-        concurrency::repair(&self.sweeps, after, max_keys).await.map(crate::store::concurrency::logged_repairs)
-    }
-
-    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
-        concurrency::status(&self.pool).await
-    }
-
-    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
-        concurrency::free_slots(&self.pool, job, key).await
-    }
-
-    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        job::archive_prune(&self.sweeps, now, retention_secs, limit).await
-    }
-
-    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        operate::list(&self.pool, filter).await
-    }
-
-    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
-        operate::get(&self.pool, id).await
-    }
-
-    async fn job_stats(&self) -> Result<Stats> {
-        let stats = operate::stats(&self.pool).await?;
-        Ok(crate::store::host::with_fleet_warnings(stats, host::host_health(&self.pool).await?))
-    }
-
     async fn database_ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
-    }
-
-    async fn job_retry(&self, id: i64) -> Result<()> {
-        operate::retry(&self.pool, id).await
-    }
-
-    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        operate::cancel(&self.pool, id).await
-    }
-
-    async fn queue_pause(&self, queue: &str) -> Result<bool> {
-        let paused = sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(queue)
-            .execute(&self.pool)
-            .await?;
-        Ok(paused.rows_affected() == 1)
-    }
-
-    async fn queue_resume(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let resumed =
-            sqlx::query("DELETE FROM jobhost.queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
-        // Idle hosts wait for a notification; the queue's jobs are ready now.
-        notify_available(&mut tx).await?;
-        tx.commit().await?;
-        Ok(resumed.rows_affected() == 1)
-    }
-
-    async fn batch_close(&self, id: i64) -> Result<bool> {
-        batch::close(&self.pool, id).await
-    }
-
-    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
-        Ok(batch::list(&self.pool, Some(id), 1).await?.pop())
-    }
-
-    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
-        batch::list(&self.pool, None, limit).await
-    }
-
-    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
-        wait::wait(&self.pool, &self.listeners, &self.announcements, id, timeout).await
-    }
-
-    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
-        schedule::list(&self.pool, now).await
-    }
-
-    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
-        schedule::looked(&self.pool, jobs, at).await
-    }
-
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
-        session::create(&self.pool, digest, lifetime).await
-    }
-
-    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
-        session::check(&self.pool, digest, lifetime).await
-    }
-
-    async fn session_revoke(&self, digest: &str) -> Result<()> {
-        session::revoke(&self.pool, digest).await
-    }
-
-    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
-        grant::set(&self.pool, new).await
-    }
-
-    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        grant::revoke(&self.pool, job_type, origin).await
-    }
-
-    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
-        grant::list(&self.pool, job_type).await
-    }
-
-    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        secret::set(&self.pool, name, sealed).await
-    }
-
-    async fn secret_delete(&self, name: &str) -> Result<bool> {
-        secret::delete(&self.pool, name).await
-    }
-
-    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
-        secret::list(&self.pool).await
-    }
-
-    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
-        secret::sealed(&self.pool, names).await
-    }
-
-    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        variable::set(&self.pool, job_type, name, value).await
-    }
-
-    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        variable::unset(&self.pool, job_type, name).await
-    }
-
-    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
-        variable::list(&self.pool, job_type).await
-    }
-
-    async fn job_wait_available(&self, timeout: Duration) {
-        self.listen().await;
-        let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
-    }
-
-    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        deploy::change(&self.pool, job_type, request).await
-    }
-
-    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
-        deploy::current(&self.pool).await
-    }
-
-    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
-        deploy::history(&self.pool, job_type).await
-    }
-
-    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
-        deploy::source(&self.pool, digest).await
-    }
-
-    async fn deployments_wait(&self, timeout: Duration) {
-        self.listen().await;
-        let _ = tokio::time::timeout(timeout, self.deployed.notified()).await;
     }
 }
 

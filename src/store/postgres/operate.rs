@@ -1,10 +1,14 @@
 //! The operator's view of jobs and commands on them, in PostgreSQL:
 //! listings, one job in full, the stats, retry and cancel.
 
+use super::PgStore;
+use super::notify_available;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
+use crate::store::driver::OperateDriver;
 use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result, Stats};
+use async_trait::async_trait;
 
 /// The columns of one job in full, from each table.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,
@@ -236,4 +240,45 @@ async fn state_of(conn: &mut PgConnection, id: i64) -> Result<Option<JobState>> 
     .fetch_optional(conn)
     .await?;
     state.map(|(state,)| JobState::decode(&state)).transpose()
+}
+
+#[async_trait]
+impl OperateDriver for PgStore {
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
+        list(&self.pool, filter).await
+    }
+
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
+        get(&self.pool, id).await
+    }
+
+    async fn job_stats(&self) -> Result<Stats> {
+        stats(&self.pool).await
+    }
+
+    async fn job_retry(&self, id: i64) -> Result<()> {
+        retry(&self.pool, id).await
+    }
+
+    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
+        cancel(&self.pool, id).await
+    }
+
+    async fn queue_pause(&self, queue: &str) -> Result<bool> {
+        let paused = sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+        Ok(paused.rows_affected() == 1)
+    }
+
+    async fn queue_resume(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let resumed =
+            sqlx::query("DELETE FROM jobhost.queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
+        // Idle hosts wait for a notification; the queue's jobs are ready now.
+        notify_available(&mut tx).await?;
+        tx.commit().await?;
+        Ok(resumed.rows_affected() == 1)
+    }
 }

@@ -1,13 +1,16 @@
 //! Schedules in PostgreSQL: reading them, and moving a cursor with its
 //! ticks' jobs.
 
+use super::PgStore;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use crate::store::driver::ScheduleDriver;
 use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{Schedules, TickWrite};
 use crate::store::{Enqueued, Error, Result};
+use async_trait::async_trait;
 
 /// The clock, and a schedule's job, registration, cursor, configuration,
 /// the fleet's latest look and whether it is served (all null but the clock
@@ -79,4 +82,15 @@ pub async fn write(pool: &PgPool, write: TickWrite) -> Result<Option<Vec<Enqueue
         Err(error) => Err(error.into()),
     };
     super::commit_or_roll_back(tx, written).await.map(Some)
+}
+
+#[async_trait]
+impl ScheduleDriver for PgStore {
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+        list(&self.pool, now).await
+    }
+
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+        looked(&self.pool, jobs, at).await
+    }
 }

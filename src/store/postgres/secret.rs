@@ -1,11 +1,14 @@
 //! Sealed secrets in PostgreSQL: names, the sealing key's fingerprint,
 //! nonces and ciphertexts; never a value.
 
+use super::PgStore;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::store::Result;
+use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
+use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
     let replaced: bool = sqlx::query_scalar(
@@ -47,4 +50,23 @@ pub async fn sealed(pool: &PgPool, names: &[String]) -> Result<Vec<(String, Seal
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(|(name, key_id, nonce, ciphertext)| (name, Sealed { key_id, nonce, ciphertext })).collect())
+}
+
+#[async_trait]
+impl SecretDriver for PgStore {
+    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        set(&self.pool, name, sealed).await
+    }
+
+    async fn secret_delete(&self, name: &str) -> Result<bool> {
+        delete(&self.pool, name).await
+    }
+
+    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
+        list(&self.pool).await
+    }
+
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
+        sealed(&self.pool, names).await
+    }
 }

@@ -1,9 +1,12 @@
 //! The dashboard's sessions in PostgreSQL, by the database's clock.
 
+use super::PgStore;
 use sqlx::PgPool;
 
 use crate::store::Result;
+use crate::store::driver::SessionDriver;
 use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
+use async_trait::async_trait;
 
 pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Result<()> {
     let mut tx = pool.begin().await?;
@@ -45,4 +48,19 @@ pub async fn check(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Re
 pub async fn revoke(pool: &PgPool, digest: &str) -> Result<()> {
     sqlx::query("DELETE FROM jobhost.http_sessions WHERE digest = $1").bind(digest).execute(pool).await?;
     Ok(())
+}
+
+#[async_trait]
+impl SessionDriver for PgStore {
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
+        create(&self.pool, digest, lifetime).await
+    }
+
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+        check(&self.pool, digest, lifetime).await
+    }
+
+    async fn session_revoke(&self, digest: &str) -> Result<()> {
+        revoke(&self.pool, digest).await
+    }
 }

@@ -1,9 +1,12 @@
 //! Job types' plain variables in PostgreSQL.
 
+use super::PgStore;
 use sqlx::PgPool;
 
 use crate::store::Result;
+use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
+use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, job_type: &str, name: &str, value: &str) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
@@ -41,4 +44,19 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<TypeVaria
         .into_iter()
         .map(|(job_type, name, value, updated_at)| TypeVariable { job_type, name, value, updated_at })
         .collect())
+}
+
+#[async_trait]
+impl VariableDriver for PgStore {
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        set(&self.pool, job_type, name, value).await
+    }
+
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
+        unset(&self.pool, job_type, name).await
+    }
+
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
+        list(&self.pool, job_type).await
+    }
 }

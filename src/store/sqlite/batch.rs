@@ -6,6 +6,8 @@
 //! batch's last member (by any path) also enqueues its callbacks, once:
 //! the batch's `finished_at` is set in that same transaction.
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use std::collections::{BTreeMap, HashMap};
 
 use sqlx::sqlite::SqliteRow;
@@ -14,8 +16,10 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::time_of;
 use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, StoredBatch, settle_callbacks};
+use crate::store::driver::BatchDriver;
 use crate::store::enqueue::{Configs, job_names};
 use crate::store::{EnqueueLimits, Enqueued, Error, PreparedJob, Result};
+use async_trait::async_trait;
 
 /// Creates a batch and inserts its first members, closing it unless it is
 /// to stay open.
@@ -249,4 +253,19 @@ pub async fn prune(conn: &mut SqliteConnection, cutoff: i64, limit: i64) -> Resu
     .execute(conn)
     .await?
     .rows_affected())
+}
+
+#[async_trait]
+impl BatchDriver for SqliteStore {
+    async fn batch_close(&self, id: i64) -> Result<bool> {
+        self.write_with(async |tx| close(tx, id, now_ms()).await).await
+    }
+
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
+        Ok(list(&self.reader, Some(id), 1).await?.pop())
+    }
+
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
+        list(&self.reader, None, limit).await
+    }
 }

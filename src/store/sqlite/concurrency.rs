@@ -9,13 +9,17 @@
 //! a count read here stays true until the commit, so read-then-write is
 //! safe and needs no row locks.
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use std::collections::BTreeMap;
 
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{iso, json_list};
 use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
+use crate::store::driver::SemaphoreDriver;
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
+use async_trait::async_trait;
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
 /// do when the limit is reached. The limit is unlimited when the type no
@@ -278,6 +282,7 @@ impl BlockedSweep for super::SqliteStore {
         let mut tx = self.write().await?;
         let moved = fill(&mut tx, job, key, 0, super::now_ms()).await?;
         tx.commit().await?;
+        self.announce(moved > 0);
         Ok(moved)
     }
 }
@@ -375,4 +380,24 @@ struct KeyRow {
     holding: String,
     blocked: i64,
     oldest: Option<f64>,
+}
+
+#[async_trait]
+impl SemaphoreDriver for SqliteStore {
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+        self.write_with(async |tx| repair(tx, after, max_keys, now_ms()).await).await
+    }
+
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
+        status(&self.reader, now_ms()).await
+    }
+
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
+        let mut conn = self.reader.acquire().await?;
+        free_slots(&mut conn, job, key).await
+    }
 }

@@ -3,13 +3,18 @@
 //! transaction, which holds the file's one write lock: changes to a type
 //! are decided one after the other, each on the history the other left.
 
+use super::DEPLOYMENT_LOOK;
+use super::SqliteStore;
 use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
+use std::time::Duration;
 
 use super::{now_ms, time_of};
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
+use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
+use async_trait::async_trait;
 
 type EntryRow = (i64, String, Option<String>, String, i64);
 
@@ -118,4 +123,31 @@ pub async fn source(pool: &SqlitePool, digest: &str) -> Result<Option<Vec<u8>>> 
         .bind(digest)
         .fetch_optional(pool)
         .await?)
+}
+
+#[async_trait]
+impl DeployDriver for SqliteStore {
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+        let (change, promoted) = self.write_with(async |tx| apply(tx, job_type, request).await).await?;
+        self.announce(promoted > 0);
+        Ok(change)
+    }
+
+    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
+        current(&self.reader).await
+    }
+
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+        history_in(&self.reader, job_type).await
+    }
+
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        source(&self.reader, digest).await
+    }
+
+    async fn deployments_wait(&self, timeout: Duration) {
+        // Another process's change shows only by looking; the look is one
+        // indexed read of the newest entry.
+        tokio::time::sleep(timeout.min(DEPLOYMENT_LOOK)).await;
+    }
 }

@@ -1,9 +1,13 @@
 //! Outbound grants in SQLite; methods and secrets as JSON arrays.
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
 use crate::store::{Error, Result};
+use async_trait::async_trait;
 
 fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".to_string())
@@ -104,4 +108,19 @@ struct GrantRow {
     between_bytes_timeout_ms: Option<i64>,
     secrets_in: String,
     granted_at: i64,
+}
+
+#[async_trait]
+impl GrantDriver for SqliteStore {
+    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        self.write_outside_jobs(async |tx| set(tx, new, now_ms()).await).await
+    }
+
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
+        self.write_outside_jobs(async |tx| revoke(tx, job_type, origin).await).await
+    }
+
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
+        list(&self.reader, job_type).await
+    }
 }

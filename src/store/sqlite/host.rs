@@ -1,5 +1,6 @@
 //! Job types and hosts in SQLite.
 
+use super::SqliteStore;
 use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Row;
@@ -7,9 +8,11 @@ use sqlx::SqliteConnection;
 use sqlx::types::Json;
 
 use super::{json_list, now_ms, time_of};
+use crate::store::driver::FleetDriver;
 use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
+use async_trait::async_trait;
 
 /// Records loaded configurations, in the caller's write transaction; the
 /// latest loaded version's configuration wins. Returns the types whose
@@ -162,4 +165,48 @@ pub async fn finished_since(pool: &sqlx::SqlitePool, now: i64, secs: f64) -> Res
             .fetch_all(pool)
             .await?;
     crate::store::job::counts_by_state(rows)
+}
+
+#[async_trait]
+impl FleetDriver for SqliteStore {
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+        let (changed, promoted) = self.write_with(async |tx| job_types_register(tx, types).await).await?;
+        if promoted > 0 {
+            tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
+        }
+        self.announce(promoted > 0);
+        Ok(())
+    }
+
+    async fn job_types_names(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT name FROM job_types ORDER BY name").fetch_all(&self.reader).await?)
+    }
+
+    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
+        self.write_with(async |tx| host_upsert(tx, info).await).await
+    }
+
+    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
+        host_list(&self.reader, now_ms()).await
+    }
+
+    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
+        job_types_list(&self.reader).await
+    }
+
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
+        finished_since(&self.reader, now_ms(), secs).await
+    }
+
+    async fn host_remove(&self, host_id: &str) -> Result<()> {
+        self.write_with(async |tx| host_remove(tx, host_id).await).await
+    }
+
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
+        self.write_with(async |tx| host_prune(tx, silent_secs).await).await
+    }
+
+    async fn host_health(&self) -> Result<Vec<HostHealthRow>> {
+        host_health(&self.reader, now_ms()).await
+    }
 }

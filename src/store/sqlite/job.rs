@@ -4,16 +4,26 @@
 //! Every function taking a connection runs inside the caller's `BEGIN
 //! IMMEDIATE` transaction, so it reads and writes with the write lock held.
 
+use super::SqliteStore;
+use super::commits::UNSEEN;
+use super::encode::ms_or_now;
+use super::encode::now_ms;
+use crate::store::JobDetail;
+use chrono::DateTime;
+use chrono::Utc;
 use serde::Serialize;
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
+use std::time::Duration;
 
 use super::concurrency;
 use super::unique::{self, Decision};
 use super::{json_list, time_of};
+use crate::store::driver::JobDriver;
 use crate::store::enqueue::PreparedUnique;
 use crate::store::{Enqueued, Error, FetchParams, FetchedJob, PreparedJob, Result};
+use async_trait::async_trait;
 
 /// One row of insert.sql's input.
 #[derive(Serialize)]
@@ -244,4 +254,61 @@ pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs
     .await?
     .rows_affected();
     Ok(pruned)
+}
+
+#[async_trait]
+impl JobDriver for SqliteStore {
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+        // Taking the write lock only when there is something to take keeps
+        // idle hosts from queueing behind busy ones.
+        if !any_available(&self.reader, params).await? {
+            return Ok(Vec::new());
+        }
+        self.write_with(async |tx| fetch(tx, params, now_ms()).await).await
+    }
+
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        let (due, admitted) = self.write_with(async |tx| promote_due(tx, ms_or_now(now), None).await).await?;
+        self.announce(admitted > 0);
+        Ok(due)
+    }
+
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        let mut conn = self.reader.acquire().await?;
+        due_ids(&mut conn, ms_or_now(now), limit).await
+    }
+
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+        let (due, admitted) = self.write_with(async |tx| promote_due(tx, ms_or_now(now), Some(ids)).await).await?;
+        self.announce(admitted > 0);
+        Ok(due)
+    }
+
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let now = ms_or_now(now);
+        let pruned = archive_prune(&mut tx, now, retention_secs, limit).await?;
+        super::batch::prune(&mut tx, now - (retention_secs * 1000.0) as i64, limit).await?;
+        tx.commit().await?;
+        Ok(pruned)
+    }
+
+    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut seen = UNSEEN;
+        loop {
+            match super::operate::get(&self.reader, id).await? {
+                None => return Err(Error::NotFound { id }),
+                Some(job) if job.row.state.is_final() => return Ok(Some(job)),
+                Some(_) => {}
+            }
+            if !self.wait_for_commit(&mut seen, deadline).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    async fn job_wait_available(&self, timeout: Duration) {
+        self.wait_available(timeout).await;
+    }
 }

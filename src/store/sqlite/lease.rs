@@ -1,5 +1,11 @@
 //! Lease renewal and expiry in SQLite, inside the caller's write transaction.
 
+use super::SqliteStore;
+use super::encode::ms_or_now;
+use super::encode::now_ms;
+use crate::store::lease::Expired;
+use chrono::DateTime;
+use chrono::Utc;
 use std::collections::{HashMap, HashSet};
 
 use sqlx::{SqliteConnection, SqlitePool};
@@ -7,8 +13,10 @@ use sqlx::{SqliteConnection, SqlitePool};
 use super::concurrency;
 use super::{iso, json_list};
 use crate::store::Slots;
+use crate::store::driver::LeaseDriver;
 use crate::store::lease::{StrayRow, UNCONFIRMED_EXPIRIES_REFUNDED};
 use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
+use async_trait::async_trait;
 
 /// Sets the `started_at` of the current runs among `runs` to `now` (ms
 /// since the epoch) and confirms their leases.
@@ -88,7 +96,7 @@ fn charges() -> String {
 /// Returns (requeued, failed).
 /// `only`, when given, limits the sweep to those jobs (maintenance isolating
 /// a row it cannot process).
-pub async fn expire(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>) -> Result<(u64, u64)> {
+pub async fn expire(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>) -> Result<Expired> {
     // A job an operator asked to cancel is archived as cancelled, never
     // redelivered; one whose host never confirmed the run gets its attempt
     // back. Built from constants only; every value is a bound parameter.
@@ -152,7 +160,7 @@ pub async fn expire(conn: &mut SqliteConnection, now: i64, only: Option<&[i64]>)
         slots.push(job, key.as_deref());
     }
     concurrency::release(conn, &slots, now).await?;
-    Ok((requeued, failed.len() as u64))
+    Ok(Expired { requeued, failed: failed.len() as u64, held_back: 0 })
 }
 
 /// Running jobs whose lease expired by `now`, soonest expired first.
@@ -164,4 +172,42 @@ pub async fn expired_ids(conn: &mut SqliteConnection, now: i64, limit: i64) -> R
     .bind(limit)
     .fetch_all(conn)
     .await?)
+}
+
+#[async_trait]
+impl LeaseDriver for SqliteStore {
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        self.write_with(async |tx| started(tx, runs, now_ms()).await).await
+    }
+
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+        let mut renewal = LeaseRenewal::default();
+        if !renew.runs.is_empty() {
+            let mut tx = self.write().await?;
+            renewal = self::renew(&mut tx, renew, now_ms()).await?;
+            tx.commit_settling(false).await?;
+        }
+        renewal.strays = strays(&self.reader, renew.host_id, renew.runs).await?;
+        Ok(renewal)
+    }
+
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<Expired> {
+        let expired = self.write_with(async |tx| expire(tx, ms_or_now(now), None).await).await?;
+        self.announce(expired.requeued > 0);
+        Ok(expired)
+    }
+
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        let mut conn = self.reader.acquire().await?;
+        expired_ids(&mut conn, ms_or_now(now), limit).await
+    }
+
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<Expired> {
+        let expired = self.write_with(async |tx| expire(tx, ms_or_now(now), Some(ids)).await).await?;
+        self.announce(expired.requeued > 0);
+        Ok(expired)
+    }
 }

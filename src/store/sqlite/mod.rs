@@ -50,25 +50,18 @@ use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+
+use super::driver::SchemaDriver;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tokio::sync::Notify;
 
-use super::batch::{Batch, PreparedBatch};
+use super::batch::PreparedBatch;
 use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
-use super::lease::Expired;
-use super::schedule::{Schedules, TickWrite};
-use super::session::SessionLifetime;
-use super::{
-    Backend, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueLimits, Enqueued, Error,
-    FetchParams, FetchedJob, HostInfo, JobDetail, JobFilter, JobRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, SemaphoreFix, Stats, Store,
-};
-use crate::types::JobConfig;
-use commits::UNSEEN;
+use super::schedule::TickWrite;
+use super::{Backend, EnqueueLimits, Enqueued, FetchParams, Result};
 pub use connect::WAL_SIZE_LIMIT;
-use encode::{iso, json_list, ms_or_now, now_ms, time_of};
+use encode::{iso, json_list, now_ms, time_of};
 use write::{Write, while_locked};
 
 /// How often a host serving deployed components looks for a change.
@@ -239,7 +232,7 @@ impl Backend for SqliteStore {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl SchemaDriver for SqliteStore {
     fn location(&self) -> String {
         let file = self.options.get_filename();
         let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
@@ -272,311 +265,8 @@ impl Store for SqliteStore {
         migrated
     }
 
-    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
-        let (changed, promoted) = self.write_with(async |tx| host::job_types_register(tx, types).await).await?;
-        if promoted > 0 {
-            tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
-        }
-        self.announce(promoted > 0);
-        Ok(())
-    }
-
-    async fn job_types_names(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar("SELECT name FROM job_types ORDER BY name").fetch_all(&self.reader).await?)
-    }
-
-    async fn host_upsert(&self, info: &HostInfo) -> Result<()> {
-        self.write_with(async |tx| host::host_upsert(tx, info).await).await
-    }
-
-    async fn host_list(&self) -> Result<Vec<crate::store::HostRow>> {
-        host::host_list(&self.reader, now_ms()).await
-    }
-
-    async fn job_types_list(&self) -> Result<Vec<crate::store::JobTypeRow>> {
-        host::job_types_list(&self.reader).await
-    }
-
-    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<crate::store::JobState, i64>> {
-        host::finished_since(&self.reader, now_ms(), secs).await
-    }
-
-    async fn host_remove(&self, host_id: &str) -> Result<()> {
-        self.write_with(async |tx| host::host_remove(tx, host_id).await).await
-    }
-
-    async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
-        self.write_with(async |tx| host::host_prune(tx, silent_secs).await).await
-    }
-
-    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
-        // Taking the write lock only when there is something to take keeps
-        // idle hosts from queueing behind busy ones.
-        if !job::any_available(&self.reader, params).await? {
-            return Ok(Vec::new());
-        }
-        self.write_with(async |tx| job::fetch(tx, params, now_ms()).await).await
-    }
-
-    async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
-        if runs.is_empty() {
-            return Ok(());
-        }
-        self.write_with(async |tx| lease::started(tx, runs, now_ms()).await).await
-    }
-
-    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
-        let mut renewal = LeaseRenewal::default();
-        if !renew.runs.is_empty() {
-            let mut tx = self.write().await?;
-            renewal = lease::renew(&mut tx, renew, now_ms()).await?;
-            tx.commit_settling(false).await?;
-        }
-        renewal.strays = lease::strays(&self.reader, renew.host_id, renew.runs).await?;
-        Ok(renewal)
-    }
-
-    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
-        let (requeued, failed) = self.write_with(async |tx| lease::expire(tx, ms_or_now(now), None).await).await?;
-        self.announce(requeued > 0);
-        Ok(Expired { requeued, failed, held_back: 0 }.logged())
-    }
-
-    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
-        let (due, admitted) = self.write_with(async |tx| job::promote_due(tx, ms_or_now(now), None).await).await?;
-        self.announce(admitted > 0);
-        Ok(due)
-    }
-
-    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
-        let mut conn = self.reader.acquire().await?;
-        job::due_ids(&mut conn, ms_or_now(now), limit).await
-    }
-
-    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
-        let (due, admitted) = self.write_with(async |tx| job::promote_due(tx, ms_or_now(now), Some(ids)).await).await?;
-        self.announce(admitted > 0);
-        Ok(due)
-    }
-
-    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
-        let mut conn = self.reader.acquire().await?;
-        lease::expired_ids(&mut conn, ms_or_now(now), limit).await
-    }
-
-    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
-        let (requeued, failed) = self.write_with(async |tx| lease::expire(tx, ms_or_now(now), Some(ids)).await).await?;
-        self.announce(requeued > 0);
-        Ok(Expired { requeued, failed, held_back: 0 }.logged())
-    }
-
-    async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
-        let page = crate::store::concurrency::promote_blocked(self, after, max_keys).await?;
-        self.announce(page.done > 0);
-        Ok(page)
-    }
-
-    async fn semaphore_repair_page(
-        &self,
-        after: Option<&KeyCursor>,
-        max_keys: i64,
-    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
-        let page = self.write_with(async |tx| concurrency::repair(tx, after, max_keys, now_ms()).await).await?;
-        Ok(crate::store::concurrency::logged_repairs(page))
-    }
-
-    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
-        concurrency::status(&self.reader, now_ms()).await
-    }
-
-    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
-        let mut conn = self.reader.acquire().await?;
-        concurrency::free_slots(&mut conn, job, key).await
-    }
-
-    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let now = ms_or_now(now);
-        let pruned = job::archive_prune(&mut tx, now, retention_secs, limit).await?;
-        batch::prune(&mut tx, now - (retention_secs * 1000.0) as i64, limit).await?;
-        tx.commit().await?;
-        Ok(pruned)
-    }
-
-    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
-        operate::list(&self.reader, filter).await
-    }
-
-    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
-        operate::get(&self.reader, id).await
-    }
-
-    async fn job_stats(&self) -> Result<Stats> {
-        let now = now_ms();
-        let stats = operate::stats(&self.reader, now).await?;
-        Ok(crate::store::host::with_fleet_warnings(stats, host::host_health(&self.reader, now).await?))
-    }
-
     async fn database_ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
-    }
-
-    async fn job_retry(&self, id: i64) -> Result<()> {
-        self.write_with(async |tx| operate::retry(tx, id, now_ms()).await).await?;
-        self.announce(true);
-        Ok(())
-    }
-
-    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        let promoted = self.write_with(async |tx| operate::cancel(tx, id, now_ms()).await).await?;
-        self.announce(promoted.is_some_and(|n| n > 0));
-        Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })
-    }
-
-    async fn queue_pause(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let paused = sqlx::query("INSERT INTO queue_pauses (name, paused_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-            .bind(queue)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(paused.rows_affected() == 1)
-    }
-
-    async fn queue_resume(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let resumed = sqlx::query("DELETE FROM queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
-        tx.commit().await?;
-        // Idle hosts wait for a wake-up; the queue's jobs are ready now.
-        self.announce(true);
-        Ok(resumed.rows_affected() == 1)
-    }
-
-    async fn batch_close(&self, id: i64) -> Result<bool> {
-        self.write_with(async |tx| batch::close(tx, id, now_ms()).await).await
-    }
-
-    async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
-        Ok(batch::list(&self.reader, Some(id), 1).await?.pop())
-    }
-
-    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
-        batch::list(&self.reader, None, limit).await
-    }
-
-    async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut seen = UNSEEN;
-        loop {
-            match operate::get(&self.reader, id).await? {
-                None => return Err(Error::NotFound { id }),
-                Some(job) if job.row.state.is_final() => return Ok(Some(job)),
-                Some(_) => {}
-            }
-            if !self.wait_for_commit(&mut seen, deadline).await {
-                return Ok(None);
-            }
-        }
-    }
-
-    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
-        let schedules = schedule::list(&self.reader, now_ms()).await?;
-        Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
-    }
-
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
-        self.write_outside_jobs(async |tx| session::create(tx, digest, lifetime, now_ms()).await).await
-    }
-
-    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
-        let now = now_ms();
-        let Some(stale) = session::check(&self.reader, digest, lifetime, now).await? else {
-            return Ok(false);
-        };
-        if stale {
-            self.write_outside_jobs(async |tx| session::touch(tx, digest, now).await).await?;
-        }
-        Ok(true)
-    }
-
-    async fn session_revoke(&self, digest: &str) -> Result<()> {
-        self.write_outside_jobs(async |tx| session::revoke(tx, digest).await).await
-    }
-
-    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
-        self.write_outside_jobs(async |tx| grant::set(tx, new, now_ms()).await).await
-    }
-
-    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| grant::revoke(tx, job_type, origin).await).await
-    }
-
-    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {
-        grant::list(&self.reader, job_type).await
-    }
-
-    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        self.write_outside_jobs(async |tx| secret::set(tx, name, sealed, now_ms()).await).await
-    }
-
-    async fn secret_delete(&self, name: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| secret::delete(tx, name).await).await
-    }
-
-    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
-        secret::list(&self.reader).await
-    }
-
-    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
-        secret::sealed(&self.reader, names).await
-    }
-
-    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        let replaced =
-            self.write_outside_jobs(async |tx| variable::set(tx, job_type, name, value, now_ms()).await).await?;
-        Ok(replaced)
-    }
-
-    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| variable::unset(tx, job_type, name).await).await
-    }
-
-    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
-        variable::list(&self.reader, job_type).await
-    }
-
-    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
-        self.write_outside_jobs(async |tx| schedule::looked(tx, jobs, at.timestamp_millis()).await).await?;
-        Ok(())
-    }
-
-    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        let (change, promoted) = self.write_with(async |tx| deploy::apply(tx, job_type, request).await).await?;
-        self.announce(promoted > 0);
-        Ok(change)
-    }
-
-    async fn deployments_current(&self) -> Result<Vec<Deployment>> {
-        deploy::current(&self.reader).await
-    }
-
-    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
-        deploy::history_in(&self.reader, job_type).await
-    }
-
-    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
-        deploy::source(&self.reader, digest).await
-    }
-
-    async fn deployments_wait(&self, timeout: Duration) {
-        // Another process's change shows only by looking; the look is one
-        // indexed read of the newest entry.
-        tokio::time::sleep(timeout.min(DEPLOYMENT_LOOK)).await;
-    }
-
-    async fn job_wait_available(&self, timeout: Duration) {
-        self.wait_available(timeout).await;
     }
 }

@@ -2,12 +2,17 @@
 //! one job in full, the stats, retry and cancel. Commands run inside the
 //! caller's `BEGIN IMMEDIATE` transaction.
 
+use super::SqliteStore;
+use super::encode::now_ms;
+use crate::store::Cancel;
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::{concurrency, time_of};
+use crate::store::driver::OperateDriver;
 use crate::store::{Error, JobDetail, JobFilter, JobRow, JobState, Result, Slots, Stats};
+use async_trait::async_trait;
 
 /// The columns shared by listings of live, blocked and archived jobs.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,
@@ -298,4 +303,51 @@ async fn state_of(conn: &mut SqliteConnection, id: i64) -> Result<Option<JobStat
     .fetch_optional(conn)
     .await?;
     state.map(|state| JobState::decode(&state)).transpose()
+}
+
+#[async_trait]
+impl OperateDriver for SqliteStore {
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
+        list(&self.reader, filter).await
+    }
+
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
+        get(&self.reader, id).await
+    }
+
+    async fn job_stats(&self) -> Result<Stats> {
+        stats(&self.reader, now_ms()).await
+    }
+
+    async fn job_retry(&self, id: i64) -> Result<()> {
+        self.write_with(async |tx| retry(tx, id, now_ms()).await).await?;
+        self.announce(true);
+        Ok(())
+    }
+
+    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
+        let promoted = self.write_with(async |tx| cancel(tx, id, now_ms()).await).await?;
+        self.announce(promoted.is_some_and(|n| n > 0));
+        Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })
+    }
+
+    async fn queue_pause(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let paused = sqlx::query("INSERT INTO queue_pauses (name, paused_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(queue)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(paused.rows_affected() == 1)
+    }
+
+    async fn queue_resume(&self, queue: &str) -> Result<bool> {
+        let mut tx = self.write().await?;
+        let resumed = sqlx::query("DELETE FROM queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
+        tx.commit().await?;
+        // Idle hosts wait for a wake-up; the queue's jobs are ready now.
+        self.announce(true);
+        Ok(resumed.rows_affected() == 1)
+    }
 }

@@ -1,13 +1,20 @@
 //! Schedules in SQLite: reading them, and moving a cursor with its ticks'
 //! jobs in the caller's write transaction.
 
+use super::SqliteStore;
+use super::encode::now_ms;
+use crate::store::Schedules;
+use chrono::DateTime;
+use chrono::Utc;
 use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::time_of;
+use crate::store::driver::ScheduleDriver;
 use crate::store::host::MISSED_HEARTBEATS;
 use crate::store::schedule::{ScheduleState, TickWrite};
 use crate::store::{Enqueued, Result};
+use async_trait::async_trait;
 
 /// A schedule's job, registration and cursor (ms), configuration, the
 /// fleet's latest look (ms), and whether a live host serves it.
@@ -66,4 +73,17 @@ pub async fn write(conn: &mut SqliteConnection, write: &TickWrite, now: i64) -> 
         return Ok(None);
     }
     Ok(Some(super::job::insert(conn, &write.jobs.iter().collect::<Vec<_>>(), now).await?))
+}
+
+#[async_trait]
+impl ScheduleDriver for SqliteStore {
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+        let schedules = list(&self.reader, now_ms()).await?;
+        Ok(Schedules { now: now.unwrap_or_else(|| time_of(now_ms())), schedules })
+    }
+
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+        self.write_outside_jobs(async |tx| looked(tx, jobs, at.timestamp_millis()).await).await?;
+        Ok(())
+    }
 }

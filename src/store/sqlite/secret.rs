@@ -1,10 +1,14 @@
 //! Sealed secrets in SQLite: names, the sealing key's fingerprint,
 //! nonces and ciphertexts; never a value.
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::store::Result;
+use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
+use async_trait::async_trait;
 
 pub async fn set(conn: &mut SqliteConnection, name: &str, sealed: &Sealed, now: i64) -> Result<bool> {
     let existed: Option<i64> = sqlx::query_scalar("SELECT 1 FROM outbound_secrets WHERE name = $1")
@@ -62,4 +66,23 @@ pub async fn sealed(pool: &SqlitePool, names: &[String]) -> Result<Vec<(String, 
         }
     }
     Ok(found)
+}
+
+#[async_trait]
+impl SecretDriver for SqliteStore {
+    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        self.write_outside_jobs(async |tx| set(tx, name, sealed, now_ms()).await).await
+    }
+
+    async fn secret_delete(&self, name: &str) -> Result<bool> {
+        self.write_outside_jobs(async |tx| delete(tx, name).await).await
+    }
+
+    async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {
+        list(&self.reader).await
+    }
+
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, crate::store::secret::Sealed)>> {
+        sealed(&self.reader, names).await
+    }
 }

@@ -1,9 +1,13 @@
 //! The dashboard's sessions in SQLite, by this machine's clock (ms).
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::store::Result;
+use crate::store::driver::SessionDriver;
 use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
+use async_trait::async_trait;
 
 fn ms(duration: std::time::Duration) -> i64 {
     duration.as_millis().min(i64::MAX as u128) as i64
@@ -50,4 +54,26 @@ pub async fn touch(conn: &mut SqliteConnection, digest: &str, now: i64) -> Resul
 pub async fn revoke(conn: &mut SqliteConnection, digest: &str) -> Result<()> {
     sqlx::query("DELETE FROM http_sessions WHERE digest = $1").bind(digest).execute(conn).await?;
     Ok(())
+}
+
+#[async_trait]
+impl SessionDriver for SqliteStore {
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
+        self.write_outside_jobs(async |tx| create(tx, digest, lifetime, now_ms()).await).await
+    }
+
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+        let now = now_ms();
+        let Some(stale) = check(&self.reader, digest, lifetime, now).await? else {
+            return Ok(false);
+        };
+        if stale {
+            self.write_outside_jobs(async |tx| touch(tx, digest, now).await).await?;
+        }
+        Ok(true)
+    }
+
+    async fn session_revoke(&self, digest: &str) -> Result<()> {
+        self.write_outside_jobs(async |tx| revoke(tx, digest).await).await
+    }
 }

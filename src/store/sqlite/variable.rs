@@ -1,9 +1,13 @@
 //! Job types' plain variables in SQLite.
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::store::Result;
+use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
+use async_trait::async_trait;
 
 pub async fn set(conn: &mut SqliteConnection, job_type: &str, name: &str, value: &str, now: i64) -> Result<bool> {
     let existed: Option<i64> = sqlx::query_scalar("SELECT 1 FROM type_variables WHERE job_type = $1 AND name = $2")
@@ -50,4 +54,20 @@ pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<TypeV
             updated_at: super::time_of(updated_at),
         })
         .collect())
+}
+
+#[async_trait]
+impl VariableDriver for SqliteStore {
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        let replaced = self.write_outside_jobs(async |tx| set(tx, job_type, name, value, now_ms()).await).await?;
+        Ok(replaced)
+    }
+
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
+        self.write_outside_jobs(async |tx| unset(tx, job_type, name).await).await
+    }
+
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {
+        list(&self.reader, job_type).await
+    }
 }

@@ -1,0 +1,290 @@
+//! What a backend implements under the [`Store`](super::Store) front: one
+//! small trait per entity, each implemented in that entity's file of each
+//! backend (`postgres/lease.rs`, `sqlite/lease.rs`…), and [`Driver`], all
+//! of them plus the writer the shared rules use. A backend states facts and
+//! writes what it is given; the rules, loops and log lines over them are
+//! the front's. Each method is documented at the front's method of the
+//! same name.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::concurrency::BlockedSweep;
+use super::host::HostHealthRow;
+use super::lease::Expired;
+use super::{
+    Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
+    HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable,
+};
+
+/// The database itself: its schema, where it is, whether it answers.
+#[async_trait]
+pub trait SchemaDriver: Send + Sync {
+    /// [`Store::schema_migrate`](super::Store::schema_migrate) on this backend.
+    async fn schema_migrate(&self) -> Result<()>;
+
+    /// [`Store::location`](super::Store::location) on this backend.
+    fn location(&self) -> String;
+
+    /// [`Store::database_ping`](super::Store::database_ping) on this backend.
+    async fn database_ping(&self) -> Result<()>;
+}
+
+/// Components deployed through the database, and their history.
+#[async_trait]
+pub trait DeployDriver: Send + Sync {
+    /// [`Store::deployment_change`](super::Store::deployment_change) on this backend.
+    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange>;
+
+    /// [`Store::deployments_current`](super::Store::deployments_current) on this backend.
+    async fn deployments_current(&self) -> Result<Vec<Deployment>>;
+
+    /// [`Store::deployment_history`](super::Store::deployment_history) on this backend.
+    async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>>;
+
+    /// [`Store::component_source`](super::Store::component_source) on this backend.
+    async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>>;
+
+    /// [`Store::deployments_wait`](super::Store::deployments_wait) on this backend.
+    async fn deployments_wait(&self, timeout: std::time::Duration);
+}
+
+/// Hosts and the job types they registered.
+#[async_trait]
+pub trait FleetDriver: Send + Sync {
+    /// [`Store::job_types_register`](super::Store::job_types_register) on this backend.
+    async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()>;
+
+    /// [`Store::job_types_names`](super::Store::job_types_names) on this backend.
+    async fn job_types_names(&self) -> Result<Vec<String>>;
+
+    /// [`Store::host_upsert`](super::Store::host_upsert) on this backend.
+    async fn host_upsert(&self, host: &HostInfo) -> Result<()>;
+
+    /// [`Store::host_list`](super::Store::host_list) on this backend.
+    async fn host_list(&self) -> Result<Vec<HostRow>>;
+
+    /// [`Store::job_types_list`](super::Store::job_types_list) on this backend.
+    async fn job_types_list(&self) -> Result<Vec<JobTypeRow>>;
+
+    /// [`Store::job_finished_since`](super::Store::job_finished_since) on this backend.
+    async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<JobState, i64>>;
+
+    /// [`Store::host_remove`](super::Store::host_remove) on this backend.
+    async fn host_remove(&self, host_id: &str) -> Result<()>;
+
+    /// [`Store::host_prune`](super::Store::host_prune) on this backend.
+    async fn host_prune(&self, silent_secs: f64) -> Result<u64>;
+
+    /// Every host's row as its health is judged: how long it has been
+    /// silent, its heartbeat, the components it serves, its watcher's error.
+    async fn host_health(&self) -> Result<Vec<HostHealthRow>>;
+}
+
+/// Jobs through the queue: fetching, due jobs, the archive's retention, waits.
+#[async_trait]
+pub trait JobDriver: Send + Sync {
+    /// [`Store::job_fetch`](super::Store::job_fetch) on this backend.
+    async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>>;
+
+    /// [`Store::job_promote_due`](super::Store::job_promote_due) on this backend.
+    async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64>;
+
+    /// [`Store::job_due_ids`](super::Store::job_due_ids) on this backend.
+    async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>>;
+
+    /// [`Store::job_promote_due_ids`](super::Store::job_promote_due_ids) on this backend.
+    async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64>;
+
+    /// [`Store::archive_prune`](super::Store::archive_prune) on this backend.
+    async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;
+
+    /// [`Store::job_wait`](super::Store::job_wait) on this backend.
+    async fn job_wait(&self, id: i64, timeout: std::time::Duration) -> Result<Option<JobDetail>>;
+
+    /// [`Store::job_wait_available`](super::Store::job_wait_available) on this backend.
+    async fn job_wait_available(&self, timeout: std::time::Duration);
+}
+
+/// Operators' reads and commands on jobs and queues.
+#[async_trait]
+pub trait OperateDriver: Send + Sync {
+    /// [`Store::job_list`](super::Store::job_list) on this backend.
+    async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>>;
+
+    /// [`Store::job_get`](super::Store::job_get) on this backend.
+    async fn job_get(&self, id: i64) -> Result<Option<JobDetail>>;
+
+    /// [`Store::job_stats`](super::Store::job_stats) on this backend.
+    async fn job_stats(&self) -> Result<Stats>;
+
+    /// [`Store::job_retry`](super::Store::job_retry) on this backend.
+    async fn job_retry(&self, id: i64) -> Result<()>;
+
+    /// [`Store::job_cancel`](super::Store::job_cancel) on this backend.
+    async fn job_cancel(&self, id: i64) -> Result<Cancel>;
+
+    /// [`Store::queue_pause`](super::Store::queue_pause) on this backend.
+    async fn queue_pause(&self, queue: &str) -> Result<bool>;
+
+    /// [`Store::queue_resume`](super::Store::queue_resume) on this backend.
+    async fn queue_resume(&self, queue: &str) -> Result<bool>;
+}
+
+/// Leases of running jobs: confirmation, renewal, expiry.
+#[async_trait]
+pub trait LeaseDriver: Send + Sync {
+    /// [`Store::lease_started`](super::Store::lease_started) on this backend.
+    async fn lease_started(&self, runs: &[RunId]) -> Result<()>;
+
+    /// [`Store::lease_renew`](super::Store::lease_renew) on this backend.
+    async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal>;
+
+    /// [`Store::lease_expire`](super::Store::lease_expire) on this backend.
+    async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<Expired>;
+
+    /// [`Store::lease_expired_ids`](super::Store::lease_expired_ids) on this backend.
+    async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>>;
+
+    /// [`Store::lease_expire_ids`](super::Store::lease_expire_ids) on this backend.
+    async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<Expired>;
+}
+
+/// Per-key concurrency slots: their repair and reports.
+#[async_trait]
+pub trait SemaphoreDriver: Send + Sync {
+    /// [`Store::semaphore_repair_page`](super::Store::semaphore_repair_page) on this backend.
+    async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>>;
+
+    /// [`Store::semaphore_list`](super::Store::semaphore_list) on this backend.
+    async fn semaphore_list(&self) -> Result<Vec<KeyStatus>>;
+
+    /// [`Store::semaphore_free_slots`](super::Store::semaphore_free_slots) on this backend.
+    async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64>;
+}
+
+/// Batches after their creation (which the shared rules write).
+#[async_trait]
+pub trait BatchDriver: Send + Sync {
+    /// [`Store::batch_close`](super::Store::batch_close) on this backend.
+    async fn batch_close(&self, id: i64) -> Result<bool>;
+
+    /// [`Store::batch_get`](super::Store::batch_get) on this backend.
+    async fn batch_get(&self, id: i64) -> Result<Option<Batch>>;
+
+    /// [`Store::batch_list`](super::Store::batch_list) on this backend.
+    async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>>;
+}
+
+/// Schedules' cursors (their ticks are written by the shared rules).
+#[async_trait]
+pub trait ScheduleDriver: Send + Sync {
+    /// [`Store::schedule_list`](super::Store::schedule_list) on this backend.
+    async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules>;
+
+    /// [`Store::schedule_looked`](super::Store::schedule_looked) on this backend.
+    async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()>;
+}
+
+/// Signed-in sessions of the HTTP server.
+#[async_trait]
+pub trait SessionDriver: Send + Sync {
+    /// [`Store::session_create`](super::Store::session_create) on this backend.
+    async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<()>;
+
+    /// [`Store::session_check`](super::Store::session_check) on this backend.
+    async fn session_check(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<bool>;
+
+    /// [`Store::session_revoke`](super::Store::session_revoke) on this backend.
+    async fn session_revoke(&self, digest: &str) -> Result<()>;
+}
+
+/// Outbound grants.
+#[async_trait]
+pub trait GrantDriver: Send + Sync {
+    /// [`Store::grant_set`](super::Store::grant_set) on this backend.
+    async fn grant_set(&self, grant: &grant::NewGrant) -> Result<bool>;
+
+    /// [`Store::grant_revoke`](super::Store::grant_revoke) on this backend.
+    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool>;
+
+    /// [`Store::grants`](super::Store::grants) on this backend.
+    async fn grants(&self, job_type: Option<&str>) -> Result<Vec<grant::OutboundGrant>>;
+}
+
+/// Sealed secrets.
+#[async_trait]
+pub trait SecretDriver: Send + Sync {
+    /// [`Store::secret_set`](super::Store::secret_set) on this backend.
+    async fn secret_set(&self, name: &str, sealed: &secret::Sealed) -> Result<bool>;
+
+    /// [`Store::secret_delete`](super::Store::secret_delete) on this backend.
+    async fn secret_delete(&self, name: &str) -> Result<bool>;
+
+    /// [`Store::secrets_list`](super::Store::secrets_list) on this backend.
+    async fn secrets_list(&self) -> Result<Vec<secret::SecretInfo>>;
+
+    /// [`Store::secrets_sealed`](super::Store::secrets_sealed) on this backend.
+    async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, secret::Sealed)>>;
+}
+
+/// Job types' plain variables.
+#[async_trait]
+pub trait VariableDriver: Send + Sync {
+    /// [`Store::var_set`](super::Store::var_set) on this backend.
+    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool>;
+
+    /// [`Store::var_unset`](super::Store::var_unset) on this backend.
+    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool>;
+
+    /// [`Store::vars`](super::Store::vars) on this backend.
+    async fn vars(&self, job_type: Option<&str>) -> Result<Vec<variable::TypeVariable>>;
+}
+
+/// Everything a backend implements, as the front holds it.
+#[allow(private_bounds)]
+pub trait Driver:
+    SchemaDriver
+    + DeployDriver
+    + FleetDriver
+    + JobDriver
+    + OperateDriver
+    + LeaseDriver
+    + SemaphoreDriver
+    + BatchDriver
+    + ScheduleDriver
+    + SessionDriver
+    + GrantDriver
+    + SecretDriver
+    + VariableDriver
+    + Backend
+    + BlockedSweep
+    + 'static
+{
+}
+
+#[allow(private_bounds)]
+impl<T> Driver for T where
+    T: SchemaDriver
+        + DeployDriver
+        + FleetDriver
+        + JobDriver
+        + OperateDriver
+        + LeaseDriver
+        + SemaphoreDriver
+        + BatchDriver
+        + ScheduleDriver
+        + SessionDriver
+        + GrantDriver
+        + SecretDriver
+        + VariableDriver
+        + Backend
+        + BlockedSweep
+        + 'static
+{
+}

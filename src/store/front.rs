@@ -1,0 +1,470 @@
+//! The store as the rest of the host sees it: one front over a backend's
+//! [`Driver`], owning the rules (enqueue, finish, batches, schedule ticks),
+//! the loops over pages and the retries, so each is written once for both
+//! backends. Cloning it is cheap: the clones share the backend.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::driver::Driver;
+use super::{
+    Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueParams, Enqueued, FetchParams,
+    FetchedJob, Finish, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow,
+    KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal, LockedKeys, NewBatch, Result, RunId, ScheduleState,
+    Schedules, SemaphoreFix, Stats, batch, concurrency, enqueue, finish, grant, schedule, secret, session, variable,
+};
+
+/// The durable queue. Enqueue and finish are the shared rules over the
+/// backend's `Backend` writer, which is private to this crate so that
+/// nothing outside can write a job the rules did not prepare; the rest
+/// each backend's [`Driver`] does.
+#[derive(Clone)]
+pub struct Store {
+    driver: Arc<dyn Driver>,
+}
+
+impl Store {
+    /// The front over a backend.
+    pub fn new(driver: impl Driver) -> Store {
+        Store { driver: Arc::new(driver) }
+    }
+
+    /// The front over a backend shared with its other users (a benchmark
+    /// that also reads the database through the backend's own pool).
+    pub fn shared<D: Driver>(driver: Arc<D>) -> Store {
+        Store { driver }
+    }
+
+    /// Brings the schema up to date.
+    pub async fn schema_migrate(&self) -> Result<()> {
+        self.driver.schema_migrate().await
+    }
+
+    /// Where the data lives, for logs: a file's absolute path, or a
+    /// server's host, port and database (never a password).
+    pub fn location(&self) -> String {
+        self.driver.location()
+    }
+
+    /// Changes what the fleet serves for `job_type` from the database, in
+    /// one transaction holding the type's lock: stores a deployed
+    /// component's bytes (once per digest), appends the history entry the
+    /// request calls for, and tells listening hosts.
+    ///
+    /// # Errors
+    /// [`Error::DeployRefused`](super::Error::DeployRefused) when the request cannot apply; database errors.
+    pub async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
+        self.driver.deployment_change(job_type, request).await
+    }
+
+    /// What the fleet serves from the database: each deployed type's version.
+    pub async fn deployments_current(&self) -> Result<Vec<Deployment>> {
+        self.driver.deployments_current().await
+    }
+
+    /// A job type's history, newest first.
+    pub async fn deployment_history(&self, job_type: &str) -> Result<Vec<DeploymentEntry>> {
+        self.driver.deployment_history(job_type).await
+    }
+
+    /// A deployed component's bytes.
+    pub async fn component_source(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        self.driver.component_source(digest).await
+    }
+
+    /// Waits up to `timeout` for a change to the deployments: told at once
+    /// on PostgreSQL; on SQLite, a short wait after which the caller looks.
+    pub async fn deployments_wait(&self, timeout: std::time::Duration) {
+        self.driver.deployments_wait(timeout).await
+    }
+
+    /// Records the configurations this host loaded, so enqueuers without the
+    /// component apply them.
+    pub async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()> {
+        self.driver.job_types_register(types).await
+    }
+
+    /// The names of every registered job type.
+    pub async fn job_types_names(&self) -> Result<Vec<String>> {
+        self.driver.job_types_names().await
+    }
+
+    /// The registered configuration of each named job type that exists.
+    pub async fn job_types_get(&self, names: &[String]) -> Result<HashMap<String, crate::types::JobConfig>> {
+        self.driver.configs_read(names).await
+    }
+
+    /// Adds or refreshes this host's row (fleet membership, job types served).
+    pub async fn host_upsert(&self, host: &HostInfo) -> Result<()> {
+        self.driver.host_upsert(host).await
+    }
+
+    /// Every host's row, alive or presumed dead (until pruned), by id.
+    pub async fn host_list(&self) -> Result<Vec<HostRow>> {
+        self.driver.host_list().await
+    }
+
+    /// Every registered job type with the configuration it declared, by name.
+    pub async fn job_types_list(&self) -> Result<Vec<JobTypeRow>> {
+        self.driver.job_types_list().await
+    }
+
+    /// How many jobs ended within the last `secs` seconds, by final state:
+    /// the throughput operators watch.
+    pub async fn job_finished_since(&self, secs: f64) -> Result<std::collections::BTreeMap<JobState, i64>> {
+        self.driver.job_finished_since(secs).await
+    }
+
+    /// Removes this host's row at shutdown.
+    pub async fn host_remove(&self, host_id: &str) -> Result<()> {
+        self.driver.host_remove(host_id).await
+    }
+
+    /// Removes the rows of hosts not seen for `silent_secs` (killed hosts
+    /// never leave by themselves). Returns how many.
+    pub async fn host_prune(&self, silent_secs: f64) -> Result<u64> {
+        self.driver.host_prune(silent_secs).await
+    }
+
+    /// Enqueues jobs, all or none, returning their ids in order: for a
+    /// duplicate of a unique job, the id of the job holding its key.
+    pub async fn job_enqueue(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
+        Ok(enqueue::enqueue(&*self.driver, jobs).await?.into_iter().map(Enqueued::id).collect())
+    }
+
+    /// [`Store::job_enqueue`], saying of each job whether it was stored or
+    /// was a duplicate (and whether it replaced the waiting job's payload).
+    pub async fn job_enqueue_outcomes(&self, jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
+        enqueue::enqueue(&*self.driver, jobs).await
+    }
+
+    /// Leases up to `limit` available jobs to a host, each with a fresh token.
+    pub async fn job_fetch(&self, params: &FetchParams) -> Result<Vec<FetchedJob>> {
+        self.driver.job_fetch(params).await
+    }
+
+    /// Ends or reschedules runs, each matched on its lease token, in one
+    /// transaction with the children of those that completed. Superseded
+    /// results are taken out first ([`finish::current_runs`]).
+    pub async fn job_finish(&self, finishes: Vec<Finish>) -> Result<Vec<FinishResult>> {
+        Ok(finish::finish(&*self.driver, finishes, None, LockedKeys::Wait).await?.0)
+    }
+
+    /// [`Store::job_finish`], then leases up to `next.limit` jobs to the
+    /// writing host as [`Store::job_fetch`] would, in one transaction: the
+    /// jobs the finished runs made room for start without another round trip.
+    /// It does not wait for a key's semaphore another transaction holds: those
+    /// results come back [`FinishResult::Deferred`].
+    pub async fn job_finish_and_fetch(
+        &self,
+        finishes: Vec<Finish>,
+        next: &FetchParams,
+    ) -> Result<(Vec<FinishResult>, Vec<FetchedJob>)> {
+        finish::finish(&*self.driver, finishes, Some(next), LockedKeys::Defer).await
+    }
+
+    /// Records that the guests of `runs` have started now, confirming their
+    /// leases (an expiry of them then spends the attempt): for jobs that
+    /// waited on their host for a run slot after their lease, whose
+    /// `started_at` the fetch set to the lease time. A run no longer current
+    /// changes nothing. One statement for all of them.
+    pub async fn lease_started(&self, runs: &[RunId]) -> Result<()> {
+        self.driver.lease_started(runs).await
+    }
+
+    /// Renews the leases a host still holds, in one statement that never
+    /// waits on a row lock: says which runs were renewed and which are no
+    /// longer this host's (see [`LeaseRenewal`]). Each renewed run among
+    /// `started` is confirmed, and each among `progress` records its latest
+    /// progress, so it shows while the job runs. Also reads the host's
+    /// running jobs it did not ask about and never confirmed (strays).
+    pub async fn lease_renew(&self, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal> {
+        self.driver.lease_renew(renew).await
+    }
+
+    /// Returns jobs whose lease expired to `available`, or to the archive as
+    /// failed when their attempts are spent (as cancelled when an operator
+    /// asked to cancel them). A lease whose host never confirmed the run's
+    /// start gives its attempt back instead (at most
+    /// [`lease::UNCONFIRMED_EXPIRIES_REFUNDED`] times a job). Returns
+    /// (requeued, archived).
+    pub async fn lease_expire(&self, now: Option<DateTime<Utc>>) -> Result<(u64, u64)> {
+        Ok(self.driver.lease_expire(now).await?.logged())
+    }
+
+    /// Passes scheduled jobs that have come due through the gate. Returns how many.
+    pub async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
+        self.driver.job_promote_due(now).await
+    }
+
+    /// Scheduled jobs due by `now`, at most `limit`, the longest due first:
+    /// what [`Store::job_promote_due`] takes, so maintenance can pass them a
+    /// part at a time when the database refuses the whole batch.
+    pub async fn job_due_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        self.driver.job_due_ids(now, limit).await
+    }
+
+    /// [`Store::job_promote_due`] for the named jobs only. Returns how many.
+    pub async fn job_promote_due_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<u64> {
+        self.driver.job_promote_due_ids(now, ids).await
+    }
+
+    /// Running jobs whose lease expired by `now`, at most `limit`.
+    pub async fn lease_expired_ids(&self, now: Option<DateTime<Utc>>, limit: i64) -> Result<Vec<i64>> {
+        self.driver.lease_expired_ids(now, limit).await
+    }
+
+    /// [`Store::lease_expire`] for the named jobs only.
+    pub async fn lease_expire_ids(&self, now: Option<DateTime<Utc>>, ids: &[i64]) -> Result<(u64, u64)> {
+        Ok(self.driver.lease_expire_ids(now, ids).await?.logged())
+    }
+
+    /// Moves a live job that maintenance cannot process to the archive as
+    /// failed, with `reason` as its last error, so the sweeps go on without
+    /// it and operators see it (guarantee 13). A blocked job is never
+    /// quarantined (guarantee 2). Returns whether the job was there.
+    pub async fn job_quarantine(&self, id: i64, reason: &str) -> Result<bool> {
+        // The job's own errors may be what the database refuses (a value
+        // past a column's range): it goes without them rather than stay.
+        match self.driver.quarantine_write(id, reason, true).await {
+            Err(error) if error.is_refusal() => self.driver.quarantine_write(id, reason, false).await,
+            other => other,
+        }
+    }
+
+    /// Visits the next `max_keys` keys with blocked jobs after `after` (from
+    /// the first key when `None`), in (job type, key) order, and promotes
+    /// the blocked jobs of those that can take a slot now. A page, so a pass
+    /// costs the same however many keys and blocked jobs there are; a
+    /// sweep that follows `next` visits every key in turn, so busy keys
+    /// cannot starve one with a free slot (guarantee 4). Returns how many
+    /// jobs it promoted.
+    pub async fn blocked_promote(&self, after: Option<&KeyCursor>, max_keys: i64) -> Result<KeyPage<u64>> {
+        concurrency::promote_blocked(&*self.driver, after, max_keys).await
+    }
+
+    /// Corrects the semaphores of the next `max_keys` keys after `after`
+    /// (from the first key when `None`) whose holder count disagrees with
+    /// the live jobs holding their slots, and recreates the missing rows of
+    /// keys with live holders; returns what it changed. A page, as for
+    /// [`Store::blocked_promote`].
+    pub async fn semaphore_repair_page(
+        &self,
+        after: Option<&KeyCursor>,
+        max_keys: i64,
+    ) -> Result<KeyPage<Vec<SemaphoreFix>>> {
+        self.driver.semaphore_repair_page(after, max_keys).await.map(concurrency::logged_repairs)
+    }
+
+    /// [`Store::semaphore_repair_page`] over every key, a page at a time:
+    /// for operators and tests that want the whole table checked now.
+    /// Returns what it changed.
+    pub async fn semaphore_repair(&self) -> Result<Vec<SemaphoreFix>> {
+        let mut fixes = Vec::new();
+        let mut after: Option<KeyCursor> = None;
+        loop {
+            let page = self.semaphore_repair_page(after.as_ref(), 1_000).await?;
+            fixes.extend(page.done);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(fixes),
+            }
+        }
+    }
+
+    /// Every key with holders or blocked jobs.
+    pub async fn semaphore_list(&self) -> Result<Vec<KeyStatus>> {
+        self.driver.semaphore_list().await
+    }
+
+    /// Slots of a key free right now (the limit minus its holders; at most
+    /// zero when a lowered limit left it over). A snapshot, not a claim.
+    pub async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64> {
+        self.driver.semaphore_free_slots(job, key).await
+    }
+
+    /// Deletes archived jobs that finished more than `retention_secs` before
+    /// `now` (the database's clock by default), at most `limit`.
+    pub async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        self.driver.archive_prune(now, retention_secs, limit).await
+    }
+
+    /// Lists jobs, live and archived, newest first.
+    pub async fn job_list(&self, filter: &JobFilter) -> Result<Vec<JobRow>> {
+        self.driver.job_list(filter).await
+    }
+
+    /// One job with its payload, errors, log and output.
+    pub async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
+        self.driver.job_get(id).await
+    }
+
+    /// Counts by state and queue, the oldest wait, and live hosts.
+    pub async fn job_stats(&self) -> Result<Stats> {
+        let stats = self.driver.job_stats().await?;
+        Ok(super::host::with_fleet_warnings(stats, self.driver.host_health().await?))
+    }
+
+    /// Answers when the database does: tells a write the database will not
+    /// take from a database that is down.
+    pub async fn database_ping(&self) -> Result<()> {
+        self.driver.database_ping().await
+    }
+
+    /// Runs a failed, discarded or cancelled job again (a new attempt budget),
+    /// or a scheduled one now.
+    pub async fn job_retry(&self, id: i64) -> Result<()> {
+        self.driver.job_retry(id).await
+    }
+
+    /// Cancels a job: at once when it is waiting, available or blocked; a
+    /// running one through its host (see [`Cancel::Requested`]).
+    pub async fn job_cancel(&self, id: i64) -> Result<Cancel> {
+        self.driver.job_cancel(id).await
+    }
+
+    /// Pauses a queue: no host leases a job from it until it is resumed;
+    /// running jobs finish. Returns false when it was paused already.
+    pub async fn queue_pause(&self, queue: &str) -> Result<bool> {
+        self.driver.queue_pause(queue).await
+    }
+
+    /// Resumes a paused queue. Returns false when it was not paused.
+    pub async fn queue_resume(&self, queue: &str) -> Result<bool> {
+        self.driver.queue_resume(queue).await
+    }
+
+    /// Creates a batch with its first members, all or none, and closes it
+    /// unless [`NewBatch::open`]; returns its id and what became of each
+    /// member (a duplicate of a unique job is not a member). Callbacks must
+    /// be registered types whose keys render from the callback payload.
+    pub async fn batch_create(&self, batch: &NewBatch, members: &[EnqueueParams]) -> Result<(i64, Vec<Enqueued>)> {
+        batch::create(&*self.driver, batch, members).await
+    }
+
+    /// Closes an open batch: it takes no more members, and finishes (its
+    /// callbacks enqueued) once every member has ended, at once if they all
+    /// have. False when it was closed already.
+    pub async fn batch_close(&self, id: i64) -> Result<bool> {
+        self.driver.batch_close(id).await
+    }
+
+    /// One batch with its counts and progress.
+    pub async fn batch_get(&self, id: i64) -> Result<Option<Batch>> {
+        self.driver.batch_get(id).await
+    }
+
+    /// Batches newest first, at most `limit`.
+    pub async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
+        self.driver.batch_list(limit).await
+    }
+
+    /// Waits until a job has ended (completed, failed, discarded or
+    /// cancelled) and returns it, or `None` when `timeout` passes first.
+    /// Woken by the database's announcements, not by polling.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](super::Error::NotFound) for a job that does not exist.
+    pub async fn job_wait(&self, id: i64, timeout: std::time::Duration) -> Result<Option<JobDetail>> {
+        self.driver.job_wait(id, timeout).await
+    }
+
+    /// Waits until jobs may be available (a notification), or `timeout`.
+    pub async fn job_wait_available(&self, timeout: std::time::Duration) {
+        self.driver.job_wait_available(timeout).await
+    }
+
+    /// Every scheduled job type with its cursor and whether a live host
+    /// serves it, and the clock to read ticks by: the database's, or `now`
+    /// when a test gives one (hosts' liveness is judged by the database's
+    /// clock either way).
+    pub async fn schedule_list(&self, now: Option<DateTime<Utc>>) -> Result<Schedules> {
+        self.driver.schedule_list(now).await
+    }
+
+    /// Records that a look at `at` (its clock) handled the schedules of
+    /// `jobs`: it wrote their due ticks or found none due. The fleet's
+    /// latest look, not one host's memory, tells a late tick from a missed
+    /// one ([`ScheduleState::looked_at`]).
+    pub async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
+        self.driver.schedule_looked(jobs, at).await
+    }
+
+    /// Records a new signed-in session, known by its id's digest, and
+    /// forgets the sessions that expired under `lifetime`.
+    pub async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<()> {
+        self.driver.session_create(digest, lifetime).await
+    }
+
+    /// Whether the session is signed in and not expired under `lifetime`;
+    /// records its use (every [`session::TOUCH_EVERY_SECS`] at most).
+    pub async fn session_check(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<bool> {
+        self.driver.session_check(digest, lifetime).await
+    }
+
+    /// Ends a session: a sign-out, on every server of the fleet.
+    pub async fn session_revoke(&self, digest: &str) -> Result<()> {
+        self.driver.session_revoke(digest).await
+    }
+
+    /// Stores an outbound grant, replacing the type's grant for the same
+    /// origin; true when it replaced one.
+    pub async fn grant_set(&self, grant: &grant::NewGrant) -> Result<bool> {
+        self.driver.grant_set(grant).await
+    }
+
+    /// Removes the type's grant for `origin`; false when there was none.
+    pub async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
+        self.driver.grant_revoke(job_type, origin).await
+    }
+
+    /// The grants of one job type, or of all, by type and origin.
+    pub async fn grants(&self, job_type: Option<&str>) -> Result<Vec<grant::OutboundGrant>> {
+        self.driver.grants(job_type).await
+    }
+
+    /// Stores a sealed secret, replacing its value; true when it replaced one.
+    pub async fn secret_set(&self, name: &str, sealed: &secret::Sealed) -> Result<bool> {
+        self.driver.secret_set(name, sealed).await
+    }
+
+    /// Removes a secret; false when there was none.
+    pub async fn secret_delete(&self, name: &str) -> Result<bool> {
+        self.driver.secret_delete(name).await
+    }
+
+    /// Every secret's name, key and dates, by name: never a value.
+    pub async fn secrets_list(&self) -> Result<Vec<secret::SecretInfo>> {
+        self.driver.secrets_list().await
+    }
+
+    /// The sealed values of those of `names` that are set.
+    pub async fn secrets_sealed(&self, names: &[String]) -> Result<Vec<(String, secret::Sealed)>> {
+        self.driver.secrets_sealed(names).await
+    }
+
+    /// Sets a job type's plain variable; true when it replaced a value.
+    pub async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        self.driver.var_set(job_type, name, value).await
+    }
+
+    /// Removes a job type's variable; false when there was none.
+    pub async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
+        self.driver.var_unset(job_type, name).await
+    }
+
+    /// The variables of one job type, or of all, by type and name.
+    pub async fn vars(&self, job_type: Option<&str>) -> Result<Vec<variable::TypeVariable>> {
+        self.driver.vars(job_type).await
+    }
+
+    /// Enqueues one job per tick of a schedule, moving its cursor past them
+    /// in the same transaction, unless another host moved it first; a tick
+    /// whose job the enqueue rules or the database refuse is skipped with
+    /// the reason. `ticks` are due ticks after the cursor, oldest first.
+    pub async fn schedule_fire(&self, state: &ScheduleState, ticks: &[DateTime<Utc>]) -> Result<Fired> {
+        schedule::fire(&*self.driver, state, ticks).await
+    }
+}
