@@ -9,13 +9,13 @@
 //! - [`config`]: host settings, their defaults and validation.
 //! - [`types`]: the shared vocabulary (job configuration, run outcomes).
 //! - [`template`]: concurrency and uniqueness key templates.
-//! - [`schedule`]: cron expressions in a time zone, and their ticks.
+//! - [`calendar`]: cron expressions in a time zone, and their ticks.
 //! - [`timer`]: sleeps timed finer than tokio's millisecond wheel.
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
 //!   sandbox, component metadata, registry and directory watcher.
 //! - [`store`]: everything durable and all SQL, behind the [`store::Store`]
-//!   trait: the job rules decided once ([`store::enqueue`],
-//!   [`store::finish`]) over one writer per backend (an embedded SQLite
+//!   front: the job rules decided once ([`store::enqueue`],
+//!   [`store::finish`]) over one driver per backend (an embedded SQLite
 //!   file by default; PostgreSQL for fleets).
 //! - [`worker`]: fetches, runs, heartbeats and completes jobs.
 //! - [`outbound`]: handlers' HTTP requests through the two-sided
@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod background;
+pub mod calendar;
 pub mod cli;
 pub mod client;
 pub mod component;
@@ -40,7 +41,6 @@ pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod outbound;
-pub mod schedule;
 pub mod store;
 pub mod supervisor;
 pub mod template;

@@ -75,7 +75,7 @@ async fn tick_texts(db: &TestDb, job: &str) -> Vec<String> {
 }
 
 fn text(tick: DateTime<Utc>) -> String {
-    jobhost::schedule::tick_text(&tick)
+    jobhost::calendar::tick_text(&tick)
 }
 
 fn seconds(n: i64) -> TimeDelta {

@@ -10,7 +10,7 @@
 //! each schedule: a tick that came due after a look of any host, no longer
 //! than `max_pause` before this one, is enqueued however late; the ticks
 //! before it were missed while no host looked, of which only the
-//! schedule's `backfill` latest are enqueued ([`crate::schedule::due_ticks`]).
+//! schedule's `backfill` latest are enqueued ([`crate::calendar::due_ticks`]).
 //! So a host that starts while others look (or a moment after they all
 //! stopped) carries on where they were, and only a gap in which no host
 //! looked for longer than `max_pause` counts as missed.
@@ -21,8 +21,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
+use crate::calendar::{Calendar, due_ticks};
 use crate::config::ConfigError;
-use crate::schedule::{Calendar, due_ticks};
 use crate::store::{Enqueued, Fired, Store, Tick};
 
 /// Settings of the schedule loop.

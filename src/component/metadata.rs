@@ -191,7 +191,7 @@ fn schedule(declared: wit::Schedule) -> Result<ScheduleConfig, InvalidConfig> {
         payload,
         backfill: declared.backfill.unwrap_or(1),
     };
-    crate::schedule::check(&config).or_else(|reason| invalid("schedule", reason))?;
+    crate::calendar::check(&config).or_else(|reason| invalid("schedule", reason))?;
     Ok(config)
 }
 
@@ -200,7 +200,7 @@ fn schedule(declared: wit::Schedule) -> Result<ScheduleConfig, InvalidConfig> {
 /// every tick.
 fn ticks_render_key(schedule: &ScheduleConfig, key: &KeyTemplate, which: &str) -> Result<(), InvalidConfig> {
     let mut payload = schedule.payload.clone();
-    payload.insert(crate::schedule::TICK_FIELD.into(), serde_json::Value::String("1970-01-01T00:00:00Z".into()));
+    payload.insert(crate::calendar::TICK_FIELD.into(), serde_json::Value::String("1970-01-01T00:00:00Z".into()));
     match key.render(&serde_json::Value::Object(payload)) {
         Ok(_) => Ok(()),
         Err(e) => invalid("schedule.payload", format!("every tick's job would be refused: its {which} key: {e}")),

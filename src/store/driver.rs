@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::concurrency::BlockedSweep;
-use super::host::HostHealthRow;
+use super::fleet::HostHealthRow;
 use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,

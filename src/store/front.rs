@@ -304,7 +304,7 @@ impl Store {
     /// Counts by state and queue, the oldest wait, and live hosts.
     pub async fn job_stats(&self) -> Result<Stats> {
         let stats = self.driver.job_stats().await?;
-        Ok(super::host::with_fleet_warnings(stats, self.driver.host_health().await?))
+        Ok(super::fleet::with_fleet_warnings(stats, self.driver.host_health().await?))
     }
 
     /// Answers when the database does: tells a write the database will not

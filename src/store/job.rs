@@ -412,13 +412,13 @@ pub struct Stats {
     /// Hosts that heartbeated within their own interval's allowance.
     pub hosts_alive: i64,
     /// Hosts presumed dead: silent for several of their own heartbeats.
-    pub hosts_silent: Vec<super::host::SilentHost>,
+    pub hosts_silent: Vec<super::fleet::SilentHost>,
     /// Queues an operator paused: no host leases from them.
     pub paused_queues: Vec<String>,
     /// Live hosts whose directory watcher is down: they may not see new components.
-    pub watchers_down: Vec<super::host::WatcherDown>,
+    pub watchers_down: Vec<super::fleet::WatcherDown>,
     /// Job types live hosts serve with different components.
-    pub mixed_components: Vec<super::host::MixedComponents>,
+    pub mixed_components: Vec<super::fleet::MixedComponents>,
 }
 
 impl Stats {
@@ -434,7 +434,7 @@ impl Stats {
         hosts: Vec<(String, f64, i64)>,
         paused_queues: Vec<String>,
     ) -> super::Result<Stats> {
-        let (hosts_alive, hosts_silent) = super::host::liveness(hosts);
+        let (hosts_alive, hosts_silent) = super::fleet::liveness(hosts);
         use std::collections::BTreeMap;
         let mut states: BTreeMap<JobState, i64> = JobState::ALL.iter().map(|s| (*s, 0)).collect();
         let mut queues: BTreeMap<String, BTreeMap<JobState, i64>> = BTreeMap::new();

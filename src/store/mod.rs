@@ -17,8 +17,8 @@
 //! each backend, and the front.
 //!
 //! The vocabulary, one file per entity: [`job`] (states, enqueue and fetch
-//! parameters, results, listings), [`lease`] (runs and renewals), [`host`]
-//! (fleet membership and job types), [`concurrency`] (per-key slots and
+//! parameters, results, listings), [`lease`] (runs and renewals), [`fleet`]
+//! (hosts and the job types they serve), [`concurrency`] (per-key slots and
 //! blocked jobs), [`schedule`] (cursors, and the jobs of ticks), [`batch`]
 //! (groups of jobs, their counts and callbacks), [`deploy`] (components
 //! deployed through the database and their history).
@@ -30,9 +30,9 @@ pub mod deploy;
 pub mod driver;
 pub mod enqueue;
 pub mod finish;
+pub mod fleet;
 mod front;
 pub mod grant;
-pub mod host;
 pub mod job;
 pub mod lease;
 pub mod postgres;
@@ -51,8 +51,8 @@ pub use deploy::{DeployAction, DeployChange, DeployRequest, Deployment, Deployme
 pub use driver::Driver;
 pub use enqueue::{EnqueueLimits, PreparedJob};
 pub use finish::FinishPlan;
+pub use fleet::{HostInfo, HostRow, JobTypeRow};
 pub use front::Store;
-pub use host::{HostInfo, HostRow, JobTypeRow};
 pub use job::{
     Cancel, EnqueueParams, Enqueued, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobDetail,
     JobFilter, JobRow, JobState, LockedKeys, Stats,

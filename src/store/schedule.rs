@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::enqueue::{EnqueueLimits, PreparedJob, prepare};
 use super::{Backend, EnqueueParams, Enqueued, Result};
-use crate::schedule::{Calendar, TICK_FIELD, tick_text};
+use crate::calendar::{Calendar, TICK_FIELD, tick_text};
 use crate::types::{JobConfig, ScheduleConfig};
 
 /// One scheduled job type as a look at the schedules reads it.

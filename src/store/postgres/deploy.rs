@@ -76,8 +76,8 @@ async fn register_served(conn: &mut PgConnection, job_type: &str, digest: &str) 
             .bind(digest)
             .fetch_one(&mut *conn)
             .await?;
-    super::host::renumber_as_newest(conn, job_type, digest).await?;
-    super::host::register_in(conn, &[(config, digest.to_string())]).await
+    super::fleet::renumber_as_newest(conn, job_type, digest).await?;
+    super::fleet::register_in(conn, &[(config, digest.to_string())]).await
 }
 
 pub async fn current(pool: &PgPool) -> Result<Vec<Deployment>> {

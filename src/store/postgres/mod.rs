@@ -3,7 +3,7 @@
 //!
 //! Modules: `job` (insert, fetch, due jobs, quarantine, prune), `finish`
 //! (a finish plan in one call), `lease`, `concurrency` (the gate's sweeps
-//! and reports), `host` (hosts and job types), `operate` (listings and
+//! and reports), `fleet` (hosts and job types), `operate` (listings and
 //! operator commands), `unique` (uniqueness claims at enqueue), `schedule`
 //! (cursors and ticks), `batch` (batches), `wait` (waiting for a job's
 //! end). Queries over ~15 lines are in `sql/`.
@@ -48,8 +48,8 @@ mod batch;
 mod concurrency;
 mod deploy;
 mod finish;
+mod fleet;
 mod grant;
-mod host;
 mod job;
 mod lease;
 mod membership;
@@ -245,7 +245,7 @@ impl Backend for PgStore {
     }
 
     async fn configs_read(&self, names: &[String]) -> Result<Configs> {
-        host::job_types_get(&self.pool, names).await
+        fleet::job_types_get(&self.pool, names).await
     }
 
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 
 use crate::store::driver::ScheduleDriver;
-use crate::store::host::MISSED_HEARTBEATS;
+use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::schedule::{Schedules, TickWrite};
 use crate::store::{Enqueued, Error, Result};
 use async_trait::async_trait;

@@ -108,7 +108,7 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
         let mut configs = Configs::new();
         let mut unreadable: HashMap<String, String> = HashMap::new();
         for name in names {
-            match super::host::job_types_get(&mut *conn, std::slice::from_ref(&name)).await {
+            match super::fleet::job_types_get(&mut *conn, std::slice::from_ref(&name)).await {
                 Ok(found) => configs.extend(found),
                 Err(error @ (Error::CorruptJobType { .. } | Error::Decode(_))) => {
                     unreadable.insert(name, error.to_string());

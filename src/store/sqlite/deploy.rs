@@ -83,7 +83,7 @@ async fn register_served(conn: &mut SqliteConnection, job_type: &str, digest: &s
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    let (_, promoted) = super::host::job_types_register(conn, &[(config, digest.to_string())]).await?;
+    let (_, promoted) = super::fleet::job_types_register(conn, &[(config, digest.to_string())]).await?;
     Ok(promoted)
 }
 

@@ -32,8 +32,8 @@ mod connect;
 mod deploy;
 mod encode;
 mod finish;
+mod fleet;
 mod grant;
-mod host;
 mod job;
 mod lease;
 mod membership;
@@ -195,7 +195,7 @@ impl Backend for SqliteStore {
     }
 
     async fn configs_read(&self, names: &[String]) -> Result<Configs> {
-        host::job_types_get(&self.reader, names).await
+        fleet::job_types_get(&self.reader, names).await
     }
 
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {

@@ -11,7 +11,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::time_of;
 use crate::store::driver::ScheduleDriver;
-use crate::store::host::MISSED_HEARTBEATS;
+use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::schedule::{ScheduleState, TickWrite};
 use crate::store::{Enqueued, Result};
 use async_trait::async_trait;

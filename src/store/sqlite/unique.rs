@@ -176,7 +176,7 @@ pub async fn claim_runs(conn: &mut SqliteConnection, runs: &[(i64, i64)], now: i
 pub async fn reclaim(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<()> {
     let (job, Json(payload)): (String, Json<serde_json::Value>) =
         sqlx::query_as("SELECT job, payload FROM jobs WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
-    let configs = super::host::job_types_get(&mut *conn, std::slice::from_ref(&job)).await?;
+    let configs = super::fleet::job_types_get(&mut *conn, std::slice::from_ref(&job)).await?;
     let Some(unique) = configs.get(&job).and_then(|c| c.unique.as_ref()) else {
         return Ok(());
     };

@@ -8,7 +8,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::driver::FleetDriver;
-use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
+use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
 use async_trait::async_trait;
@@ -73,7 +73,7 @@ pub async fn job_types_get(
             .bind(names)
             .fetch_all(executor)
             .await?;
-    crate::store::host::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
+    crate::store::fleet::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
 }
 
 pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
@@ -99,7 +99,7 @@ pub async fn host_upsert(pool: &PgPool, host: &HostInfo) -> Result<()> {
 /// A host's id, seconds since last seen, heartbeat (ms), digests and watcher error.
 type HealthRow = (String, f64, i64, Json<BTreeMap<String, String>>, Option<String>);
 
-/// Every host's row as its health is judged (see [`crate::store::host::fleet_warnings`]).
+/// Every host's row as its health is judged (see [`crate::store::fleet::fleet_warnings`]).
 pub async fn host_health(pool: &PgPool) -> Result<Vec<HostHealthRow>> {
     let rows: Vec<HealthRow> = sqlx::query_as(
         "SELECT id, extract(epoch FROM now() - last_seen_at)::float8, heartbeat_ms::bigint, digests, watcher_error
@@ -168,7 +168,7 @@ pub async fn job_types_list(pool: &PgPool) -> Result<Vec<JobTypeRow>> {
         sqlx::query_as("SELECT name, config, digest, updated_at FROM jobhost.job_types ORDER BY name")
             .fetch_all(pool)
             .await?;
-    crate::store::host::job_type_rows(
+    crate::store::fleet::job_type_rows(
         rows.into_iter().map(|(name, Json(config), digest, at)| (name, config, digest, at)),
     )
 }

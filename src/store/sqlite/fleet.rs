@@ -9,7 +9,7 @@ use sqlx::types::Json;
 
 use super::{json_list, now_ms, time_of};
 use crate::store::driver::FleetDriver;
-use crate::store::host::{HostHealthRow, HostRow, JobTypeRow};
+use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
 use async_trait::async_trait;
@@ -60,7 +60,7 @@ pub async fn job_types_get(
             .bind(json_list(names))
             .fetch_all(executor)
             .await?;
-    crate::store::host::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
+    crate::store::fleet::decode_configs(rows.into_iter().map(|(name, Json(config))| (name, config)).collect())
 }
 
 pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result<()> {
@@ -89,7 +89,7 @@ pub async fn host_upsert(conn: &mut SqliteConnection, host: &HostInfo) -> Result
 /// A host's id, last seen (ms), heartbeat (ms), digests and watcher error.
 type HealthRow = (String, i64, i64, Json<BTreeMap<String, String>>, Option<String>);
 
-/// Every host's row as its health is judged (see [`crate::store::host::fleet_warnings`]).
+/// Every host's row as its health is judged (see [`crate::store::fleet::fleet_warnings`]).
 pub async fn host_health(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<HostHealthRow>> {
     let rows: Vec<HealthRow> =
         sqlx::query_as("SELECT id, last_seen_at, heartbeat_ms, digests, watcher_error FROM hosts ORDER BY id")
@@ -152,7 +152,7 @@ pub async fn host_list(pool: &sqlx::SqlitePool, now: i64) -> Result<Vec<HostRow>
 pub async fn job_types_list(pool: &sqlx::SqlitePool) -> Result<Vec<JobTypeRow>> {
     let rows: Vec<(String, Json<serde_json::Value>, String, i64)> =
         sqlx::query_as("SELECT name, config, digest, updated_at FROM job_types ORDER BY name").fetch_all(pool).await?;
-    crate::store::host::job_type_rows(
+    crate::store::fleet::job_type_rows(
         rows.into_iter().map(|(name, Json(config), digest, at)| (name, config, digest, time_of(at))),
     )
 }
