@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::concurrency::BlockedSweep;
-use super::fleet::HostHealthRow;
+use super::fleet::{HostHealthRow, Registered};
 use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
@@ -54,7 +54,7 @@ pub trait DeployDriver: Send + Sync {
 #[async_trait]
 pub trait FleetDriver: Send + Sync {
     /// [`Store::job_types_register`](super::Store::job_types_register) on this backend.
-    async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()>;
+    async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<Registered>;
 
     /// [`Store::job_types_names`](super::Store::job_types_names) on this backend.
     async fn job_types_names(&self) -> Result<Vec<String>>;

@@ -98,6 +98,16 @@ pub struct HostHealthRow {
     pub watcher_error: Option<String>,
 }
 
+/// What a registration changed: the job types whose configuration it
+/// replaced, and how many blocked jobs their new limits promoted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Registered {
+    /// The job types registered anew or with a new configuration.
+    pub changed: Vec<String>,
+    /// Blocked jobs of those types promoted into slots a raised limit freed.
+    pub promoted: u64,
+}
+
 /// A live host that cannot watch its components directory: it rescans it
 /// on an interval instead, and says so until the watch is back.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::driver::Driver;
+use super::fleet::Registered;
 use super::{
     Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueParams, Enqueued, FetchParams,
     FetchedJob, Finish, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow,
@@ -83,7 +84,11 @@ impl Store {
     /// Records the configurations this host loaded, so enqueuers without the
     /// component apply them.
     pub async fn job_types_register(&self, types: &[(crate::types::JobConfig, String)]) -> Result<()> {
-        self.driver.job_types_register(types).await
+        let Registered { changed, promoted } = self.driver.job_types_register(types).await?;
+        if promoted > 0 {
+            tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
+        }
+        Ok(())
     }
 
     /// The names of every registered job type.

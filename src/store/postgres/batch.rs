@@ -3,18 +3,18 @@
 //! members and the callbacks are triggers (migrations/postgres/0009_batches.sql),
 //! so every path that archives a job counts it.
 
-use super::PgStore;
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
+use super::PgStore;
 use super::membership::refused_or_failed;
 use crate::store::batch::{Batch, Callbacks, PreparedBatch, StoredBatch};
 use crate::store::driver::BatchDriver;
 use crate::store::{Enqueued, PreparedJob, Result};
-use async_trait::async_trait;
 
 /// Creates a batch and inserts its first members in one transaction,
 /// closing it unless it is to stay open.

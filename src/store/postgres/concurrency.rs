@@ -3,13 +3,13 @@
 //! 0011_paged_sweeps.sql (where the locking is explained), and the
 //! operator's view of keys.
 
-use super::PgStore;
+use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool};
 
+use super::PgStore;
 use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
 use crate::store::driver::SemaphoreDriver;
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
-use async_trait::async_trait;
 
 /// The SQLSTATE with which the gate refuses a job whose type says `raise`.
 const LIMIT_REACHED: &str = "JHL01";

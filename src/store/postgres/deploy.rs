@@ -4,17 +4,18 @@
 //! changes to one type are decided one after the other, each on the
 //! history the other left; its `NOTIFY` goes out when it commits.
 
-use super::PgStore;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
-use std::time::Duration;
 
+use super::PgStore;
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
-use async_trait::async_trait;
 
 /// The channel on which deployment changes name their job type.
 pub const CHANNEL: &str = "jobhost_components";
@@ -77,7 +78,8 @@ async fn register_served(conn: &mut PgConnection, job_type: &str, digest: &str) 
             .fetch_one(&mut *conn)
             .await?;
     super::fleet::renumber_as_newest(conn, job_type, digest).await?;
-    super::fleet::register_in(conn, &[(config, digest.to_string())]).await
+    super::fleet::register_in(conn, &[(config, digest.to_string())]).await?;
+    Ok(())
 }
 
 pub async fn current(pool: &PgPool) -> Result<Vec<Deployment>> {

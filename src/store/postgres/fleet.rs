@@ -1,28 +1,28 @@
 //! Job types and hosts in PostgreSQL.
 
-use super::PgStore;
 use std::collections::{BTreeMap, HashMap};
 
+use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 
+use super::PgStore;
 use crate::store::driver::FleetDriver;
-use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow};
+use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow, Registered};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
-use async_trait::async_trait;
 
-pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<()> {
+pub async fn job_types_register(pool: &PgPool, types: &[(JobConfig, String)]) -> Result<Registered> {
     let mut tx = pool.begin().await?;
-    register_in(&mut tx, types).await?;
+    let registered = register_in(&mut tx, types).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(registered)
 }
 
 /// Records loaded configurations in the caller's transaction; the latest
 /// loaded version's configuration wins, fleet-wide.
-pub async fn register_in(conn: &mut PgConnection, types: &[(JobConfig, String)]) -> Result<()> {
+pub async fn register_in(conn: &mut PgConnection, types: &[(JobConfig, String)]) -> Result<Registered> {
     let names: Vec<&str> = types.iter().map(|(c, _)| c.name.as_str()).collect();
     let configs: Vec<Json<&JobConfig>> = types.iter().map(|(c, _)| Json(c)).collect();
     let digests: Vec<&str> = types.iter().map(|(_, d)| d.as_str()).collect();
@@ -43,10 +43,7 @@ pub async fn register_in(conn: &mut PgConnection, types: &[(JobConfig, String)])
     // changed type take them now. A lowered limit only admits nothing more
     // until the key is under it; running holders are never interrupted.
     let promoted = super::concurrency::promote_blocked_of_types(conn, &changed).await?;
-    if promoted > 0 {
-        tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
-    }
-    Ok(())
+    Ok(Registered { changed, promoted })
 }
 
 /// Makes `digest` the newest registered version of `name`, so registering
@@ -187,7 +184,7 @@ pub async fn finished_since(pool: &PgPool, secs: f64) -> Result<BTreeMap<JobStat
 
 #[async_trait]
 impl FleetDriver for PgStore {
-    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<Registered> {
         job_types_register(&self.pool, types).await
     }
 

@@ -1,12 +1,12 @@
 //! Outbound grants in PostgreSQL.
 
-use super::PgStore;
+use async_trait::async_trait;
 use sqlx::PgPool;
 
+use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
-use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.

@@ -1,16 +1,17 @@
 //! Inserting prepared jobs, fetching them, and moving them between the
 //! queue's states (due, quarantined, pruned), in PostgreSQL.
 
-use super::PgStore;
-use crate::store::JobDetail;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
-use std::time::Duration;
 
+use super::PgStore;
+use crate::store::JobDetail;
 use crate::store::driver::JobDriver;
 use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
-use async_trait::async_trait;
 
 /// One set-based insert for the whole batch, then the gate for the limited
 /// jobs due now, then the members counted into their batches (after the

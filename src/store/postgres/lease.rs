@@ -1,14 +1,14 @@
 //! Lease renewal and expiry in PostgreSQL.
 
-use super::PgStore;
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use super::PgStore;
 use crate::store::driver::LeaseDriver;
 use crate::store::lease::{Expired, StrayRow};
 use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
-use async_trait::async_trait;
 
 /// Sets the `started_at` of the current runs among `runs` to now and
 /// confirms their leases. Locks: those jobs' rows.

@@ -1,14 +1,14 @@
 //! The operator's view of jobs and commands on them, in PostgreSQL:
 //! listings, one job in full, the stats, retry and cancel.
 
-use super::PgStore;
-use super::notify_available;
+use async_trait::async_trait;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool, Row};
 
+use super::PgStore;
+use super::notify_available;
 use crate::store::driver::OperateDriver;
 use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result, Stats};
-use async_trait::async_trait;
 
 /// The columns of one job in full, from each table.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL::jsonb AS output,

@@ -1,16 +1,16 @@
 //! Schedules in PostgreSQL: reading them, and moving a cursor with its
 //! ticks' jobs.
 
-use super::PgStore;
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use super::PgStore;
 use crate::store::driver::ScheduleDriver;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::schedule::{Schedules, TickWrite};
 use crate::store::{Enqueued, Error, Result};
-use async_trait::async_trait;
 
 /// The clock, and a schedule's job, registration, cursor, configuration,
 /// the fleet's latest look and whether it is served (all null but the clock

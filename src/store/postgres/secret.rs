@@ -1,14 +1,14 @@
 //! Sealed secrets in PostgreSQL: names, the sealing key's fingerprint,
 //! nonces and ciphertexts; never a value.
 
-use super::PgStore;
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
-use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
     let replaced: bool = sqlx::query_scalar(

@@ -1,12 +1,12 @@
 //! The dashboard's sessions in PostgreSQL, by the database's clock.
 
-use super::PgStore;
+use async_trait::async_trait;
 use sqlx::PgPool;
 
+use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
 use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
-use async_trait::async_trait;
 
 pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Result<()> {
     let mut tx = pool.begin().await?;

@@ -1,12 +1,12 @@
 //! Job types' plain variables in PostgreSQL.
 
-use super::PgStore;
+use async_trait::async_trait;
 use sqlx::PgPool;
 
+use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
-use async_trait::async_trait;
 
 pub async fn set(pool: &PgPool, job_type: &str, name: &str, value: &str) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.

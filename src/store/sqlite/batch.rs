@@ -6,20 +6,20 @@
 //! batch's last member (by any path) also enqueues its callbacks, once:
 //! the batch's `finished_at` is set in that same transaction.
 
-use super::SqliteStore;
-use super::encode::now_ms;
 use std::collections::{BTreeMap, HashMap};
 
+use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use super::time_of;
 use crate::store::batch::{Batch, BatchCounts, BatchInfo, Callbacks, PreparedBatch, StoredBatch, settle_callbacks};
 use crate::store::driver::BatchDriver;
 use crate::store::enqueue::{Configs, job_names};
 use crate::store::{EnqueueLimits, Enqueued, Error, PreparedJob, Result};
-use async_trait::async_trait;
 
 /// Creates a batch and inserts its first members, closing it unless it is
 /// to stay open.
@@ -239,20 +239,6 @@ fn batch_of(row: &SqliteRow) -> Result<Batch> {
         closed_at: time("closed_at")?,
         finished_at: time("finished_at")?,
     }))
-}
-
-/// Deletes batches that finished before `cutoff`, at most `limit`: with the
-/// archive's retention.
-pub async fn prune(conn: &mut SqliteConnection, cutoff: i64, limit: i64) -> Result<u64> {
-    Ok(sqlx::query(
-        "DELETE FROM batches WHERE id IN (
-             SELECT id FROM batches WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
-    )
-    .bind(cutoff)
-    .bind(limit)
-    .execute(conn)
-    .await?
-    .rows_affected())
 }
 
 #[async_trait]

@@ -9,17 +9,17 @@
 //! a count read here stays true until the commit, so read-then-write is
 //! safe and needs no row locks.
 
-use super::SqliteStore;
-use super::encode::now_ms;
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use super::{iso, json_list};
 use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page_read, key_page_start};
 use crate::store::driver::SemaphoreDriver;
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
-use async_trait::async_trait;
 
 /// A key as the gate sees it: its holders, its type's limit, and what to
 /// do when the limit is reached. The limit is unlimited when the type no

@@ -3,18 +3,19 @@
 //! transaction, which holds the file's one write lock: changes to a type
 //! are decided one after the other, each on the history the other left.
 
-use super::DEPLOYMENT_LOOK;
-use super::SqliteStore;
-use sqlx::types::Json;
-use sqlx::{SqliteConnection, SqlitePool};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use sqlx::types::Json;
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::DEPLOYMENT_LOOK;
+use super::SqliteStore;
 use super::{now_ms, time_of};
 use crate::store::Result;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
-use async_trait::async_trait;
 
 type EntryRow = (i64, String, Option<String>, String, i64);
 

@@ -1,18 +1,18 @@
 //! Job types and hosts in SQLite.
 
-use super::SqliteStore;
 use std::collections::{BTreeMap, HashMap};
 
+use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::SqliteConnection;
 use sqlx::types::Json;
 
+use super::SqliteStore;
 use super::{json_list, now_ms, time_of};
 use crate::store::driver::FleetDriver;
-use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow};
+use crate::store::fleet::{HostHealthRow, HostRow, JobTypeRow, Registered};
 use crate::store::{HostInfo, JobState, Result};
 use crate::types::JobConfig;
-use async_trait::async_trait;
 
 /// Records loaded configurations, in the caller's write transaction; the
 /// latest loaded version's configuration wins. Returns the types whose
@@ -169,13 +169,10 @@ pub async fn finished_since(pool: &sqlx::SqlitePool, now: i64, secs: f64) -> Res
 
 #[async_trait]
 impl FleetDriver for SqliteStore {
-    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<()> {
+    async fn job_types_register(&self, types: &[(JobConfig, String)]) -> Result<Registered> {
         let (changed, promoted) = self.write_with(async |tx| job_types_register(tx, types).await).await?;
-        if promoted > 0 {
-            tracing::info!(promoted, job_types = ?changed, "a new limit promoted blocked jobs");
-        }
         self.announce(promoted > 0);
-        Ok(())
+        Ok(Registered { changed, promoted })
     }
 
     async fn job_types_names(&self) -> Result<Vec<String>> {

@@ -1,13 +1,13 @@
 //! Outbound grants in SQLite; methods and secrets as JSON arrays.
 
-use super::SqliteStore;
-use super::encode::now_ms;
+use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
 use crate::store::{Error, Result};
-use async_trait::async_trait;
 
 fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".to_string())

@@ -4,26 +4,25 @@
 //! Every function taking a connection runs inside the caller's `BEGIN
 //! IMMEDIATE` transaction, so it reads and writes with the write lock held.
 
-use super::SqliteStore;
-use super::commits::UNSEEN;
-use super::encode::ms_or_now;
-use super::encode::now_ms;
-use crate::store::JobDetail;
-use chrono::DateTime;
-use chrono::Utc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
-use std::time::Duration;
 
+use super::SqliteStore;
+use super::commits::UNSEEN;
 use super::concurrency;
+use super::encode::{ms_or_now, now_ms};
 use super::unique::{self, Decision};
 use super::{json_list, time_of};
+use crate::store::JobDetail;
 use crate::store::driver::JobDriver;
 use crate::store::enqueue::PreparedUnique;
 use crate::store::{Enqueued, Error, FetchParams, FetchedJob, PreparedJob, Result};
-use async_trait::async_trait;
 
 /// One row of insert.sql's input.
 #[derive(Serialize)]
@@ -242,6 +241,8 @@ pub async fn quarantine(
     Ok(moved == 1)
 }
 
+/// Deletes archived jobs, and batches, that finished before the retention
+/// began, at most `limit` of each. Returns how many jobs.
 pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
     let cutoff = now - (retention_secs * 1000.0) as i64;
     let pruned = sqlx::query(
@@ -250,9 +251,17 @@ pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs
     )
     .bind(cutoff)
     .bind(limit)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
+    sqlx::query(
+        "DELETE FROM batches WHERE id IN (
+             SELECT id FROM batches WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .execute(conn)
+    .await?;
     Ok(pruned)
 }
 
@@ -285,12 +294,7 @@ impl JobDriver for SqliteStore {
     }
 
     async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let now = ms_or_now(now);
-        let pruned = archive_prune(&mut tx, now, retention_secs, limit).await?;
-        super::batch::prune(&mut tx, now - (retention_secs * 1000.0) as i64, limit).await?;
-        tx.commit().await?;
-        Ok(pruned)
+        self.write_with(async |tx| archive_prune(tx, ms_or_now(now), retention_secs, limit).await).await
     }
 
     async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {

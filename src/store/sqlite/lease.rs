@@ -1,22 +1,20 @@
 //! Lease renewal and expiry in SQLite, inside the caller's write transaction.
 
-use super::SqliteStore;
-use super::encode::ms_or_now;
-use super::encode::now_ms;
-use crate::store::lease::Expired;
-use chrono::DateTime;
-use chrono::Utc;
 use std::collections::{HashMap, HashSet};
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
 use super::concurrency;
+use super::encode::{ms_or_now, now_ms};
 use super::{iso, json_list};
 use crate::store::Slots;
 use crate::store::driver::LeaseDriver;
+use crate::store::lease::Expired;
 use crate::store::lease::{StrayRow, UNCONFIRMED_EXPIRIES_REFUNDED};
 use crate::store::{LeaseRenew, LeaseRenewal, Result, RunId, StrayLease};
-use async_trait::async_trait;
 
 /// Sets the `started_at` of the current runs among `runs` to `now` (ms
 /// since the epoch) and confirms their leases.

@@ -2,17 +2,17 @@
 //! one job in full, the stats, retry and cancel. Commands run inside the
 //! caller's `BEGIN IMMEDIATE` transaction.
 
-use super::SqliteStore;
-use super::encode::now_ms;
-use crate::store::Cancel;
+use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use super::{concurrency, time_of};
+use crate::store::Cancel;
 use crate::store::driver::OperateDriver;
 use crate::store::{Error, JobDetail, JobFilter, JobRow, JobState, Result, Slots, Stats};
-use async_trait::async_trait;
 
 /// The columns shared by listings of live, blocked and archived jobs.
 const LIVE_COLUMNS: &str = "id, job, queue, state, attempt, concurrency_key, NULL AS output,

@@ -1,20 +1,19 @@
 //! Schedules in SQLite: reading them, and moving a cursor with its ticks'
 //! jobs in the caller's write transaction.
 
-use super::SqliteStore;
-use super::encode::now_ms;
-use crate::store::Schedules;
-use chrono::DateTime;
-use chrono::Utc;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use super::time_of;
+use crate::store::Schedules;
 use crate::store::driver::ScheduleDriver;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::schedule::{ScheduleState, TickWrite};
 use crate::store::{Enqueued, Result};
-use async_trait::async_trait;
 
 /// A schedule's job, registration and cursor (ms), configuration, the
 /// fleet's latest look (ms), and whether a live host serves it.

@@ -1,14 +1,14 @@
 //! Sealed secrets in SQLite: names, the sealing key's fingerprint,
 //! nonces and ciphertexts; never a value.
 
-use super::SqliteStore;
-use super::encode::now_ms;
+use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use crate::store::Result;
 use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
-use async_trait::async_trait;
 
 pub async fn set(conn: &mut SqliteConnection, name: &str, sealed: &Sealed, now: i64) -> Result<bool> {
     let existed: Option<i64> = sqlx::query_scalar("SELECT 1 FROM outbound_secrets WHERE name = $1")

@@ -1,13 +1,13 @@
 //! The dashboard's sessions in SQLite, by this machine's clock (ms).
 
-use super::SqliteStore;
-use super::encode::now_ms;
+use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
 use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
-use async_trait::async_trait;
 
 fn ms(duration: std::time::Duration) -> i64 {
     duration.as_millis().min(i64::MAX as u128) as i64

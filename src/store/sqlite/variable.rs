@@ -1,13 +1,13 @@
 //! Job types' plain variables in SQLite.
 
-use super::SqliteStore;
-use super::encode::now_ms;
+use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::SqliteStore;
+use super::encode::now_ms;
 use crate::store::Result;
 use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
-use async_trait::async_trait;
 
 pub async fn set(conn: &mut SqliteConnection, job_type: &str, name: &str, value: &str, now: i64) -> Result<bool> {
     let existed: Option<i64> = sqlx::query_scalar("SELECT 1 FROM type_variables WHERE job_type = $1 AND name = $2")
