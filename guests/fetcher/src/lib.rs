@@ -21,11 +21,6 @@ use wasi::io::streams::StreamError;
 
 struct Fetcher;
 
-fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> OutboundRule {
-    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
-    OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
-}
-
 /// `text` with each `${NAME}` replaced by the environment variable NAME.
 fn expand(text: &str) -> String {
     let mut out = String::new();
@@ -46,9 +41,9 @@ impl Guest for Fetcher {
         JobConfig {
             max_attempts: Some(1),
             outbound: Some(vec![
-                rule("http://127.0.0.1:*", &["GET", "POST"], &["API_KEY"]),
-                rule("http://localhost:*", &[], &[]),
-                rule("https://api.example.com", &["GET"], &[]),
+                OutboundRule::allow("http://127.0.0.1:*", &["GET", "POST"], &["API_KEY"]),
+                OutboundRule::allow("http://localhost:*", &[], &[]),
+                OutboundRule::allow("https://api.example.com", &["GET"], &[]),
             ]),
             ..JobConfig::named("fetcher")
         }

@@ -12,11 +12,6 @@ use serde_json::json;
 
 struct RsFetcher;
 
-fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> OutboundRule {
-    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
-    OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
-}
-
 /// `text` with each `${NAME}` replaced by the environment variable NAME.
 fn expand(text: &str) -> String {
     let mut out = String::new();
@@ -36,9 +31,9 @@ impl Guest for RsFetcher {
         JobConfig {
             max_attempts: Some(1),
             outbound: Some(vec![
-                rule("http://127.0.0.1:*", &["GET", "POST"], &["API_KEY"]),
-                rule("http://localhost:*", &[], &[]),
-                rule("https://api.example.com", &["GET"], &[]),
+                OutboundRule::allow("http://127.0.0.1:*", &["GET", "POST"], &["API_KEY"]),
+                OutboundRule::allow("http://localhost:*", &[], &[]),
+                OutboundRule::allow("https://api.example.com", &["GET"], &[]),
             ]),
             ..JobConfig::named("rs_fetcher")
         }

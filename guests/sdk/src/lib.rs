@@ -48,6 +48,16 @@ impl JobConfig {
     }
 }
 
+impl OutboundRule {
+    /// A rule declaring `origin` (a pattern: `https://api.example.com`,
+    /// `http://127.0.0.1:*`), the methods its requests may use (none: any)
+    /// and the secrets they may carry, as Python's `allow()` does.
+    pub fn allow(origin: &str, methods: &[&str], secrets: &[&str]) -> Self {
+        let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
+        OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
+    }
+}
+
 /// Parses a payload as a JSON document, turning a parse failure into a
 /// non-retryable error: the same payload would fail the same way again.
 pub fn parse_payload(payload: &str) -> Result<serde_json::Value, JobError> {
