@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::store::{Batch, EnqueueParams, Enqueued, JobDetail, NewBatch, Result, Store};
+use crate::store::{
+    Batch, CreatedWorkflow, EnqueueParams, Enqueued, JobDetail, NewBatch, NewWorkflow, Result, Store, Workflow,
+    WorkflowCancel,
+};
 
 /// Enqueues jobs into a jobhost database through the same checks as the CLI
 /// and the hosts: registered job types, JSON-object payloads, their types'
@@ -93,6 +96,35 @@ impl Client {
     /// A database error.
     pub async fn batch(&self, id: i64) -> Result<Option<Batch>> {
         self.store.batch_get(id).await
+    }
+
+    /// Creates a workflow, all or none: its steps that wait for nothing are
+    /// enqueued at once, and each other step in the transaction that ends
+    /// its last dependency, with their outputs under `_deps`
+    /// (docs/workflows.md). Returns its id and the jobs of the first steps.
+    ///
+    /// # Errors
+    /// [`Error::InvalidWorkflow`](crate::store::Error::InvalidWorkflow) for a
+    /// cycle, an unknown step or type, a bad payload or too many steps; a
+    /// database error. Nothing is stored then.
+    pub async fn workflow_create(&self, workflow: &NewWorkflow) -> Result<CreatedWorkflow> {
+        self.store.workflow_create(workflow).await
+    }
+
+    /// A workflow's state and each step's.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn workflow(&self, id: i64) -> Result<Option<Workflow>> {
+        self.store.workflow_get(id).await
+    }
+
+    /// Cancels every step of a workflow not yet ended; none when it does not exist.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn workflow_cancel(&self, id: i64) -> Result<Option<WorkflowCancel>> {
+        self.store.workflow_cancel(id).await
     }
 
     /// Waits up to `timeout` for a job to end and returns it (its state,

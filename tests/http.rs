@@ -432,6 +432,8 @@ async fn every_documented_endpoint_answers(db: TestDb) {
     let id = db.enqueue_new("mail", json!({})).await;
     let (batch, _) =
         db.store.batch_create(&NewBatch::default(), &[EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let steps = vec![jobhost::store::NewStep::new("only", "mail", json!({}))];
+    let workflow = db.store.workflow_create(&jobhost::store::NewWorkflow { label: None, steps }).await.unwrap().id;
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     let hello = std::fs::read(common::guest("hello")).unwrap();
     assert_eq!(server.post_bytes("/api/deployments", "application/wasm", hello).await.status, StatusCode::CREATED);
@@ -443,7 +445,15 @@ async fn every_documented_endpoint_answers(db: TestDb) {
     assert!(paths.len() >= 19, "{} paths", paths.len());
     for (path, operations) in paths {
         let concrete = path
-            .replace("{id}", &if path.contains("batches") { batch } else { id }.to_string())
+            .replace(
+                "{id}",
+                &match path {
+                    p if p.contains("batches") => batch,
+                    p if p.contains("workflows") => workflow,
+                    _ => id,
+                }
+                .to_string(),
+            )
             .replace("{name}", "default")
             .replace("{job_type}", "hello");
         for method in operations.as_object().unwrap().keys().filter(|m| ["get", "post"].contains(&m.as_str())) {

@@ -272,7 +272,7 @@ fn list_line(batch: &Batch) -> String {
 }
 
 /// The terminal width the tables fit.
-const WIDTH: usize = 80;
+pub(super) const WIDTH: usize = 80;
 
 async fn show(id: i64, json: bool, db: &DbArgs) -> ExitCode {
     let store = match open_existing(db).await {
@@ -323,18 +323,18 @@ fn details(batch: &Batch) -> String {
 }
 
 /// A bar of `width` cells for a fraction from 0 to 1.
-fn bar(progress: f64, width: usize) -> String {
+pub(super) fn bar(progress: f64, width: usize) -> String {
     let filled = ((progress.clamp(0.0, 1.0) * width as f64).floor() as usize).min(width);
     format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
 }
 
 /// Whole percent, rounded down (so 100% means done), past float noise.
-fn percent(progress: f64) -> String {
+pub(super) fn percent(progress: f64) -> String {
     format!("{}%", (progress.clamp(0.0, 1.0) * 100.0 + 1e-9).floor() as u32)
 }
 
 /// At most `max` characters, with an ellipsis when cut.
-fn clip(text: &str, max: usize) -> String {
+pub(super) fn clip(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_string();
     }

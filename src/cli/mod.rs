@@ -19,6 +19,7 @@ mod secret;
 mod serve;
 mod signals;
 mod variable;
+mod workflow;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -110,6 +111,11 @@ enum Command {
     Batch {
         #[command(subcommand)]
         action: batch::BatchAction,
+    },
+    /// Workflows: steps that wait for other steps and receive their outputs.
+    Workflow {
+        #[command(subcommand)]
+        action: workflow::WorkflowAction,
     },
     /// Counts by state and queue, the oldest wait, and live hosts.
     Stats {
@@ -360,6 +366,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Jobs(args) => operator::jobs(args).await,
             Command::Job { id, wait, db } => operator::job(id, &wait, &db).await,
             Command::Batch { action } => batch::run(action).await,
+            Command::Workflow { action } => workflow::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
             Command::Retry { id, db } => operator::retry(id, &db).await,
             Command::Cancel { id, db } => operator::cancel(id, &db).await,

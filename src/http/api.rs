@@ -16,7 +16,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction, QueueActionError};
-use crate::store::{Cancel, EnqueueParams, Enqueued};
+use crate::store::{Cancel, EnqueueParams, Enqueued, NewWorkflow};
 
 /// The OpenAPI description of everything below.
 const OPENAPI: &str = include_str!("openapi.json");
@@ -46,6 +46,9 @@ pub fn routes() -> Router<AppState> {
         .route("/api/job-types", get(job_types))
         .route("/api/batches", get(batches_list))
         .route("/api/batches/{id}", get(batch_get))
+        .route("/api/workflows", get(workflows_list).post(workflow_create))
+        .route("/api/workflows/{id}", get(workflow_get))
+        .route("/api/workflows/{id}/cancel", post(workflow_cancel))
         .route("/api/schedules", get(schedules))
 }
 
@@ -304,6 +307,45 @@ async fn batch_get(State(state): State<AppState>, id: Result<Path<i64>, PathReje
     match state.store.batch_get(id).await? {
         Some(batch) => ok(batch),
         None => Err(ApiError::not_found(format!("batch {id} does not exist"))),
+    }
+}
+
+async fn workflows_list(State(state): State<AppState>, query: Result<Query<LimitQuery>, QueryRejection>) -> ApiResult {
+    let limit = query_of(query)?.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be between 1 and {MAX_PAGE}, got {limit}")));
+    }
+    ok(state.store.workflow_list(limit).await?)
+}
+
+async fn workflow_get(State(state): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult {
+    let id = id_of(id)?;
+    match state.store.workflow_get(id).await? {
+        Some(workflow) => ok(workflow),
+        None => Err(ApiError::not_found(format!("workflow {id} does not exist"))),
+    }
+}
+
+async fn workflow_create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<NewWorkflow>, JsonRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let created = state.store.workflow_create(&body_of(body)?).await?;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+async fn workflow_cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, PathRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let id = id_of(id)?;
+    match state.store.workflow_cancel(id).await? {
+        Some(done) => ok(done),
+        None => Err(ApiError::not_found(format!("workflow {id} does not exist"))),
     }
 }
 

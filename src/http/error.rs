@@ -55,9 +55,10 @@ impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
         let status = match &error {
             Error::UnknownJobType(_) => StatusCode::NOT_FOUND,
-            Error::PayloadNotObject { .. } | Error::PayloadTooLarge { .. } | Error::InvalidEnqueue(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Error::PayloadNotObject { .. }
+            | Error::PayloadTooLarge { .. }
+            | Error::InvalidEnqueue(_)
+            | Error::InvalidWorkflow(_) => StatusCode::BAD_REQUEST,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. }
             | Error::LimitReached(_)

@@ -15,7 +15,7 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, workflow,
 };
 
 /// The database itself: its schema, where it is, whether it answers.
@@ -181,6 +181,30 @@ pub trait BatchDriver: Send + Sync {
     async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>>;
 }
 
+/// Workflows: their creation (prepared by the shared rules), cancel and
+/// views. Releasing steps is the backends' own, in every transaction that
+/// ends a job.
+#[async_trait]
+pub trait WorkflowDriver: Send + Sync {
+    /// Stores a checked workflow and releases its steps that wait for nothing.
+    async fn workflow_write(&self, workflow: workflow::PreparedWorkflow) -> Result<workflow::CreatedWorkflow>;
+
+    /// [`Store::workflow_get`](super::Store::workflow_get) on this backend.
+    async fn workflow_get(&self, id: i64) -> Result<Option<workflow::Workflow>>;
+
+    /// [`Store::workflow_list`](super::Store::workflow_list) on this backend.
+    async fn workflow_list(&self, limit: i64) -> Result<Vec<workflow::Workflow>>;
+
+    /// Marks a workflow cancelled (no step is released to run after it) and
+    /// ends its waiting steps as cancelled, in one transaction. Returns how
+    /// many were waiting and the jobs of its live steps, for the front to
+    /// cancel; none when there is no such workflow.
+    async fn workflow_cancel(&self, id: i64) -> Result<Option<(usize, Vec<i64>)>>;
+
+    /// The workflow and step name a job is, if it is a step.
+    async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>>;
+}
+
 /// Schedules' cursors (their ticks are written by the shared rules).
 #[async_trait]
 pub trait ScheduleDriver: Send + Sync {
@@ -257,6 +281,7 @@ pub trait Driver:
     + LeaseDriver
     + SemaphoreDriver
     + BatchDriver
+    + WorkflowDriver
     + ScheduleDriver
     + SessionDriver
     + GrantDriver
@@ -278,6 +303,7 @@ impl<T> Driver for T where
         + LeaseDriver
         + SemaphoreDriver
         + BatchDriver
+        + WorkflowDriver
         + ScheduleDriver
         + SessionDriver
         + GrantDriver

@@ -10,11 +10,13 @@ use chrono::{DateTime, Utc};
 
 use super::driver::Driver;
 use super::fleet::Registered;
+use super::workflow::{CreatedWorkflow, NewWorkflow, Workflow, WorkflowCancel};
 use super::{
     Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueParams, Enqueued, FetchParams,
     FetchedJob, Finish, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow,
     KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal, LockedKeys, NewBatch, Result, RunId, ScheduleState,
     Schedules, SemaphoreFix, Stats, batch, concurrency, enqueue, finish, grant, schedule, secret, session, variable,
+    workflow,
 };
 
 /// The durable queue. Enqueue and finish are the shared rules over the
@@ -303,7 +305,11 @@ impl Store {
 
     /// One job with its payload, errors, log and output.
     pub async fn job_get(&self, id: i64) -> Result<Option<JobDetail>> {
-        self.driver.job_get(id).await
+        let Some(mut job) = self.driver.job_get(id).await? else {
+            return Ok(None);
+        };
+        job.workflow = self.driver.workflow_of_job(id).await?.map(|(id, step)| super::job::StepOf { id, step });
+        Ok(Some(job))
     }
 
     /// Counts by state and queue, the oldest wait, and live hosts.
@@ -364,6 +370,57 @@ impl Store {
     /// Batches newest first, at most `limit`.
     pub async fn batch_list(&self, limit: i64) -> Result<Vec<Batch>> {
         self.driver.batch_list(limit).await
+    }
+
+    /// Creates a workflow, all or none: checks it (names, dependencies, no
+    /// cycle, at most [`MAX_WORKFLOW_STEPS`](super::workflow::MAX_WORKFLOW_STEPS)
+    /// steps, each a job an enqueue would accept), stores its steps and
+    /// releases those that wait for nothing, in one transaction.
+    ///
+    /// # Errors
+    /// [`Error::InvalidWorkflow`](super::Error::InvalidWorkflow) naming the
+    /// problem, with nothing stored; database errors.
+    pub async fn workflow_create(&self, workflow: &NewWorkflow) -> Result<CreatedWorkflow> {
+        let names = enqueue::job_names(workflow.steps.iter().map(|s| s.job.as_str()));
+        let configs = self.driver.configs_read(&names).await?;
+        let prepared = workflow::prepare(workflow, &configs, self.driver.limits())?;
+        self.driver.workflow_write(prepared).await
+    }
+
+    /// One workflow with its steps in dependency order.
+    pub async fn workflow_get(&self, id: i64) -> Result<Option<Workflow>> {
+        self.driver.workflow_get(id).await
+    }
+
+    /// Workflows newest first, at most `limit`, with their step counts.
+    pub async fn workflow_list(&self, limit: i64) -> Result<Vec<Workflow>> {
+        self.driver.workflow_list(limit).await
+    }
+
+    /// The workflow and step name of a job that is a workflow step.
+    pub async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>> {
+        self.driver.workflow_of_job(job_id).await
+    }
+
+    /// Cancels a workflow: no step is released to run after this, its
+    /// waiting steps end as cancelled, and each released step not yet ended
+    /// is cancelled as [`Store::job_cancel`] does (a running one by its
+    /// host, at its next renewal). None when there is no such workflow.
+    pub async fn workflow_cancel(&self, id: i64) -> Result<Option<WorkflowCancel>> {
+        let Some((waiting, live)) = self.driver.workflow_cancel(id).await? else {
+            return Ok(None);
+        };
+        let mut done = WorkflowCancel { waiting_cancelled: waiting, ..WorkflowCancel::default() };
+        for job in live {
+            match self.driver.job_cancel(job).await {
+                Ok(Cancel::Cancelled) => done.jobs_cancelled += 1,
+                Ok(Cancel::Requested) => done.cancel_requested += 1,
+                // It ended meanwhile: nothing left to cancel.
+                Err(super::Error::WrongState { .. } | super::Error::NotFound { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(Some(done))
     }
 
     /// Waits until a job has ended (completed, failed, discarded or

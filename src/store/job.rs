@@ -398,6 +398,18 @@ pub struct JobDetail {
     pub parent_id: Option<i64>,
     /// The batch it belongs to.
     pub batch_id: Option<i64>,
+    /// The workflow step it is, if it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<StepOf>,
+}
+
+/// The workflow step a job is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepOf {
+    /// The workflow.
+    pub id: i64,
+    /// The step's name.
+    pub step: String,
 }
 
 /// The queue at a glance.

@@ -20,8 +20,9 @@
 //! parameters, results, listings), [`lease`] (runs and renewals), [`fleet`]
 //! (hosts and the job types they serve), [`concurrency`] (per-key slots and
 //! blocked jobs), [`schedule`] (cursors, and the jobs of ticks), [`batch`]
-//! (groups of jobs, their counts and callbacks), [`deploy`] (components
-//! deployed through the database and their history).
+//! (groups of jobs, their counts and callbacks), [`workflow`] (steps that
+//! wait for other steps), [`deploy`] (components deployed through the
+//! database and their history).
 
 mod backend;
 pub mod batch;
@@ -43,6 +44,7 @@ pub mod session;
 pub mod sqlite;
 mod timestamp;
 pub mod variable;
+pub mod workflow;
 
 pub(crate) use backend::Backend;
 pub use batch::{Batch, BatchCounts, BatchState, Callbacks, NewBatch};
@@ -59,6 +61,10 @@ pub use job::{
 };
 pub use lease::{LeaseRenew, LeaseRenewal, RunId, RunProgress, StrayLease};
 pub use schedule::{Fired, ScheduleState, ScheduleStatus, Schedules, Tick};
+pub use workflow::{
+    CreatedWorkflow, Dependency, IfFailed, NewStep, NewWorkflow, StepState, Workflow, WorkflowCancel, WorkflowState,
+    WorkflowStep,
+};
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +133,10 @@ pub enum Error {
     /// An enqueue's options are invalid.
     #[error("invalid enqueue: {0}")]
     InvalidEnqueue(String),
+    /// A new workflow is malformed (a cycle, an unknown step, a bad step):
+    /// nothing was stored.
+    #[error("invalid workflow: {0}")]
+    InvalidWorkflow(String),
     /// No job, live or archived, has this id.
     #[error("job {id} does not exist")]
     NotFound {

@@ -2,7 +2,8 @@
 //! `delay_ms` keeps a run in flight, for tests that swap versions under it;
 //! `log_times` logs the greeting that many times (default once); an `echo`
 //! field comes back in the output as it arrived, for tests that follow a
-//! value from enqueue to output.
+//! value from enqueue to output; a workflow step's `_deps` (its
+//! dependencies' outputs) comes back as `deps`.
 
 use jobhost_guest::{JobConfig, JobContext, JobError, host};
 
@@ -27,6 +28,9 @@ impl jobhost_guest::Guest for Hello {
         let mut output = serde_json::json!({ "greeting": format!("hello, {name}"), "job_id": ctx.job_id });
         if let Some(echo) = payload.get("echo") {
             output["echo"] = echo.clone();
+        }
+        if let Some(deps) = payload.get("_deps") {
+            output["deps"] = deps.clone();
         }
         Ok(Some(output.to_string()))
     }

@@ -19,12 +19,13 @@ pub struct Context {
 }
 
 /// The sections, in the navigation's order: (path, label).
-const SECTIONS: [(&str, &str); 8] = [
+const SECTIONS: [(&str, &str); 9] = [
     ("/", "Overview"),
     ("/jobs", "Jobs"),
     ("/jobs?state=failed", "Failed"),
     ("/keys", "Keys"),
     ("/batches", "Batches"),
+    ("/workflows", "Workflows"),
     ("/types", "Job types"),
     ("/hosts", "Hosts"),
     ("/schedules", "Schedules"),

@@ -10,6 +10,7 @@
 
 mod layout;
 mod pages;
+mod workflow;
 
 use axum::Extension;
 use axum::Router;
@@ -51,6 +52,8 @@ pub fn routes() -> Router<AppState> {
         .route("/types", get(job_types))
         .route("/batches", get(batches))
         .route("/batches/{id}", get(batch))
+        .route("/workflows", get(workflows))
+        .route("/workflows/{id}", get(workflow_page))
         .route("/schedules", get(schedules))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))
@@ -307,6 +310,37 @@ async fn batches(
     page!(state, caller, headers, uri, "Batches", "/batches", |context| {
         Ok(pages::batches(&state.store.batch_list(PAGE).await?, Utc::now()))
     })
+}
+
+async fn workflows(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    page!(state, caller, headers, uri, "Workflows", "/workflows", |context| {
+        Ok(workflow::workflows(&state.store.workflow_list(PAGE).await?, Utc::now()))
+    })
+}
+
+async fn workflow_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
+    match state.store.workflow_get(id).await {
+        Ok(Some(found)) => {
+            render(&context, &headers, &format!("Workflow {id}"), "/workflows", workflow::workflow(&found, Utc::now()))
+        }
+        Ok(None) => {
+            (StatusCode::NOT_FOUND, layout::problem(&context, "Not found", &format!("Workflow {id} does not exist.")))
+                .into_response()
+        }
+        Err(error) => failed(&context, error),
+    }
 }
 
 async fn batch(

@@ -239,6 +239,9 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
                 dt { "Concurrency key" } dd { a href={ "/jobs?key=" (encode(key)) } { code { (key) } } }
             }
             @if let Some(batch) = job.batch_id { dt { "Batch" } dd { a href={ "/batches/" (batch) } { (batch) } } }
+            @if let Some(step) = &job.workflow {
+                dt { "Workflow" } dd { a href={ "/workflows/" (step.id) } { (step.id) } " step " code { (step.step) } }
+            }
             @if let Some(parent) = job.parent_id { dt { "Enqueued by" } dd { a href={ "/jobs/" (parent) } { "job " (parent) } } }
             @if let Some(host) = &job.host_id { dt { "Host" } dd { code { (host) } } }
             dt { "Enqueued" } dd { (time(Some(row.enqueued_at), now)) }

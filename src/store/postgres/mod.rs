@@ -61,6 +61,7 @@ mod session;
 mod unique;
 mod variable;
 mod wait;
+mod workflow;
 
 use std::sync::Arc;
 use std::time::Duration;

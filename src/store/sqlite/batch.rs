@@ -169,23 +169,26 @@ struct Finished {
     base: Json<serde_json::Value>,
 }
 
-/// Inserts one callback under a savepoint, so that its refusal (a `raise`
-/// limit, a duplicate that raises) undoes only it. A database failing in
+/// Inserts one job (a callback, a released workflow step) under a
+/// savepoint, so that its refusal (a `raise` limit, a duplicate that
+/// raises) undoes only it. A database failing in
 /// itself is not a refusal: it fails the whole write, to be tried again.
-async fn enqueue_alone(conn: &mut SqliteConnection, job: &PreparedJob, now: i64) -> Result<Result<Enqueued, String>> {
-    sqlx::query("SAVEPOINT batch_callback").execute(&mut *conn).await?;
+pub(super) async fn enqueue_alone(
+    conn: &mut SqliteConnection,
+    job: &PreparedJob,
+    now: i64,
+) -> Result<Result<Enqueued, String>> {
+    sqlx::query("SAVEPOINT enqueue_alone").execute(&mut *conn).await?;
     match super::job::insert(conn, &[job], now).await {
         Ok(outcomes) => {
-            sqlx::query("RELEASE batch_callback").execute(&mut *conn).await?;
-            let outcome = outcomes
-                .first()
-                .copied()
-                .ok_or_else(|| Error::Decode("a callback's insert returned nothing".into()))?;
+            sqlx::query("RELEASE enqueue_alone").execute(&mut *conn).await?;
+            let outcome =
+                outcomes.first().copied().ok_or_else(|| Error::Decode("an insert returned nothing".into()))?;
             Ok(Ok(outcome))
         }
         Err(error) if error.is_refusal() || matches!(error, Error::InvalidEnqueue(_)) => {
-            sqlx::query("ROLLBACK TO batch_callback").execute(&mut *conn).await?;
-            sqlx::query("RELEASE batch_callback").execute(&mut *conn).await?;
+            sqlx::query("ROLLBACK TO enqueue_alone").execute(&mut *conn).await?;
+            sqlx::query("RELEASE enqueue_alone").execute(&mut *conn).await?;
             Ok(Err(error.to_string()))
         }
         Err(error) => Err(error),

@@ -241,7 +241,7 @@ pub async fn quarantine(
     Ok(moved == 1)
 }
 
-/// Deletes archived jobs, and batches, that finished before the retention
+/// Deletes archived jobs, batches and workflows that finished before the retention
 /// began, at most `limit` of each. Returns how many jobs.
 pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
     let cutoff = now - (retention_secs * 1000.0) as i64;
@@ -260,8 +260,9 @@ pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs
     )
     .bind(cutoff)
     .bind(limit)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    super::workflow::prune(conn, cutoff, limit).await?;
     Ok(pruned)
 }
 

@@ -186,7 +186,7 @@ impl LeaseDriver for SqliteStore {
         if !renew.runs.is_empty() {
             let mut tx = self.write().await?;
             renewal = self::renew(&mut tx, renew, now_ms()).await?;
-            tx.commit_settling(false).await?;
+            tx.commit_outside_jobs().await?;
         }
         renewal.strays = strays(&self.reader, renew.host_id, renew.runs).await?;
         Ok(renewal)

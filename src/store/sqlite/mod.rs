@@ -43,6 +43,7 @@ mod secret;
 mod session;
 mod unique;
 mod variable;
+mod workflow;
 mod write;
 
 use std::sync::Arc;
@@ -147,23 +148,19 @@ impl SqliteStore {
     /// Runs `write` in a write transaction and commits it (settling the
     /// batches it finished): the shape of most writes.
     async fn write_with<T>(&self, write: impl AsyncFnOnce(&mut Write) -> Result<T>) -> Result<T> {
-        self.write_committing(true, write).await
+        let mut tx = self.write().await?;
+        let done = write(&mut tx).await?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     /// [`Self::write_with`] for a write that touches no job (a session, a
-    /// grant, a secret): it cannot finish a batch, so none is looked for.
+    /// grant, a secret): it can neither end a workflow step nor finish a batch,
+    /// so neither is looked for.
     async fn write_outside_jobs<T>(&self, write: impl AsyncFnOnce(&mut Write) -> Result<T>) -> Result<T> {
-        self.write_committing(false, write).await
-    }
-
-    async fn write_committing<T>(
-        &self,
-        may_finish_batch: bool,
-        write: impl AsyncFnOnce(&mut Write) -> Result<T>,
-    ) -> Result<T> {
         let mut tx = self.write().await?;
         let done = write(&mut tx).await?;
-        tx.commit_settling(may_finish_batch).await?;
+        tx.commit_outside_jobs().await?;
         Ok(done)
     }
 

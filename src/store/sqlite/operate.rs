@@ -149,6 +149,7 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<JobDetail>> {
         host_id: row.try_get("host_id")?,
         parent_id: row.try_get("parent_id")?,
         batch_id: row.try_get("batch_id")?,
+        workflow: None,
     }))
 }
 

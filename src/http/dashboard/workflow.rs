@@ -1,0 +1,270 @@
+//! The workflow pages: the list, and one workflow drawn as its graph (a
+//! server-rendered SVG, layered left to right, each step coloured by its
+//! state) above the table of its steps.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+
+use super::layout::{Head, progress_bar, state_badge, table, time};
+use crate::store::{IfFailed, Workflow, WorkflowStep};
+
+/// Steps a layer draws one by one; a wider layer (a fan-out) is drawn as
+/// one box counting its steps by state, so a graph of thousands stays legible.
+const MAX_DRAWN_PER_LAYER: usize = 12;
+
+/// A box's size and the gaps between boxes, in SVG units.
+const BOX_W: f64 = 168.0;
+const BOX_H: f64 = 40.0;
+const GAP_X: f64 = 56.0;
+const GAP_Y: f64 = 14.0;
+
+fn fraction_ended(workflow: &Workflow) -> f64 {
+    let c = &workflow.counts;
+    if c.total == 0 { 1.0 } else { c.ended() as f64 / c.total as f64 }
+}
+
+/// Workflows, newest first.
+pub fn workflows(workflows: &[Workflow], now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Workflows" }
+        @if workflows.is_empty() {
+            p.muted { "No workflows yet: " code { "jobhost workflow create --file wf.json" } "." }
+        } @else {
+            (table(&[Head::Number("Id"), Head::Text("Label"), Head::Text("State"), Head::Text("Progress"), Head::Number("Steps"), Head::Number("Not completed"), Head::Text("Created"), Head::Text("Finished")], html! {
+                @for workflow in workflows {
+                    tr {
+                        td.num { a href={ "/workflows/" (workflow.id) } { (workflow.id) } }
+                        td { (workflow.label.as_deref().unwrap_or("")) }
+                        td { (state_badge(workflow.state.as_str())) }
+                        td.bar { (progress_bar(fraction_ended(workflow), &format!("workflow {} progress", workflow.id))) }
+                        td.num { (workflow.counts.ended()) " / " (workflow.counts.total) }
+                        td.num { (workflow.counts.unsuccessful()) }
+                        td { (time(Some(workflow.created_at), now)) }
+                        td { (time(workflow.finished_at, now)) }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// One workflow: its graph, its counts and its steps.
+pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
+    html! {
+        h1 { "Workflow " (workflow.id) " " (state_badge(workflow.state.as_str())) }
+        @if let Some(label) = &workflow.label { p.lead { (label) } }
+        (progress_bar(fraction_ended(workflow), "workflow progress"))
+        section.cards aria-label="Steps by state" {
+            div class="card state-total" { span.count { (workflow.counts.total) } span.label { "steps" } }
+            @for (state, count) in &workflow.counts.by_state {
+                div class={ "card state-" (state) } { span.count { (count) } span.label { (state) } }
+            }
+        }
+        section aria-label="Graph" { div.graph { (graph(&workflow.steps)) } }
+        dl.facts {
+            dt { "Created" } dd { (time(Some(workflow.created_at), now)) }
+            @if workflow.cancelled_at.is_some() { dt { "Cancelled" } dd { (time(workflow.cancelled_at, now)) } }
+            dt { "Finished" } dd { (time(workflow.finished_at, now)) }
+        }
+        h2 { "Steps" }
+        (table(&[Head::Text("Step"), Head::Text("State"), Head::Text("Type"), Head::Number("Job"), Head::Text("After"), Head::Text("Ended")], html! {
+            @for step in &workflow.steps {
+                tr {
+                    td { code { (step.name) } }
+                    td {
+                        (state_badge(step.state.as_str()))
+                        @if let Some(error) = &step.error { " " span.warning-text { (error) } }
+                    }
+                    td { (step.job) }
+                    td.num { @match step.job_id { Some(id) => a href={ "/jobs/" (id) } { (id) }, None => span.muted { "–" } } }
+                    td { (after_text(step)) }
+                    td { (time(step.ended_at, now)) }
+                }
+            }
+        }))
+    }
+}
+
+fn after_text(step: &WorkflowStep) -> String {
+    let names: Vec<String> = step
+        .after
+        .iter()
+        .map(|d| match d.if_failed {
+            IfFailed::Cancel => d.step.clone(),
+            policy => format!("{} ({})", d.step, policy.as_str()),
+        })
+        .collect();
+    names.join(", ")
+}
+
+/// A box of the drawing: one step, or a wide layer's steps counted by state.
+struct Node<'a> {
+    layer: usize,
+    row: usize,
+    steps: Vec<&'a WorkflowStep>,
+}
+
+impl Node<'_> {
+    fn x(&self) -> f64 {
+        self.layer as f64 * (BOX_W + GAP_X)
+    }
+
+    fn y(&self) -> f64 {
+        self.row as f64 * (BOX_H + GAP_Y)
+    }
+
+    /// The state that colours it: a lone step's own; of a group, the
+    /// state of the step least far along (what it waits on), failures first.
+    fn state(&self) -> &'static str {
+        let unsuccessful = self.steps.iter().find(|s| s.state.is_final() && s.state.as_str() != "completed");
+        unsuccessful.or_else(|| self.steps.iter().min_by_key(|s| s.state)).map_or("waiting", |s| s.state.as_str())
+    }
+}
+
+/// The graph as an SVG: each step in the layer after its deepest
+/// dependency, edges from each dependency to its dependent, each box
+/// linking to its job once released.
+fn graph(steps: &[WorkflowStep]) -> Markup {
+    // Steps come in dependency order: each layer is known when reached.
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let mut layer_of = vec![0usize; steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        layer_of[i] =
+            step.after.iter().filter_map(|d| index.get(d.step.as_str())).map(|&d| layer_of[d] + 1).max().unwrap_or(0);
+    }
+    let mut layers: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, &layer) in layer_of.iter().enumerate() {
+        layers.entry(layer).or_default().push(i);
+    }
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut node_of = vec![0usize; steps.len()];
+    for (&layer, members) in &layers {
+        if members.len() > MAX_DRAWN_PER_LAYER {
+            for &i in members {
+                node_of[i] = nodes.len();
+            }
+            nodes.push(Node { layer, row: 0, steps: members.iter().map(|&i| &steps[i]).collect() });
+        } else {
+            for (row, &i) in members.iter().enumerate() {
+                node_of[i] = nodes.len();
+                nodes.push(Node { layer, row, steps: vec![&steps[i]] });
+            }
+        }
+    }
+    let mut edges: Vec<(usize, usize, bool)> = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        for dep in &step.after {
+            if let Some(&d) = index.get(dep.step.as_str()) {
+                let edge = (node_of[d], node_of[i], dep.if_failed != IfFailed::Cancel);
+                if !edges.contains(&edge) {
+                    edges.push(edge);
+                }
+            }
+        }
+    }
+    let width = nodes.iter().map(|n| n.x() + BOX_W).fold(0.0, f64::max) + 4.0;
+    let height = nodes.iter().map(|n| n.y() + BOX_H).fold(0.0, f64::max) + 4.0;
+    html! {
+        svg xmlns="http://www.w3.org/2000/svg" viewBox={ "-2 -2 " (width) " " (height) } width=(width) height=(height)
+            role="img" aria-label={ "The workflow's " (steps.len()) " steps and their dependencies" } {
+            @for &(from, to, lenient) in &edges {
+                @let (a, b) = (&nodes[from], &nodes[to]);
+                @let (x1, y1, x2, y2) = (a.x() + BOX_W, a.y() + BOX_H / 2.0, b.x(), b.y() + BOX_H / 2.0);
+                path class={ "edge" @if lenient { " lenient" } }
+                    d={ "M" (x1) " " (y1) " C" (x1 + GAP_X / 2.0) " " (y1) " " (x2 - GAP_X / 2.0) " " (y2) " " (x2) " " (y2) } {}
+            }
+            @for node in &nodes {
+                (node_box(node))
+            }
+        }
+    }
+}
+
+fn node_box(node: &Node) -> Markup {
+    let (x, y) = (node.x(), node.y());
+    let (title, detail, link) = match node.steps.as_slice() {
+        [step] => (
+            clip(&step.name, 22),
+            format!("{} · {}", step.job, step.state.as_str()),
+            step.job_id.map(|id| format!("/jobs/{id}")),
+        ),
+        steps => {
+            let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+            for step in steps {
+                *by_state.entry(step.state.as_str()).or_default() += 1;
+            }
+            let counts: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
+            (format!("{} steps", steps.len()), counts.join(", "), None)
+        }
+    };
+    let full = node.steps.iter().map(|s| s.name.as_str()).take(50).collect::<Vec<_>>().join(", ");
+    let shape = html! {
+        g class={ "node state-" (node.state()) } {
+            title { (full) }
+            rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
+            text x=(x + 8.0) y=(y + 16.0) class="name" { (title) }
+            text x=(x + 8.0) y=(y + 32.0) class="detail" { (clip(&detail, 28)) }
+        }
+    };
+    match link {
+        Some(href) => html! { a href=(href) { (shape) } },
+        None => shape,
+    }
+}
+
+/// At most `max` characters, with an ellipsis when cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{cut}…")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StepState;
+    use crate::store::workflow::StepDependency;
+
+    fn step(name: &str, state: StepState, after: &[&str]) -> WorkflowStep {
+        WorkflowStep {
+            name: name.into(),
+            job: "work".into(),
+            job_id: Some(1),
+            state,
+            after: after.iter().map(|s| StepDependency { step: s.to_string(), if_failed: IfFailed::Cancel }).collect(),
+            error: None,
+            ended_at: None,
+        }
+    }
+
+    #[test]
+    fn a_diamond_is_drawn_in_three_layers_and_a_wide_fan_out_as_one_box() {
+        let diamond = [
+            step("a", StepState::Completed, &[]),
+            step("b", StepState::Running, &["a"]),
+            step("c", StepState::Failed, &["a"]),
+            step("d", StepState::Waiting, &["b", "c"]),
+        ];
+        let svg = graph(&diamond).into_string();
+        assert_eq!(svg.matches("<rect").count(), 4);
+        assert_eq!(svg.matches("class=\"edge\"").count(), 4);
+        assert!(svg.contains("state-failed"), "{svg}");
+        let x_of_d = 2.0 * (BOX_W + GAP_X);
+        assert!(svg.contains(&format!("x=\"{x_of_d}\"")), "d in the third layer: {svg}");
+
+        let mut fan: Vec<WorkflowStep> = vec![step("root", StepState::Completed, &[])];
+        fan.extend((0..999).map(|i| step(&format!("r{i}"), StepState::Completed, &["root"])));
+        let names: Vec<String> = (0..999).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        fan.push(step("join", StepState::Available, &names));
+        let svg = graph(&fan).into_string();
+        assert_eq!(svg.matches("<rect").count(), 3, "root, the 999 as one box, the join");
+        assert!(svg.contains("999 steps"), "{svg}");
+        assert!(svg.contains("999 completed"), "{svg}");
+        assert_eq!(svg.matches("class=\"edge\"").count(), 2, "edges between boxes, once each");
+    }
+}

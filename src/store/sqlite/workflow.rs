@@ -1,0 +1,423 @@
+//! Workflows in SQLite, inside the writer's transaction: creating them,
+//! cancelling them, reading them back, and releasing steps. Triggers end an
+//! archived job's step and count it down in its dependents
+//! (migrations/sqlite/0017_workflows.sql); [`settle`] runs just before
+//! every write transaction that may have ended a job commits, so the
+//! transaction that ends a step's last dependency (by any path) releases
+//! it, once (guarantee 14).
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use sqlx::sqlite::SqliteRow;
+use sqlx::types::Json;
+use sqlx::{Row, SqliteConnection, SqlitePool};
+
+use super::SqliteStore;
+use super::encode::now_ms;
+use super::time_of;
+use crate::store::driver::WorkflowDriver;
+use crate::store::enqueue::{Configs, prepare_registered};
+use crate::store::workflow::{
+    CreatedWorkflow, EndedDependency, IfFailed, PreparedWorkflow, Release, StepDependency, StepState, StoredWorkflow,
+    Workflow, WorkflowCounts, WorkflowStep, release, step_error,
+};
+use crate::store::{EnqueueLimits, EnqueueParams, Enqueued, Error, Result};
+
+/// Stores a workflow's steps and dependencies; its steps that wait for
+/// nothing are released by [`settle`] as the write commits.
+pub async fn write(conn: &mut SqliteConnection, workflow: PreparedWorkflow, now: i64) -> Result<i64> {
+    let id: i64 = sqlx::query_scalar("INSERT INTO workflows (label, created_at) VALUES ($1, $2) RETURNING id")
+        .bind(&workflow.label)
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await?;
+    let mut step_ids = Vec::with_capacity(workflow.steps.len());
+    for step in &workflow.steps {
+        let step_id: i64 = sqlx::query_scalar(
+            "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+        )
+        .bind(id)
+        .bind(&step.name)
+        .bind(&step.job)
+        .bind(Json(&step.payload))
+        .bind(&step.queue)
+        .bind(step.priority)
+        .bind(step.delay_ms)
+        .bind(step.after.len() as i64)
+        .fetch_one(&mut *conn)
+        .await?;
+        for &(dep, policy) in &step.after {
+            sqlx::query("INSERT INTO workflow_edges (step_id, dep_id, if_failed) VALUES ($1, $2, $3)")
+                .bind(step_id)
+                .bind(step_ids[dep])
+                .bind(policy.as_str())
+                .execute(&mut *conn)
+                .await?;
+        }
+        step_ids.push(step_id);
+    }
+    Ok(id)
+}
+
+/// The steps of a workflow released so far, with their jobs.
+pub async fn released(conn: &mut SqliteConnection, id: i64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT s.name, s.job_id FROM workflow_steps s
+         WHERE s.workflow_id = $1 AND s.job_id IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM workflow_edges e WHERE e.step_id = s.id)",
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// A step due for release.
+#[derive(sqlx::FromRow)]
+struct Ready {
+    id: i64,
+    job: String,
+    payload: Json<serde_json::Value>,
+    queue: Option<String>,
+    priority: Option<i16>,
+    delay_ms: i64,
+    cancelled: bool,
+}
+
+/// Releases every step whose dependencies have all ended, in the caller's
+/// transaction, wave by wave: a step its policy ends without running
+/// counts down its own dependents, which may be due next. Each is decided
+/// by the shared rules ([`release`]); an enqueue refused (its type gone, a
+/// `raise` limit full, a `_deps` past the payload limit) fails the step
+/// with the reason and never fails the transaction (guarantee 13).
+/// Returns whether any job became available.
+pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i64) -> Result<bool> {
+    let mut any_available = false;
+    loop {
+        // Through the partial index `workflow_steps_ready`: almost always nothing.
+        let ready: Vec<Ready> = sqlx::query_as(
+            "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, w.cancelled_at IS NOT NULL AS cancelled
+             FROM workflow_steps s JOIN workflows w ON w.id = s.workflow_id
+             WHERE s.pending = 0 AND s.job_id IS NULL
+             ORDER BY s.id",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        if ready.is_empty() {
+            return Ok(any_available);
+        }
+        let mut configs = Configs::new();
+        for step in ready {
+            if !configs.contains_key(&step.job) {
+                // A configuration that cannot be read fails its step, not every write.
+                match super::fleet::job_types_get(&mut *conn, std::slice::from_ref(&step.job)).await {
+                    Ok(found) => configs.extend(found),
+                    Err(Error::CorruptJobType { .. } | Error::Decode(_)) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            any_available |= release_one(conn, step, &configs, limits, now).await?;
+        }
+    }
+}
+
+async fn release_one(
+    conn: &mut SqliteConnection,
+    step: Ready,
+    configs: &Configs,
+    limits: &EnqueueLimits,
+    now: i64,
+) -> Result<bool> {
+    let deps: Vec<(String, String, Option<Json<serde_json::Value>>, String)> = sqlx::query_as(
+        "SELECT d.name, d.ended_state, d.result, e.if_failed
+         FROM workflow_edges e JOIN workflow_steps d ON d.id = e.dep_id
+         WHERE e.step_id = $1
+         ORDER BY d.id",
+    )
+    .bind(step.id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let deps = deps
+        .into_iter()
+        .map(|(name, state, result, policy)| {
+            Ok(EndedDependency {
+                name,
+                state,
+                result: result.map(|r| r.0).unwrap_or_default(),
+                if_failed: IfFailed::decode(&policy)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let payload = match release(&step.payload.0, &deps, step.cancelled) {
+        Release::Run(payload) => payload,
+        Release::Cancel(reason) => return end_unrun(conn, &step, "cancelled", &reason, now).await.map(|_| false),
+        Release::Fail(reason) => return end_unrun(conn, &step, "failed", &reason, now).await.map(|_| false),
+    };
+    let params = EnqueueParams {
+        queue: step.queue.clone(),
+        priority: step.priority,
+        delay_ms: Some(step.delay_ms.max(0) as u64),
+        ..EnqueueParams::new(step.job.clone(), payload)
+    };
+    let enqueued = match prepare_registered(params, configs, limits) {
+        Ok(job) => super::batch::enqueue_alone(conn, &job, now).await?,
+        Err(error) => Err(error.to_string()),
+    };
+    match enqueued {
+        Ok(Enqueued::New(job_id)) => {
+            sqlx::query("UPDATE workflow_steps SET job_id = $2, released_at = $3 WHERE id = $1")
+                .bind(step.id)
+                .bind(job_id)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+            // The gate may have discarded it at once, before it was the
+            // step's job: end the step from the archive as its trigger would.
+            sqlx::query(
+                "UPDATE workflow_steps
+                 SET ended_state = a.state,
+                     result = coalesce(a.errors -> '$[#-1].error', 'null'),
+                     ended_at = a.finished_at
+                 FROM archive a
+                 WHERE workflow_steps.id = $1 AND a.id = $2 AND workflow_steps.ended_state IS NULL",
+            )
+            .bind(step.id)
+            .bind(job_id)
+            .execute(&mut *conn)
+            .await?;
+            Ok(true)
+        }
+        Ok(Enqueued::Duplicate(claimant) | Enqueued::Replaced(claimant)) => {
+            let reason = format!("a duplicate of unique job {claimant}");
+            end_unrun(conn, &step, "discarded", &reason, now).await.map(|_| false)
+        }
+        Err(reason) => end_unrun(conn, &step, "failed", &reason, now).await.map(|_| false),
+    }
+}
+
+/// Ends a step that will not run: it becomes a job straight in the archive
+/// with the reason as its error, and its dependents count it down.
+async fn end_unrun(conn: &mut SqliteConnection, step: &Ready, state: &str, reason: &str, now: i64) -> Result<()> {
+    let job_id = next_job_id(conn).await?;
+    sqlx::query(
+        "UPDATE workflow_steps
+         SET job_id = $2, released_at = $3, ended_state = $4, result = json_quote($5), ended_at = $3
+         WHERE id = $1",
+    )
+    .bind(step.id)
+    .bind(job_id)
+    .bind(now)
+    .bind(state)
+    .bind(reason)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                              enqueued_at, finished_at)
+         SELECT $1, $2, coalesce($3, t.config ->> 'queue', 'default'), coalesce($4, t.config ->> 'priority', 0),
+                $5, $6, 0, coalesce(t.config ->> 'max_attempts', 1),
+                json_array(json_object('attempt', 0, 'at', $7, 'error', $8)), $9, $9
+         FROM (SELECT 1) LEFT JOIN job_types t ON t.name = $2",
+    )
+    .bind(job_id)
+    .bind(&step.job)
+    .bind(&step.queue)
+    .bind(step.priority)
+    .bind(&step.payload)
+    .bind(state)
+    .bind(super::iso(now))
+    .bind(reason)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A job id for a step that never went through `jobs`: taken from the same
+/// AUTOINCREMENT counter, so no job ever gets it again.
+async fn next_job_id(conn: &mut SqliteConnection) -> Result<i64> {
+    let taken: Option<i64> =
+        sqlx::query_scalar("UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'jobs' RETURNING seq")
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some(id) = taken {
+        return Ok(id);
+    }
+    let id: i64 = sqlx::query_scalar(
+        "SELECT 1 + max(coalesce((SELECT max(id) FROM jobs), 0), coalesce((SELECT max(id) FROM archive), 0),
+                        coalesce((SELECT max(id) FROM blocked_jobs), 0))",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', $1)").bind(id).execute(&mut *conn).await?;
+    Ok(id)
+}
+
+/// Marks a workflow cancelled and ends its waiting steps; returns how many
+/// and the jobs of its live steps, or none when it does not exist.
+pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Option<(usize, Vec<i64>)>> {
+    let found = sqlx::query("UPDATE workflows SET cancelled_at = coalesce(cancelled_at, $2) WHERE id = $1")
+        .bind(id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if found == 0 {
+        return Ok(None);
+    }
+    let waiting: Vec<Ready> = sqlx::query_as(
+        "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, 1 AS cancelled
+         FROM workflow_steps s
+         WHERE s.workflow_id = $1 AND s.job_id IS NULL AND s.ended_state IS NULL
+         ORDER BY s.id",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    for step in &waiting {
+        end_unrun(conn, step, "cancelled", "its workflow was cancelled", now).await?;
+    }
+    let live: Vec<i64> = sqlx::query_scalar(
+        "SELECT job_id FROM workflow_steps
+         WHERE workflow_id = $1 AND ended_state IS NULL AND job_id IS NOT NULL ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Some((waiting.len(), live)))
+}
+
+/// Workflows newest first: one when `id` is given, else up to `limit`.
+pub async fn list(pool: &SqlitePool, id: Option<i64>, limit: i64) -> Result<Vec<Workflow>> {
+    let rows = sqlx::query(
+        "SELECT w.id, w.label, w.created_at, w.cancelled_at,
+                (SELECT max(s.ended_at) FROM workflow_steps s WHERE s.workflow_id = w.id) AS last_ended_at,
+                (SELECT coalesce(json_group_object(c.state, c.n), '{}')
+                 FROM (SELECT s.state, count(*) AS n FROM workflow_step_states s
+                       WHERE s.workflow_id = w.id GROUP BY s.state) c) AS counts
+         FROM workflows w
+         WHERE $1 IS NULL OR w.id = $1
+         ORDER BY w.id DESC
+         LIMIT $2",
+    )
+    .bind(id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(workflow_of).collect()
+}
+
+fn workflow_of(row: &SqliteRow) -> Result<Workflow> {
+    let by_state: BTreeMap<String, i64> = row.try_get::<Json<BTreeMap<String, i64>>, _>("counts")?.0;
+    Ok(Workflow::from(StoredWorkflow {
+        id: row.try_get("id")?,
+        label: row.try_get("label")?,
+        created_at: time_of(row.try_get("created_at")?),
+        cancelled_at: row.try_get::<Option<i64>, _>("cancelled_at")?.map(time_of),
+        last_ended_at: row.try_get::<Option<i64>, _>("last_ended_at")?.map(time_of),
+        counts: WorkflowCounts { total: by_state.values().sum(), by_state },
+    }))
+}
+
+/// One workflow with its steps in dependency order.
+pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<Workflow>> {
+    let Some(mut workflow) = list(pool, Some(id), 1).await?.pop() else {
+        return Ok(None);
+    };
+    let rows = sqlx::query(
+        "SELECT s.id, s.name, s.job, s.job_id, s.state, s.ended_state, s.result, s.ended_at
+         FROM workflow_step_states s WHERE s.workflow_id = $1 ORDER BY s.id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let edges: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT e.step_id, d.name, e.if_failed
+         FROM workflow_edges e JOIN workflow_steps d ON d.id = e.dep_id
+         WHERE d.workflow_id = $1 ORDER BY e.step_id, d.id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let mut after: HashMap<i64, Vec<StepDependency>> = HashMap::new();
+    for (step, dep, policy) in edges {
+        after.entry(step).or_default().push(StepDependency { step: dep, if_failed: IfFailed::decode(&policy)? });
+    }
+    workflow.steps = rows
+        .iter()
+        .map(|row| {
+            let ended_state: Option<String> = row.try_get("ended_state")?;
+            let result: Option<Json<serde_json::Value>> = row.try_get("result")?;
+            Ok(WorkflowStep {
+                name: row.try_get("name")?,
+                job: row.try_get("job")?,
+                job_id: row.try_get("job_id")?,
+                state: StepState::decode(row.try_get("state")?)?,
+                after: after.remove(&row.try_get::<i64, _>("id")?).unwrap_or_default(),
+                error: step_error(ended_state.as_deref(), result.map(|r| r.0)),
+                ended_at: row.try_get::<Option<i64>, _>("ended_at")?.map(time_of),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Some(workflow))
+}
+
+/// Deletes workflows whose every step ended before `cutoff` (the archive's
+/// retention), at most `limit`: never one with a step still live.
+pub async fn prune(conn: &mut SqliteConnection, cutoff: i64, limit: i64) -> Result<()> {
+    let done: Vec<i64> = sqlx::query_scalar(
+        "SELECT w.id FROM workflows w
+         WHERE w.created_at < $1
+           AND NOT EXISTS (SELECT 1 FROM workflow_steps s WHERE s.workflow_id = w.id AND s.ended_state IS NULL)
+           AND (SELECT max(s.ended_at) FROM workflow_steps s WHERE s.workflow_id = w.id) < $1
+         ORDER BY w.id LIMIT $2",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    let ids = super::json_list(&done);
+    for table in [
+        "DELETE FROM workflow_edges WHERE step_id IN
+             (SELECT id FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each($1)))",
+        "DELETE FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each($1))",
+        "DELETE FROM workflows WHERE id IN (SELECT value FROM json_each($1))",
+    ] {
+        sqlx::query(table).bind(&ids).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl WorkflowDriver for SqliteStore {
+    async fn workflow_write(&self, workflow: PreparedWorkflow) -> Result<CreatedWorkflow> {
+        let mut tx = self.write().await?;
+        let id = write(&mut tx, workflow, now_ms()).await?;
+        let available = settle(&mut tx, &self.limits, now_ms()).await?;
+        let released = released(&mut tx, id).await?;
+        tx.commit().await?;
+        self.announce(available);
+        Ok(CreatedWorkflow { id, released })
+    }
+
+    async fn workflow_get(&self, id: i64) -> Result<Option<Workflow>> {
+        get(&self.reader, id).await
+    }
+
+    async fn workflow_list(&self, limit: i64) -> Result<Vec<Workflow>> {
+        list(&self.reader, None, limit).await
+    }
+
+    async fn workflow_cancel(&self, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
+        self.write_with(async |tx| cancel(tx, id, now_ms()).await).await
+    }
+
+    async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>> {
+        Ok(sqlx::query_as("SELECT workflow_id, name FROM workflow_steps WHERE job_id = $1")
+            .bind(job_id)
+            .fetch_optional(&self.reader)
+            .await?)
+    }
+}
