@@ -5,7 +5,8 @@
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
 # nosy guest, concurrency limits blocking jobs and refusing one, a
 # duplicate of a unique job answered with the waiting job's id, a batch
-# with its callback and progress, a job's progress while it runs, a wait
+# with its callback and progress, a diamond workflow whose last step
+# receives the outputs of the two before it, a job's progress while it runs, a wait
 # for a job's result, a schedule enqueueing a job every second once it
 # is dropped in, a component deployed through the database, and a handler
 # calling a small local HTTP API with a secret it never sees (and a request
@@ -71,6 +72,22 @@ printf '%s\n' '{"job": "hello", "payload": {"name": "member 1"}}' '{"job": "hell
 step "$jobhost" batch create --file "$components/batch.jsonl" --label "demo batch" \
   --on-finish hello --callback-payload '{"name": "the batch callback"}'
 step "$jobhost" batch list
+
+# A diamond workflow: "resize" runs first, "thumb" and "caption" after it,
+# "page" after both, receiving their outputs under _deps (docs/workflows.md).
+cat > "$components/workflow.json" <<'JSON'
+{"label": "demo diamond", "steps": [
+  {"name": "resize", "job": "hello", "payload": {"name": "resize"}},
+  {"name": "thumb", "job": "hello", "payload": {"name": "thumb"}, "after": ["resize"]},
+  {"name": "caption", "job": "hello", "payload": {"name": "caption"}, "after": ["resize"]},
+  {"name": "page", "job": "hello", "payload": {"name": "page"}, "after": ["thumb", "caption"]}
+]}
+JSON
+step "$jobhost" workflow create --file "$components/workflow.json"
+until "$jobhost" workflow list | grep -q succeeded; do sleep 0.2; done
+step "$jobhost" workflow show 1
+page_job=$("$jobhost" workflow show 1 --json | python3 -c 'import json,sys; print([s["job_id"] for s in json.load(sys.stdin)["steps"] if s["name"] == "page"][0])' 2>/dev/null || true)
+[ -n "$page_job" ] && step "$jobhost" job "$page_job"
 
 # A job's progress shows while it runs (sent with the host's heartbeat).
 progressing=$("$jobhost" enqueue batcher --payload '{"steps": 4, "step_ms": 800}')

@@ -34,8 +34,9 @@ fn departed(types: &[&str], limit: i64) -> jobhost::store::FetchParams {
 }
 
 /// What the pages show: one job of every state, a held key with a blocked
-/// job, a batch a quarter done. Returns (the failed hello job, the batch).
-async fn populate(db: &TestDb) -> (i64, i64) {
+/// job, a batch a quarter done, a workflow part done. Returns (the failed
+/// hello job, the batch, the workflow).
+async fn populate(db: &TestDb) -> (i64, i64, i64) {
     let limited = |name: &str, on_conflict| {
         let mut config = job_config(name);
         config.concurrency = Some(ConcurrencyConfig {
@@ -113,11 +114,42 @@ async fn populate(db: &TestDb) -> (i64, i64) {
     params.queues = vec!["reports".into()];
     let one = db.store.job_fetch(&params).await.unwrap();
     db.store.job_finish(vec![finish(&one[0], common::completed())]).await.unwrap();
-    (failed, batch)
+    (failed, batch, populate_workflow(db).await)
+}
+
+/// A workflow of `mail` steps in the `album` queue: the first completed,
+/// then 14 thumbnails (one failed, one running, the rest waiting in the
+/// queue, drawn as one box), two resizes and a page after them all, and a
+/// notice that runs even if the page does not complete.
+async fn populate_workflow(db: &TestDb) -> i64 {
+    let step = |name: &str, after: Vec<String>| json!({"name": name, "job": "mail", "queue": "album", "payload": {"step": name}, "after": after});
+    let thumbs: Vec<String> = (0..14).map(|i| format!("thumbnail-{i}")).collect();
+    let mut steps = vec![step("extract", vec![])];
+    steps.extend(thumbs.iter().map(|t| step(t, vec!["extract".into()])));
+    steps.push(step("resize-large", vec!["extract".into()]));
+    steps.push(step("resize-small", vec!["extract".into()]));
+    let mut inputs = thumbs.clone();
+    inputs.extend(["resize-large".to_string(), "resize-small".to_string()]);
+    let mut page = step("build-album-page", inputs);
+    page["if_failed"] = json!("run");
+    steps.push(page);
+    steps.push(json!({"name": "notify-owner", "job": "mail", "queue": "album",
+                      "after": [{"step": "build-album-page", "if_failed": "run"}]}));
+    let workflow = serde_json::from_value(json!({"label": "album 42", "steps": steps})).unwrap();
+    let id = db.store.workflow_create(&workflow).await.unwrap().id;
+    let mut params = departed(&["mail"], 1);
+    params.queues = vec!["album".into()];
+    let extract = db.store.job_fetch(&params).await.unwrap();
+    db.store.job_finish(vec![finish(&extract[0], common::completed())]).await.unwrap();
+    params.limit = 2;
+    let two = db.store.job_fetch(&params).await.unwrap();
+    let error = FinishOutcome::Failed { error: "the image is not a JPEG".into() };
+    db.store.job_finish(vec![finish(&two[0], error)]).await.unwrap();
+    id
 }
 
 /// The pages, as (name for the screenshot, path, text its heading has).
-fn pages(failed: i64, batch: i64) -> Vec<(&'static str, String, &'static str)> {
+fn pages(failed: i64, batch: i64, workflow: i64) -> Vec<(&'static str, String, &'static str)> {
     vec![
         ("overview", "/".into(), "Overview"),
         ("jobs", "/jobs".into(), "Jobs"),
@@ -126,6 +158,8 @@ fn pages(failed: i64, batch: i64) -> Vec<(&'static str, String, &'static str)> {
         ("keys", "/keys".into(), "Concurrency keys"),
         ("batches", "/batches".into(), "Batches"),
         ("batch", format!("/batches/{batch}"), "Batch"),
+        ("workflows", "/workflows".into(), "Workflows"),
+        ("workflow", format!("/workflows/{workflow}"), "Workflow"),
         ("types", "/types".into(), "Job types"),
         ("hosts", "/hosts".into(), "Hosts"),
         ("schedules", "/schedules".into(), "Schedules"),
@@ -134,8 +168,9 @@ fn pages(failed: i64, batch: i64) -> Vec<(&'static str, String, &'static str)> {
 
 /// Loads every page, checks it reads and fits the screen's width, and
 /// keeps its screenshot.
-async fn look_at_every_page(browser: &Client, server: &TestServer, screen: Screen, failed: i64, batch: i64) {
-    for (name, path, heading) in pages(failed, batch) {
+async fn look_at_every_page(browser: &Client, server: &TestServer, screen: Screen, ids: (i64, i64, i64)) {
+    let (failed, batch, workflow) = ids;
+    for (name, path, heading) in pages(failed, batch, workflow) {
         browser.goto(&format!("{}{path}", server.url())).await.unwrap();
         let h1 = text(browser, "h1").await;
         assert!(h1.starts_with(heading), "{path}: heading {h1:?}");
@@ -183,7 +218,7 @@ async fn the_dashboard_in_a_real_browser() {
     let db = TestDb::postgres().await;
     // Build the guests before the clock of the leases below starts.
     common::guest("hello");
-    let (failed, batch) = populate(&db).await;
+    let (failed, batch, workflow) = populate(&db).await;
     let host = TestHost::start(&db, &["hello"], |_| {}).await;
     let completed_hello =
         db.store.job_enqueue(&[EnqueueParams::new("hello", json!({"name": "Ada"}))]).await.unwrap()[0];
@@ -202,7 +237,25 @@ async fn the_dashboard_in_a_real_browser() {
     for screen in [Screen::Desktop, Screen::Phone] {
         let browser = driver.session(screen).await;
         sign_in(&browser, &server, screen, "/").await;
-        look_at_every_page(&browser, &server, screen, failed, batch).await;
+        look_at_every_page(&browser, &server, screen, (failed, batch, workflow)).await;
+        // The graph: a box per step, the 14 thumbnails as one, each coloured by state.
+        browser.goto(&format!("{}/workflows/{workflow}", server.url())).await.unwrap();
+        let boxes = script(&browser, "return document.querySelectorAll('.graph svg g.node').length").await;
+        assert_eq!(boxes, 6, "extract, the thumbnails, two resizes, the page, the notice");
+        let states = script(
+            &browser,
+            "return [...document.querySelectorAll('.graph g.node')].map(g => g.getAttribute('class')).join(' ')",
+        )
+        .await;
+        for state in ["state-completed", "state-failed", "state-available", "state-waiting"] {
+            assert!(states.as_str().unwrap().contains(state), "{state} in {states}");
+        }
+        let graph = text(&browser, ".graph").await;
+        assert!(graph.contains("thumbnail-… ×14"), "{graph}");
+        let color =
+            script(&browser, "return getComputedStyle(document.querySelector('.graph g.state-completed rect')).stroke")
+                .await;
+        assert_eq!(color, "rgb(47, 133, 90)", "a completed step is drawn in the completed colour");
         // Declared origins beside the grants, and a run's requests as a table.
         browser.goto(&format!("{}/types", server.url())).await.unwrap();
         let types = text(&browser, "main").await;

@@ -10,12 +10,12 @@ use maud::{Markup, html};
 use super::layout::{Head, progress_bar, state_badge, table, time};
 use crate::store::{IfFailed, Workflow, WorkflowStep};
 
-/// Steps a layer draws one by one; a wider layer (a fan-out) is drawn as
-/// one box counting its steps by state, so a graph of thousands stays legible.
+/// Steps a layer draws one by one; a wider layer (a fan-out) draws its
+/// steps in boxes counting them by state, so a graph of thousands stays legible.
 const MAX_DRAWN_PER_LAYER: usize = 12;
 
 /// A box's size and the gaps between boxes, in SVG units.
-const BOX_W: f64 = 168.0;
+const BOX_W: f64 = 184.0;
 const BOX_H: f64 = 40.0;
 const GAP_X: f64 = 56.0;
 const GAP_Y: f64 = 14.0;
@@ -123,6 +123,28 @@ impl Node<'_> {
     }
 }
 
+/// A layer's boxes: a box per step, unless the layer is wider than
+/// [`MAX_DRAWN_PER_LAYER`]; then steps named alike but for a number
+/// (`thumb-1`, `thumb-2`, …) share a box, and if that is still too many,
+/// the whole layer is one box.
+fn boxes_of(steps: &[WorkflowStep], members: &[usize]) -> Vec<Vec<usize>> {
+    if members.len() <= MAX_DRAWN_PER_LAYER {
+        return members.iter().map(|&i| vec![i]).collect();
+    }
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for &i in members {
+        let stem = steps[i].name.trim_end_matches(|c: char| c.is_ascii_digit());
+        match groups.iter_mut().find(|(s, _)| *s == stem) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((stem, vec![i])),
+        }
+    }
+    if groups.len() > MAX_DRAWN_PER_LAYER {
+        return vec![members.to_vec()];
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
 /// The graph as an SVG: each step in the layer after its deepest
 /// dependency, edges from each dependency to its dependent, each box
 /// linking to its job once released.
@@ -141,16 +163,11 @@ fn graph(steps: &[WorkflowStep]) -> Markup {
     let mut nodes: Vec<Node> = Vec::new();
     let mut node_of = vec![0usize; steps.len()];
     for (&layer, members) in &layers {
-        if members.len() > MAX_DRAWN_PER_LAYER {
-            for &i in members {
+        for (row, group) in boxes_of(steps, members).into_iter().enumerate() {
+            for &i in &group {
                 node_of[i] = nodes.len();
             }
-            nodes.push(Node { layer, row: 0, steps: members.iter().map(|&i| &steps[i]).collect() });
-        } else {
-            for (row, &i) in members.iter().enumerate() {
-                node_of[i] = nodes.len();
-                nodes.push(Node { layer, row, steps: vec![&steps[i]] });
-            }
+            nodes.push(Node { layer, row, steps: group.iter().map(|&i| &steps[i]).collect() });
         }
     }
     let mut edges: Vec<(usize, usize, bool)> = Vec::new();
@@ -196,7 +213,14 @@ fn node_box(node: &Node) -> Markup {
                 *by_state.entry(step.state.as_str()).or_default() += 1;
             }
             let counts: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
-            (format!("{} steps", steps.len()), counts.join(", "), None)
+            let stem = steps[0].name.trim_end_matches(|c: char| c.is_ascii_digit());
+            let alike = steps.iter().all(|s| s.name.trim_end_matches(|c: char| c.is_ascii_digit()) == stem);
+            let title = if alike {
+                format!("{}… ×{}", clip(stem, 16), steps.len())
+            } else {
+                format!("{} steps", steps.len())
+            };
+            (title, counts.join(", "), None)
         }
     };
     let full = node.steps.iter().map(|s| s.name.as_str()).take(50).collect::<Vec<_>>().join(", ");
@@ -205,7 +229,7 @@ fn node_box(node: &Node) -> Markup {
             title { (full) }
             rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
             text x=(x + 8.0) y=(y + 16.0) class="name" { (title) }
-            text x=(x + 8.0) y=(y + 32.0) class="detail" { (clip(&detail, 28)) }
+            text x=(x + 8.0) y=(y + 32.0) class="detail" { (clip(&detail, 31)) }
         }
     };
     match link {
@@ -263,7 +287,7 @@ mod tests {
         fan.push(step("join", StepState::Available, &names));
         let svg = graph(&fan).into_string();
         assert_eq!(svg.matches("<rect").count(), 3, "root, the 999 as one box, the join");
-        assert!(svg.contains("999 steps"), "{svg}");
+        assert!(svg.contains("r… ×999"), "steps named alike, counted: {svg}");
         assert!(svg.contains("999 completed"), "{svg}");
         assert_eq!(svg.matches("class=\"edge\"").count(), 2, "edges between boxes, once each");
     }
