@@ -650,3 +650,45 @@ async fn the_http_api_creates_reads_and_cancels_workflows() {
     assert_eq!(cancelled.json(), json!({"waiting_cancelled": 1, "jobs_cancelled": 1, "cancel_requested": 0}));
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.workflows").await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_created_from_sql_runs_like_any_other() {
+    let db = TestDb::postgres().await;
+    register(&db).await;
+    let steps = json!([
+        step("d", &["b", "c"]),
+        {"name": "b", "job": "work", "payload": {"step": "b"}, "after": [{"step": "a", "if_failed": "run"}]},
+        step("c", &["a"]),
+        step("a", &[]),
+    ]);
+    let id: i64 = sqlx::query_scalar("SELECT jobhost.workflow_create($1, 'from sql')")
+        .bind(&steps)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    let wf = shown(&db, id).await;
+    assert_eq!(wf.label.as_deref(), Some("from sql"));
+    let order: Vec<(&str, StepState)> = wf.steps.iter().map(|s| (s.name.as_str(), s.state)).collect();
+    assert_eq!(
+        order,
+        [("a", StepState::Available), ("b", StepState::Waiting), ("c", StepState::Waiting), ("d", StepState::Waiting)],
+        "stored dependencies first; the root enqueued at once"
+    );
+    assert_eq!(wf.steps[1].after[0].if_failed, IfFailed::Run);
+    let a = fetch_steps(&db).await.remove(0).1;
+    db.store.job_finish(vec![finish(&a, completed_with(json!({"n": 1})))]).await.unwrap();
+    assert_eq!(fetch_steps(&db).await[0].1.payload["_deps"], json!({"a": {"n": 1}}));
+
+    for (bad, reason) in [
+        (json!([step("x", &["y"]), step("y", &["x"]), step("z", &[])]), "cycle (on or behind it: x, y)"),
+        (json!([step("x", &["nope"])]), "\"nope\""),
+        (json!([{"name": "x", "job": "ghost"}]), "unknown job type"),
+        (json!([step("x", &[]), step("x", &[])]), "two steps"),
+        (json!([]), "at least one step"),
+    ] {
+        let refused =
+            sqlx::query("SELECT jobhost.workflow_create($1)").bind(&bad).execute(db.pool()).await.unwrap_err();
+        assert!(refused.to_string().contains(reason), "{refused}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.workflows").await, 1, "nothing stored for a refusal");
+}
