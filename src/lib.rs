@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`config`]: host settings, their defaults and validation.
 //! - [`types`]: the shared vocabulary (job configuration, run outcomes).
-//! - [`template`]: concurrency and uniqueness key templates.
+//! - [`template`]: concurrency and uniqueness key templates; [`text`]: text
+//!   clipped to fit a terminal or a box.
 //! - [`calendar`]: cron expressions in a time zone, and their ticks.
 //! - [`timer`]: sleeps timed finer than tokio's millisecond wheel.
 //! - [`component`]: everything WebAssembly: engine, artifact cache,
@@ -44,6 +45,7 @@ pub mod outbound;
 pub mod store;
 pub mod supervisor;
 pub mod template;
+pub mod text;
 pub mod timer;
 pub mod types;
 pub mod worker;

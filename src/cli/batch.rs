@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::operator::{enqueued_json, enqueued_line, open, open_existing, read_lines};
 use super::{DbArgs, fail, fail_store};
 use crate::store::{Batch, Callbacks, EnqueueParams, Enqueued, NewBatch};
+use crate::text::clip;
 
 /// What to do with batches.
 #[derive(Debug, Subcommand)]
@@ -331,15 +332,6 @@ pub(super) fn bar(progress: f64, width: usize) -> String {
 /// Whole percent, rounded down (so 100% means done), past float noise.
 pub(super) fn percent(progress: f64) -> String {
     format!("{}%", (progress.clamp(0.0, 1.0) * 100.0 + 1e-9).floor() as u32)
-}
-
-/// At most `max` characters, with an ellipsis when cut.
-pub(super) fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
-    format!("{cut}…")
 }
 
 #[cfg(test)]

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use super::batch::{WIDTH, bar, clip, percent};
+use super::batch::{WIDTH, bar, percent};
 use super::operator::{open, open_existing};
 use super::{DbArgs, fail, fail_store};
 use crate::store::{NewWorkflow, StepState, Workflow};
+use crate::text::clip;
 
 /// What to do with workflows.
 #[derive(Debug, Subcommand)]

@@ -9,6 +9,7 @@ use maud::{Markup, html};
 
 use super::layout::{Head, progress_bar, state_badge, table, time};
 use crate::store::{IfFailed, Workflow, WorkflowStep};
+use crate::text::clip;
 
 /// Steps a layer draws one by one; a wider layer (a fan-out) draws its
 /// steps in boxes counting them by state, so a graph of thousands stays legible.
@@ -236,15 +237,6 @@ fn node_box(node: &Node) -> Markup {
         Some(href) => html! { a href=(href) { (shape) } },
         None => shape,
     }
-}
-
-/// At most `max` characters, with an ellipsis when cut.
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
-    format!("{cut}…")
 }
 
 #[cfg(test)]
