@@ -188,8 +188,10 @@ $$;
 -- the dependents that policy ended without running, wave by wave (a loop,
 -- not recursion, however deep the cascade). Locks: the dependents' rows,
 -- in id order.
+-- Planned for each call's own ids: a plan cached for any array of them
+-- scanned whole tables once the workflow tables had grown.
 CREATE FUNCTION jobhost.workflow_steps_ended(ended bigint[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     ready bigint[];
 BEGIN
@@ -218,94 +220,158 @@ BEGIN
 END;
 $$;
 
+-- A step being released: its job id, its payload with `_deps`, what it
+-- becomes (`run`, `cancel`, `fail`, `discard`) and why.
+CREATE TYPE jobhost.step_release AS (
+    id bigint, job_id bigint, job text, queue text, priority smallint, delay_ms bigint, payload jsonb,
+    verdict text, reason text, config jsonb
+);
+
 -- Releases steps whose dependencies have all ended (roots, at creation).
 -- Each is decided by its dependencies and their policies: any dependency
 -- that did not complete under `fail` fails it, else any under `cancel`
--- (or its workflow cancelled) cancels it; otherwise it is enqueued
--- through the gate with `_deps` (each dependency's output, or its state
--- and error) and, when some did not complete, `_deps_failed` (their
--- names). An enqueue the database refuses (its type gone, a `raise`
--- limit full, a `_deps` past the payload limit) fails the step with the
--- reason instead of failing this transaction (guarantee 13). Returns the
--- steps that ended without running, whose dependents are next.
+-- (or its workflow cancelled) cancels it; otherwise it is enqueued with
+-- `_deps` (each dependency's output, or its state and error) and, when
+-- some did not complete, `_deps_failed` (their names). Set-based: one
+-- statement decides every step and gives each its job id; the steps of
+-- plain types (no concurrency limit, no uniqueness) go into `jobs` in one
+-- insert; a step of a limited or unique type goes through `enqueue_as`
+-- (the gate, its claim), where a refusal (a `raise` limit full, a key
+-- that does not render) fails the step with the reason instead of this
+-- transaction (guarantee 13). A step whose type is gone or whose `_deps`
+-- pass the payload limit fails the same way. Returns the steps that ended
+-- without running, whose dependents are next.
 CREATE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    step jobhost.workflow_steps;
-    cancelled boolean;
-    deps jsonb;
-    failed_names jsonb;
-    verdict text;
-    reason text;
-    payload jsonb;
-    new_id bigint;
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+    -- Arrays, not a table: a step discarded by its gate ends inside this
+    -- call, and its dependents are released by a nested call.
+    releasing jobhost.step_release[];
+    gated jobhost.step_release;
+    changed_ids bigint[] := '{}';
+    changed_verdicts text[] := '{}';
+    changed_reasons text[] := '{}';
     claimant bigint;
-    ended bigint[] := '{}';
+    ended bigint[];
 BEGIN
-    FOR step IN
-        SELECT * FROM jobhost.workflow_steps s
+    WITH candidates AS (
+        SELECT s.* FROM jobhost.workflow_steps s
         WHERE s.id = ANY(ready) AND s.pending = 0 AND s.job_id IS NULL
         ORDER BY s.id
         FOR UPDATE
-    LOOP
-        SELECT w.cancelled_at IS NOT NULL INTO cancelled FROM jobhost.workflows w WHERE w.id = step.workflow_id;
-        SELECT coalesce(jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
-                        ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END), '{}'),
-               coalesce(jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed'), '[]'),
+    ),
+    judged AS (
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
+               c.payload || CASE WHEN count(d.id) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
+                   jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
+                                    ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)
+                   FILTER (WHERE d.id IS NOT NULL)) END
+               || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
+                   jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
+                   AS payload,
                CASE
+                   WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
                    WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
                    WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
                    ELSE 'run'
-               END,
+               END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE
                string_agg(format('dependency "%s" %s%s', d.name,
                                  CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
                                                     ELSE 'was cancelled' END,
-                                 CASE WHEN d.result IS NOT NULL AND d.result <> 'null' THEN ': ' || (d.result #>> '{}') ELSE '' END),
+                                 CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
+                                      THEN ': ' || (d.result #>> '{}') ELSE '' END),
                           '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
-        INTO deps, failed_names, verdict, reason
-        FROM jobhost.workflow_edges e
-        JOIN jobhost.workflow_steps d ON d.id = e.dep_id
-        WHERE e.step_id = step.id;
-        IF cancelled THEN
-            verdict := 'cancel';
-            reason := 'its workflow was cancelled';
-        END IF;
-        new_id := nextval('jobhost.job_ids');
-        UPDATE jobhost.workflow_steps SET job_id = new_id, released_at = now() WHERE id = step.id;
-        step.job_id := new_id;
-        IF verdict = 'run' THEN
-            payload := step.payload;
-            IF deps <> '{}' THEN
-                payload := payload || jsonb_build_object('_deps', deps);
-                IF failed_names <> '[]' THEN
-                    payload := payload || jsonb_build_object('_deps_failed', failed_names);
-                END IF;
+               END AS reason
+        FROM candidates c
+        JOIN jobhost.workflows w ON w.id = c.workflow_id
+        LEFT JOIN jobhost.job_types t ON t.name = c.job
+        LEFT JOIN jobhost.workflow_edges e ON e.step_id = c.id
+        LEFT JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+        GROUP BY c.id, c.job, c.queue, c.priority, c.delay_ms, c.payload, t.config, w.cancelled_at
+    ),
+    checked AS (
+        SELECT j.id, j.job, j.queue, j.priority, j.delay_ms, j.payload, j.config,
+               CASE WHEN j.verdict <> 'run' THEN j.verdict
+                    WHEN j.config IS NULL OR octet_length(j.payload::text) > max_payload_bytes THEN 'fail'
+                    ELSE 'run' END AS verdict,
+               CASE WHEN j.verdict <> 'run' THEN j.reason
+                    WHEN j.config IS NULL
+                        THEN format('unknown job type "%s": no host has loaded a component for it', j.job)
+                    WHEN octet_length(j.payload::text) > max_payload_bytes
+                        THEN format('payload of job "%s" is %s bytes of JSON with its _deps, more than the largest '
+                                    'accepted, %s bytes', j.job, octet_length(j.payload::text), max_payload_bytes)
+               END AS reason
+        FROM judged j
+    )
+    SELECT coalesce(array_agg(ROW(c.id, nextval('jobhost.job_ids'), c.job, c.queue, c.priority, c.delay_ms,
+                                  c.payload, c.verdict, c.reason, c.config)::jobhost.step_release ORDER BY c.id), '{}')
+    INTO releasing
+    FROM checked c;
+    IF cardinality(releasing) = 0 THEN
+        RETURN '{}';
+    END IF;
+    UPDATE jobhost.workflow_steps s SET job_id = r.job_id, released_at = now()
+    FROM unnest(releasing) r WHERE s.id = r.id;
+    -- Plain types: one insert, no gate to pass, nothing to claim.
+    INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
+    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue'),
+           coalesce(r.priority, (r.config ->> 'priority')::smallint), r.payload,
+           CASE WHEN r.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+           (r.config ->> 'max_attempts')::integer, now() + r.delay_ms * interval '1 millisecond'
+    FROM unnest(releasing) r
+    WHERE r.verdict = 'run'
+      AND jsonb_typeof(r.config -> 'concurrency') IS DISTINCT FROM 'object'
+      AND jsonb_typeof(r.config -> 'unique') IS DISTINCT FROM 'object'
+    ORDER BY r.id;
+    -- Limited or unique types: the gate and the claim, one step at a time.
+    FOREACH gated IN ARRAY releasing LOOP
+        CONTINUE WHEN gated.verdict <> 'run'
+            OR (jsonb_typeof(gated.config -> 'concurrency') IS DISTINCT FROM 'object'
+                AND jsonb_typeof(gated.config -> 'unique') IS DISTINCT FROM 'object');
+        BEGIN
+            claimant := jobhost.enqueue_as(gated.job_id, gated.job, gated.payload, gated.queue, gated.priority,
+                                           now() + gated.delay_ms * interval '1 millisecond');
+            IF claimant IS DISTINCT FROM gated.job_id THEN
+                changed_ids := changed_ids || gated.id;
+                changed_verdicts := changed_verdicts || 'discard'::text;
+                changed_reasons := changed_reasons || format('a duplicate of unique job %s', claimant);
             END IF;
-            BEGIN
-                claimant := jobhost.enqueue_as(new_id, step.job, payload, step.queue, step.priority,
-                                               now() + step.delay_ms * interval '1 millisecond');
-                IF claimant IS DISTINCT FROM new_id THEN
-                    verdict := 'discard';
-                    reason := format('a duplicate of unique job %s', claimant);
-                END IF;
-            EXCEPTION
-                WHEN serialization_failure OR deadlock_detected OR lock_not_available OR query_canceled THEN
-                    RAISE;
-                WHEN OTHERS THEN
-                    verdict := 'fail';
-                    reason := SQLERRM;
-            END;
-        END IF;
-        IF verdict <> 'run' THEN
-            UPDATE jobhost.workflow_steps
-            SET ended_state = CASE verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
-                result = to_jsonb(reason), ended_at = now()
-            WHERE id = step.id
-            RETURNING * INTO step;
-            PERFORM jobhost.workflow_step_archive(step, step.ended_state, reason);
-            ended := ended || step.id;
-        END IF;
+        EXCEPTION
+            WHEN serialization_failure OR deadlock_detected OR lock_not_available OR query_canceled THEN
+                RAISE;
+            WHEN OTHERS THEN
+                changed_ids := changed_ids || gated.id;
+                changed_verdicts := changed_verdicts || 'fail'::text;
+                changed_reasons := changed_reasons || SQLERRM;
+        END;
     END LOOP;
+    IF cardinality(changed_ids) > 0 THEN
+        SELECT array_agg(ROW(r.id, r.job_id, r.job, r.queue, r.priority, r.delay_ms, r.payload,
+                             coalesce(c.verdict, r.verdict), coalesce(c.reason, r.reason), r.config)::jobhost.step_release
+                         ORDER BY r.id)
+        INTO releasing
+        FROM unnest(releasing) r
+        LEFT JOIN unnest(changed_ids, changed_verdicts, changed_reasons) AS c(id, verdict, reason) ON c.id = r.id;
+    END IF;
+    -- The steps that will not run end now, straight into the archive.
+    UPDATE jobhost.workflow_steps s
+    SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
+        result = to_jsonb(r.reason), ended_at = now()
+    FROM unnest(releasing) r
+    WHERE s.id = r.id AND r.verdict <> 'run';
+    INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                                 enqueued_at, finished_at)
+    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue', 'default'),
+           coalesce(r.priority, (r.config ->> 'priority')::smallint, 0), s.payload, s.ended_state, 0,
+           coalesce((r.config ->> 'max_attempts')::integer, 1),
+           jsonb_build_array(jsonb_build_object('attempt', 0, 'at', now(), 'error', r.reason)), now(), now()
+    FROM unnest(releasing) r JOIN jobhost.workflow_steps s ON s.id = r.id
+    WHERE r.verdict <> 'run'
+    ORDER BY r.id;
+    SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') INTO ended FROM unnest(releasing) r WHERE r.verdict <> 'run';
     RETURN ended;
 END;
 $$;
@@ -313,10 +379,12 @@ $$;
 -- Archived jobs that are workflow steps end their steps (once: only a step
 -- not ended yet), and their dependents are counted down and released.
 CREATE FUNCTION jobhost.workflow_archived() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     ended bigint[];
 BEGIN
+    -- The ids as an array first: a transition table has no statistics, and
+    -- a join with it may scan every step; `= ANY` probes the index.
     WITH done AS (
         UPDATE jobhost.workflow_steps s
         SET ended_state = a.state,
@@ -324,7 +392,7 @@ BEGIN
                           ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END,
             ended_at = a.finished_at
         FROM archived a
-        WHERE s.job_id = a.id AND s.ended_state IS NULL
+        WHERE s.job_id = ANY(ARRAY(SELECT id FROM archived)) AND s.job_id = a.id AND s.ended_state IS NULL
         RETURNING s.id
     )
     SELECT coalesce(array_agg(id), '{}') INTO ended FROM done;
