@@ -17,47 +17,64 @@ use super::SqliteStore;
 use super::encode::now_ms;
 use super::time_of;
 use crate::store::driver::WorkflowDriver;
-use crate::store::enqueue::{Configs, prepare_registered};
+use crate::store::enqueue::{Configs, PreparedJob, job_names, prepare_registered};
 use crate::store::workflow::{
     CreatedWorkflow, EndedDependency, IfFailed, PreparedWorkflow, Release, StepDependency, StepState, StoredWorkflow,
     Workflow, WorkflowCounts, WorkflowStep, release, step_error,
 };
 use crate::store::{EnqueueLimits, EnqueueParams, Enqueued, Error, Result};
 
-/// Stores a workflow's steps and dependencies; its steps that wait for
-/// nothing are released by [`settle`] as the write commits.
+/// Stores a workflow's steps (dependencies first) and dependencies in two
+/// statements; its steps that wait for nothing are released by [`settle`]
+/// as the write commits.
 pub async fn write(conn: &mut SqliteConnection, workflow: PreparedWorkflow, now: i64) -> Result<i64> {
     let id: i64 = sqlx::query_scalar("INSERT INTO workflows (label, created_at) VALUES ($1, $2) RETURNING id")
         .bind(&workflow.label)
         .bind(now)
         .fetch_one(&mut *conn)
         .await?;
-    let mut step_ids = Vec::with_capacity(workflow.steps.len());
-    for step in &workflow.steps {
-        let step_id: i64 = sqlx::query_scalar(
-            "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-        )
+    let steps: Vec<serde_json::Value> = workflow
+        .steps
+        .iter()
+        .map(|s| {
+            serde_json::json!({"name": s.name, "job": s.job, "payload": s.payload, "queue": s.queue,
+                               "priority": s.priority, "delay_ms": s.delay_ms, "pending": s.after.len()})
+        })
+        .collect();
+    sqlx::query(
+        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+         SELECT $1, s.value ->> 'name', s.value ->> 'job', s.value -> 'payload', s.value ->> 'queue',
+                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending'
+         FROM json_each($2) s
+         ORDER BY s.key",
+    )
+    .bind(id)
+    .bind(Json(&steps))
+    .execute(&mut *conn)
+    .await?;
+    // Ids by name, read back: joining the steps with a JSON list of names
+    // lets SQLite's planner scan every step for every edge.
+    let ids: HashMap<String, i64> = sqlx::query_as("SELECT name, id FROM workflow_steps WHERE workflow_id = $1")
         .bind(id)
-        .bind(&step.name)
-        .bind(&step.job)
-        .bind(Json(&step.payload))
-        .bind(&step.queue)
-        .bind(step.priority)
-        .bind(step.delay_ms)
-        .bind(step.after.len() as i64)
-        .fetch_one(&mut *conn)
-        .await?;
-        for &(dep, policy) in &step.after {
-            sqlx::query("INSERT INTO workflow_edges (step_id, dep_id, if_failed) VALUES ($1, $2, $3)")
-                .bind(step_id)
-                .bind(step_ids[dep])
-                .bind(policy.as_str())
-                .execute(&mut *conn)
-                .await?;
-        }
-        step_ids.push(step_id);
-    }
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect();
+    let edges: Vec<(i64, i64, &str)> = workflow
+        .steps
+        .iter()
+        .flat_map(|s| {
+            let (steps, ids) = (&workflow.steps, &ids);
+            s.after.iter().map(move |&(dep, policy)| (ids[&s.name], ids[&steps[dep].name], policy.as_str()))
+        })
+        .collect();
+    sqlx::query(
+        "INSERT INTO workflow_edges (step_id, dep_id, if_failed)
+         SELECT e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM json_each($1) e",
+    )
+    .bind(Json(&edges))
+    .execute(&mut *conn)
+    .await?;
     Ok(id)
 }
 
@@ -89,10 +106,11 @@ struct Ready {
 /// Releases every step whose dependencies have all ended, in the caller's
 /// transaction, wave by wave: a step its policy ends without running
 /// counts down its own dependents, which may be due next. Each is decided
-/// by the shared rules ([`release`]); an enqueue refused (its type gone, a
-/// `raise` limit full, a `_deps` past the payload limit) fails the step
-/// with the reason and never fails the transaction (guarantee 13).
-/// Returns whether any job became available.
+/// by the shared rules ([`release`]); the steps that run go in with one
+/// insert, or one by one when that insert is refused, so that an enqueue
+/// refused (its type gone, a `raise` limit full, a `_deps` past the payload
+/// limit) fails only its own step, with the reason, and never the
+/// transaction (guarantee 13). Returns whether any job became available.
 pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i64) -> Result<bool> {
     let mut any_available = false;
     loop {
@@ -108,93 +126,152 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
         if ready.is_empty() {
             return Ok(any_available);
         }
-        let mut configs = Configs::new();
-        for step in ready {
-            if !configs.contains_key(&step.job) {
-                // A configuration that cannot be read fails its step, not every write.
-                match super::fleet::job_types_get(&mut *conn, std::slice::from_ref(&step.job)).await {
-                    Ok(found) => configs.extend(found),
-                    Err(Error::CorruptJobType { .. } | Error::Decode(_)) => {}
-                    Err(error) => return Err(error),
+        let configs = configs_of(conn, &ready).await?;
+        let mut deps = dependencies_of(conn, &ready).await?;
+        let mut running: Vec<(&Ready, PreparedJob)> = Vec::new();
+        for step in &ready {
+            let ended = deps.remove(&step.id).unwrap_or_default();
+            let payload = match release(&step.payload.0, &ended, step.cancelled) {
+                Release::Run(payload) => payload,
+                Release::Cancel(reason) => {
+                    end_unrun(conn, step, "cancelled", &reason, now).await?;
+                    continue;
                 }
+                Release::Fail(reason) => {
+                    end_unrun(conn, step, "failed", &reason, now).await?;
+                    continue;
+                }
+            };
+            let params = EnqueueParams {
+                queue: step.queue.clone(),
+                priority: step.priority,
+                delay_ms: Some(step.delay_ms.max(0) as u64),
+                ..EnqueueParams::new(step.job.clone(), payload)
+            };
+            match prepare_registered(params, &configs, limits) {
+                Ok(job) => running.push((step, job)),
+                Err(error) => end_unrun(conn, step, "failed", &error.to_string(), now).await?,
             }
-            any_available |= release_one(conn, step, &configs, limits, now).await?;
         }
+        let jobs: Vec<&PreparedJob> = running.iter().map(|(_, job)| job).collect();
+        let outcomes = insert_all_or_each(conn, &jobs, now).await?;
+        let mut released: Vec<(i64, i64)> = Vec::new();
+        for ((step, _), outcome) in running.iter().zip(outcomes) {
+            match outcome {
+                Ok(Enqueued::New(job_id)) => released.push((step.id, job_id)),
+                Ok(Enqueued::Duplicate(claimant) | Enqueued::Replaced(claimant)) => {
+                    let reason = format!("a duplicate of unique job {claimant}");
+                    end_unrun(conn, step, "discarded", &reason, now).await?;
+                }
+                Err(reason) => end_unrun(conn, step, "failed", &reason, now).await?,
+            }
+        }
+        any_available |= !released.is_empty();
+        record_jobs(conn, &released, now).await?;
     }
 }
 
-async fn release_one(
-    conn: &mut SqliteConnection,
-    step: Ready,
-    configs: &Configs,
-    limits: &EnqueueLimits,
-    now: i64,
-) -> Result<bool> {
-    let deps: Vec<(String, String, Option<Json<serde_json::Value>>, String)> = sqlx::query_as(
-        "SELECT d.name, d.ended_state, d.result, e.if_failed
+/// The configurations of the ready steps' types; one that cannot be read
+/// fails its steps (as unknown), not every write.
+async fn configs_of(conn: &mut SqliteConnection, ready: &[Ready]) -> Result<Configs> {
+    let mut configs = Configs::new();
+    for name in job_names(ready.iter().map(|s| s.job.as_str())) {
+        match super::fleet::job_types_get(&mut *conn, std::slice::from_ref(&name)).await {
+            Ok(found) => configs.extend(found),
+            Err(Error::CorruptJobType { .. } | Error::Decode(_)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(configs)
+}
+
+/// A dependency as read: its dependent, name, ending, result and policy.
+type DependencyRow = (i64, String, String, Option<Json<serde_json::Value>>, String);
+
+/// How each ready step's dependencies ended, in dependency order, by step.
+async fn dependencies_of(conn: &mut SqliteConnection, ready: &[Ready]) -> Result<HashMap<i64, Vec<EndedDependency>>> {
+    let ids: Vec<i64> = ready.iter().map(|s| s.id).collect();
+    let rows: Vec<DependencyRow> = sqlx::query_as(
+        "SELECT e.step_id, d.name, d.ended_state, d.result, e.if_failed
          FROM workflow_edges e JOIN workflow_steps d ON d.id = e.dep_id
-         WHERE e.step_id = $1
-         ORDER BY d.id",
+         WHERE e.step_id IN (SELECT value FROM json_each($1))
+         ORDER BY e.step_id, d.id",
     )
-    .bind(step.id)
+    .bind(super::json_list(&ids))
     .fetch_all(&mut *conn)
     .await?;
-    let deps = deps
-        .into_iter()
-        .map(|(name, state, result, policy)| {
-            Ok(EndedDependency {
-                name,
-                state,
-                result: result.map(|r| r.0).unwrap_or_default(),
-                if_failed: IfFailed::decode(&policy)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let payload = match release(&step.payload.0, &deps, step.cancelled) {
-        Release::Run(payload) => payload,
-        Release::Cancel(reason) => return end_unrun(conn, &step, "cancelled", &reason, now).await.map(|_| false),
-        Release::Fail(reason) => return end_unrun(conn, &step, "failed", &reason, now).await.map(|_| false),
-    };
-    let params = EnqueueParams {
-        queue: step.queue.clone(),
-        priority: step.priority,
-        delay_ms: Some(step.delay_ms.max(0) as u64),
-        ..EnqueueParams::new(step.job.clone(), payload)
-    };
-    let enqueued = match prepare_registered(params, configs, limits) {
-        Ok(job) => super::batch::enqueue_alone(conn, &job, now).await?,
-        Err(error) => Err(error.to_string()),
-    };
-    match enqueued {
-        Ok(Enqueued::New(job_id)) => {
-            sqlx::query("UPDATE workflow_steps SET job_id = $2, released_at = $3 WHERE id = $1")
-                .bind(step.id)
-                .bind(job_id)
-                .bind(now)
-                .execute(&mut *conn)
-                .await?;
-            // The gate may have discarded it at once, before it was the
-            // step's job: end the step from the archive as its trigger would.
-            sqlx::query(
-                "UPDATE workflow_steps
-                 SET ended_state = a.state,
-                     result = coalesce(a.errors -> '$[#-1].error', 'null'),
-                     ended_at = a.finished_at
-                 FROM archive a
-                 WHERE workflow_steps.id = $1 AND a.id = $2 AND workflow_steps.ended_state IS NULL",
-            )
-            .bind(step.id)
+    let mut deps: HashMap<i64, Vec<EndedDependency>> = HashMap::new();
+    for (step, name, state, result, policy) in rows {
+        deps.entry(step).or_default().push(EndedDependency {
+            name,
+            state,
+            result: result.map(|r| r.0).unwrap_or_default(),
+            if_failed: IfFailed::decode(&policy)?,
+        });
+    }
+    Ok(deps)
+}
+
+/// Inserts the jobs of released steps in one insert under a savepoint; if
+/// the database refuses it (one step's limit says `raise`), again one by
+/// one, so a refusal fails only its own step.
+async fn insert_all_or_each(
+    conn: &mut SqliteConnection,
+    jobs: &[&PreparedJob],
+    now: i64,
+) -> Result<Vec<std::result::Result<Enqueued, String>>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query("SAVEPOINT release_steps").execute(&mut *conn).await?;
+    match super::job::insert(conn, jobs, now).await {
+        Ok(outcomes) => {
+            sqlx::query("RELEASE release_steps").execute(&mut *conn).await?;
+            Ok(outcomes.into_iter().map(Ok).collect())
+        }
+        Err(error) if error.is_refusal() || matches!(error, Error::InvalidEnqueue(_)) => {
+            sqlx::query("ROLLBACK TO release_steps").execute(&mut *conn).await?;
+            sqlx::query("RELEASE release_steps").execute(&mut *conn).await?;
+            let mut outcomes = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                outcomes.push(super::batch::enqueue_alone(conn, job, now).await?);
+            }
+            Ok(outcomes)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Records each released step's job; a job the gate discarded at once,
+/// before it was its step's, ends its step from the archive as the
+/// archive's trigger would.
+async fn record_jobs(conn: &mut SqliteConnection, released: &[(i64, i64)], now: i64) -> Result<()> {
+    if released.is_empty() {
+        return Ok(());
+    }
+    // One statement a step: an UPDATE joined with a JSON list may scan every step for each.
+    for &(step, job_id) in released {
+        sqlx::query("UPDATE workflow_steps SET job_id = $2, released_at = $3 WHERE id = $1")
+            .bind(step)
             .bind(job_id)
+            .bind(now)
             .execute(&mut *conn)
             .await?;
-            Ok(true)
-        }
-        Ok(Enqueued::Duplicate(claimant) | Enqueued::Replaced(claimant)) => {
-            let reason = format!("a duplicate of unique job {claimant}");
-            end_unrun(conn, &step, "discarded", &reason, now).await.map(|_| false)
-        }
-        Err(reason) => end_unrun(conn, &step, "failed", &reason, now).await.map(|_| false),
     }
+    let pairs = super::json_list(released);
+    sqlx::query(
+        "UPDATE workflow_steps
+         SET ended_state = (SELECT a.state FROM archive a WHERE a.id = workflow_steps.job_id),
+             result = (SELECT coalesce(a.errors -> '$[#-1].error', 'null') FROM archive a
+                       WHERE a.id = workflow_steps.job_id),
+             ended_at = (SELECT a.finished_at FROM archive a WHERE a.id = workflow_steps.job_id)
+         WHERE id IN (SELECT r.value ->> 0 FROM json_each($1) r) AND ended_state IS NULL
+           AND EXISTS (SELECT 1 FROM archive a WHERE a.id = workflow_steps.job_id)",
+    )
+    .bind(&pairs)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Ends a step that will not run: it becomes a job straight in the archive
