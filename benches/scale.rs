@@ -112,6 +112,7 @@ fn done(job: &FetchedJob) -> Finish {
             output: Some(JsonText::from(&json!({"ok": true}))),
             children: Vec::new().into(),
             batches: Default::default(),
+            workflows: Default::default(),
         },
         log: json!({}),
         progress: None,

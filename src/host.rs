@@ -114,6 +114,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     let secrets = crate::component::secrets_from(store.clone(), config.secret_key.clone());
     let runtime = runtime
         .with_child_check(known.check(registry.clone(), store.clone(), config.limits))
+        .with_step_lookup(KnownJobTypes::step_lookup(store.clone()))
         .with_grants(grants)
         .with_secrets(secrets)
         .with_variables(crate::component::variables_from(store.clone()));

@@ -42,6 +42,7 @@ pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod outbound;
+pub mod step;
 pub mod store;
 pub mod supervisor;
 pub mod template;

@@ -345,6 +345,52 @@ pub struct BatchRequest {
     pub callback_payload: serde_json::Value,
 }
 
+/// A workflow a running job opens, created with the job's completion with
+/// the steps the run added to it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowRequest {
+    /// A name for people.
+    pub label: Option<String>,
+}
+
+/// The workflow a step a running job adds goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepTarget {
+    /// The workflow the job is a step of: the step grows it (stored as
+    /// `STEP/NAME`, after the job's step, before the job's dependents).
+    Current,
+    /// The workflow the run opened with this number (0 for the first).
+    Opened(u32),
+}
+
+/// A step a running job adds, held for its completion. Its name and its
+/// `after` are as the run gave them: the names of steps it added before
+/// to the same workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRequest {
+    /// Where it goes.
+    pub target: StepTarget,
+    /// The step.
+    pub step: crate::step::NewStep,
+}
+
+/// The workflows a run opened and the steps it added, written with its completion.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowEffects {
+    /// Workflows opened, by number.
+    pub opened: Vec<WorkflowRequest>,
+    /// Steps added, in the order the run added them.
+    pub steps: Vec<StepRequest>,
+}
+
+impl WorkflowEffects {
+    /// True when the run opened no workflow and added no step.
+    pub fn is_empty(&self) -> bool {
+        self.opened.is_empty() && self.steps.is_empty()
+    }
+}
+
 /// How one run of a job ended, from the sandbox's point of view.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -516,6 +562,9 @@ pub struct RunEffects {
     pub children: Vec<ChildJob>,
     /// Batches the guest opened, to be created with this job's completion.
     pub batches: Vec<BatchRequest>,
+    /// Workflows the guest opened and steps it added, written with this job's completion.
+    #[serde(default)]
+    pub workflows: WorkflowEffects,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
     /// The run's outbound HTTP requests, the last 100, oldest first.

@@ -80,8 +80,12 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
     };
     let job = db.store.job_fetch(&params).await.unwrap().remove(0);
     let output = jobhost::types::JsonText::from(&json!({"sent": true}));
-    let outcome =
-        FinishOutcome::Completed { output: Some(output), children: Vec::new().into(), batches: Default::default() };
+    let outcome = FinishOutcome::Completed {
+        output: Some(output),
+        children: Vec::new().into(),
+        batches: Default::default(),
+        workflows: Default::default(),
+    };
     let finish = Finish {
         id: job.id,
         lease_token: job.lease_token,
@@ -220,7 +224,12 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
             outcome: if job.id == ids[0] {
                 FinishOutcome::Failed { error: "no such mailbox".into() }
             } else {
-                FinishOutcome::Completed { output: None, children: Vec::new().into(), batches: Default::default() }
+                FinishOutcome::Completed {
+                    output: None,
+                    children: Vec::new().into(),
+                    batches: Default::default(),
+                    workflows: Default::default(),
+                }
             },
             log: json!({}),
             progress: None,

@@ -216,7 +216,12 @@ async fn every_blocked_payload_is_a_json_object(db: TestDb) {
         delay_ms: None,
         batch: None,
     };
-    let outcome = FinishOutcome::Completed { output: None, children: vec![child].into(), batches: Default::default() };
+    let outcome = FinishOutcome::Completed {
+        output: None,
+        children: vec![child].into(),
+        batches: Default::default(),
+        workflows: Default::default(),
+    };
     db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
     db.store
         .job_finish(vec![finish(&holder, FinishOutcome::Retry { error: "again".into(), delay_ms: 1 })])

@@ -124,6 +124,43 @@ async fn keeps_its_limit_across_its_runs(db: TestDb, lang: &Language) {
     host.stop().await;
 }
 
+/// A step in the language grows its workflow through the SDK: the step
+/// that waited for it receives the grown steps' outputs too.
+async fn grows_its_workflow(db: TestDb, lang: &Language) {
+    let host = TestHost::start(&db, &[&lang.hello(), "hello"], |_| {}).await;
+    let steps = json!({ "steps": [
+        {"name": "s", "job": lang.hello(), "payload": {"name": "s", "grow": ["x", "y"]}},
+        {"name": "d", "job": "hello", "payload": {"name": "d"}, "after": ["s"]},
+    ]});
+    let created = db.store.workflow_create(&serde_json::from_value(steps).unwrap()).await.unwrap();
+    eventually(WITHIN, || async {
+        db.store.workflow_get(created.id).await.unwrap().unwrap().state != jobhost::store::WorkflowState::Running
+    })
+    .await;
+    let wf = db.store.workflow_get(created.id).await.unwrap().unwrap();
+    assert_eq!(wf.state, jobhost::store::WorkflowState::Succeeded, "{wf:?}");
+    let output = |name: &str| {
+        let job = wf.steps.iter().find(|s| s.name == name).and_then(|s| s.job_id).expect(name);
+        let db = &db;
+        async move { db.store.job_get(job).await.unwrap().unwrap().output.unwrap() }
+    };
+    assert_eq!(output("s").await["step"], "s", "the handler knew its step");
+    assert_eq!(output("s/x").await["greeting"], "hello, x");
+    let deps: Vec<String> = output("d").await["deps"].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(deps, ["s", "s/x", "s/y"]);
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_step_grows_its_workflow() {
+    grows_its_workflow(TestDb::postgres().await, &PYTHON).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_step_grows_its_workflow() {
+    grows_its_workflow(TestDb::postgres().await, &JAVASCRIPT).await;
+}
+
 async fn a_python_handler_logs_reports_progress_and_enqueues(db: TestDb) {
     logs_reports_progress_and_enqueues(db, &PYTHON).await;
 }

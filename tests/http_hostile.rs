@@ -87,6 +87,7 @@ async fn fifty_heavy_jobs(db: &TestDb) {
                     output: Some(output),
                     children: Vec::new().into(),
                     batches: Default::default(),
+                    workflows: Default::default(),
                 };
                 jobhost::store::Finish { log: json!({ "lines": [blob('l', MIB)] }), ..finish(run, outcome) }
             })

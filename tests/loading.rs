@@ -161,6 +161,23 @@ async fn a_component_of_the_third_world_version_loads_and_runs() {
     assert_eq!(report.effects.children[0].batch, Some(jobhost::types::ChildBatch::Opened(0)));
 }
 
+/// A component built against `jobhost:job@0.4.0` (before `workflows`)
+/// loads with its outbound rules, logs through the 0.4.0 imports and opens
+/// a batch and adds to it through the 0.4.0 `batches` imports.
+#[tokio::test]
+async fn a_component_of_the_fourth_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v4").await;
+    assert_eq!(legacy.config.max_attempts, 3);
+    let origins: Vec<String> = legacy.config.outbound.iter().map(|rule| rule.origin.clone()).collect();
+    assert_eq!(origins, ["https://api.example.com"], "its 0.4.0 outbound rule came through");
+    let report = run(&runtime, &legacy, json!({"id": 10})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 10}));
+    assert_eq!(report.effects.logs.len(), 1, "its log line came through the 0.4.0 import");
+    assert_eq!(report.effects.batches.len(), 1, "a batch opened through the 0.4.0 import");
+    assert_eq!(report.effects.children[0].batch, Some(jobhost::types::ChildBatch::Opened(0)));
+}
+
 /// A component instantiating `module` `count` times.
 fn instantiating(module: &str, count: usize) -> Vec<u8> {
     let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();

@@ -341,6 +341,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
         output: None,
         children: vec![child].into(),
         batches: Default::default(),
+        workflows: Default::default(),
     };
     let finishing = tokio::spawn({
         let store = store.clone();

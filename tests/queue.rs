@@ -163,7 +163,12 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
         delay_ms: None,
         batch: None,
     };
-    let late = FinishOutcome::Completed { output: None, children: vec![child].into(), batches: Default::default() };
+    let late = FinishOutcome::Completed {
+        output: None,
+        children: vec![child].into(),
+        batches: Default::default(),
+        workflows: Default::default(),
+    };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
     assert_eq!(db.store.job_finish(vec![finish(&first, retry)]).await.unwrap(), [FinishResult::Duplicate]);
@@ -194,8 +199,12 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
         delay_ms: None,
         batch: None,
     };
-    let stale_completion =
-        || FinishOutcome::Completed { output: None, children: vec![child.clone()].into(), batches: Default::default() };
+    let stale_completion = || FinishOutcome::Completed {
+        output: None,
+        children: vec![child.clone()].into(),
+        batches: Default::default(),
+        workflows: Default::default(),
+    };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
     for (round, current) in [retry(), completed()].into_iter().enumerate() {
         let id = db.store.job_enqueue(&[EnqueueParams::new("mail", json!({"round": round}))]).await.unwrap()[0];
@@ -239,6 +248,7 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
         output: None,
         children: vec![child(1), child(2)].into(),
         batches: Default::default(),
+        workflows: Default::default(),
     };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
@@ -259,7 +269,12 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: Te
         .job_finish(vec![
             finish(
                 &fetched[0],
-                FinishOutcome::Completed { output: None, children: vec![orphan].into(), batches: Default::default() },
+                FinishOutcome::Completed {
+                    output: None,
+                    children: vec![orphan].into(),
+                    batches: Default::default(),
+                    workflows: Default::default(),
+                },
             ),
             finish(&fetched[1], completed()),
         ])

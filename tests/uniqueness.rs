@@ -274,7 +274,12 @@ async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
         batch: None,
     };
     let children = vec![child("k"), child("fresh"), child("fresh")];
-    let outcome = FinishOutcome::Completed { output: None, children: children.into(), batches: Default::default() };
+    let outcome = FinishOutcome::Completed {
+        output: None,
+        children: children.into(),
+        batches: Default::default(),
+        workflows: Default::default(),
+    };
     assert_eq!(db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap(), vec![FinishResult::Done]);
     assert_eq!(db.state_of(parent.id).await, JobState::Completed, "a duplicate child never fails its parent");
     assert_eq!(live_jobs(&db, "once").await, 2, "the existing job and one fresh child");

@@ -40,6 +40,7 @@ fn completed_with(output: Value) -> FinishOutcome {
         output: Some(JsonText::from(&output)),
         children: Vec::new().into(),
         batches: Default::default(),
+        workflows: Default::default(),
     }
 }
 

@@ -2,21 +2,38 @@
 //! from `wit/` (the current version) and `wit/archive/` (earlier versions a
 //! host still loads), and the conversions between them and [`crate::types`].
 
-/// The current world, `jobhost:job@0.4.0`.
+/// The current world, `jobhost:job@0.5.0`.
 mod current {
     wasmtime::component::bindgen!({
         path: "wit",
         world: "job",
         // Host imports may trap (a guest flooding the log is a host-side limit).
         // The enqueues are async: they may ask the database whether a `raise`
-        // limit has room for the child.
+        // limit has room for the child; so are the workflow calls that ask
+        // which step the job is.
+        imports: {
+            "jobhost:job/host.enqueue": async | trappable,
+            "jobhost:job/batches.enqueue": async | trappable,
+            "jobhost:job/workflows.current-step": async | trappable,
+            "jobhost:job/workflows.add-step": async | trappable,
+            default: trappable,
+        },
+        // Exports are called on the async executor so a guest blocked on a WASI
+        // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
+
+/// `jobhost:job@0.4.0`, for components built before 0.5.0 (see `legacy_v4`).
+pub mod v0_4 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.4.0",
+        world: "job",
         imports: {
             "jobhost:job/host.enqueue": async | trappable,
             "jobhost:job/batches.enqueue": async | trappable,
             default: trappable,
         },
-        // Exports are called on the async executor so a guest blocked on a WASI
-        // clock or spinning (epoch yields) never holds a thread.
         exports: { default: async },
     });
 }
@@ -58,6 +75,7 @@ pub mod v0_1 {
 pub use current::jobhost::job::batches::{BatchOptions, BatchRef};
 pub use current::jobhost::job::host::{EnqueueOptions, Level};
 pub use current::jobhost::job::types as wit;
+pub use current::jobhost::job::workflows::{IfFailed as WitIfFailed, NewStep, StepOf, WorkflowRef};
 pub use current::{Job, JobPre, jobhost};
 
 use crate::types::{self, LogLevel};

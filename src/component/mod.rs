@@ -16,6 +16,7 @@ mod sandbox;
 mod stop;
 pub mod variables;
 pub mod watcher;
+mod workflows;
 mod world;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +40,7 @@ pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
 pub use variables::variables_from;
 pub use watcher::{DirectoryWatcher, WatcherConfig};
+pub use workflows::{JobStep, StepLookup};
 
 use bindings::wit;
 use sandbox::{CallEnd, RunLimits, SandboxState};
@@ -142,6 +144,9 @@ pub struct Runtime {
     /// when unset (a runtime without a queue, as in `jobhost exec`). Fixed
     /// for this value and its clones: never changed under a running guest.
     child_check: Option<ChildCheck>,
+    /// How a run finds which workflow step its job is; unset (`jobhost
+    /// exec`), a run cannot add steps to its own workflow.
+    step_lookup: Option<StepLookup>,
     /// Where a run reads its job type's grants; none granted when unset
     /// (`jobhost exec`), so every request is refused.
     grants: Option<GrantSource>,
@@ -185,7 +190,7 @@ impl Runtime {
         let load_slots = Semaphore::new(engine::LOAD_SLOTS as usize);
         let connections = Arc::new(crate::outbound::send::Connections::new());
         let inner = Arc::new(Inner { engine, linker, cache, config, run_slots, load_slots, connections });
-        Ok(Runtime { inner, child_check: None, grants: None, secrets: None, variables: None })
+        Ok(Runtime { inner, child_check: None, step_lookup: None, grants: None, secrets: None, variables: None })
     }
 
     /// This runtime, with every guest's `enqueue` refusing the children
@@ -194,6 +199,13 @@ impl Runtime {
     /// under runs already going (clones made earlier keep theirs).
     pub fn with_child_check(self, check: ChildCheck) -> Self {
         Runtime { child_check: Some(check), ..self }
+    }
+
+    /// This runtime, with each run finding its job's workflow step through
+    /// `lookup` when the guest asks (`workflows.current-step`, or a step
+    /// added to `current`).
+    pub fn with_step_lookup(self, lookup: StepLookup) -> Self {
+        Runtime { step_lookup: Some(lookup), ..self }
     }
 
     /// This runtime, with each run reading its job type's grants from
@@ -379,6 +391,7 @@ impl Runtime {
         let mut store =
             sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);
         store.data_mut().set_in_batch(context.batch_id.is_some());
+        store.data_mut().set_job(context.job_id as i64, self.step_lookup.clone());
         let wit_context: wit::JobContext = context.into();
         let end =
             sandbox::call_run(&mut store, async |store| component.pre.run(store, &wit_context, payload).await).await;

@@ -11,12 +11,15 @@ use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, wit};
+use crate::component::bindings::{
+    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, wit,
+};
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
 use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
+use crate::component::workflows::{RunWorkflows, StepLookup};
 use crate::outbound::hooks::OutboundHooks;
 use crate::types::{
     BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
@@ -76,7 +79,7 @@ pub struct SandboxState {
     memory: MemoryCap,
     stdout: CapturedOutput,
     stderr: CapturedOutput,
-    effects: RunEffects,
+    pub(super) effects: RunEffects,
     limits: RunLimits,
     signal: StopSignal,
     /// The latest progress, read by the host's heartbeat while the run goes on.
@@ -84,11 +87,13 @@ pub struct SandboxState {
     /// Whether the job is a member of a batch, so may add to it.
     in_batch: bool,
     stopped_by: Option<HostStop>,
-    child_check: Option<ChildCheck>,
+    pub(super) child_check: Option<ChildCheck>,
+    /// The workflow steps the run adds, and which step its job is.
+    pub(super) workflows: RunWorkflows,
     /// The children enqueued so far, counted per (type, key) as the check rendered them.
     child_keys: ChildKeyCounts,
     /// What the run may still make the host hold.
-    budget: RunBudget,
+    pub(super) budget: RunBudget,
     /// Bytes of log lines echoed into the host's log so far.
     host_log_bytes: usize,
     /// When the component finished instantiating, for the run's report.
@@ -103,6 +108,9 @@ pub struct ChildProbe {
     pub child: ChildJob,
     /// How many children of each (type, key) this run enqueued before.
     pub earlier: ChildKeyCounts,
+    /// A workflow step's job, enqueued when the step is released: its
+    /// limit's room is the gate's to decide then, not the check's now.
+    pub at_release: bool,
 }
 
 /// How many children a run has enqueued per (job type, rendered key): what a
@@ -216,6 +224,7 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_4::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_1::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)
@@ -260,6 +269,7 @@ pub fn new_store(
         in_batch: false,
         stopped_by: None,
         child_check,
+        workflows: RunWorkflows::default(),
         child_keys: ChildKeyCounts::default(),
         budget,
         host_log_bytes: 0,
@@ -517,6 +527,12 @@ impl SandboxState {
         self.in_batch = in_batch;
     }
 
+    /// Notes the run's job and how to find which workflow step it is, for
+    /// `workflows.current-step` and steps added to `current`.
+    pub fn set_job(&mut self, job_id: i64, lookup: Option<StepLookup>) {
+        self.workflows = RunWorkflows::new(job_id, lookup);
+    }
+
     /// Notes that the component has been instantiated: the guest's code runs from now.
     pub fn note_instantiated(&mut self) {
         self.instantiated_at = Some(std::time::Instant::now());
@@ -540,7 +556,7 @@ impl SandboxState {
         let child = ChildJob { batch, ..self.child_of(job, payload, options)? };
         if let Some(check) = self.child_check.clone() {
             let earlier = self.child_keys.clone();
-            let probe = ChildProbe { child: child.clone(), earlier };
+            let probe = ChildProbe { child: child.clone(), earlier, at_release: false };
             if let Some(key) = check(probe).await? {
                 self.child_keys.add(child.job.clone(), key);
             }
@@ -588,7 +604,7 @@ impl SandboxState {
 
     /// Checks what a guest enqueues on its own terms: the run's child limit,
     /// its byte budget, the names, and the payload's JSON.
-    fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
+    pub(super) fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
         if self.effects.children.len() >= CHILD_LIMIT {
             return Err(format!("a run may enqueue at most {CHILD_LIMIT} jobs"));
         }

@@ -7,13 +7,17 @@
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
-use crate::component::bindings::{self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, v0_1, v0_2, v0_3, wit};
+use crate::component::bindings::{
+    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, v0_1, v0_2, v0_3, v0_4, wit,
+};
 use crate::component::sandbox::SandboxState;
 
 /// A linked component of one world version, ready to instantiate.
 pub enum WorldPre {
-    /// `jobhost:job@0.4.0`.
+    /// `jobhost:job@0.5.0`.
     Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.4.0`.
+    V0_4(v0_4::JobPre<SandboxState>),
     /// `jobhost:job@0.3.0`.
     V0_3(v0_3::JobPre<SandboxState>),
     /// `jobhost:job@0.2.0`.
@@ -32,6 +36,9 @@ impl WorldPre {
             Ok(current) => return Ok(WorldPre::Current(current)),
             Err(reason) => reason,
         };
+        if let Ok(v0_4) = v0_4::JobPre::new(pre.clone()) {
+            return Ok(WorldPre::V0_4(v0_4));
+        }
         if let Ok(v0_3) = v0_3::JobPre::new(pre.clone()) {
             return Ok(WorldPre::V0_3(v0_3));
         }
@@ -45,6 +52,9 @@ impl WorldPre {
     pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
         match self {
             WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_4(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
             WorldPre::V0_3(pre) => {
                 Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
             }
@@ -69,6 +79,12 @@ impl WorldPre {
                 let job = pre.instantiate_async(&mut *store).await?;
                 store.data_mut().note_instantiated();
                 job.call_run(&mut *store, context, payload).await
+            }
+            WorldPre::V0_4(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_3(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
@@ -157,6 +173,91 @@ macro_rules! earlier_world {
     };
 }
 
+/// A configuration of a world from 0.2.0 on (`$types`), converted field by
+/// field; `$outbound` reads the outbound rules from `$old` (none before
+/// 0.4.0).
+macro_rules! config_since_v2 {
+    ($types:ident, $old:ident => $outbound:expr) => {
+        impl From<$types::JobConfig> for wit::JobConfig {
+            fn from($old: $types::JobConfig) -> Self {
+                wit::JobConfig {
+                    name: $old.name,
+                    queue: $old.queue,
+                    priority: $old.priority,
+                    max_attempts: $old.max_attempts,
+                    backoff: $old.backoff.map(|b| wit::Backoff { base_ms: b.base_ms, cap_ms: b.cap_ms }),
+                    timeout_ms: $old.timeout_ms,
+                    memory_limit_bytes: $old.memory_limit_bytes,
+                    concurrency: $old.concurrency.map(|c| wit::Concurrency {
+                        limit: c.limit,
+                        key: c.key,
+                        duration_secs: c.duration_secs,
+                        on_conflict: match c.on_conflict {
+                            $types::OnConflict::Block => wit::OnConflict::Block,
+                            $types::OnConflict::Discard => wit::OnConflict::Discard,
+                            $types::OnConflict::Raise => wit::OnConflict::Raise,
+                        },
+                    }),
+                    unique: $old.unique.map(|u| wit::Uniqueness {
+                        key: u.key,
+                        strategy: match u.strategy {
+                            $types::UniqueStrategy::UntilExecuted => wit::UniqueStrategy::UntilExecuted,
+                            $types::UniqueStrategy::WhileExecuting => wit::UniqueStrategy::WhileExecuting,
+                        },
+                        on_duplicate: u.on_duplicate.map(|d| match d {
+                            $types::OnDuplicate::Skip => wit::OnDuplicate::Skip,
+                            $types::OnDuplicate::Replace => wit::OnDuplicate::Replace,
+                            $types::OnDuplicate::Raise => wit::OnDuplicate::Raise,
+                        }),
+                    }),
+                    schedule: $old.schedule.map(|s| wit::Schedule {
+                        cron: s.cron,
+                        time_zone: s.time_zone,
+                        payload: s.payload,
+                        backfill: s.backfill,
+                    }),
+                    outbound: $outbound,
+                }
+            }
+        }
+    };
+}
+
+/// The `batches` imports of a world from 0.3.0 on (`$batches`, with its
+/// `$host`), served by the current ones.
+macro_rules! batches_since_v3 {
+    ($batches:ident, $host:ident) => {
+        impl $batches::Host for SandboxState {
+            fn open(&mut self, options: $batches::BatchOptions) -> wasmtime::Result<Result<u32, String>> {
+                let options = BatchOptions {
+                    label: options.label,
+                    on_finish: options.on_finish,
+                    on_success: options.on_success,
+                    on_failure: options.on_failure,
+                    callback_payload: options.callback_payload,
+                };
+                bindings::jobhost::job::batches::Host::open(self, options)
+            }
+
+            async fn enqueue(
+                &mut self,
+                batch: $batches::BatchRef,
+                job: String,
+                payload: String,
+                options: $host::EnqueueOptions,
+            ) -> wasmtime::Result<Result<(), String>> {
+                let batch = match batch {
+                    $batches::BatchRef::Current => BatchRef::Current,
+                    $batches::BatchRef::Opened(n) => BatchRef::Opened(n),
+                };
+                let options =
+                    EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
+                bindings::jobhost::job::batches::Host::enqueue(self, batch, job, payload, options).await
+            }
+        }
+    };
+}
+
 use v0_1::jobhost::job::host as old_host;
 use v0_1::jobhost::job::types as old;
 
@@ -199,126 +300,28 @@ earlier_world!(old, old_host);
 use v0_2::jobhost::job::host as v2_host;
 use v0_2::jobhost::job::types as v2;
 
-impl From<v2::JobConfig> for wit::JobConfig {
-    fn from(old: v2::JobConfig) -> Self {
-        wit::JobConfig {
-            name: old.name,
-            queue: old.queue,
-            priority: old.priority,
-            max_attempts: old.max_attempts,
-            backoff: old.backoff.map(|b| wit::Backoff { base_ms: b.base_ms, cap_ms: b.cap_ms }),
-            timeout_ms: old.timeout_ms,
-            memory_limit_bytes: old.memory_limit_bytes,
-            concurrency: old.concurrency.map(|c| wit::Concurrency {
-                limit: c.limit,
-                key: c.key,
-                duration_secs: c.duration_secs,
-                on_conflict: match c.on_conflict {
-                    v2::OnConflict::Block => wit::OnConflict::Block,
-                    v2::OnConflict::Discard => wit::OnConflict::Discard,
-                    v2::OnConflict::Raise => wit::OnConflict::Raise,
-                },
-            }),
-            unique: old.unique.map(|u| wit::Uniqueness {
-                key: u.key,
-                strategy: match u.strategy {
-                    v2::UniqueStrategy::UntilExecuted => wit::UniqueStrategy::UntilExecuted,
-                    v2::UniqueStrategy::WhileExecuting => wit::UniqueStrategy::WhileExecuting,
-                },
-                on_duplicate: u.on_duplicate.map(|d| match d {
-                    v2::OnDuplicate::Skip => wit::OnDuplicate::Skip,
-                    v2::OnDuplicate::Replace => wit::OnDuplicate::Replace,
-                    v2::OnDuplicate::Raise => wit::OnDuplicate::Raise,
-                }),
-            }),
-            schedule: old.schedule.map(|s| wit::Schedule {
-                cron: s.cron,
-                time_zone: s.time_zone,
-                payload: s.payload,
-                backfill: s.backfill,
-            }),
-            outbound: None,
-        }
-    }
-}
-
+config_since_v2!(v2, old => None);
 earlier_world!(v2, v2_host);
 
 use v0_3::jobhost::job::batches as v3_batches;
 use v0_3::jobhost::job::host as v3_host;
 use v0_3::jobhost::job::types as v3;
 
-/// 0.4.0 added only `outbound`, so a 0.3.0 configuration is the current
-/// one without it, converted field by field.
-impl From<v3::JobConfig> for wit::JobConfig {
-    fn from(old: v3::JobConfig) -> Self {
-        wit::JobConfig {
-            name: old.name,
-            queue: old.queue,
-            priority: old.priority,
-            max_attempts: old.max_attempts,
-            backoff: old.backoff.map(|b| wit::Backoff { base_ms: b.base_ms, cap_ms: b.cap_ms }),
-            timeout_ms: old.timeout_ms,
-            memory_limit_bytes: old.memory_limit_bytes,
-            concurrency: old.concurrency.map(|c| wit::Concurrency {
-                limit: c.limit,
-                key: c.key,
-                duration_secs: c.duration_secs,
-                on_conflict: match c.on_conflict {
-                    v3::OnConflict::Block => wit::OnConflict::Block,
-                    v3::OnConflict::Discard => wit::OnConflict::Discard,
-                    v3::OnConflict::Raise => wit::OnConflict::Raise,
-                },
-            }),
-            unique: old.unique.map(|u| wit::Uniqueness {
-                key: u.key,
-                strategy: match u.strategy {
-                    v3::UniqueStrategy::UntilExecuted => wit::UniqueStrategy::UntilExecuted,
-                    v3::UniqueStrategy::WhileExecuting => wit::UniqueStrategy::WhileExecuting,
-                },
-                on_duplicate: u.on_duplicate.map(|d| match d {
-                    v3::OnDuplicate::Skip => wit::OnDuplicate::Skip,
-                    v3::OnDuplicate::Replace => wit::OnDuplicate::Replace,
-                    v3::OnDuplicate::Raise => wit::OnDuplicate::Raise,
-                }),
-            }),
-            schedule: old.schedule.map(|s| wit::Schedule {
-                cron: s.cron,
-                time_zone: s.time_zone,
-                payload: s.payload,
-                backfill: s.backfill,
-            }),
-            outbound: None,
-        }
-    }
-}
-
+// 0.4.0 added only `outbound`.
+config_since_v2!(v3, old => None);
 earlier_world!(v3, v3_host);
+batches_since_v3!(v3_batches, v3_host);
 
-impl v3_batches::Host for SandboxState {
-    fn open(&mut self, options: v3_batches::BatchOptions) -> wasmtime::Result<Result<u32, String>> {
-        let options = BatchOptions {
-            label: options.label,
-            on_finish: options.on_finish,
-            on_success: options.on_success,
-            on_failure: options.on_failure,
-            callback_payload: options.callback_payload,
-        };
-        bindings::jobhost::job::batches::Host::open(self, options)
-    }
+use v0_4::jobhost::job::batches as v4_batches;
+use v0_4::jobhost::job::host as v4_host;
+use v0_4::jobhost::job::types as v4;
 
-    async fn enqueue(
-        &mut self,
-        batch: v3_batches::BatchRef,
-        job: String,
-        payload: String,
-        options: v3_host::EnqueueOptions,
-    ) -> wasmtime::Result<Result<(), String>> {
-        let batch = match batch {
-            v3_batches::BatchRef::Current => BatchRef::Current,
-            v3_batches::BatchRef::Opened(n) => BatchRef::Opened(n),
-        };
-        let options = EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms };
-        bindings::jobhost::job::batches::Host::enqueue(self, batch, job, payload, options).await
-    }
-}
+// 0.5.0 added only the `workflows` interface: the types are the same.
+config_since_v2!(v4, old => old.outbound.map(|rules| {
+    rules
+        .into_iter()
+        .map(|r| wit::OutboundRule { origin: r.origin, methods: r.methods, secrets: r.secrets })
+        .collect()
+}));
+earlier_world!(v4, v4_host);
+batches_since_v3!(v4_batches, v4_host);

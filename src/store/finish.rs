@@ -12,8 +12,9 @@ use serde::Serialize;
 use super::batch::{Callbacks, PreparedBatch, check_callbacks};
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_registered};
 use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
+use super::workflow::{NewWorkflow, PreparedWorkflow, prepare as prepare_workflow};
 use super::{Backend, Result, RunId};
-use crate::types::{BatchRequest, ChildBatch, ChildJob, JsonText};
+use crate::types::{BatchRequest, ChildBatch, ChildJob, JsonText, StepTarget, WorkflowEffects};
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
 /// the writing host in the same transaction. Returns one result per input,
@@ -58,6 +59,14 @@ pub struct FinishPlan {
     /// members, created closed in the same transaction, only for a parent
     /// whose ending was written.
     pub batches: Vec<(i64, PreparedBatch)>,
+    /// The workflows the completed runs opened, each with its parent,
+    /// created in the same transaction, only for a parent whose ending was
+    /// written.
+    pub workflows: Vec<(i64, PreparedWorkflow)>,
+    /// The completed runs' own workflows, grown by the steps they added:
+    /// written before their endings, each only while its run's lease still
+    /// matches, so the ending's count-down finds the new steps in place.
+    pub growths: Vec<Growth>,
     /// Runs holding a concurrency key, or in a batch, whose write is left
     /// out while another transaction holds that key's semaphore or that
     /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
@@ -69,6 +78,18 @@ pub struct FinishPlan {
     pub lock_first: Vec<i64>,
     /// Every run's job, in the order results are reported.
     order: Vec<i64>,
+}
+
+/// The steps a completed run adds to the workflow its job is a step of.
+#[derive(Debug)]
+pub struct Growth {
+    /// The run's job.
+    pub job_id: i64,
+    /// The run's lease token: the steps are added only while it still matches.
+    pub lease_token: i64,
+    /// The steps, named as the run gave them (stored as `STEP/NAME`),
+    /// dependencies first, each `after` among them.
+    pub steps: PreparedWorkflow,
 }
 
 /// A run that ends for good.
@@ -145,13 +166,19 @@ impl FinishPlan {
             requeues: Vec::new(),
             children: Vec::new(),
             batches: Vec::new(),
+            workflows: Vec::new(),
+            growths: Vec::new(),
             deferrable: Vec::new(),
             lock_first: Vec::new(),
             order: Vec::with_capacity(runs.len()),
         };
         for run in runs {
             plan.order.push(run.id);
-            if run.concurrency_key.is_some() || run.batch_id.is_some() {
+            if grows(&run) {
+                // Its growth is checked against its lease before its
+                // ending is written: the ending must not be deferred.
+                plan.lock_first.push(run.id);
+            } else if run.concurrency_key.is_some() || run.batch_id.is_some() {
                 match locked {
                     LockedKeys::Defer => plan.deferrable.push(run.run()),
                     LockedKeys::Wait => plan.lock_first.push(run.id),
@@ -167,12 +194,18 @@ impl FinishPlan {
         let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, .. } = run;
         let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
         let (delay_ms, refund, error) = match outcome {
-            FinishOutcome::Completed { output, children, batches } => {
+            FinishOutcome::Completed { output, children, batches, workflows } => {
                 let parent = Parent { id, batch_id };
-                let (state, output, error) = match prepare_children(parent, &children, &batches, configs, limits) {
-                    Ok((prepared, opened)) => {
+                let prepared = prepare_children(parent, &children, &batches, configs, limits)
+                    .and_then(|children| Ok((children, prepare_workflows(&workflows, configs, limits)?)));
+                let (state, output, error) = match prepared {
+                    Ok(((prepared, opened), (created, grown))) => {
                         self.children.extend(prepared);
                         self.batches.extend(opened.into_iter().map(|batch| (id, batch)));
+                        self.workflows.extend(created.into_iter().map(|workflow| (id, workflow)));
+                        if let Some(steps) = grown {
+                            self.growths.push(Growth { job_id: id, lease_token, steps });
+                        }
                         (JobState::Completed, output, None)
                     }
                     Err(problem) => (JobState::Failed, None, Some(entry(problem, &log))),
@@ -218,9 +251,14 @@ impl FinishPlan {
         self.batches.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, batch)| batch).collect()
     }
 
+    /// The workflows opened by the runs whose ending was written.
+    pub fn workflows_of(&self, written: &HashSet<i64>) -> Vec<&PreparedWorkflow> {
+        self.workflows.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, workflow)| workflow).collect()
+    }
+
     /// Whether the plan writes anything beyond the runs themselves.
     pub fn has_children(&self) -> bool {
-        !self.children.is_empty() || !self.batches.is_empty()
+        !self.children.is_empty() || !self.batches.is_empty() || !self.workflows.is_empty() || !self.growths.is_empty()
     }
 
     /// One result per planned run, in order.
@@ -296,13 +334,64 @@ fn prepare_children(
     Ok((own, opened))
 }
 
+/// Whether a run completes adding steps to its own workflow.
+fn grows(run: &Finish) -> bool {
+    matches!(&run.outcome, FinishOutcome::Completed { workflows, .. }
+        if workflows.steps.iter().any(|s| s.target == StepTarget::Current))
+}
+
+/// Prepares the workflows a completed run opened (those it added steps
+/// to; one with none is not created) and the steps it added to its own,
+/// with the rules a workflow's creation applies. Like a child, a workflow
+/// or step that cannot be written fails its parent with the reason.
+fn prepare_workflows(
+    effects: &WorkflowEffects,
+    configs: &Configs,
+    limits: &EnqueueLimits,
+) -> Result<(Vec<PreparedWorkflow>, Option<PreparedWorkflow>), String> {
+    if effects.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let mut opened: Vec<NewWorkflow> =
+        effects.opened.iter().map(|w| NewWorkflow { label: w.label.clone(), steps: Vec::new() }).collect();
+    let mut grown = NewWorkflow::default();
+    for request in &effects.steps {
+        let steps = match request.target {
+            StepTarget::Current => &mut grown.steps,
+            StepTarget::Opened(n) => {
+                &mut opened.get_mut(n as usize).ok_or_else(|| format!("could not add a step: no workflow {n}"))?.steps
+            }
+        };
+        steps.push(request.step.clone());
+    }
+    let created = opened
+        .iter()
+        .filter(|w| !w.steps.is_empty())
+        .map(|w| prepare_workflow(w, configs, limits).map_err(|e| format!("could not create a workflow: {e}")))
+        .collect::<Result<Vec<_>, String>>()?;
+    let grown = match grown.steps.is_empty() {
+        true => None,
+        false => Some(
+            prepare_workflow(&grown, configs, limits)
+                .map_err(|e| format!("could not add steps to its workflow: {e}"))?,
+        ),
+    };
+    Ok((created, grown))
+}
+
 /// The job types of every child that the completed runs among `runs`
 /// enqueue, and of the callbacks of the batches they open, each once.
 fn child_names(runs: &[Finish]) -> Vec<String> {
     job_names(runs.iter().flat_map(|f| match &f.outcome {
-        FinishOutcome::Completed { children, batches, .. } => {
+        FinishOutcome::Completed { children, batches, workflows, .. } => {
             let callbacks = batches.iter().flat_map(|b| [&b.on_finish, &b.on_success, &b.on_failure]);
-            children.iter().map(|c| c.job.as_str()).chain(callbacks.flatten().map(String::as_str)).collect()
+            let steps = workflows.steps.iter().map(|s| s.step.job.as_str());
+            children
+                .iter()
+                .map(|c| c.job.as_str())
+                .chain(callbacks.flatten().map(String::as_str))
+                .chain(steps)
+                .collect()
         }
         _ => Vec::new(),
     }))
@@ -378,8 +467,12 @@ mod tests {
     }
 
     fn completed(id: i64, children: Vec<ChildJob>) -> Finish {
-        let outcome =
-            FinishOutcome::Completed { output: None, children: Arc::from(children), batches: Default::default() };
+        let outcome = FinishOutcome::Completed {
+            output: None,
+            children: Arc::from(children),
+            batches: Default::default(),
+            workflows: Default::default(),
+        };
         Finish { outcome, concurrency_key: Some("k".into()), ..run(id, id * 10) }
     }
 

@@ -209,6 +209,8 @@ pub enum FinishOutcome {
         children: std::sync::Arc<[ChildJob]>,
         /// Batches the run opened, created with its completion.
         batches: std::sync::Arc<[crate::types::BatchRequest]>,
+        /// Workflows the run opened and steps it added, written with its completion.
+        workflows: std::sync::Arc<crate::types::WorkflowEffects>,
     },
     /// Back to scheduled after a backoff, keeping the error.
     Retry {

@@ -15,26 +15,15 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use super::enqueue::{Configs, EnqueueLimits, prepare_registered};
 use super::job::EnqueueParams;
 use super::{Error, Result};
-
-/// The most steps one workflow has.
-pub const MAX_WORKFLOW_STEPS: usize = 10_000;
-
-/// The longest step name, in bytes.
-pub const MAX_STEP_NAME_BYTES: usize = 128;
-
-/// The longest label, in bytes.
-pub const MAX_WORKFLOW_LABEL_BYTES: usize = 256;
-
-/// The payload key a released step finds its dependencies' outputs under.
-pub const DEPS_KEY: &str = "_deps";
-
-/// The payload key naming the dependencies that did not complete.
-pub const DEPS_FAILED_KEY: &str = "_deps_failed";
+pub use crate::step::{
+    DEPS_FAILED_KEY, DEPS_KEY, Dependency, IfFailed, MAX_STEP_NAME_BYTES, MAX_WORKFLOW_LABEL_BYTES, MAX_WORKFLOW_STEPS,
+    NewStep, check_step_name,
+};
 
 /// A workflow to create: its steps, in any order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -47,138 +36,7 @@ pub struct NewWorkflow {
     pub steps: Vec<NewStep>,
 }
 
-/// One step: a job to enqueue once its dependencies have ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewStep {
-    /// Unique in its workflow: 1 to 128 bytes of letters, digits, `_`, `-`, `.` and `:`.
-    pub name: String,
-    /// The job type.
-    pub job: String,
-    /// The payload object (`{}` when left out); `_deps` is added when it is released.
-    #[serde(default = "empty_object")]
-    pub payload: serde_json::Value,
-    /// Overrides the type's queue.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
-    /// Overrides the type's priority.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i16>,
-    /// How long after its release it runs, in milliseconds (`"delay": "30s"` in JSON).
-    #[serde(default, rename = "delay", with = "delay_text", skip_serializing_if = "Option::is_none")]
-    pub delay_ms: Option<u64>,
-    /// The steps it waits for.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub after: Vec<Dependency>,
-    /// What it does when a dependency does not complete, unless that
-    /// dependency says otherwise: `cancel` when neither says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub if_failed: Option<IfFailed>,
-}
-
-impl NewStep {
-    /// A step running `job` with `payload`, depending on nothing yet.
-    pub fn new(name: impl Into<String>, job: impl Into<String>, payload: serde_json::Value) -> NewStep {
-        NewStep {
-            name: name.into(),
-            job: job.into(),
-            payload,
-            queue: None,
-            priority: None,
-            delay_ms: None,
-            after: Vec::new(),
-            if_failed: None,
-        }
-    }
-
-    /// The same step, waiting for `steps` under the step's policy.
-    pub fn after<S: Into<String>>(mut self, steps: impl IntoIterator<Item = S>) -> NewStep {
-        self.after.extend(steps.into_iter().map(|step| Dependency { step: step.into(), if_failed: None }));
-        self
-    }
-}
-
-fn empty_object() -> serde_json::Value {
-    serde_json::json!({})
-}
-
-/// `"30s"`-style delays.
-mod delay_text {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-        let text: Option<String> = Option::deserialize(deserializer)?;
-        text.map(|t| humantime::parse_duration(&t).map(|d| d.as_millis() as u64).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-
-    pub fn serialize<S: Serializer>(ms: &Option<u64>, serializer: S) -> Result<S::Ok, S::Error> {
-        match ms {
-            Some(ms) => serializer.serialize_str(&format!("{ms}ms")),
-            None => serializer.serialize_none(),
-        }
-    }
-}
-
-/// A step waited for, and what to do if it does not complete.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Dependency {
-    /// The step's name.
-    pub step: String,
-    /// Overrides the dependent's policy for this dependency.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub if_failed: Option<IfFailed>,
-}
-
-/// `"name"` or `{"step": "name", "if_failed": "run"}`.
-impl<'de> Deserialize<'de> for Dependency {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Full {
-            step: String,
-            #[serde(default)]
-            if_failed: Option<IfFailed>,
-        }
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Name(String),
-            Full(Full),
-        }
-        match Either::deserialize(deserializer).map_err(|_| {
-            serde::de::Error::custom(r#"a dependency is a step's name or {"step": NAME, "if_failed": POLICY}"#)
-        })? {
-            Either::Name(step) => Ok(Dependency { step, if_failed: None }),
-            Either::Full(full) => Ok(Dependency { step: full.step, if_failed: full.if_failed }),
-        }
-    }
-}
-
-/// What a dependent does when a dependency failed after its last attempt,
-/// was discarded or was cancelled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IfFailed {
-    /// It is cancelled, and in turn its own dependents decide.
-    #[default]
-    Cancel,
-    /// It runs anyway; `_deps` carries that dependency's state and error.
-    Run,
-    /// It fails, naming the dependency.
-    Fail,
-}
-
 impl IfFailed {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IfFailed::Cancel => "cancel",
-            IfFailed::Run => "run",
-            IfFailed::Fail => "fail",
-        }
-    }
-
     /// Reads a stored name.
     pub fn decode(text: &str) -> Result<IfFailed> {
         match text {
@@ -303,16 +161,6 @@ pub fn prepare(workflow: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits
         });
     }
     Ok(PreparedWorkflow { label: workflow.label.clone(), steps: prepared })
-}
-
-fn check_step_name(name: &str) -> std::result::Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
-    if name.is_empty() || name.len() > MAX_STEP_NAME_BYTES || !name.chars().all(allowed) {
-        return Err(format!(
-            "step name {name:?} must be 1 to {MAX_STEP_NAME_BYTES} letters, digits, '_', '-', '.' or ':'"
-        ));
-    }
-    Ok(())
 }
 
 /// The steps in an order where each comes after every step it waits for,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{ChildCheck, ChildProbe, Registry};
+use crate::component::{ChildCheck, ChildProbe, JobStep, Registry, StepLookup};
 use crate::store::enqueue::prepare_child;
 use crate::store::{EnqueueLimits, Error, Store};
 use crate::types::{JobConfig, OnConflict};
@@ -53,7 +53,21 @@ impl KnownJobTypes {
                 // The parent's id is not known to the guest's call; the
                 // rules do not depend on it.
                 let prepared = prepare_child(0, probe.child.clone(), &config, &limits).map_err(|e| e.to_string())?;
+                if probe.at_release {
+                    return Ok(prepared.concurrency_key);
+                }
                 room_under_limit(&store, &config, prepared.concurrency_key, &probe).await
+            })
+        })
+    }
+
+    /// Which workflow step a job is, asked of the store.
+    pub fn step_lookup(store: Store) -> StepLookup {
+        Arc::new(move |job_id: i64| {
+            let store = store.clone();
+            Box::pin(async move {
+                let step = store.workflow_of_job(job_id).await.map_err(|e| format!("cannot ask the store: {e}"))?;
+                Ok(step.map(|(workflow_id, name)| JobStep { workflow_id, name }))
             })
         })
     }

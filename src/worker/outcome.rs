@@ -34,7 +34,9 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
     let outcome = match outcome {
         RunOutcome::Completed { output } => {
             let children = std::mem::take(&mut effects.children).into();
-            FinishOutcome::Completed { output, children, batches: std::mem::take(&mut effects.batches).into() }
+            let batches = std::mem::take(&mut effects.batches).into();
+            let workflows = std::sync::Arc::new(std::mem::take(&mut effects.workflows));
+            FinishOutcome::Completed { output, children, batches, workflows }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
         RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
@@ -103,8 +105,8 @@ fn without_nul_text(text: String) -> String {
 
 fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
     match outcome {
-        FinishOutcome::Completed { output, children, batches } => {
-            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches }
+        FinishOutcome::Completed { output, children, batches, workflows } => {
+            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches, workflows }
         }
         FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
         FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },

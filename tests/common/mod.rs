@@ -219,6 +219,7 @@ pub fn completed() -> jobhost::store::FinishOutcome {
         output: Some(output),
         children: Vec::new().into(),
         batches: Default::default(),
+        workflows: Default::default(),
     }
 }
 

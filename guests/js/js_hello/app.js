@@ -1,10 +1,11 @@
 /**
  * Greets the payload's `name` from JavaScript: logs, reports progress,
- * enqueues the Rust `hello` for each of `children` names, and fails its
- * first `fail_times` attempts with a retryable error.
+ * enqueues the Rust `hello` for each of `children` names, adds a Rust
+ * `hello` step for each of `grow` names to the workflow it is a step of,
+ * and fails its first `fail_times` attempts with a retryable error.
  */
 
-import { config, enqueue, log, output, parsePayload, progress, retry } from '../sdk/jobhost_guest.js';
+import { addStep, config, currentStep, enqueue, log, output, parsePayload, progress, retry } from '../sdk/jobhost_guest.js';
 
 export function describe() {
   return config('js_hello', { maxAttempts: 5, backoffMs: [10, 100] });
@@ -22,5 +23,13 @@ export function run(ctx, payload) {
     enqueue('hello', { name: child });
     progress(done + 1, children.length);
   });
-  return output({ greeting: 'hello from JavaScript, ' + name, attempt: ctx.attempt });
+  for (const grown of data.grow ?? []) {
+    addStep(grown, 'hello', { name: grown });
+  }
+  const result = { greeting: 'hello from JavaScript, ' + name, attempt: ctx.attempt };
+  const step = currentStep();
+  if (step !== undefined) {
+    result.step = step.name;
+  }
+  return output(result);
 }

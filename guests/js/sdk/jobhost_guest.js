@@ -29,7 +29,8 @@
  * `TypeError: ...`)" with the original error's text.
  */
 
-import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.4.0';
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.5.0';
+import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.5.0';
 
 /**
  * A job type's configuration; every option left out takes the host's default.
@@ -166,6 +167,42 @@ export function enqueue(job, payload, { queue, priority, delayMs } = {}) {
   } catch (error) {
     // The bindings throw their ComponentError, carrying the host's text as
     // `payload`; thrown on as it is, `run` would lower it as a job-error.
+    if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
+      throw new EnqueueError(job, error.payload);
+    }
+    throw error;
+  }
+}
+
+/** The workflow step this job is, as `{workflowId, name}` (workflowId a BigInt), or undefined. */
+export function currentStep() {
+  return hostCurrentStep() ?? undefined;
+}
+
+/**
+ * Opens a workflow, created with this job's completion with the steps added
+ * to it; returns its number for `addStep(..., { workflow })`.
+ */
+export function openWorkflow(label) {
+  return hostOpen(label);
+}
+
+/**
+ * Adds a step running `job` with `payload` once the steps named in `after`
+ * (added before it; an entry may be `{step, ifFailed}`) have ended, written
+ * with this job's completion. `workflow` is a number `openWorkflow`
+ * returned, or left out for the workflow this job is a step of: the step is
+ * then stored as `THIS-STEP/NAME`, waits for this step too, and every step
+ * waiting for this one waits for it. `ifFailed` is 'cancel', 'run' or
+ * 'fail'. Throws EnqueueError when the host refuses it.
+ */
+export function addStep(name, job, payload, { after = [], workflow, queue, priority, delayMs, ifFailed } = {}) {
+  const deps = after.map((dep) => (typeof dep === 'string' ? { step: dep } : dep));
+  const target = workflow == null ? { tag: 'current' } : { tag: 'opened', val: workflow };
+  const options = { queue, priority, delayMs: u64(delayMs) };
+  try {
+    hostAddStep(target, { name, job, payload: json(payload ?? {}), options, after: deps, ifFailed });
+  } catch (error) {
     if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
       throw new EnqueueError(job, error.payload);
     }

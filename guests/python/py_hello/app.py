@@ -1,10 +1,11 @@
 """Greets the payload's ``name`` from Python: logs, reports progress,
-enqueues the Rust ``hello`` for each of ``children`` names, and fails
-its first ``fail_times`` attempts with a retryable error."""
+enqueues the Rust ``hello`` for each of ``children`` names, adds a Rust
+``hello`` step for each of ``grow`` names to the workflow it is a step of,
+and fails its first ``fail_times`` attempts with a retryable error."""
 
 import wit_world
 
-from jobhost_guest import config, enqueue, log, output, parse_payload, progress, retry
+from jobhost_guest import add_step, config, current_step, enqueue, log, output, parse_payload, progress, retry
 
 
 class WitWorld(wit_world.WitWorld):
@@ -21,4 +22,10 @@ class WitWorld(wit_world.WitWorld):
         for done, child in enumerate(children):
             enqueue("hello", {"name": child})
             progress(done + 1, len(children))
-        return output({"greeting": "hello from Python, " + name, "attempt": ctx.attempt})
+        for grown in data.get("grow", []):
+            add_step(grown, "hello", {"name": grown})
+        result = {"greeting": "hello from Python, " + name, "attempt": ctx.attempt}
+        step = current_step()
+        if step is not None:
+            result["step"] = step[1]
+        return output(result)

@@ -26,7 +26,7 @@ pub mod http;
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, Schedule, UniqueStrategy, Uniqueness,
 };
-pub use bindings::jobhost::job::{batches, host};
+pub use bindings::jobhost::job::{batches, host, workflows};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
 
 impl JobConfig {
@@ -55,6 +55,27 @@ impl OutboundRule {
     pub fn allow(origin: &str, methods: &[&str], secrets: &[&str]) -> Self {
         let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
         OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
+    }
+}
+
+impl workflows::NewStep {
+    /// A step named `name` running `job` with `payload` (a JSON value),
+    /// waiting for nothing yet, with its type's queue and priority.
+    pub fn new(name: &str, job: &str, payload: &serde_json::Value) -> Self {
+        workflows::NewStep {
+            name: name.to_string(),
+            job: job.to_string(),
+            payload: payload.to_string(),
+            options: host::EnqueueOptions { queue: None, priority: None, delay_ms: None },
+            after: Vec::new(),
+            if_failed: None,
+        }
+    }
+
+    /// The same step, waiting for `steps` (added before it) under its own policy.
+    pub fn after(mut self, steps: &[&str]) -> Self {
+        self.after.extend(steps.iter().map(|s| workflows::Dependency { step: s.to_string(), if_failed: None }));
+        self
     }
 }
 

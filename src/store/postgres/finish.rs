@@ -33,16 +33,25 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
         if !plan.lock_first.is_empty() {
             sqlx::query("SELECT jobhost.lock_for_ending($1)").bind(&plan.lock_first).execute(&mut *tx).await?;
         }
+        // A run's steps join its workflow before its ending counts down
+        // its dependents (the archive's trigger), in this transaction.
+        for growth in &plan.growths {
+            super::workflow::grow_in(&mut tx, growth).await?;
+        }
         let (mut written, any_available) = rows.write(&mut *tx, None).await?;
         let children = plan.children_of(&written.written);
         let mut enqueued = super::job::insert(&mut tx, &children).await?;
         for batch in plan.batches_of(&written.written) {
             enqueued.extend(super::batch::write_in(&mut tx, batch.clone()).await?.1);
         }
+        let mut released = false;
+        for workflow in plan.workflows_of(&written.written) {
+            released |= !super::workflow::write_in(&mut tx, workflow.clone()).await?.released.is_empty();
+        }
         if let Some(next) = next {
             written.leased = super::job::fetch(&mut *tx, next).await?;
         }
-        Ok((written, any_available || !enqueued.is_empty()))
+        Ok((written, any_available || released || !enqueued.is_empty()))
     }
     .await;
     super::commit_or_roll_back(tx, work).await

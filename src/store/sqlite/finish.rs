@@ -35,6 +35,11 @@ pub async fn write(
     let mut freed = Slots::default();
     let mut any_available = false;
     let mut may_finish_batch = false;
+    // A run's steps join its workflow before its ending counts down its
+    // dependents (the archive's trigger); `settle` releases at the commit.
+    for growth in &plan.growths {
+        super::workflow::grow(conn, growth).await?;
+    }
     if !plan.endings.is_empty() {
         let ended: Vec<(i64, String, Option<String>, Option<i64>)> =
             sqlx::query_as(include_str!("sql/finish_archive.sql"))
@@ -73,6 +78,10 @@ pub async fn write(
     let mut enqueued = job::insert(conn, &children, now).await?;
     for batch in batches {
         enqueued.extend(super::batch::write(conn, batch.clone(), now).await?.1);
+    }
+    // Their first steps are released by `settle` as the write commits.
+    for workflow in plan.workflows_of(&written) {
+        super::workflow::write(conn, workflow.clone(), now).await?;
     }
     let leased = match next {
         Some(next) => job::fetch(conn, next, now).await?,

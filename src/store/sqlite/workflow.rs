@@ -18,6 +18,7 @@ use super::encode::now_ms;
 use super::time_of;
 use crate::store::driver::WorkflowDriver;
 use crate::store::enqueue::{Configs, PreparedJob, job_names, prepare_registered};
+use crate::store::finish::Growth;
 use crate::store::workflow::{
     CreatedWorkflow, EndedDependency, IfFailed, PreparedWorkflow, Release, StepDependency, StepState, StoredWorkflow,
     Workflow, WorkflowCounts, WorkflowStep, release, step_error,
@@ -76,6 +77,88 @@ pub async fn write(conn: &mut SqliteConnection, workflow: PreparedWorkflow, now:
     .execute(&mut *conn)
     .await?;
     Ok(id)
+}
+
+/// Adds the steps a run added to its own workflow, before its ending is
+/// written in the same transaction, while its lease still matches: each
+/// new step is stored as `STEP/NAME` and waits for the run's step and its
+/// own `after`; each step waiting for the run's step, and not ended, waits
+/// for every new step too, under the policy it has for the run's step (as
+/// `grow_in` does on PostgreSQL).
+pub async fn grow(conn: &mut SqliteConnection, growth: &Growth) -> Result<()> {
+    let own: Option<(i64, i64, String)> = sqlx::query_as(
+        "SELECT s.id, s.workflow_id, s.name
+         FROM workflow_steps s JOIN jobs j ON j.id = s.job_id
+         WHERE s.job_id = $1 AND j.lease_token = $2 AND s.ended_state IS NULL",
+    )
+    .bind(growth.job_id)
+    .bind(growth.lease_token)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((own_id, workflow_id, own_name)) = own else {
+        return Ok(());
+    };
+    let steps: Vec<serde_json::Value> = growth
+        .steps
+        .steps
+        .iter()
+        .map(|s| {
+            serde_json::json!({"name": format!("{own_name}/{}", s.name), "job": s.job, "payload": s.payload,
+                               "queue": s.queue, "priority": s.priority, "delay_ms": s.delay_ms,
+                               "pending": 1 + s.after.len()})
+        })
+        .collect();
+    sqlx::query(
+        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+         SELECT $1, s.value ->> 'name', s.value ->> 'job', s.value -> 'payload', s.value ->> 'queue',
+                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending'
+         FROM json_each($2) s
+         ORDER BY s.key",
+    )
+    .bind(workflow_id)
+    .bind(Json(&steps))
+    .execute(&mut *conn)
+    .await?;
+    let prefix = format!("{own_name}/");
+    let ids: HashMap<String, i64> = sqlx::query_as(
+        "SELECT name, id FROM workflow_steps WHERE workflow_id = $1 AND substr(name, 1, length($2)) = $2",
+    )
+    .bind(workflow_id)
+    .bind(&prefix)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .collect();
+    let inserted: Vec<i64> = growth.steps.steps.iter().map(|s| ids[&format!("{prefix}{}", s.name)]).collect();
+    let dependents: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT s.id, e.if_failed
+         FROM workflow_edges e JOIN workflow_steps s ON s.id = e.step_id
+         WHERE e.dep_id = $1 AND s.ended_state IS NULL
+         ORDER BY s.id",
+    )
+    .bind(own_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut edges: Vec<(i64, i64, String)> = Vec::new();
+    for (&new, step) in inserted.iter().zip(&growth.steps.steps) {
+        edges.push((new, own_id, IfFailed::Cancel.as_str().to_string()));
+        edges.extend(step.after.iter().map(|&(dep, policy)| (new, inserted[dep], policy.as_str().to_string())));
+        edges.extend(dependents.iter().map(|(dependent, policy)| (*dependent, new, policy.clone())));
+    }
+    sqlx::query(
+        "INSERT INTO workflow_edges (step_id, dep_id, if_failed)
+         SELECT e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM json_each($1) e",
+    )
+    .bind(Json(&edges))
+    .execute(&mut *conn)
+    .await?;
+    let dependent_ids: Vec<i64> = dependents.iter().map(|(id, _)| *id).collect();
+    sqlx::query("UPDATE workflow_steps SET pending = pending + $2 WHERE id IN (SELECT value FROM json_each($1))")
+        .bind(Json(&dependent_ids))
+        .bind(inserted.len() as i64)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The steps of a workflow released so far, with their jobs.

@@ -20,14 +20,15 @@ These helpers spare it the generated types' positional noise:
 import json
 
 from componentize_py_types import Err
-from wit_world.imports import host
+from wit_world.imports import host, workflows
 
 try:  # built against the `job-http` world, where wasi:http brings a `types` of its own
     from wit_world.imports import jobhost_job_types as types
 except ImportError:  # built against `job`
     from wit_world.imports import types
 
-__all__ = ["config", "allow", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue"]
+__all__ = ["config", "allow", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue",
+           "add_step", "open_workflow", "current_step"]
 
 _CONFLICT = {"block": types.OnConflict.BLOCK, "discard": types.OnConflict.DISCARD, "raise": types.OnConflict.RAISE}
 _STRATEGY = {
@@ -134,3 +135,41 @@ def enqueue(job, payload, queue=None, priority=None, delay_ms=None):
     Raises ``Err(str)`` when the host refuses it (unknown type, bad payload, a full ``raise`` limit).
     """
     host.enqueue(job, json.dumps(payload), host.EnqueueOptions(queue=queue, priority=priority, delay_ms=delay_ms))
+
+
+_IF_FAILED = {"cancel": workflows.IfFailed.CANCEL, "run": workflows.IfFailed.RUN, "fail": workflows.IfFailed.FAIL}
+
+
+def current_step():
+    """The workflow step this job is, as ``(workflow_id, name)``, or None."""
+    step = workflows.current_step()
+    return None if step is None else (step.workflow_id, step.name)
+
+
+def open_workflow(label=None):
+    """Opens a workflow, created with this job's completion with the steps
+    added to it; returns its number for ``add_step(..., workflow=N)``."""
+    return workflows.open(label)
+
+
+def add_step(name, job, payload, after=(), workflow=None, queue=None, priority=None, delay_ms=None, if_failed=None):
+    """Adds a step running ``job`` with a dict ``payload`` once the steps named
+    in ``after`` (added before it) have ended, written with this job's
+    completion. ``workflow`` is a number ``open_workflow`` returned, or None
+    for the workflow this job is a step of: the step is then stored as
+    ``THIS-STEP/NAME``, waits for this step too, and every step waiting for
+    this one waits for it. ``if_failed`` is ``"cancel"``, ``"run"`` or
+    ``"fail"``; an entry of ``after`` may be ``(name, if_failed)``.
+
+    Raises ``Err(str)`` when the host refuses it (a bad name, an unknown type
+    or dependency, a bad payload).
+    """
+    deps = []
+    for dep in after:
+        dep_name, policy = (dep, None) if isinstance(dep, str) else dep
+        deps.append(workflows.Dependency(step=dep_name, if_failed=_IF_FAILED[policy] if policy else None))
+    target = workflows.WorkflowRef_Current() if workflow is None else workflows.WorkflowRef_Opened(workflow)
+    options = host.EnqueueOptions(queue=queue, priority=priority, delay_ms=delay_ms)
+    step = workflows.NewStep(name=name, job=job, payload=json.dumps(payload), options=options, after=deps,
+                             if_failed=_IF_FAILED[if_failed] if if_failed else None)
+    workflows.add_step(target, step)

@@ -1,0 +1,59 @@
+//! A handler built against `jobhost:job@0.4.0` (`wit/archive/0.4.0`),
+//! without the SDK: hosts keep loading and running components built before
+//! 0.5.0. It declares an outbound rule (new in 0.4.0), logs through the
+//! 0.4.0 host imports, adds a job to a batch it opens through the 0.4.0
+//! `batches` imports, and returns its payload.
+
+// The generated exports take a function's arguments one by one, as the
+// SDK's bindings do (which allow the lint the same way).
+#![allow(clippy::too_many_arguments)]
+
+wit_bindgen::generate!({
+    path: "../../wit/archive/0.4.0",
+    world: "job",
+});
+
+use jobhost::job::batches::{self, BatchOptions, BatchRef};
+use jobhost::job::host::{self, EnqueueOptions};
+use jobhost::job::types::OutboundRule;
+
+struct LegacyV4;
+
+impl Guest for LegacyV4 {
+    fn describe() -> JobConfig {
+        JobConfig {
+            name: "legacy_v4".to_string(),
+            queue: None,
+            priority: None,
+            max_attempts: Some(3),
+            backoff: None,
+            timeout_ms: None,
+            memory_limit_bytes: None,
+            concurrency: None,
+            unique: None,
+            schedule: None,
+            outbound: Some(vec![OutboundRule {
+                origin: "https://api.example.com".into(),
+                methods: vec!["GET".into()],
+                secrets: Vec::new(),
+            }]),
+        }
+    }
+
+    fn run(ctx: JobContext, payload: String) -> Result<Option<String>, JobError> {
+        host::log(host::Level::Info, &format!("0.4.0 run of job {}", ctx.job_id));
+        let options = BatchOptions {
+            label: Some("from 0.4.0".into()),
+            on_finish: None,
+            on_success: None,
+            on_failure: None,
+            callback_payload: None,
+        };
+        let batch = batches::open(&options).map_err(JobError::Fail)?;
+        let child = EnqueueOptions { queue: None, priority: None, delay_ms: None };
+        batches::enqueue(BatchRef::Opened(batch), "legacy_v4_child", "{}", &child).map_err(JobError::Fail)?;
+        Ok(Some(payload))
+    }
+}
+
+export!(LegacyV4);
