@@ -164,7 +164,12 @@ async fn main() {
 
     println!("| backend | measurement | result |");
     println!("|---|---|---|");
+    // `BENCH_BACKEND=postgres` or `sqlite` measures one backend only.
+    let only = std::env::var("BENCH_BACKEND").ok();
     for (sqlite, backend) in [(false, "PostgreSQL"), (true, "SQLite")] {
+        if only.as_deref().is_some_and(|b| b != if sqlite { "sqlite" } else { "postgres" }) {
+            continue;
+        }
         let rate = creation(sqlite, components, cache).await;
         println!("| {backend} | create a {CREATE_STEPS}-step workflow in one call | {rate:.0} steps/s |");
         // Alternating, so a drift of the shared machine falls on both.

@@ -5,8 +5,9 @@
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
 # nosy guest, concurrency limits blocking jobs and refusing one, a
 # duplicate of a unique job answered with the waiting job's id, a batch
-# with its callback and progress, a diamond workflow whose last step
-# receives the outputs of the two before it, a job's progress while it runs, a wait
+# with its callback and progress, a diamond workflow whose first step
+# grows it by three steps and whose last step receives the outputs of all
+# before it, a job's progress while it runs, a wait
 # for a job's result, a schedule enqueueing a job every second once it
 # is dropped in, a component deployed through the database, and a handler
 # calling a small local HTTP API with a secret it never sees (and a request
@@ -26,7 +27,7 @@ export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher,fetcher}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher,fetcher,grower}.wasm "$components"
 # The hosts' key for secrets: every host of a fleet holds the same one.
 export JOBHOST_SECRET_KEY="${JOBHOST_SECRET_KEY:-$("$jobhost" secret new-key)}"
 step "$jobhost" migrate
@@ -75,9 +76,11 @@ step "$jobhost" batch list
 
 # A diamond workflow: "resize" runs first, "thumb" and "caption" after it,
 # "page" after both, receiving their outputs under _deps (docs/workflows.md).
+# "resize" (the `grower` handler) adds three steps to the workflow as it
+# runs, resize/part-0 to part-2: "thumb" and "caption" wait for them too.
 cat > "$components/workflow.json" <<'JSON'
 {"label": "demo diamond", "steps": [
-  {"name": "resize", "job": "hello", "payload": {"name": "resize"}},
+  {"name": "resize", "job": "grower", "payload": {"grow": {"count": 3}}},
   {"name": "thumb", "job": "hello", "payload": {"name": "thumb"}, "after": ["resize"]},
   {"name": "caption", "job": "hello", "payload": {"name": "caption"}, "after": ["resize"]},
   {"name": "page", "job": "hello", "payload": {"name": "page"}, "after": ["thumb", "caption"]}

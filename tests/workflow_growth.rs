@@ -239,7 +239,7 @@ async fn a_repeated_result_grows_nothing_twice(db: TestDb) {
     let again = db.store.job_finish(vec![result]).await.unwrap();
     assert_eq!((first[0], again[0]), (FinishResult::Done, FinishResult::Duplicate));
     let wf = shown(&db, created.id).await;
-    assert_eq!(names(&wf), ["g", "d", "g/p0", "g/p1"]);
+    assert_eq!(names(&wf), ["g", "g/p0", "g/p1", "d"], "in dependency order");
     assert_eq!(step_named(&wf, "d").state, StepState::Waiting, "d waits for the new steps");
     let parts = leased(&db).await;
     assert_eq!(parts.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["p0", "p1"]);

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Exit, RuntimeArgs, fail, start_runtime};
 use crate::component::{DirectoryWatcher, Registry, RegistryEvent, StopSignal, WatcherConfig};
-use crate::types::{JobContext, RunOutcome, RunReport};
+use crate::types::{JobContext, RunOutcome, RunReport, StepTarget};
 
 /// Prints each file's validated configuration as one JSON object per line
 /// (snake_case keys mirroring the WIT record), or the error on stderr.
@@ -109,6 +109,17 @@ fn print_report(report: &RunReport) {
     }
     for child in &effects.children {
         eprintln!("enqueued (written when the job completes): {} {}", child.job, child.payload);
+    }
+    for added in &effects.workflows.steps {
+        let workflow = match added.target {
+            StepTarget::Current => "its own workflow".to_string(),
+            StepTarget::Opened(n) => format!("opened workflow {n}"),
+        };
+        let step = &added.step;
+        eprintln!(
+            "step added to {workflow} (written when the job completes): {} {} {}",
+            step.name, step.job, step.payload
+        );
     }
     if effects.truncated {
         eprintln!("(output was truncated at its bound)");

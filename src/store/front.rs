@@ -389,7 +389,8 @@ impl Store {
 
     /// One workflow with its steps in dependency order.
     pub async fn workflow_get(&self, id: i64) -> Result<Option<Workflow>> {
-        self.driver.workflow_get(id).await
+        let workflow = self.driver.workflow_get(id).await?;
+        Ok(workflow.map(|w| Workflow { steps: workflow::in_dependency_order(w.steps), ..w }))
     }
 
     /// Workflows newest first, at most `limit`, with their step counts.

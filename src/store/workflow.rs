@@ -191,6 +191,22 @@ fn dependency_order(after: &[Vec<(usize, IfFailed)>]) -> std::result::Result<Vec
     }
 }
 
+/// Steps as read back (by id), put in dependency order: steps a run added
+/// to its workflow come after the steps that wait for them in id order.
+/// Keeps the given order where the dependencies allow.
+pub fn in_dependency_order(steps: Vec<WorkflowStep>) -> Vec<WorkflowStep> {
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let after: Vec<Vec<(usize, IfFailed)>> = steps
+        .iter()
+        .map(|s| s.after.iter().filter_map(|d| index.get(d.step.as_str()).map(|&i| (i, d.if_failed))).collect())
+        .collect();
+    let Ok(order) = dependency_order(&after) else {
+        return steps;
+    };
+    let mut slots: Vec<Option<WorkflowStep>> = steps.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
+}
+
 /// The names around a cycle, found by following unfinished dependencies
 /// from `stuck` until one repeats: `a → b → a`.
 fn cycle_names(steps: &[NewStep], after: &[Vec<(usize, IfFailed)>], stuck: usize) -> String {
@@ -589,6 +605,23 @@ mod tests {
             Err(Error::InvalidWorkflow(reason)) => reason,
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn grown_steps_read_back_by_id_are_shown_before_the_steps_waiting_for_them() {
+        let shown = |name: &str, after: &[&str]| WorkflowStep {
+            name: name.into(),
+            job: "a".into(),
+            job_id: None,
+            state: StepState::Waiting,
+            after: after.iter().map(|d| StepDependency { step: d.to_string(), if_failed: IfFailed::Cancel }).collect(),
+            error: None,
+            ended_at: None,
+        };
+        // By id: `s` grew `s/x` and `s/y` after `d`, which waits for them, was stored.
+        let by_id = vec![shown("s", &[]), shown("d", &["s", "s/x", "s/y"]), shown("s/x", &["s"]), shown("s/y", &["s"])];
+        let names: Vec<String> = in_dependency_order(by_id).into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["s", "s/x", "s/y", "d"]);
     }
 
     #[test]
