@@ -59,6 +59,7 @@ async fn fresh() -> Db {
         unique: None,
         schedule: None,
         outbound: Vec::new(),
+        rate_limit: None,
     };
     let limited = ConcurrencyConfig {
         limit: 1,

@@ -36,6 +36,7 @@ fn config(name: &str, unique: bool) -> JobConfig {
         }),
         schedule: None,
         outbound: Vec::new(),
+        rate_limit: None,
     }
 }
 

@@ -156,6 +156,10 @@ pub struct JobConfig {
     /// none is stored as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outbound: Vec<OutboundRule>,
+    /// How many runs of one key may start per period, fleet-wide
+    /// (docs/rate-limits.md). Left out of the stored JSON when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitConfig>,
 }
 
 /// One origin a job type's runs may send HTTP requests to, as declared.
@@ -199,6 +203,20 @@ pub struct ConcurrencyConfig {
     pub duration_secs: u32,
     /// What an enqueue does when the key has no free slot.
     pub on_conflict: OnConflict,
+}
+
+/// At most `limit` starts of one key in any window of `period_ms`,
+/// decided by the database's clock. A start is a lease handed to a host, so
+/// a retry is a new start; a job that cannot start yet waits without
+/// spending an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimitConfig {
+    /// Starts per period per key; at least 1.
+    pub limit: u32,
+    /// The window's length in milliseconds.
+    pub period_ms: u64,
+    /// Renders a job's key from its payload; the job name when the component gave none.
+    pub key: KeyTemplate,
 }
 
 /// What an enqueue does when its concurrency key has no free slot.
@@ -415,6 +433,12 @@ pub enum RunOutcome {
         /// How long to wait.
         seconds: u32,
     },
+    /// The service the guest called said "slow down": the job runs again
+    /// later without spending an attempt, and its key starts nothing until then.
+    Throttled {
+        /// How long the key waits, in milliseconds.
+        retry_after_ms: u64,
+    },
     /// The run did not end on its own terms; a retryable failure.
     Crashed {
         /// What happened.
@@ -431,6 +455,7 @@ impl RunOutcome {
             RunOutcome::Retry { .. } => "retry",
             RunOutcome::Failed { .. } => "failed",
             RunOutcome::Snooze { .. } => "snooze",
+            RunOutcome::Throttled { .. } => "throttled",
             RunOutcome::Crashed { crash: Crash::Interrupted { .. } } => "interrupted",
             RunOutcome::Crashed { .. } => "crashed",
         }

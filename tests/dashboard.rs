@@ -62,11 +62,19 @@ async fn populate(db: &TestDb) -> (i64, i64, i64) {
         let grant = NewGrant { job_type: "mail".into(), origin: origin.into(), secrets, ..Default::default() };
         db.store.grant_set(&grant).await.unwrap();
     }
+    // Texts go out at most 10 a second per account.
+    let mut sms = job_config("send-sms");
+    sms.rate_limit = Some(jobhost::types::RateLimitConfig {
+        limit: 10,
+        period_ms: 1_000,
+        key: KeyTemplate::parse("account:{account}").unwrap(),
+    });
     let types = [
         (job_config("hello"), "v0".to_string()),
         (mail, "v1".to_string()),
         limited("blocking", OnConflict::Block),
         limited("discarding", OnConflict::Discard),
+        (sms, "v1".to_string()),
     ];
     db.store.job_types_register(&types).await.unwrap();
     let enqueue = |job: &str, payload: serde_json::Value| {
@@ -97,6 +105,13 @@ async fn populate(db: &TestDb) -> (i64, i64, i64) {
     db.store.job_fetch(&departed(&["blocking", "discarding"], 2)).await.unwrap();
     enqueue("blocking", json!({"k": "tenant-1"})).await;
     enqueue("discarding", json!({"k": "tenant-1"})).await;
+    // A rate key with two starts, throttled for an hour by one of them.
+    for _ in 0..3 {
+        enqueue("send-sms", json!({"account": "acme"})).await;
+    }
+    let texts = db.store.job_fetch(&departed(&["send-sms"], 2)).await.unwrap();
+    let run = jobhost::store::RunId { job_id: texts[0].id, lease_token: texts[0].lease_token };
+    assert!(db.store.rate_throttle(run, 3_600_000).await.unwrap());
     // Waiting and cancelled mail (no host serves mail).
     enqueue("mail", json!({"to": "a@example.com"})).await;
     let later =

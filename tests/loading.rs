@@ -178,6 +178,27 @@ async fn a_component_of_the_fourth_world_version_loads_and_runs() {
     assert_eq!(report.effects.children[0].batch, Some(jobhost::types::ChildBatch::Opened(0)));
 }
 
+#[tokio::test]
+async fn a_component_of_the_fifth_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v5").await;
+    assert_eq!(legacy.config.max_attempts, 4);
+    assert_eq!(legacy.config.rate_limit, None, "0.5.0 declares no rate limit: it takes the default, none");
+    let origins: Vec<String> = legacy.config.outbound.iter().map(|rule| rule.origin.clone()).collect();
+    assert_eq!(origins, ["https://api.example.com"], "its outbound rule came through");
+    let report = run(&runtime, &legacy, json!({"id": 11})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 11}));
+    let logged: Vec<&str> = report.effects.logs.iter().map(|line| line.message.as_str()).collect();
+    // Run without a queue, the host cannot tell: its answer came through the 0.5.0 import.
+    assert_eq!(
+        logged,
+        [
+            "0.5.0 run of job 7, step: unknown: this host cannot tell which workflow step a job is (it runs without a queue)"
+        ]
+    );
+    assert_eq!(report.effects.batches.len(), 1, "a batch opened through the 0.5.0 import");
+}
+
 /// A component instantiating `module` `count` times.
 fn instantiating(module: &str, count: usize) -> Vec<u8> {
     let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();

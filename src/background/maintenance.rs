@@ -11,6 +11,12 @@
 //! first key after the last; so every key is visited within
 //! ceil(keys / page) passes, however many others are busy.
 //!
+//! Between passes a timer passes each scheduled job the gate at the instant
+//! it is due, when that comes before the next pass: a job a rate limit sent
+//! back to wait becomes available when its start frees up (guarantee 15),
+//! not up to an interval later. A fetch that sends jobs back tells the
+//! timers to look again.
+//!
 //! No row stalls them (guarantee 13): each sweep runs whatever the others
 //! did, and a set-based sweep the database refuses is split until the row
 //! it cannot process stands alone, which is failed with the reason.
@@ -337,15 +343,63 @@ impl Maintenance {
         Ok(report)
     }
 
-    /// Runs a pass every interval until `shutdown`.
+    /// The instant the soonest scheduled job is due, when that is before
+    /// the next pass would see it. After `idle_looks` looks at due jobs in a
+    /// row that promoted none, an overdue one (another host promoting it
+    /// now, or an application holding its row) is looked at again after a
+    /// wait that doubles from 5 ms, not at once.
+    async fn next_due(&self, idle_looks: u32) -> Option<std::time::Instant> {
+        match self.store.job_next_due().await {
+            Ok(Some(wait)) => {
+                let wait = if wait.is_zero() && idle_looks > 0 {
+                    Duration::from_millis(5 << idle_looks.min(10))
+                } else {
+                    wait
+                };
+                (wait < self.config.interval).then(|| std::time::Instant::now() + wait)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read when the next scheduled job is due; the next pass will");
+                None
+            }
+        }
+    }
+
+    /// Runs a pass every interval until `shutdown`, and passes due jobs
+    /// the gate in between, at the instant they are due.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_repair: Option<tokio::time::Instant> = None;
+        let mut due_at: Option<std::time::Instant> = None;
+        let mut idle_looks = 0;
         loop {
+            let due = async move {
+                match due_at {
+                    Some(at) => crate::timer::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+                () = due => {
+                    let promoted = match self.promote_due(None).await {
+                        Ok(report) => report.promoted,
+                        Err(error) => {
+                            tracing::warn!(%error, "passing due jobs the gate failed; the next pass retries");
+                            0
+                        }
+                    };
+                    idle_looks = if promoted == 0 { idle_looks + 1 } else { 0 };
+                    due_at = self.next_due(idle_looks).await;
+                    continue;
+                }
+                () = self.store.job_wait_sent_back(Duration::from_secs(3600)) => {
+                    due_at = self.next_due(idle_looks).await;
+                    continue;
+                }
             }
             let repair = last_repair.is_none_or(|at| at.elapsed() >= self.config.repair_interval);
             if repair {
@@ -358,6 +412,8 @@ impl Maintenance {
             for error in errors {
                 tracing::warn!(%error, "a maintenance sweep failed; the others ran");
             }
+            idle_looks = 0;
+            due_at = self.next_due(idle_looks).await;
         }
     }
 }

@@ -134,6 +134,9 @@ fn print_report(report: &RunReport) {
         RunOutcome::Retry { reason } => eprintln!("job error after {took:?}: retry: {reason}"),
         RunOutcome::Failed { reason } => eprintln!("job error after {took:?}: fail: {reason}"),
         RunOutcome::Snooze { seconds } => eprintln!("job asked to snooze {seconds} s after {took:?}"),
+        RunOutcome::Throttled { retry_after_ms } => {
+            eprintln!("job was throttled after {took:?}: its key waits {retry_after_ms} ms")
+        }
         RunOutcome::Crashed { crash } => eprintln!("job {crash} after {took:?}"),
     }
 }

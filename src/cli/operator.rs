@@ -441,7 +441,35 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
             key.blocked
         );
     }
+    let rate_keys = match store.rate_key_list().await {
+        Ok(keys) => keys,
+        Err(error) => return fail(error),
+    };
+    for key in &rate_keys {
+        if json {
+            println!("{}", serde_json::to_string(key).unwrap_or_default());
+        } else {
+            println!("{}", rate_key_line(key));
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// A rate key in one line: its starts in the window against its limit,
+/// and a throttle in force.
+fn rate_key_line(key: &crate::store::rate::RateKeyStatus) -> String {
+    let mut line = format!("{} {:?}: ", key.job, key.key);
+    match (key.limit, key.period_ms) {
+        (Some(limit), Some(period_ms)) => {
+            line += &format!("{}/{limit} starts in {}", key.starts_in_window, crate::text::millis(period_ms))
+        }
+        _ => line += "no rate limit",
+    }
+    // The throttle's end is in `--json`; the line stays within 80 columns.
+    if let Some(secs) = key.throttled_secs {
+        line += &format!(", throttled {secs:.1} s more");
+    }
+    line + &format!(", {} sent back, {} throttles", key.sent_back, key.throttles)
 }
 
 pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {

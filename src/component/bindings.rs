@@ -2,7 +2,7 @@
 //! from `wit/` (the current version) and `wit/archive/` (earlier versions a
 //! host still loads), and the conversions between them and [`crate::types`].
 
-/// The current world, `jobhost:job@0.5.0`.
+/// The current world, `jobhost:job@0.6.0`.
 mod current {
     wasmtime::component::bindgen!({
         path: "wit",
@@ -20,6 +20,22 @@ mod current {
         },
         // Exports are called on the async executor so a guest blocked on a WASI
         // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
+
+/// `jobhost:job@0.5.0`, for components built before 0.6.0 (see `legacy_v5`).
+pub mod v0_5 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.5.0",
+        world: "job",
+        imports: {
+            "jobhost:job/host.enqueue": async | trappable,
+            "jobhost:job/batches.enqueue": async | trappable,
+            "jobhost:job/workflows.current-step": async | trappable,
+            "jobhost:job/workflows.add-step": async | trappable,
+            default: trappable,
+        },
         exports: { default: async },
     });
 }

@@ -6,8 +6,8 @@ use crate::config::RuntimeConfig;
 use crate::outbound::{self, OriginPattern};
 use crate::template::KeyTemplate;
 use crate::types::{
-    Backoff, ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, OutboundRule, ScheduleConfig, UniqueConfig,
-    UniqueStrategy,
+    Backoff, ConcurrencyConfig, JobConfig, OnConflict, OnDuplicate, OutboundRule, RateLimitConfig, ScheduleConfig,
+    UniqueConfig, UniqueStrategy,
 };
 
 /// Attempts a job gets when its component does not say.
@@ -103,9 +103,14 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         }),
     };
 
+    let rate_limit = declared.rate_limit.map(|r| rate_limit(r, &declared.name)).transpose()?;
     let schedule = declared.schedule.map(schedule).transpose()?;
     if let Some(schedule) = &schedule {
-        let keys = concurrency.iter().map(|c| (&c.key, "concurrency")).chain(unique.iter().map(|u| (&u.key, "unique")));
+        let keys = concurrency
+            .iter()
+            .map(|c| (&c.key, "concurrency"))
+            .chain(unique.iter().map(|u| (&u.key, "unique")))
+            .chain(rate_limit.iter().map(|r| (&r.key, "rate")));
         for (key, which) in keys {
             ticks_render_key(schedule, key, which)?;
         }
@@ -129,7 +134,27 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         unique,
         schedule,
         outbound,
+        rate_limit,
     })
+}
+
+/// The longest window a rate limit may declare: a week.
+const MAX_RATE_PERIOD_MS: u64 = 7 * 24 * 3600 * 1000;
+
+fn rate_limit(declared: wit::RateLimit, job_name: &str) -> Result<RateLimitConfig, InvalidConfig> {
+    // The window holds up to `limit` start times per key, so the limit is
+    // bounded far below the columns' range: a million starts per window.
+    if declared.limit == 0 || declared.limit > 1_000_000 {
+        return invalid("rate-limit.limit", "must be 1 to 1,000,000");
+    }
+    if declared.period_ms == 0 || declared.period_ms > MAX_RATE_PERIOD_MS {
+        return invalid("rate-limit.period-ms", format!("must be 1 to {MAX_RATE_PERIOD_MS} (a week)"));
+    }
+    let key = match declared.key {
+        None => KeyTemplate::constant(job_name),
+        Some(source) => KeyTemplate::parse(&source).or_else(|e| invalid("rate-limit.key", e.to_string()))?,
+    };
+    Ok(RateLimitConfig { limit: declared.limit, period_ms: declared.period_ms, key })
 }
 
 /// The most outbound rules one job type may declare.
@@ -225,6 +250,7 @@ mod tests {
             unique: None,
             schedule: None,
             outbound: None,
+            rate_limit: None,
         }
     }
 
@@ -298,6 +324,21 @@ mod tests {
             field(wit::JobConfig { concurrency: limit(1, Some("{unclosed"), 10), ..declared("x") }),
             "concurrency.key"
         );
+        let rate =
+            |limit, period_ms, key: Option<&str>| Some(wit::RateLimit { limit, period_ms, key: key.map(Into::into) });
+        assert_eq!(field(wit::JobConfig { rate_limit: rate(0, 1000, None), ..declared("x") }), "rate-limit.limit");
+        assert_eq!(field(wit::JobConfig { rate_limit: rate(5, 0, None), ..declared("x") }), "rate-limit.period-ms");
+        assert_eq!(
+            field(wit::JobConfig { rate_limit: rate(5, 8 * 24 * 3600 * 1000, None), ..declared("x") }),
+            "rate-limit.period-ms"
+        );
+        assert_eq!(field(wit::JobConfig { rate_limit: rate(5, 1000, Some("{a")), ..declared("x") }), "rate-limit.key");
+        let whole = validate(wit::JobConfig { rate_limit: rate(5, 1000, None), ..declared("x") }, &runtime).unwrap();
+        let whole = whole.rate_limit.unwrap();
+        assert_eq!(whole.key.render(&serde_json::json!({})).unwrap(), "x", "without a key, the type as a whole");
+        let ticks =
+            wit::JobConfig { schedule: cron("* * * * *"), rate_limit: rate(5, 1000, Some("{k}")), ..declared("x") };
+        assert_eq!(field(ticks), "schedule.payload", "a rate key the ticks' payload cannot render");
         assert_eq!(field(wit::JobConfig { schedule: cron("every day"), ..declared("x") }), "schedule");
         let payload = Some(wit::Schedule { payload: Some("[1]".into()), ..cron("* * * * *").unwrap() });
         assert_eq!(field(wit::JobConfig { schedule: payload, ..declared("x") }), "schedule.payload");

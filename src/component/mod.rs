@@ -400,6 +400,9 @@ impl Runtime {
             CallEnd::Returned(Err(wit::JobError::Retry(reason))) => RunOutcome::Retry { reason },
             CallEnd::Returned(Err(wit::JobError::Fail(reason))) => RunOutcome::Failed { reason },
             CallEnd::Returned(Err(wit::JobError::Snooze(seconds))) => RunOutcome::Snooze { seconds },
+            CallEnd::Returned(Err(wit::JobError::Throttled(retry_after_ms))) => {
+                RunOutcome::Throttled { retry_after_ms }
+            }
             CallEnd::Errored(error) => RunOutcome::Crashed { crash: sandbox::crash_of(store.data(), error) },
             CallEnd::Abandoned => RunOutcome::Crashed { crash: sandbox::abandoned_crash(store.data()) },
         };

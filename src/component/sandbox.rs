@@ -12,7 +12,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, v0_5, wit,
 };
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
@@ -224,6 +224,7 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
     super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_5::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_4::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;

@@ -8,14 +8,17 @@ use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, v0_1, v0_2, v0_3, v0_4, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, NewStep, WitIfFailed, WorkflowRef, v0_1, v0_2, v0_3,
+    v0_4, v0_5, wit,
 };
 use crate::component::sandbox::SandboxState;
 
 /// A linked component of one world version, ready to instantiate.
 pub enum WorldPre {
-    /// `jobhost:job@0.5.0`.
+    /// `jobhost:job@0.6.0`.
     Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.5.0`.
+    V0_5(v0_5::JobPre<SandboxState>),
     /// `jobhost:job@0.4.0`.
     V0_4(v0_4::JobPre<SandboxState>),
     /// `jobhost:job@0.3.0`.
@@ -36,6 +39,9 @@ impl WorldPre {
             Ok(current) => return Ok(WorldPre::Current(current)),
             Err(reason) => reason,
         };
+        if let Ok(v0_5) = v0_5::JobPre::new(pre.clone()) {
+            return Ok(WorldPre::V0_5(v0_5));
+        }
         if let Ok(v0_4) = v0_4::JobPre::new(pre.clone()) {
             return Ok(WorldPre::V0_4(v0_4));
         }
@@ -52,6 +58,9 @@ impl WorldPre {
     pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
         match self {
             WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_5(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
             WorldPre::V0_4(pre) => {
                 Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
             }
@@ -79,6 +88,12 @@ impl WorldPre {
                 let job = pre.instantiate_async(&mut *store).await?;
                 store.data_mut().note_instantiated();
                 job.call_run(&mut *store, context, payload).await
+            }
+            WorldPre::V0_5(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_4(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
@@ -217,6 +232,7 @@ macro_rules! config_since_v2 {
                         backfill: s.backfill,
                     }),
                     outbound: $outbound,
+                    rate_limit: None,
                 }
             }
         }
@@ -291,6 +307,7 @@ impl From<old::JobConfig> for wit::JobConfig {
             }),
             schedule: old.schedule.map(|cron| wit::Schedule { cron, time_zone: None, payload: None, backfill: None }),
             outbound: None,
+            rate_limit: None,
         }
     }
 }
@@ -325,3 +342,62 @@ config_since_v2!(v4, old => old.outbound.map(|rules| {
 }));
 earlier_world!(v4, v4_host);
 batches_since_v3!(v4_batches, v4_host);
+
+use v0_5::jobhost::job::batches as v5_batches;
+use v0_5::jobhost::job::host as v5_host;
+use v0_5::jobhost::job::types as v5;
+use v0_5::jobhost::job::workflows as v5_workflows;
+
+// 0.6.0 added `rate-limit` and the `throttled` error.
+config_since_v2!(v5, old => old.outbound.map(|rules| {
+    rules
+        .into_iter()
+        .map(|r| wit::OutboundRule { origin: r.origin, methods: r.methods, secrets: r.secrets })
+        .collect()
+}));
+earlier_world!(v5, v5_host);
+batches_since_v3!(v5_batches, v5_host);
+
+impl v5_workflows::Host for SandboxState {
+    async fn current_step(&mut self) -> wasmtime::Result<Result<Option<v5_workflows::StepOf>, String>> {
+        let step = bindings::jobhost::job::workflows::Host::current_step(self).await?;
+        Ok(step.map(|step| step.map(|s| v5_workflows::StepOf { workflow_id: s.workflow_id, name: s.name })))
+    }
+
+    fn open(&mut self, label: Option<String>) -> wasmtime::Result<Result<u32, String>> {
+        bindings::jobhost::job::workflows::Host::open(self, label)
+    }
+
+    async fn add_step(
+        &mut self,
+        workflow: v5_workflows::WorkflowRef,
+        step: v5_workflows::NewStep,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let if_failed = |policy: v5_workflows::IfFailed| match policy {
+            v5_workflows::IfFailed::Cancel => WitIfFailed::Cancel,
+            v5_workflows::IfFailed::Run => WitIfFailed::Run,
+            v5_workflows::IfFailed::Fail => WitIfFailed::Fail,
+        };
+        let workflow = match workflow {
+            v5_workflows::WorkflowRef::Current => WorkflowRef::Current,
+            v5_workflows::WorkflowRef::Opened(n) => WorkflowRef::Opened(n),
+        };
+        let options = step.options;
+        let step = NewStep {
+            name: step.name,
+            job: step.job,
+            payload: step.payload,
+            options: EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms },
+            after: step
+                .after
+                .into_iter()
+                .map(|d| bindings::jobhost::job::workflows::Dependency {
+                    step: d.step,
+                    if_failed: d.if_failed.map(if_failed),
+                })
+                .collect(),
+            if_failed: step.if_failed.map(if_failed),
+        };
+        bindings::jobhost::job::workflows::Host::add_step(self, workflow, step).await
+    }
+}

@@ -42,6 +42,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/queues", get(queues))
         .route("/api/queues/{name}/{action}", post(queue_act))
         .route("/api/keys", get(keys))
+        .route("/api/rate-keys", get(rate_keys))
         .route("/api/hosts", get(hosts))
         .route("/api/job-types", get(job_types))
         .route("/api/batches", get(batches_list))
@@ -278,6 +279,10 @@ async fn queue_act(
 
 async fn keys(State(state): State<AppState>) -> ApiResult {
     ok(state.store.semaphore_list().await?)
+}
+
+async fn rate_keys(State(state): State<AppState>) -> ApiResult {
+    ok(state.store.rate_key_list().await?)
 }
 
 async fn hosts(State(state): State<AppState>) -> ApiResult {

@@ -12,11 +12,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::AppState;
+use crate::store::rate::{RateKeyStatus, RateTotals};
 use crate::store::{KeyStatus, Stats, Store};
 
 /// The content type of OpenMetrics text, which Prometheus reads.
@@ -58,7 +60,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     .inspect_err(|error| tracing::warn!(%error, "cannot read the database for a metrics scrape"));
     let mut database = match &read {
-        Ok((stats, keys)) => database_registry(stats, keys),
+        Ok(read) => database_registry(read),
         Err(_) => Registry::default(),
     };
     let up = Gauge::<i64>::default();
@@ -74,12 +76,26 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn read(store: &Store) -> crate::store::Result<(Stats, Vec<KeyStatus>)> {
-    Ok((store.job_stats().await?, store.semaphore_list().await?))
+/// The database's numbers, as one scrape reads them.
+struct Read {
+    stats: Stats,
+    keys: Vec<KeyStatus>,
+    rate_keys: Vec<RateKeyStatus>,
+    rate_totals: Vec<RateTotals>,
 }
 
-/// The database's numbers as gauges.
-fn database_registry(stats: &Stats, keys: &[KeyStatus]) -> Registry {
+async fn read(store: &Store) -> crate::store::Result<Read> {
+    Ok(Read {
+        stats: store.job_stats().await?,
+        keys: store.semaphore_list().await?,
+        rate_keys: store.rate_key_list().await?,
+        rate_totals: store.rate_totals().await?,
+    })
+}
+
+/// The database's numbers as gauges, and the counts the database keeps.
+fn database_registry(read: &Read) -> Registry {
+    let Read { stats, keys, rate_keys, rate_totals } = read;
     let mut registry = Registry::default();
     let jobs = Family::<StateQueue, Gauge>::default();
     for (queue, states) in &stats.queues {
@@ -120,5 +136,29 @@ fn database_registry(stats: &Stats, keys: &[KeyStatus]) -> Registry {
         "Jobs parked until their key has a free slot, per job type",
         parked,
     );
+    rate_metrics(&mut registry, rate_keys, rate_totals);
     registry
+}
+
+/// Rate limits, fleet-wide: what the database counted, and the keys
+/// throttled now.
+fn rate_metrics(registry: &mut Registry, keys: &[RateKeyStatus], totals: &[RateTotals]) {
+    let sent_back = Family::<JobType, Counter>::default();
+    let throttles = Family::<JobType, Counter>::default();
+    for total in totals {
+        let job = JobType { job_type: total.job.clone() };
+        sent_back.get_or_create(&job).inc_by(total.sent_back.max(0) as u64);
+        throttles.get_or_create(&job).inc_by(total.throttles.max(0) as u64);
+    }
+    registry.register(
+        "jobhost_rate_sent_back",
+        "Jobs a fetch sent back to wait because their key's rate limit or throttle had no start free, per job type",
+        sent_back,
+    );
+    registry.register("jobhost_rate_throttles", "Throttles runs reported (\"slow down\"), per job type", throttles);
+    let throttled = Family::<JobType, Gauge>::default();
+    for key in keys.iter().filter(|k| k.throttled_until.is_some()) {
+        throttled.get_or_create(&JobType { job_type: key.job.clone() }).inc();
+    }
+    registry.register("jobhost_rate_throttled_keys", "Keys throttled now, per job type", throttled);
 }

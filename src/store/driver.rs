@@ -105,6 +105,12 @@ pub trait JobDriver: Send + Sync {
 
     /// [`Store::job_wait_available`](super::Store::job_wait_available) on this backend.
     async fn job_wait_available(&self, timeout: std::time::Duration);
+
+    /// [`Store::job_next_due`](super::Store::job_next_due) on this backend.
+    async fn job_next_due(&self) -> Result<Option<std::time::Duration>>;
+
+    /// [`Store::job_wait_sent_back`](super::Store::job_wait_sent_back) on this backend.
+    async fn job_wait_sent_back(&self, timeout: std::time::Duration);
 }
 
 /// Operators' reads and commands on jobs and queues.
@@ -166,6 +172,19 @@ pub trait SemaphoreDriver: Send + Sync {
 
     /// [`Store::semaphore_free_slots`](super::Store::semaphore_free_slots) on this backend.
     async fn semaphore_free_slots(&self, job: &str, key: &str) -> Result<i64>;
+}
+
+/// Rate limits' keys: throttles, and what operators see of them.
+#[async_trait]
+pub trait RateDriver: Send + Sync {
+    /// [`Store::rate_throttle`](super::Store::rate_throttle) on this backend.
+    async fn rate_throttle(&self, run: RunId, delay_ms: u64) -> Result<bool>;
+
+    /// [`Store::rate_key_list`](super::Store::rate_key_list) on this backend.
+    async fn rate_key_list(&self) -> Result<Vec<super::rate::RateKeyStatus>>;
+
+    /// [`Store::rate_totals`](super::Store::rate_totals) on this backend.
+    async fn rate_totals(&self) -> Result<Vec<super::rate::RateTotals>>;
 }
 
 /// Batches after their creation (which the shared rules write).
@@ -280,6 +299,7 @@ pub trait Driver:
     + OperateDriver
     + LeaseDriver
     + SemaphoreDriver
+    + RateDriver
     + BatchDriver
     + WorkflowDriver
     + ScheduleDriver
@@ -302,6 +322,7 @@ impl<T> Driver for T where
         + OperateDriver
         + LeaseDriver
         + SemaphoreDriver
+        + RateDriver
         + BatchDriver
         + WorkflowDriver
         + ScheduleDriver

@@ -112,8 +112,8 @@ pub fn json_len(value: &serde_json::Value) -> usize {
 ///
 /// # Errors
 /// The payload is not a JSON object or is larger than `limits` allow, an
-/// override is invalid, or the concurrency key cannot be rendered from the
-/// payload.
+/// override is invalid, or the concurrency or rate key cannot be rendered
+/// from the payload.
 pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits) -> Result<PreparedJob> {
     if !params.payload.is_object() {
         return Err(Error::PayloadNotObject { job: params.job.clone(), kind: json_kind(&params.payload) });
@@ -138,6 +138,13 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
                 .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: {e}", params.job)))?,
         ),
     };
+    // The rate key is rendered again at each start (it is not stored), so a
+    // payload that cannot render it is refused here, not found out later.
+    if let Some(rate) = &config.rate_limit {
+        rate.key
+            .render(&params.payload)
+            .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: rate {e}", params.job)))?;
+    }
     let unique = match &config.unique {
         None => None,
         Some(unique) => Some(PreparedUnique {
@@ -247,6 +254,7 @@ mod prepare_tests {
             unique: None,
             schedule: None,
             outbound: Vec::new(),
+            rate_limit: None,
         }
     }
 

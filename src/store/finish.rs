@@ -493,6 +493,7 @@ mod tests {
             unique: None,
             schedule: None,
             outbound: Vec::new(),
+            rate_limit: None,
         };
         Configs::from([("mail".to_string(), config)])
     }

@@ -439,6 +439,41 @@ impl Store {
         self.driver.job_wait_available(timeout).await
     }
 
+    /// Holds the key of `run`'s job (its rate key, else its concurrency key,
+    /// else its type) until `delay_ms` from now by the database's clock: no
+    /// run of the key starts before then, fleet-wide. A later throttle
+    /// never shortens an earlier one. False when `run` no longer holds its
+    /// lease: a stale run throttles nothing.
+    pub async fn rate_throttle(&self, run: super::RunId, delay_ms: u64) -> Result<bool> {
+        self.driver.rate_throttle(run, delay_ms).await
+    }
+
+    /// The keys whose starts are counted now (a start within the window, or
+    /// a throttle in force), in (type, key) order, at most
+    /// [`MAX_LISTED_KEYS`](super::rate::MAX_LISTED_KEYS).
+    pub async fn rate_key_list(&self) -> Result<Vec<super::rate::RateKeyStatus>> {
+        self.driver.rate_key_list().await
+    }
+
+    /// Each job type's jobs sent back to wait for a start and its throttles,
+    /// summed over its keys.
+    pub async fn rate_totals(&self) -> Result<Vec<super::rate::RateTotals>> {
+        self.driver.rate_totals().await
+    }
+
+    /// How long until the soonest scheduled job is due, by the database's
+    /// clock (zero when one is overdue); `None` when none is scheduled.
+    pub async fn job_next_due(&self) -> Result<Option<std::time::Duration>> {
+        self.driver.job_next_due().await
+    }
+
+    /// Waits until a fetch sent jobs back to wait for a start (a rate
+    /// limit; on PostgreSQL any host's fetch, on SQLite this process's),
+    /// or `timeout`: the due jobs' timer looks again.
+    pub async fn job_wait_sent_back(&self, timeout: std::time::Duration) {
+        self.driver.job_wait_sent_back(timeout).await
+    }
+
     /// Every scheduled job type with its cursor and whether a live host
     /// serves it, and the clock to read ticks by: the database's, or `now`
     /// when a test gives one (hosts' liveness is judged by the database's

@@ -37,6 +37,7 @@ pub mod grant;
 pub mod job;
 pub mod lease;
 pub mod postgres;
+pub mod rate;
 pub mod schedule;
 mod schema;
 pub mod secret;

@@ -299,6 +299,7 @@ mod tests {
             unique: None,
             schedule: Some(schedule),
             outbound: Vec::new(),
+            rate_limit: None,
         };
         ScheduleState::new("report".into(), config, DateTime::UNIX_EPOCH, None, true).unwrap()
     }

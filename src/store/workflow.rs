@@ -592,6 +592,7 @@ mod tests {
             unique: None,
             schedule: None,
             outbound: Vec::new(),
+            rate_limit: None,
         };
         ["a", "b"].iter().map(|n| (n.to_string(), config(n))).collect()
     }

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use crate::component::{LiveProgress, Registry, Runtime, StopSignal};
 use crate::store::{FetchParams, FetchedJob, Finish, FinishOutcome, HostInfo, RunId, Store};
 use crate::supervisor::Supervisor;
-use crate::types::JobContext;
+use crate::types::{JobContext, RunOutcome};
 use complete::{Done, Handoff};
 use health::WriteHealth;
 use prefetch::Prefetch;
@@ -362,6 +362,7 @@ impl Worker {
         let leases = self.leases.clone();
         let prefetch = self.prefetch.clone();
         let metrics = self.metrics.clone();
+        let store = self.store.clone();
         let component = self.registry.get(&job.job);
         let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
         self.supervisor.spawn(
@@ -421,6 +422,9 @@ impl Worker {
                             elapsed_us = report.elapsed_us,
                             "run ended"
                         );
+                        if let RunOutcome::Throttled { retry_after_ms } = report.outcome {
+                            throttle(&store, run, retry_after_ms).await;
+                        }
                         outcome::finish_of(&job, &component.config, report)
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
@@ -442,6 +446,19 @@ impl Worker {
             }
             .instrument(span),
         );
+    }
+}
+
+/// Holds a throttled run's key until `retry_after_ms` from now, before its
+/// result is written: in a statement of its own, matched on the run's
+/// lease, so a stale run throttles nothing. A throttle that cannot be
+/// written is logged; the job itself still waits as the guest asked.
+async fn throttle(store: &Store, run: RunId, retry_after_ms: u64) {
+    let until = retry_after_ms.clamp(1, crate::store::rate::MAX_THROTTLE_MS);
+    match store.rate_throttle(run, until).await {
+        Ok(true) => tracing::info!(retry_after_ms = until, "throttled: the job's key starts nothing until then"),
+        Ok(false) => tracing::debug!("throttle of a run that no longer holds its lease: nothing held"),
+        Err(error) => tracing::warn!(%error, "cannot record the throttle; only this job waits"),
     }
 }
 

@@ -43,6 +43,11 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
         RunOutcome::Snooze { seconds } => {
             FinishOutcome::Snooze { delay_ms: u64::from(seconds.max(MIN_SNOOZE_SECS)) * 1000 }
         }
+        // The key's throttle was written first (`Worker::start`); the job
+        // itself waits as a snooze does, spending no attempt.
+        RunOutcome::Throttled { retry_after_ms } => {
+            FinishOutcome::Snooze { delay_ms: retry_after_ms.clamp(1, crate::store::rate::MAX_THROTTLE_MS) }
+        }
         RunOutcome::Crashed { crash: Crash::Interrupted { reason } } => FinishOutcome::Release { reason },
         RunOutcome::Crashed { crash } if crash.is_deterministic() => FinishOutcome::Failed { error: crash.to_string() },
         RunOutcome::Crashed { crash } => retry_or_fail(crash.to_string()),
@@ -149,6 +154,7 @@ mod tests {
             unique: None,
             schedule: None,
             outbound: Vec::new(),
+            rate_limit: None,
         }
     }
 

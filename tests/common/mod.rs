@@ -96,6 +96,7 @@ pub fn job_config(name: &str) -> jobhost::types::JobConfig {
         unique: None,
         schedule: None,
         outbound: Vec::new(),
+        rate_limit: None,
     }
 }
 

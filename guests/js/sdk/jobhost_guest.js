@@ -22,15 +22,15 @@
  *
  * `ctx` is `{jobId, attempt, queue, enqueuedAtMs, batchId, concurrencyKey}`;
  * `jobId`, `enqueuedAtMs` and `batchId` are BigInt (u64), `attempt` a number.
- * `throw retry(...)`, `fail(...)` or `snooze(...)` ends a run otherwise.
+ * `throw retry(...)`, `fail(...)`, `snooze(...)` or `throttled(...)` ends a run otherwise.
  * Any other exception `run` does not catch traps the run, and the attempt is
  * retried like any crash: the bindings try to lower it as a job-error and
  * fail, so stderr says "invalid variant tag value `undefined` (received
  * `TypeError: ...`)" with the original error's text.
  */
 
-import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.5.0';
-import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.5.0';
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.6.0';
+import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.6.0';
 
 /**
  * A job type's configuration; every option left out takes the host's default.
@@ -38,7 +38,7 @@ import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpe
  */
 export function config(
   name,
-  { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique, outbound } = {},
+  { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique, outbound, rateLimit } = {},
 ) {
   return {
     name,
@@ -52,7 +52,17 @@ export function config(
     unique,
     schedule: undefined,
     outbound,
+    rateLimit,
   };
+}
+
+/**
+ * At most `starts` runs per rendered `key` start in any window of
+ * `periodMs`, fleet-wide; without a key, of the job type as a whole
+ * (docs/rate-limits.md).
+ */
+export function rate(starts, periodMs, { key } = {}) {
+  return { limit: starts, periodMs: BigInt(periodMs), key };
 }
 
 /**
@@ -112,6 +122,15 @@ export function fail(reason) {
 /** Runs the job again after `seconds` without spending an attempt. */
 export function snooze(seconds) {
   return new JobError({ tag: 'snooze', val: seconds }, `snooze: ${seconds} s`);
+}
+
+/**
+ * The service said "slow down": the job runs again after `retryAfterMs`
+ * without spending an attempt, and no other run of its key starts until
+ * then, fleet-wide.
+ */
+export function throttled(retryAfterMs) {
+  return new JobError({ tag: 'throttled', val: BigInt(retryAfterMs) }, `throttled: ${retryAfterMs} ms`);
 }
 
 /** The payload as an object; a payload that is not a JSON object fails the job without retry. */

@@ -24,7 +24,7 @@ pub mod bindings {
 pub mod http;
 
 pub use bindings::jobhost::job::types::{
-    Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, Schedule, UniqueStrategy, Uniqueness,
+    Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, RateLimit, Schedule, UniqueStrategy, Uniqueness,
 };
 pub use bindings::jobhost::job::{batches, host, workflows};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
@@ -44,6 +44,7 @@ impl JobConfig {
             unique: None,
             schedule: None,
             outbound: None,
+            rate_limit: None,
         }
     }
 }

@@ -274,8 +274,8 @@ async fn keys(
     uri: Uri,
     Extension(caller): Extension<Caller>,
 ) -> Response {
-    page!(state, caller, headers, uri, "Concurrency keys", "/keys", |context| {
-        Ok(pages::keys(&state.store.semaphore_list().await?))
+    page!(state, caller, headers, uri, "Keys", "/keys", |context| {
+        Ok(pages::keys(&state.store.semaphore_list().await?, &state.store.rate_key_list().await?))
     })
 }
 

@@ -11,6 +11,7 @@ use super::layout::{
 };
 use crate::http::query::{JobQuery, encode};
 use crate::http::views::{JobTypeView, QueueView, Throughput};
+use crate::store::rate::RateKeyStatus;
 use crate::store::{Batch, HostRow, JobDetail, JobRow, JobState, KeyStatus, ScheduleStatus, Stats};
 
 /// The overview: counts by state, throughput, warnings, queues.
@@ -327,8 +328,46 @@ fn fraction_of(progress: &serde_json::Value) -> Option<f64> {
     (total > 0.0).then(|| done / total)
 }
 
+/// The concurrency keys with holders or blocked jobs, then the rate keys
+/// with starts in their window or a throttle in force.
+pub fn keys(keys: &[KeyStatus], rate_keys: &[RateKeyStatus]) -> Markup {
+    html! {
+        (concurrency_keys(keys))
+        (rate_key_table(rate_keys))
+    }
+}
+
+/// The rate keys counting starts now, and the throttled ones.
+fn rate_key_table(keys: &[RateKeyStatus]) -> Markup {
+    html! {
+        h2 { "Rate keys" }
+        @if keys.is_empty() {
+            p.muted { "No key has started a rate-limited run within its window, and none is throttled." }
+        } @else {
+            (table(&[Head::Text("Type"), Head::Text("Key"), Head::Number("Starts in window"), Head::Text("Throttled"), Head::Number("Sent back"), Head::Number("Throttles")], html! {
+                @for key in keys {
+                    tr {
+                        td { (key.job) }
+                        td { code { (key.key) } }
+                        td.num {
+                            @if let (Some(limit), Some(period_ms)) = (key.limit, key.period_ms) {
+                                (key.starts_in_window) " / " (limit) " per " (crate::text::millis(period_ms))
+                            } @else { "no limit" }
+                        }
+                        td {
+                            @if let Some(secs) = key.throttled_secs { (state_badge("throttled")) " " (span(secs)) " more" } @else { "–" }
+                        }
+                        td.num { (key.sent_back) }
+                        td.num { (key.throttles) }
+                    }
+                }
+            }))
+        }
+    }
+}
+
 /// The concurrency keys with holders or blocked jobs.
-pub fn keys(keys: &[KeyStatus]) -> Markup {
+fn concurrency_keys(keys: &[KeyStatus]) -> Markup {
     html! {
         h1 { "Concurrency keys" }
         @if keys.is_empty() {
@@ -520,6 +559,11 @@ fn config_facts(config: &crate::types::JobConfig) -> Markup {
                 dt { "Concurrency" } dd {
                     (field(c, "limit")) " at a time per key " code { (field(c, "key")) }
                     ", lease " (field(c, "duration_secs")) " s; when full: " (field(c, "on_conflict"))
+                }
+            }
+            @if let Some(rate) = &config.rate_limit {
+                dt { "Rate limit" } dd {
+                    (rate.limit) " starts per " (crate::text::millis(rate.period_ms as i64)) " per key " code { (rate.key.as_str()) }
                 }
             }
             @if let Some(u) = &unique {

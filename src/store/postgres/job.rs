@@ -249,4 +249,18 @@ impl JobDriver for PgStore {
         self.listen().await;
         let _ = tokio::time::timeout(timeout, self.wake.notified()).await;
     }
+
+    async fn job_next_due(&self) -> Result<Option<Duration>> {
+        let secs: Option<f64> = sqlx::query_scalar(
+            "SELECT greatest(extract(epoch FROM min(run_at) - now()), 0)::float8 FROM jobhost.jobs WHERE state = 'scheduled'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(secs.map(Duration::from_secs_f64))
+    }
+
+    async fn job_wait_sent_back(&self, timeout: Duration) {
+        self.listen().await;
+        let _ = tokio::time::timeout(timeout, self.due.notified()).await;
+    }
 }

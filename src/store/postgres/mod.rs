@@ -20,11 +20,12 @@
 //! |---|---|---|
 //! | `notify_available` | 0012_quiet_promotions (first 0001_queue) | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
-//! | `fetch` | 0007_uniqueness (first 0003) | leases available jobs (a pinned plan), with their `while_executing` claims |
+//! | `fetch` | 0024_rate_limits (first 0003, then 0007) | leases available jobs (a pinned plan), with their `while_executing` claims, after the rate check |
+//! | `rate_governed`, `rate_key`, `rate_start` | 0024_rate_limits | whether a type's starts are counted; a job's rate key; a fetch's starts recorded, the rest sent back to wait |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
 //! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
-//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
+//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
 //! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
@@ -60,6 +61,7 @@ mod lease;
 mod membership;
 mod migrate;
 mod operate;
+mod rate;
 mod schedule;
 mod secret;
 mod session;
@@ -97,6 +99,10 @@ const SWEEP_LOCK_TIMEOUT: &str = "250ms";
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
 
+/// The channel on which a fetch announces jobs it sent back to wait for a
+/// start (jobhost.rate_start), so every host's timer of due jobs looks again.
+const DUE_CHANNEL: &str = "jobhost_due";
+
 /// A connection pool to the jobhost schema of one PostgreSQL database.
 #[derive(Clone)]
 pub struct PgStore {
@@ -113,6 +119,8 @@ pub struct PgStore {
     wake: Arc<Notify>,
     /// Woken by a deployment change (or a lost listener, which may have missed one).
     deployed: Arc<Notify>,
+    /// Woken when a fetch sent jobs back to wait for a start (or a lost listener).
+    due: Arc<Notify>,
     listening: Arc<OnceCell<()>>,
     /// What every enqueue through this store may carry.
     limits: EnqueueLimits,
@@ -177,6 +185,7 @@ impl PgStore {
             options,
             wake: Arc::new(Notify::new()),
             deployed: Arc::new(Notify::new()),
+            due: Arc::new(Notify::new()),
             listening: Arc::new(OnceCell::new()),
             limits: EnqueueLimits::default(),
         })
@@ -210,8 +219,8 @@ impl PgStore {
             .listening
             .get_or_try_init(|| async {
                 let mut listener = PgListener::connect_with(&self.listeners).await?;
-                listener.listen_all([CHANNEL, deploy::CHANNEL]).await?;
-                let (wake, deployed) = (self.wake.clone(), self.deployed.clone());
+                listener.listen_all([CHANNEL, deploy::CHANNEL, DUE_CHANNEL]).await?;
+                let (wake, deployed, due) = (self.wake.clone(), self.deployed.clone(), self.due.clone());
                 tokio::spawn(async move {
                     loop {
                         // `try_recv` reports a lost connection (`None`)
@@ -220,16 +229,19 @@ impl PgStore {
                         // are woken to look for themselves.
                         match listener.try_recv().await {
                             Ok(Some(note)) if note.channel() == deploy::CHANNEL => deployed.notify_one(),
+                            Ok(Some(note)) if note.channel() == DUE_CHANNEL => due.notify_one(),
                             Ok(Some(_)) => wake.notify_one(),
                             Ok(None) => {
                                 tracing::warn!("notification listener lost its connection; reconnecting");
                                 wake.notify_one();
                                 deployed.notify_one();
+                                due.notify_one();
                             }
                             Err(error) => {
                                 tracing::warn!(%error, "notification listener cannot reconnect; retrying");
                                 wake.notify_one();
                                 deployed.notify_one();
+                                due.notify_one();
                                 tokio::time::sleep(Duration::from_millis(500)).await;
                             }
                         }

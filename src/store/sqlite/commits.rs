@@ -77,6 +77,14 @@ impl SqliteStore {
         }
     }
 
+    /// The file's data version as the watching connection sees it now, or
+    /// [`UNSEEN`] when it cannot be read. A waiter reads it before it looks
+    /// at what it waits for, so a commit between the look and the wait is
+    /// not missed.
+    pub(super) async fn data_version(&self) -> i64 {
+        sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&self.watch).await.unwrap_or(UNSEEN)
+    }
+
     /// Waits for a commit by any connection since `seen`, the data version
     /// the caller last saw (updated here), until `deadline`: false when the
     /// deadline came first. Woken like an idle host: by the file system's

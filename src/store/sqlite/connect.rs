@@ -74,6 +74,7 @@ impl SqliteStore {
             watch,
             seen_version: Arc::new(AtomicI64::new(UNSEEN)),
             wake: Arc::new(Notify::new()),
+            due: Arc::new(Notify::new()),
             logged,
             _commits: commits,
             limits: EnqueueLimits::default(),

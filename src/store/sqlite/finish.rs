@@ -19,6 +19,8 @@ pub struct Wrote {
     pub written: Written,
     /// A job became available: requeued at once, promoted, or a child enqueued.
     pub any_available: bool,
+    /// How many jobs the fetch sent back to wait for a start (rate limits).
+    pub sent_back: u64,
     /// A batch member may have ended (archived, or discarded by the gate
     /// as a child or batch was enqueued), so the commit settles batches.
     pub may_finish_batch: bool,
@@ -83,13 +85,14 @@ pub async fn write(
     for workflow in plan.workflows_of(&written) {
         super::workflow::write(conn, workflow.clone(), now).await?;
     }
-    let leased = match next {
+    let (leased, sent_back) = match next {
         Some(next) => job::fetch(conn, next, now).await?,
-        None => Vec::new(),
+        None => (Vec::new(), 0),
     };
     Ok(Wrote {
         written: Written { written, deferred: HashSet::new(), leased },
         any_available: any_available || promoted > 0 || !enqueued.is_empty(),
+        sent_back,
         may_finish_batch,
     })
 }

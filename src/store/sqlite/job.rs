@@ -14,10 +14,9 @@ use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::SqliteStore;
-use super::commits::UNSEEN;
-use super::concurrency;
 use super::encode::{ms_or_now, now_ms};
 use super::unique::{self, Decision};
+use super::{concurrency, rate};
 use super::{json_list, time_of};
 use crate::store::JobDetail;
 use crate::store::driver::JobDriver;
@@ -138,17 +137,30 @@ pub async fn any_available(pool: &SqlitePool, params: &FetchParams) -> Result<bo
     .await?)
 }
 
-/// Leases up to `params.limit` jobs to the fetching host (see sql/fetch.sql).
-pub async fn fetch(conn: &mut SqliteConnection, params: &FetchParams, now: i64) -> Result<Vec<FetchedJob>> {
+/// Leases up to `params.limit` jobs to the fetching host (see sql/fetch.sql),
+/// after the rate check when a type it serves is rate governed. Returns the
+/// leased jobs and how many picked jobs were sent back to wait for a start.
+pub async fn fetch(conn: &mut SqliteConnection, params: &FetchParams, now: i64) -> Result<(Vec<FetchedJob>, u64)> {
     if params.limit <= 0 || params.job_types.is_empty() || params.queues.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
+    let names: Vec<String> = params.job_types.iter().map(|(name, _)| name.clone()).collect();
+    let (only, sent_back) = if rate::governed(conn, &names, now).await? {
+        let (leasable, sent_back) = rate::admit(conn, params, now).await?;
+        if leasable.is_empty() {
+            return Ok((Vec::new(), sent_back));
+        }
+        (Some(json_list(&leasable)), sent_back)
+    } else {
+        (None, 0)
+    };
     let rows = sqlx::query(include_str!("sql/fetch.sql"))
         .bind(json_list(&params.job_types))
         .bind(json_list(&params.queues))
         .bind(params.limit)
         .bind(&params.host_id)
         .bind(now)
+        .bind(only)
         .fetch_all(&mut *conn)
         .await?;
     let mut runs: Vec<(i64, i64)> = Vec::new();
@@ -162,7 +174,7 @@ pub async fn fetch(conn: &mut SqliteConnection, params: &FetchParams, now: i64) 
     }
     jobs.sort_by_key(|j| j.lease_token);
     unique::claim_runs(conn, &runs, now).await?;
-    Ok(jobs)
+    Ok((jobs, sent_back))
 }
 
 pub fn leased_job(row: &SqliteRow) -> Result<FetchedJob> {
@@ -274,7 +286,9 @@ impl JobDriver for SqliteStore {
         if !any_available(&self.reader, params).await? {
             return Ok(Vec::new());
         }
-        self.write_with(async |tx| fetch(tx, params, now_ms()).await).await
+        let (jobs, sent_back) = self.write_with(async |tx| fetch(tx, params, now_ms()).await).await?;
+        self.announce_due(sent_back);
+        Ok(jobs)
     }
 
     async fn job_promote_due(&self, now: Option<DateTime<Utc>>) -> Result<u64> {
@@ -300,7 +314,9 @@ impl JobDriver for SqliteStore {
 
     async fn job_wait(&self, id: i64, timeout: Duration) -> Result<Option<JobDetail>> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut seen = UNSEEN;
+        // Read before the first look: a job that ends between the look and
+        // the wait then shows as a commit since `seen`.
+        let mut seen = self.data_version().await;
         loop {
             match super::operate::get(&self.reader, id).await? {
                 None => return Err(Error::NotFound { id }),
@@ -315,5 +331,16 @@ impl JobDriver for SqliteStore {
 
     async fn job_wait_available(&self, timeout: Duration) {
         self.wait_available(timeout).await;
+    }
+
+    async fn job_next_due(&self) -> Result<Option<Duration>> {
+        let due: Option<i64> = sqlx::query_scalar("SELECT min(run_at) FROM jobs WHERE state = 'scheduled'")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(due.map(|at| Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64)))
+    }
+
+    async fn job_wait_sent_back(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.due.notified()).await;
     }
 }

@@ -38,6 +38,7 @@ mod job;
 mod lease;
 mod membership;
 mod operate;
+mod rate;
 mod schedule;
 mod secret;
 mod session;
@@ -87,6 +88,8 @@ pub struct SqliteStore {
     wake: Arc<Notify>,
     /// Writes to the `-wal` file, reported before the commit may show.
     logged: Arc<Notify>,
+    /// This process's fetches that sent jobs back to wait for a start.
+    due: Arc<Notify>,
     /// Reports writes to the `-wal` file; `None` where that is not possible.
     _commits: Option<Arc<notify::RecommendedWatcher>>,
     /// What every enqueue through this store may carry.
@@ -170,6 +173,14 @@ impl SqliteStore {
             self.wake.notify_one();
         }
     }
+
+    /// Wakes this process's timer of due jobs: a fetch sent jobs back to
+    /// wait for a start, maybe sooner than the timer is set for.
+    fn announce_due(&self, sent_back: u64) {
+        if sent_back > 0 {
+            self.due.notify_one();
+        }
+    }
 }
 
 /// The versions of the migrations the file records as applied (none on a new file).
@@ -213,6 +224,7 @@ impl Backend for SqliteStore {
         let wrote = finish::write(&mut tx, plan, next, now_ms()).await?;
         tx.commit_settling(wrote.may_finish_batch).await?;
         self.announce(wrote.any_available);
+        self.announce_due(wrote.sent_back);
         Ok(wrote.written)
     }
 

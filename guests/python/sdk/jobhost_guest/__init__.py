@@ -27,7 +27,8 @@ try:  # built against the `job-http` world, where wasi:http brings a `types` of 
 except ImportError:  # built against `job`
     from wit_world.imports import types
 
-__all__ = ["config", "allow", "limit", "unique", "parse_payload", "output", "retry", "fail", "snooze", "log", "progress", "enqueue",
+__all__ = ["config", "allow", "limit", "rate", "unique", "parse_payload", "output", "retry", "fail", "snooze",
+           "throttled", "log", "progress", "enqueue",
            "add_step", "open_workflow", "current_step"]
 
 _CONFLICT = {"block": types.OnConflict.BLOCK, "discard": types.OnConflict.DISCARD, "raise": types.OnConflict.RAISE}
@@ -39,17 +40,18 @@ _DUPLICATE = {"skip": types.OnDuplicate.SKIP, "replace": types.OnDuplicate.REPLA
 
 
 def config(name, queue=None, priority=None, max_attempts=None, backoff_ms=None, timeout_ms=None,
-           memory_limit_bytes=None, concurrency=None, unique=None, outbound=None):
+           memory_limit_bytes=None, concurrency=None, unique=None, outbound=None, rate_limit=None):
     """A job type's configuration; every option left out takes the host's default.
 
     ``backoff_ms`` is a ``(base, cap)`` pair in milliseconds; ``outbound`` a
     list of ``allow(...)`` rules, the origins runs may send HTTP requests to
-    once an operator grants them too (docs/outbound.md).
+    once an operator grants them too (docs/outbound.md); ``rate_limit`` a
+    ``rate(...)`` (docs/rate-limits.md).
     """
     backoff = types.Backoff(base_ms=backoff_ms[0], cap_ms=backoff_ms[1]) if backoff_ms else None
     return types.JobConfig(name=name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
                            timeout_ms=timeout_ms, memory_limit_bytes=memory_limit_bytes, concurrency=concurrency,
-                           unique=unique, schedule=None, outbound=outbound)
+                           unique=unique, schedule=None, outbound=outbound, rate_limit=rate_limit)
 
 
 def allow(origin, methods=(), secrets=()):
@@ -63,6 +65,12 @@ def limit(at_once, key=None, duration_secs=30, on_conflict="block"):
     """At most ``at_once`` runs per rendered ``key`` fleet-wide; ``on_conflict``
     is ``"block"``, ``"discard"`` or ``"raise"``."""
     return types.Concurrency(limit=at_once, key=key, duration_secs=duration_secs, on_conflict=_CONFLICT[on_conflict])
+
+
+def rate(starts, period_ms, key=None):
+    """At most ``starts`` runs per rendered ``key`` start in any window of
+    ``period_ms``, fleet-wide; without a key, of the job type as a whole."""
+    return types.RateLimit(limit=starts, period_ms=period_ms, key=key)
 
 
 def unique(key, strategy="until-executed", on_duplicate=None):
@@ -100,6 +108,13 @@ def fail(reason):
 def snooze(seconds):
     """Runs the job again after ``seconds`` without spending an attempt."""
     return Err(types.JobError_Snooze(seconds))
+
+
+def throttled(retry_after_ms):
+    """The service said "slow down": runs the job again after
+    ``retry_after_ms`` without spending an attempt, and starts no other run
+    of its key until then, fleet-wide."""
+    return Err(types.JobError_Throttled(retry_after_ms))
 
 
 class _Log:

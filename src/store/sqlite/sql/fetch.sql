@@ -1,8 +1,10 @@
 -- Leases up to $3 available jobs of the given queues ($2, a JSON array, less
 -- the paused ones) and
 -- job types ($1, a JSON array of [name, lease_secs]) to host $4, in fetch
--- order (priority, then run time, then id). The caller holds the write
--- lock, so no other fetch can pick the same rows.
+-- order (priority, then run time, then id); only those of $6 (a JSON array
+-- of ids: the ones a rate-governed fetch may start, see `rate::admit`)
+-- unless it is null. The caller holds the write lock, so no other fetch
+-- can pick the same rows.
 --
 -- Two statements, sent as one round trip to the connection's thread: the
 -- first reserves $3 lease tokens (those no job takes are never used), the
@@ -28,6 +30,7 @@ candidates AS MATERIALIZED (
       AND j.queue NOT IN (SELECT p.name FROM queue_pauses p)
       -- A while_executing job whose key a run holds is passed over, in place.
       AND NOT EXISTS (SELECT 1 FROM unique_claims c WHERE c.job = k.job AND c.unique_key = k.unique_key)
+      AND ($6 IS NULL OR j.id IN (SELECT r.value FROM json_each($6) r))
     ORDER BY j.priority, j.run_at, j.id
     LIMIT +$3
 ),

@@ -1,0 +1,85 @@
+//! Rate keys as operators see them (the counting itself is
+//! jobhost.rate_start, in 0024_rate_limits.sql).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::store::rate::{MAX_LISTED_KEYS, RateKeyStatus, RateTotals};
+use crate::store::{Result, RunId};
+
+type RateKeyRow = (String, String, Option<i64>, Option<i64>, i64, Option<DateTime<Utc>>, Option<f64>, i64, i64);
+
+/// Keys with starts in their window or a throttle in force, in (type, key) order.
+pub async fn list(pool: &PgPool) -> Result<Vec<RateKeyStatus>> {
+    let rows: Vec<RateKeyRow> = sqlx::query_as(
+        "SELECT r.job, r.key, l.lim, l.period_ms,
+                (SELECT count(*) FROM unnest(r.starts) AS s
+                 WHERE s > now() - coalesce(l.period_ms, 0) * interval '1 millisecond'),
+                CASE WHEN r.throttled_until > now() THEN r.throttled_until END,
+                CASE WHEN r.throttled_until > now() THEN extract(epoch FROM r.throttled_until - now())::float8 END,
+                r.deferred, r.throttles
+         FROM jobhost.rate_keys r
+         LEFT JOIN jobhost.job_types t ON t.name = r.job
+         CROSS JOIN LATERAL (SELECT (t.config -> 'rate_limit' ->> 'limit')::bigint AS lim,
+                                    (t.config -> 'rate_limit' ->> 'period_ms')::bigint AS period_ms) l
+         WHERE r.throttled_until > now()
+            OR EXISTS (SELECT 1 FROM unnest(r.starts) AS s
+                       WHERE s > now() - coalesce(l.period_ms, 0) * interval '1 millisecond')
+         ORDER BY r.job, r.key
+         LIMIT $1",
+    )
+    .bind(MAX_LISTED_KEYS)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(job, key, limit, period_ms, starts_in_window, throttled_until, throttled_secs, sent_back, throttles)| {
+            RateKeyStatus {
+                job,
+                key,
+                limit,
+                period_ms,
+                starts_in_window,
+                throttled_until,
+                throttled_secs,
+                sent_back,
+                throttles,
+            }
+        })
+        .collect())
+}
+
+/// Each type's sends-back and throttles, summed over its keys.
+pub async fn totals(pool: &PgPool) -> Result<Vec<RateTotals>> {
+    Ok(sqlx::query_as(
+        "SELECT job, sum(deferred)::bigint AS sent_back, sum(throttles)::bigint AS throttles
+         FROM jobhost.rate_keys GROUP BY job ORDER BY job",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// See jobhost.rate_throttle in 0024_rate_limits.sql.
+pub async fn throttle(pool: &PgPool, run: RunId, delay_ms: u64) -> Result<bool> {
+    Ok(sqlx::query_scalar("SELECT jobhost.rate_throttle($1, $2, $3)")
+        .bind(run.job_id)
+        .bind(run.lease_token)
+        .bind(i64::try_from(delay_ms).unwrap_or(i64::MAX))
+        .fetch_one(pool)
+        .await?)
+}
+
+#[async_trait]
+impl crate::store::driver::RateDriver for super::PgStore {
+    async fn rate_throttle(&self, run: RunId, delay_ms: u64) -> Result<bool> {
+        throttle(&self.pool, run, delay_ms).await
+    }
+    async fn rate_key_list(&self) -> Result<Vec<RateKeyStatus>> {
+        list(&self.pool).await
+    }
+
+    async fn rate_totals(&self) -> Result<Vec<RateTotals>> {
+        totals(&self.pool).await
+    }
+}
