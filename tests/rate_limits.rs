@@ -42,6 +42,18 @@ async fn enqueue_keyed(db: &TestDb, job: &str, keys: impl IntoIterator<Item = St
     db.store.job_enqueue(&params).await.unwrap()
 }
 
+/// Enqueues jobs due a second ago: available at once, not planned by their
+/// key (an enqueue plans only jobs due at once), so that their fetch is
+/// what counts them, as it counts retries and children.
+async fn enqueue_unplanned(db: &TestDb, job: &str, keys: impl IntoIterator<Item = String>) -> Vec<i64> {
+    let due = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let params: Vec<EnqueueParams> = keys
+        .into_iter()
+        .map(|key| EnqueueParams { run_at: Some(due), ..EnqueueParams::new(job, json!({ "key": key })) })
+        .collect();
+    db.store.job_enqueue(&params).await.unwrap()
+}
+
 /// A timestamp column in milliseconds since the epoch, on either backend.
 fn ms(db: &TestDb, column: &str) -> String {
     db.dialect(&format!("(extract(epoch FROM {column}) * 1000)::bigint"), column).to_string()
@@ -76,8 +88,8 @@ fn due_timer_only(db: &TestDb) -> CancellationToken {
 
 async fn a_key_starts_at_most_its_limit_and_the_rest_wait_for_their_instant(db: TestDb) {
     rate_limited(&db, "rl", 2, 1_000, None).await;
-    let ids = enqueue_keyed(&db, "rl", (0..5).map(|_| "a".to_string())).await;
-    enqueue_keyed(&db, "rl", ["b".to_string()]).await;
+    let ids = enqueue_unplanned(&db, "rl", (0..5).map(|_| "a".to_string())).await;
+    enqueue_unplanned(&db, "rl", ["b".to_string()]).await;
 
     let leased = db.fetch("rl", 10).await;
     let mut keys: Vec<String> = leased.iter().map(|j| j.payload["key"].as_str().unwrap().to_string()).collect();
@@ -109,7 +121,7 @@ async fn a_key_starts_at_most_its_limit_and_the_rest_wait_for_their_instant(db: 
 async fn a_sent_back_job_becomes_available_when_its_start_frees_up(db: TestDb) {
     rate_limited(&db, "rl", 1, 300, None).await;
     let stop = due_timer_only(&db);
-    let ids = enqueue_keyed(&db, "rl", ["a".to_string(), "a".to_string()]).await;
+    let ids = enqueue_unplanned(&db, "rl", ["a".to_string(), "a".to_string()]).await;
     let first = db.fetch("rl", 10).await;
     assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), [ids[0]]);
     assert_eq!(db.state_of(ids[1]).await, JobState::Scheduled);
@@ -122,7 +134,7 @@ async fn a_sent_back_job_becomes_available_when_its_start_frees_up(db: TestDb) {
 
 async fn a_sent_back_job_gives_back_its_concurrency_slot(db: TestDb) {
     rate_limited(&db, "both", 1, 60_000, Some(5)).await;
-    enqueue_keyed(&db, "both", (0..3).map(|_| "k".to_string())).await;
+    enqueue_unplanned(&db, "both", (0..3).map(|_| "k".to_string())).await;
     let holders = || db.scalar("SELECT coalesce(sum(holders), 0) FROM jobhost.semaphores WHERE key = 'k'");
     assert_eq!(holders().await, 3, "each available job holds a slot");
     assert_eq!(db.fetch("both", 10).await.len(), 1);
@@ -134,7 +146,7 @@ async fn a_sent_back_job_gives_back_its_concurrency_slot(db: TestDb) {
 /// take it: that lease is a start, counted like any other.
 async fn a_promotion_leased_by_a_result_write_is_counted(db: TestDb) {
     rate_limited(&db, "both", 1, 60_000, Some(1)).await;
-    let ids = enqueue_keyed(&db, "both", ["k".to_string(), "k".to_string()]).await;
+    let ids = enqueue_unplanned(&db, "both", ["k".to_string(), "k".to_string()]).await;
     assert_eq!(db.state_of(ids[1]).await, JobState::Blocked);
     let holder = db.fetch("both", 1).await.remove(0);
     let (_, leased) = db
@@ -196,6 +208,40 @@ async fn racing_fetchers_never_overfill_a_window(db: TestDb) {
     }
 }
 
+/// Tenant A's backlog of 5,000 waits over its coming windows, planned at
+/// its enqueue, so tenant B's 10 jobs enqueued after it are all leased by
+/// the first fetch, beside A's first window: one turn, not 5,000 jobs.
+async fn a_backlog_of_one_key_does_not_hold_back_another_key(db: TestDb) {
+    rate_limited(&db, "rl", 10, 1_000, None).await;
+    enqueue_keyed(&db, "rl", (0..5_000).map(|_| "a".to_string())).await;
+    let small = enqueue_keyed(&db, "rl", (0..10).map(|_| "b".to_string())).await;
+    let leased = db.fetch("rl", 20).await;
+    let tenant = |job: &FetchedJob| job.payload["key"].as_str().unwrap().to_string();
+    let mut b: Vec<i64> = leased.iter().filter(|j| tenant(j) == "b").map(|j| j.id).collect();
+    b.sort();
+    assert_eq!(b, small, "every job of B in the first fetch");
+    assert_eq!(leased.iter().filter(|j| tenant(j) == "a").count(), 10, "and A's first window");
+
+    // A's backlog waits, 10 a second, and no window holds more than 10.
+    let planned: Vec<i64> = db
+        .rows::<(i64,)>(format!(
+            "SELECT {} FROM jobhost.jobs WHERE state = 'scheduled' AND payload ->> 'key' = 'a' ORDER BY run_at",
+            ms(&db, "run_at")
+        ))
+        .await
+        .into_iter()
+        .map(|(at,)| at)
+        .collect();
+    assert_eq!(planned.len(), 4_990);
+    assert_eq!(most_in_a_window(&planned, 1_000), 10);
+    let spread = planned[4_989] - planned[0];
+    assert!((498_999..=499_001).contains(&(spread + 1_000)), "499 more windows: {spread} ms");
+    // A later job of A comes after the backlog, not beside its first window.
+    let late = enqueue_keyed(&db, "rl", ["a".to_string()]).await[0];
+    let late_at: i64 = db.scalar(format!("SELECT {} FROM jobhost.jobs WHERE id = {late}", ms(&db, "run_at"))).await;
+    assert!(late_at >= planned[4_989], "the late job waits behind the backlog");
+}
+
 async fn a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli(db: TestDb) {
     rate_limited(&db, "rl", 5, 1_000, None).await;
     enqueue_keyed(&db, "rl", (0..3).map(|_| "a".to_string())).await;
@@ -239,6 +285,7 @@ async fn a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli(
 }
 
 on_both_backends!(
+    a_backlog_of_one_key_does_not_hold_back_another_key,
     a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli,
     a_key_starts_at_most_its_limit_and_the_rest_wait_for_their_instant,
     a_sent_back_job_becomes_available_when_its_start_frees_up,

@@ -20,6 +20,11 @@ CREATE TABLE jobhost.rate_keys (
     key             text        NOT NULL,
     -- The key's latest starts, oldest first; at most the type's limit.
     starts          timestamptz[] NOT NULL DEFAULT '{}',
+    -- When the key's latest enqueued jobs may start (ms since the epoch,
+    -- the database's clock), at most `limit` of them: an enqueue plans its
+    -- jobs after these, so a backlog waits scheduled over the coming
+    -- windows instead of filling the fetch order ahead of other keys.
+    planned         bigint[]    NOT NULL DEFAULT '{}',
     -- No run of the key starts before this.
     throttled_until timestamptz,
     -- How many throttles the key has had, and jobs sent back to wait.

@@ -7,6 +7,9 @@ CREATE TABLE rate_keys (
     key             TEXT    NOT NULL,
     -- A JSON array of start times (ms), oldest first.
     starts          TEXT    NOT NULL DEFAULT '[]' CHECK (json_type(starts) = 'array'),
+    -- When the key's latest enqueued jobs may start (ms), at most its
+    -- limit: an enqueue plans its jobs after these.
+    planned         TEXT    NOT NULL DEFAULT '[]' CHECK (json_type(planned) = 'array'),
     throttled_until INTEGER,
     throttles       INTEGER NOT NULL DEFAULT 0,
     deferred        INTEGER NOT NULL DEFAULT 0,

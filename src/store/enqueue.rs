@@ -57,6 +57,8 @@ pub struct PreparedJob {
     pub concurrency_key: Option<String>,
     /// The rendered uniqueness key and its rules, for a unique job type.
     pub unique: Option<PreparedUnique>,
+    /// The rendered rate key and its limit, for a rate-limited job type.
+    pub rate: Option<PreparedRate>,
     /// The job that enqueued it.
     pub parent_id: Option<i64>,
     /// The batch it joins as a member.
@@ -64,6 +66,15 @@ pub struct PreparedJob {
     /// Added by a running member of that batch, which may add to it even
     /// when it is closed: the batch cannot finish while its member runs.
     pub batch_by_member: bool,
+}
+
+/// A rate-limited job's key, as its backend plans it (docs/rate-limits.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedRate {
+    /// The rendered key.
+    pub key: String,
+    /// Its type's limit.
+    pub limit: crate::store::rate::Limit,
 }
 
 /// A unique job's claim, as its backend takes it.
@@ -140,11 +151,19 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
     };
     // The rate key is rendered again at each start (it is not stored), so a
     // payload that cannot render it is refused here, not found out later.
-    if let Some(rate) = &config.rate_limit {
-        rate.key
-            .render(&params.payload)
-            .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: rate {e}", params.job)))?;
-    }
+    let rate = match &config.rate_limit {
+        None => None,
+        Some(rate) => Some(PreparedRate {
+            key: rate
+                .key
+                .render(&params.payload)
+                .map_err(|e| Error::InvalidEnqueue(format!("job {:?}: rate {e}", params.job)))?,
+            limit: crate::store::rate::Limit {
+                limit: rate.limit,
+                period_ms: i64::try_from(rate.period_ms).unwrap_or(i64::MAX),
+            },
+        }),
+    };
     let unique = match &config.unique {
         None => None,
         Some(unique) => Some(PreparedUnique {
@@ -171,6 +190,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         delay_ms,
         concurrency_key,
         unique,
+        rate,
         parent_id: params.parent_id,
         batch_id: params.batch_id,
         batch_by_member: false,

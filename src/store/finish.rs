@@ -318,6 +318,10 @@ fn prepare_children(
     for child in children {
         let prepared = prepare_registered(EnqueueParams::child(parent.id, child.clone()), configs, limits)
             .map_err(|problem| format!("could not enqueue a child job: {problem}"))?;
+        // A child is not planned by its key (docs/rate-limits.md): it is
+        // written after its parent's ending gave back its slots, and rate
+        // keys come before semaphores in the lock order. Its fetch counts it.
+        let prepared = PreparedJob { rate: None, ..prepared };
         match child.batch {
             None => own.push(prepared),
             Some(ChildBatch::Parent) => {

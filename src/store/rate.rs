@@ -116,11 +116,75 @@ pub fn turn(window: &KeyWindow, limit: Option<Limit>, picked: usize, now: i64) -
     Turn { started, starts, wait_until }
 }
 
+/// Plans `n` jobs of one key enqueued at `now` (ms), all due now: when
+/// each may start, in enqueue order, so that no window of `period` holds
+/// more than `limit` planned times, after the key's `planned` ones (its
+/// latest, oldest first). Returns the times and the key's new latest
+/// `limit` planned times. The j-th job waits for the (j mod limit)-th of the
+/// last `limit` planned times to leave the window, a period more per cycle:
+/// the same arithmetic as a fetch's waiting jobs.
+pub fn plan(planned: &[i64], limit: Limit, n: usize, now: i64) -> (Vec<i64>, Vec<i64>) {
+    let Limit { limit, period_ms } = limit;
+    let limit = limit.max(1) as usize;
+    let mut recent: Vec<i64> = planned.iter().copied().filter(|p| *p > now - period_ms).collect();
+    recent.sort_unstable();
+    let recent = &recent[recent.len().saturating_sub(limit)..];
+    let padding = limit - recent.len();
+    let times: Vec<i64> = (0..n)
+        .map(|j| {
+            let first = match (j % limit).checked_sub(padding) {
+                Some(i) => (recent[i] + period_ms).max(now),
+                None => now,
+            };
+            first + period_ms * (j / limit) as i64
+        })
+        .collect();
+    let mut latest: Vec<i64> = recent.iter().chain(&times).copied().collect();
+    latest.sort_unstable();
+    let latest = latest[latest.len().saturating_sub(limit)..].to_vec();
+    (times, latest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const FIVE_A_SECOND: Option<Limit> = Some(Limit { limit: 5, period_ms: 1000 });
+
+    #[test]
+    fn a_backlog_is_planned_a_limit_per_window() {
+        let five = Limit { limit: 5, period_ms: 1000 };
+        let (times, latest) = plan(&[], five, 12, 10_000);
+        assert_eq!(times, [vec![10_000; 5], vec![11_000; 5], vec![12_000; 2]].concat());
+        assert_eq!(latest, [11_000, 11_000, 11_000, 12_000, 12_000]);
+        // The next enqueue comes after them, not beside the first window.
+        let (next, _) = plan(&latest, five, 4, 10_500);
+        assert_eq!(next, [12_000, 12_000, 12_000, 13_000]);
+        // Once the plan has passed, a new job starts at once.
+        let (later, _) = plan(&latest, five, 1, 20_000);
+        assert_eq!(later, [20_000]);
+    }
+
+    /// Whatever the enqueues' sizes and times, the planned times never put
+    /// more than `limit` in a window, and none is before its enqueue.
+    #[test]
+    fn no_sequence_of_plans_overfills_a_window() {
+        let limit = Limit { limit: 4, period_ms: 100 };
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (mut latest, mut all, mut now) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..2_000 {
+            now += rng.i64(0..60);
+            let (times, next) = plan(&latest, limit, rng.usize(0..7), now);
+            assert!(times.iter().all(|t| *t >= now));
+            all.extend(times);
+            latest = next;
+        }
+        all.sort_unstable();
+        for (i, t) in all.iter().enumerate() {
+            let in_window = all[i..].iter().take_while(|s| **s < t + limit.period_ms).count();
+            assert!(in_window <= 4, "{in_window} planned in the window from {t}");
+        }
+    }
 
     #[test]
     fn an_empty_window_starts_up_to_the_limit_and_the_rest_wait_a_period_per_cycle() {

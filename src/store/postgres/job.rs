@@ -54,6 +54,7 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
         Some(ids) => ids.iter().copied().map(Some).collect(),
         None => vec![None; jobs.len()],
     };
+    let planned = super::rate::plan(conn, jobs).await?;
     Ok(sqlx::query_as(include_str!("sql/insert.sql"))
         .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
@@ -66,6 +67,7 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
         .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
         .bind(ids)
         .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
+        .bind(planned)
         .fetch_all(&mut *conn)
         .await?)
 }

@@ -1,12 +1,15 @@
-//! Rate keys as operators see them (the counting itself is
-//! jobhost.rate_start, in 0024_rate_limits.sql).
+//! Rate keys: an enqueue's plan, throttles, and the keys as operators see
+//! them (the counting of starts is jobhost.rate_start, in
+//! 0024_rate_limits.sql).
+
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
-use crate::store::rate::{MAX_LISTED_KEYS, RateKeyStatus, RateTotals};
-use crate::store::{Result, RunId};
+use crate::store::rate::{Limit, MAX_LISTED_KEYS, RateKeyStatus, RateTotals};
+use crate::store::{PreparedJob, Result, RunId};
 
 type RateKeyRow = (String, String, Option<i64>, Option<i64>, i64, Option<DateTime<Utc>>, Option<f64>, i64, i64);
 
@@ -58,6 +61,66 @@ pub async fn totals(pool: &PgPool) -> Result<Vec<RateTotals>> {
     )
     .fetch_all(pool)
     .await?)
+}
+
+/// When each of `jobs` may start by its key's plan (`store::rate::plan`),
+/// by the database's clock: `None` for a job without a rate limit or not
+/// due at once (a delay, a time to run at), which the fetch counts when it
+/// comes due. The keys' rows are locked in (type, key) order, before any
+/// semaphore the enqueue's gate takes (the lock order), and their planned
+/// times updated, in the enqueue's transaction.
+pub async fn plan(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Option<DateTime<Utc>>>> {
+    let mut keys: BTreeMap<(&str, &str), (Limit, Vec<usize>)> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some(rate) = job.rate.as_ref().filter(|_| job.run_at.is_none() && job.delay_ms <= 0) {
+            keys.entry((&job.job, &rate.key)).or_insert_with(|| (rate.limit, Vec::new())).1.push(i);
+        }
+    }
+    let mut planned = vec![None; jobs.len()];
+    if keys.is_empty() {
+        return Ok(planned);
+    }
+    let (types, names): (Vec<&str>, Vec<&str>) = keys.keys().copied().unzip();
+    sqlx::query(
+        "INSERT INTO jobhost.rate_keys (job, key)
+         SELECT * FROM unnest($1::text[], $2::text[]) ORDER BY 1, 2
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&types)
+    .bind(&names)
+    .execute(&mut *conn)
+    .await?;
+    let rows: Vec<(String, String, Vec<i64>, i64)> = sqlx::query_as(
+        "SELECT r.job, r.key, r.planned, floor(extract(epoch FROM now()) * 1000)::bigint
+         FROM jobhost.rate_keys r JOIN unnest($1::text[], $2::text[]) AS k(job, key) ON k.job = r.job AND k.key = r.key
+         ORDER BY r.job, r.key
+         FOR UPDATE OF r",
+    )
+    .bind(&types)
+    .bind(&names)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut latest_of = Vec::with_capacity(rows.len());
+    for (job, key, latest, now) in rows {
+        let Some((limit, positions)) = keys.get(&(job.as_str(), key.as_str())) else { continue };
+        let (times, latest) = crate::store::rate::plan(&latest, *limit, positions.len(), now);
+        for (position, time) in positions.iter().zip(times) {
+            planned[*position] = DateTime::from_timestamp_millis(time);
+        }
+        latest_of.push((job, key, serde_json::Value::from(latest)));
+    }
+    sqlx::query(
+        "UPDATE jobhost.rate_keys r
+         SET planned = ARRAY(SELECT jsonb_array_elements_text(u.latest)::bigint), updated_at = now()
+         FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(job, key, latest)
+         WHERE r.job = u.job AND r.key = u.key",
+    )
+    .bind(latest_of.iter().map(|(job, _, _)| job.as_str()).collect::<Vec<_>>())
+    .bind(latest_of.iter().map(|(_, key, _)| key.as_str()).collect::<Vec<_>>())
+    .bind(latest_of.iter().map(|(_, _, latest)| sqlx::types::Json(latest)).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(planned)
 }
 
 /// See jobhost.rate_throttle in 0024_rate_limits.sql.

@@ -82,10 +82,13 @@ async fn insert_rows(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i6
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
+    let planned = rate::plan(conn, jobs, now).await?;
     let rows: Vec<NewJob> = jobs
         .iter()
-        .map(|j| {
+        .zip(planned)
+        .map(|(j, planned)| {
             let due = j.run_at.map_or(now.saturating_add(j.delay_ms), |at| at.timestamp_millis());
+            let due = due.max(planned.unwrap_or(due));
             NewJob {
                 job: &j.job,
                 queue: &j.queue,

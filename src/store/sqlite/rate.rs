@@ -11,8 +11,45 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 use super::{SqliteStore, concurrency, json_list, now_ms, time_of};
 use crate::store::driver::RateDriver;
 use crate::store::rate::{KeyWindow, Limit, MAX_LISTED_KEYS, RateKeyStatus, RateTotals, turn};
-use crate::store::{FetchParams, Result, RunId, Slots};
+use crate::store::{FetchParams, PreparedJob, Result, RunId, Slots};
 use crate::types::RateLimitConfig;
+
+/// When each of `jobs` may start by its key's plan (`store::rate::plan`):
+/// `None` for a job without a rate limit or not due at once (a delay, a
+/// time to run at), which the fetch counts when it comes due. The keys'
+/// planned times are updated under the write lock.
+pub async fn plan(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<Option<i64>>> {
+    let mut keys: BTreeMap<(&str, &str), (Limit, Vec<usize>)> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some(rate) = job.rate.as_ref().filter(|_| job.run_at.is_none() && job.delay_ms <= 0) {
+            keys.entry((&job.job, &rate.key)).or_insert_with(|| (rate.limit, Vec::new())).1.push(i);
+        }
+    }
+    let mut planned = vec![None; jobs.len()];
+    for ((job, key), (limit, positions)) in keys {
+        let latest: Option<String> = sqlx::query_scalar("SELECT planned FROM rate_keys WHERE job = $1 AND key = $2")
+            .bind(job)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let latest: Vec<i64> = latest.and_then(|text| serde_json::from_str(&text).ok()).unwrap_or_default();
+        let (times, latest) = crate::store::rate::plan(&latest, limit, positions.len(), now);
+        sqlx::query(
+            "INSERT INTO rate_keys (job, key, planned, updated_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job, key) DO UPDATE SET planned = excluded.planned, updated_at = excluded.updated_at",
+        )
+        .bind(job)
+        .bind(key)
+        .bind(json_list(&latest))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        for (position, time) in positions.into_iter().zip(times) {
+            planned[position] = Some(time);
+        }
+    }
+    Ok(planned)
+}
 
 /// Whether any of these job types has its starts counted now: it declares a
 /// rate limit, or one of its keys is throttled.
