@@ -14,7 +14,9 @@ use serde_json::json;
 
 use common::db::{Backend, TestDb, on_both_backends};
 use common::eventually;
-use common::fleet::{Host, ONE_FLEET, completed_once, components, drained, nothing_left, start_host, wait_serving};
+use common::fleet::{
+    Host, ONE_FLEET, completed_once, components, drained, host_command, nothing_left, start_host, wait_serving,
+};
 
 const WITHIN: Duration = Duration::from_secs(180);
 const LIMIT: usize = 5;
@@ -193,6 +195,51 @@ async fn a_throttle_holds_its_tenant_across_hosts_without_spending_attempts(db: 
     assert!(first_lease < until, "the throttled run itself started before its throttle");
     assert!(held.iter().all(|at| *at >= until), "no run of tenant a started before {until}: {held:?}");
     assert!(leases["b"].iter().any(|at| *at < until), "tenant b was not held: {:?}", leases["b"]);
+}
+
+/// Two hosts on PostgreSQL whose clocks disagree with the database's, one
+/// a minute ahead of the other (libfaketime): the windows are the
+/// database's, so no second of it holds more than 5 leases of a tenant,
+/// and both hosts took part. (The embedded backend's processes share one
+/// machine's clock, which decides there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_whose_clocks_disagree_keep_every_tenants_rate() {
+    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "libfaketime is installed (scripts/faketime.sh)");
+    let db = TestDb::new(Backend::Postgres).await;
+    let _one = ONE_FLEET.lock().await;
+    log_leases(&db).await;
+    let components = components(&["paced"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<Host> = ["+30s", "-30s"]
+        .into_iter()
+        .map(|offset| {
+            let mut command = host_command(&db.url, components.path(), cache.path());
+            command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", offset).env("FAKETIME_DONT_RESET", "1");
+            Host::start(&mut command)
+        })
+        .collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), 1).await;
+
+    let jobs: Vec<EnqueueParams> =
+        (0..80).map(|i| paced(&format!("t{}", i % 2), json!({ "i": i, "ms": 50 }))).collect();
+    db.store.job_enqueue(&jobs).await.unwrap();
+    drained(&db, WITHIN).await;
+    completed_once(&db, "paced", 80).await;
+    for host in &mut hosts {
+        host.stop().await;
+    }
+
+    let guest_clocks = db.scalar("SELECT max((output ->> 'started_ms')::bigint) - min((output ->> 'started_ms')::bigint) FROM jobhost.archive").await;
+    assert!(
+        guest_clocks > 50_000,
+        "the hosts' clocks disagreed by a minute: {guest_clocks} ms between the guests' starts"
+    );
+    assert_eq!(db.scalar("SELECT count(DISTINCT host_id) FROM jobhost.archive").await, 2, "both hosts ran jobs");
+    for (tenant, times) in leases_by_tenant(&db).await {
+        let most = most_in_a_window(&times, PERIOD_MS);
+        assert!(most <= LIMIT, "tenant {tenant}: {most} leases in one second of the database's clock: {times:?}");
+    }
 }
 
 on_both_backends!(
