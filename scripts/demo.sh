@@ -4,6 +4,7 @@
 # file; no server) on sample components and jobs and shows what happened:
 # results, a retry, child jobs, a trap, a delayed job, the sandbox refusing a
 # nosy guest, concurrency limits blocking jobs and refusing one, a
+# rate-limited tenant whose API says "slow down" (its key throttled), a
 # duplicate of a unique job answered with the waiting job's id, a batch
 # with its callback and progress, a diamond workflow whose first step
 # grows it by three steps and whose last step receives the outputs of all
@@ -27,7 +28,7 @@ export DATABASE_URL="${DATABASE_URL:-sqlite://$components/jobhost.db}"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
-cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher,fetcher,grower}.wasm "$components"
+cp guests/dist/{hello,flaky,fanout,trap,sleep,snoop,serial,limited_raise,digest,batcher,fetcher,grower,paced}.wasm "$components"
 # The hosts' key for secrets: every host of a fleet holds the same one.
 export JOBHOST_SECRET_KEY="${JOBHOST_SECRET_KEY:-$("$jobhost" secret new-key)}"
 step "$jobhost" migrate
@@ -59,6 +60,16 @@ step "$jobhost" concurrency
 # Two slots per key, and a third enqueue is refused (exit code 3).
 for _ in 1 2; do "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' > /dev/null; done
 step "$jobhost" enqueue limited_raise --payload '{"key": "acct-7", "ms": 500}' || echo "(exit code $?)"
+
+# At most 5 `paced` runs of one tenant start a second (a rate limit): 12
+# enqueued at once are planned over three seconds. The first is told
+# "slow down" by its API for 3 s: it returns `throttled`, and no run of the
+# tenant starts until then, with no attempt spent (docs/rate-limits.md).
+busy_until=$(( $(date +%s%3N) + 3000 ))
+"$jobhost" enqueue paced --payload "{\"tenant\": \"acme\", \"busy_until_ms\": $busy_until}" > /dev/null
+for _ in $(seq 11); do "$jobhost" enqueue paced --payload '{"tenant": "acme", "ms": 50}' > /dev/null; done
+until "$jobhost" concurrency | grep -q 'throttled'; do sleep 0.2; done
+step "$jobhost" concurrency
 
 # One digest per account at a time: the second enqueue, while the first
 # waits, is a duplicate of it (exit code 0, nothing stored).

@@ -284,6 +284,22 @@ async fn a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli(
     assert!(line.chars().count() <= 80, "fits a terminal: {line}");
 }
 
+/// The SQL enqueue does not check the rate key: a payload without it is
+/// counted with its type as a whole, never unlimited, and the fetch that
+/// meets it does not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_enqueued_from_sql_without_the_rate_key_is_limited_with_its_type() {
+    let db = TestDb::new(common::db::Backend::Postgres).await;
+    rate_limited(&db, "rl", 1, 60_000, None).await;
+    for _ in 0..2 {
+        db.execute("SELECT jobhost.enqueue('rl', '{\"other\": 1}')").await;
+    }
+    assert_eq!(db.fetch("rl", 10).await.len(), 1, "one start a minute, under the type's name");
+    let keys = db.store.rate_key_list().await.unwrap();
+    assert_eq!(keys.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(), ["rl"]);
+    assert_eq!(keys[0].sent_back, 1);
+}
+
 on_both_backends!(
     a_backlog_of_one_key_does_not_hold_back_another_key,
     a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli,

@@ -44,21 +44,32 @@ LANGUAGE sql STABLE AS $$
                    WHERE r.job = job_type AND r.throttled_until IS NOT NULL AND r.throttled_until > now())
 $$;
 
+-- Whether a key template renders from a payload: every placeholder names
+-- a top-level field holding a string, number or boolean (as
+-- jobhost.render_key needs, which raises otherwise). Plain SQL, so asking
+-- costs no subtransaction, as an exception handler would on every call.
+CREATE FUNCTION jobhost.key_renders(template text, payload jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT jsonb_typeof(payload) = 'object'
+       AND NOT EXISTS (
+           SELECT 1
+           FROM regexp_matches(replace(replace(template, '{{', ''), '}}', ''), '\{([^{}]*)\}', 'g') AS m(field)
+           WHERE coalesce(jsonb_typeof(payload -> m.field[1]), 'null') NOT IN ('string', 'number', 'boolean'))
+$$;
+
 -- The key a job's starts are counted under: its rate key, rendered from
 -- its payload, when its type has a rate limit; else its concurrency key;
 -- else its type. A payload that no longer renders the template (an SQL
 -- enqueue does not check it; the host's enqueue does) counts under the
 -- job name, so it is limited with the type as a whole, never unlimited.
 CREATE FUNCTION jobhost.rate_key(config jsonb, job_type text, payload jsonb, concurrency_key text) RETURNS text
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF NOT config ? 'rate_limit' THEN
-        RETURN coalesce(concurrency_key, job_type);
-    END IF;
-    RETURN jobhost.render_key(config -> 'rate_limit' ->> 'key', payload);
-EXCEPTION WHEN invalid_parameter_value THEN
-    RETURN job_type;
-END;
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT config ? 'rate_limit' THEN coalesce(concurrency_key, job_type)
+        WHEN jobhost.key_renders(config -> 'rate_limit' ->> 'key', payload)
+            THEN jobhost.render_key(config -> 'rate_limit' ->> 'key', payload)
+        ELSE job_type
+    END
 $$;
 
 -- Of the jobs a fetch picked (their rows locked), starts those whose key
@@ -67,20 +78,28 @@ $$;
 -- key that cannot start is scheduled for the instant its start frees up
 -- if the starts already made run on time (the oldest start in the window
 -- plus the period, then the next, cycling), never before a throttle ends.
+-- Set-based: a handful of statements however many keys the fetch met.
 CREATE FUNCTION jobhost.rate_start(picked bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    k record;
-    recent timestamptz[];
-    until timestamptz;
-    room bigint;
-    started integer;
-    waiting bigint[];
-    sent_back bigint[] := '{}';
+    ids bigint[];
+    types text[];
+    keys text[];
+    limits bigint[];
+    periods interval[];
+    ranks bigint[];
+    sent_back bigint[];
+    freed_types text[];
+    freed_keys text[];
 BEGIN
-    FOR k IN
-        SELECT c.job, c.key, c.lim, c.period,
-               array_agg(c.id ORDER BY c.priority, c.run_at, c.id) AS ids
+    -- The governed jobs among those picked, with their keys and their
+    -- rank within their key in fetch order. Of a type without a rate
+    -- limit, only a throttled key's jobs are governed.
+    SELECT array_agg(c.id), array_agg(c.job), array_agg(c.key), array_agg(c.lim), array_agg(c.period),
+           array_agg(c.rank)
+    INTO ids, types, keys, limits, periods, ranks
+    FROM (
+        SELECT g.*, row_number() OVER (PARTITION BY g.job, g.key ORDER BY g.priority, g.run_at, g.id) AS rank
         FROM (
             SELECT j.id, j.job, j.priority, j.run_at,
                    jobhost.rate_key(t.config, j.job, j.payload, j.concurrency_key) AS key,
@@ -89,62 +108,90 @@ BEGIN
             FROM unnest(picked) AS p(id)
             JOIN jobhost.jobs j ON j.id = p.id
             JOIN jobhost.job_types t ON t.name = j.job
-            WHERE jobhost.rate_governed(j.job)
-        ) c
-        -- Of a type without a rate limit, only a throttled key's jobs wait.
-        WHERE c.lim IS NOT NULL
+        ) g
+        WHERE g.lim IS NOT NULL
            OR EXISTS (SELECT 1 FROM jobhost.rate_keys r
-                      WHERE r.job = c.job AND r.key = c.key AND r.throttled_until > now())
-        GROUP BY 1, 2, 3, 4
-        ORDER BY 1, 2
-    LOOP
-        INSERT INTO jobhost.rate_keys (job, key) VALUES (k.job, k.key) ON CONFLICT DO NOTHING;
-        SELECT array(SELECT s FROM unnest(r.starts) AS s WHERE s > now() - coalesce(k.period, interval '0') ORDER BY s),
-               r.throttled_until
-        INTO recent, until
-        FROM jobhost.rate_keys r WHERE r.job = k.job AND r.key = k.key
-        FOR UPDATE;
+                      WHERE r.job = g.job AND r.key = g.key AND r.throttled_until > now())
+    ) c;
+    IF ids IS NULL THEN
+        RETURN '{}';
+    END IF;
 
-        room := CASE WHEN until > now() THEN 0
-                     WHEN k.lim IS NULL THEN cardinality(k.ids)
-                     ELSE greatest(k.lim - cardinality(recent), 0) END;
-        started := least(room, cardinality(k.ids));
-        IF k.lim IS NOT NULL THEN
-            recent := recent || array_fill(now(), ARRAY[started]);
-        END IF;
-        waiting := k.ids[started + 1:];
+    -- The keys' rows, created if new, then locked in (job, key) order.
+    INSERT INTO jobhost.rate_keys (job, key)
+    SELECT DISTINCT u.job, u.key FROM unnest(types, keys) AS u(job, key) ORDER BY 1, 2
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM jobhost.rate_keys r
+    WHERE (r.job, r.key) IN (SELECT u.job, u.key FROM unnest(types, keys) AS u(job, key))
+    ORDER BY r.job, r.key
+    FOR UPDATE;
 
+    WITH candidates AS (
+        SELECT * FROM unnest(ids, types, keys, limits, periods, ranks) AS c(id, job, key, lim, period, rank)
+    ),
+    wanted AS (
+        SELECT c.job, c.key, max(c.lim) AS lim, max(c.period) AS period, count(*) AS n
+        FROM candidates c GROUP BY 1, 2
+    ),
+    windows AS (
+        SELECT w.job, w.key, w.lim, w.period, w.n, r.deferred,
+               array(SELECT s FROM unnest(r.starts) AS s
+                     WHERE s > now() - coalesce(w.period, interval '0') ORDER BY s) AS recent,
+               CASE WHEN r.throttled_until > now() THEN r.throttled_until END AS until,
+               r.starts AS stored
+        FROM wanted w
+        JOIN jobhost.rate_keys r ON r.job = w.job AND r.key = w.key
+    ),
+    decided AS (
+        SELECT d.*,
+               CASE WHEN d.lim IS NULL THEN d.stored ELSE d.recent || array_fill(now(), ARRAY[d.started::integer]) END
+                   AS after
+        FROM (
+            SELECT w.*,
+                   CASE WHEN w.until IS NOT NULL THEN 0
+                        WHEN w.lim IS NULL THEN w.n
+                        ELSE least(greatest(w.lim - cardinality(w.recent), 0), w.n) END AS started
+            FROM windows w
+        ) d
+    ),
+    counted AS (
         UPDATE jobhost.rate_keys r
-        SET starts = CASE WHEN k.lim IS NULL THEN r.starts ELSE recent END,
-            throttled_until = CASE WHEN until > now() THEN until END,
-            deferred = r.deferred + cardinality(waiting),
-            updated_at = now()
-        WHERE r.job = k.job AND r.key = k.key;
-
-        IF cardinality(waiting) > 0 THEN
-            UPDATE jobhost.jobs j
-            SET state = 'scheduled',
-                run_at = greatest(
-                    coalesce(until, now()),
-                    CASE WHEN k.lim IS NULL THEN now()
-                         WHEN cardinality(recent) + w.q - k.lim <= 0 THEN now()
-                         ELSE coalesce(recent[(((cardinality(recent) + w.q - k.lim - 1) % k.lim) + 1)::integer], now())
-                              + k.period * (1 + (cardinality(recent) + w.q - k.lim - 1) / k.lim)
-                    END)
-            FROM unnest(waiting) WITH ORDINALITY AS w(id, q)
-            WHERE j.id = w.id;
-            sent_back := sent_back || waiting;
-        END IF;
-    END LOOP;
+        SET starts = d.after, throttled_until = d.until, deferred = d.deferred + (d.n - d.started), updated_at = now()
+        FROM decided d
+        WHERE r.job = d.job AND r.key = d.key
+    ),
+    waiting AS (
+        SELECT c.id,
+               greatest(
+                   coalesce(d.until, now()),
+                   CASE WHEN d.lim IS NULL THEN now()
+                        WHEN cardinality(d.after) + (c.rank - d.started) - d.lim <= 0 THEN now()
+                        ELSE coalesce(d.after[(((cardinality(d.after) + (c.rank - d.started) - d.lim - 1) % d.lim) + 1)::integer],
+                                      now())
+                             + d.period * (1 + (cardinality(d.after) + (c.rank - d.started) - d.lim - 1) / d.lim)
+                   END) AS at
+        FROM candidates c
+        JOIN decided d ON d.job = c.job AND d.key = c.key
+        WHERE c.rank > d.started
+    ),
+    moved AS (
+        UPDATE jobhost.jobs j SET state = 'scheduled', run_at = w.at
+        FROM waiting w
+        WHERE j.id = w.id
+        RETURNING j.id, j.job, j.concurrency_key
+    )
+    SELECT coalesce(array_agg(m.id), '{}'),
+           array_agg(m.job ORDER BY m.job, m.concurrency_key) FILTER (WHERE m.concurrency_key IS NOT NULL),
+           array_agg(m.concurrency_key ORDER BY m.job, m.concurrency_key) FILTER (WHERE m.concurrency_key IS NOT NULL)
+    INTO sent_back, freed_types, freed_keys
+    FROM moved m;
 
     IF cardinality(sent_back) > 0 THEN
         -- A waiting job holds no slot (guarantee 7); the semaphores come
         -- after every rate key in the lock order.
-        PERFORM jobhost.release_slots(array_agg(j.job ORDER BY j.job, j.concurrency_key),
-                                      array_agg(j.concurrency_key ORDER BY j.job, j.concurrency_key))
-        FROM jobhost.jobs j
-        WHERE j.id = ANY(sent_back) AND j.concurrency_key IS NOT NULL
-        HAVING count(*) > 0;
+        IF freed_types IS NOT NULL THEN
+            PERFORM jobhost.release_slots(freed_types, freed_keys);
+        END IF;
         PERFORM pg_notify('jobhost_due', '');
     END IF;
     RETURN sent_back;
@@ -188,7 +235,10 @@ BEGIN
     IF cardinality(chosen) = 0 THEN
         RETURN;
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(job_types) AS t(job) WHERE jobhost.rate_governed(t.job)) THEN
+    -- Two index probes, whatever the number of types served.
+    IF EXISTS (SELECT 1 FROM jobhost.job_types t WHERE t.name = ANY(job_types) AND t.config ? 'rate_limit')
+       OR EXISTS (SELECT 1 FROM jobhost.rate_keys r
+                  WHERE r.job = ANY(job_types) AND r.throttled_until IS NOT NULL AND r.throttled_until > now()) THEN
         sent_back := jobhost.rate_start(chosen);
     END IF;
 

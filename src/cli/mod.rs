@@ -148,8 +148,10 @@ enum Command {
     },
     /// Per concurrency key: its limit, the jobs holding its slots (and their
     /// hosts), how many jobs are blocked and how long the oldest has waited.
+    /// Then per rate key counting starts now: its starts in the window
+    /// against its limit, and a throttle in force (docs/rate-limits.md).
     Concurrency {
-        /// One JSON object per key, one per line.
+        /// One JSON object per key, one per line (a rate key's has `starts_in_window`).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
