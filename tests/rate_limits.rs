@@ -284,6 +284,32 @@ async fn a_throttled_key_is_seen_in_the_listing_the_api_the_metrics_and_the_cli(
     assert!(line.chars().count() <= 80, "fits a terminal: {line}");
 }
 
+/// An application's open transaction holding one key's row holds back only
+/// that key: a fetch does not wait for it, leases the other key's job, and
+/// leaves the held key's job available (not started, not sent back) until
+/// the row is free (guarantee 13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applications_open_transaction_on_a_rate_key_holds_back_only_that_key() {
+    let db = TestDb::new(common::db::Backend::Postgres).await;
+    rate_limited(&db, "rl", 5, 1_000, None).await;
+    let held = enqueue_keyed(&db, "rl", ["a".to_string()]).await[0];
+    let mut app = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.rate_keys WHERE job = 'rl' AND key = 'a' FOR UPDATE")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let free = enqueue_unplanned(&db, "rl", ["b".to_string()]).await[0];
+    let held_unplanned = enqueue_unplanned(&db, "rl", ["a".to_string()]).await[0];
+    let leased =
+        tokio::time::timeout(Duration::from_secs(10), db.fetch("rl", 10)).await.expect("the fetch does not wait");
+    assert_eq!(leased.iter().map(|j| j.id).collect::<Vec<_>>(), [free]);
+    assert_eq!(db.state_of(held_unplanned).await, JobState::Available, "passed over, not sent back");
+    app.commit().await.unwrap();
+    let mut leased: Vec<i64> = db.fetch("rl", 10).await.iter().map(|j| j.id).collect();
+    leased.sort();
+    assert_eq!(leased, [held, held_unplanned], "leased once the row is free");
+}
+
 /// The SQL enqueue does not check the rate key: a payload without it is
 /// counted with its type as a whole, never unlimited, and the fetch that
 /// meets it does not fail.

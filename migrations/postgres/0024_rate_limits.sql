@@ -79,6 +79,11 @@ $$;
 -- if the starts already made run on time (the oldest start in the window
 -- plus the period, then the next, cycling), never before a throttle ends.
 -- Set-based: a handful of statements however many keys the fetch met.
+-- A key whose row another transaction holds (another fetch of it, an
+-- application's open transaction) is passed over with SKIP LOCKED: its
+-- jobs are neither started nor sent back, only left available for a later
+-- fetch, so a held key never stalls a fetch (guarantee 13). The ids
+-- returned are every picked job not to lease: sent back or passed over.
 CREATE FUNCTION jobhost.rate_start(picked bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -91,6 +96,9 @@ DECLARE
     sent_back bigint[];
     freed_types text[];
     freed_keys text[];
+    locked_types text[];
+    locked_keys text[];
+    passed_over bigint[];
 BEGIN
     -- The governed jobs among those picked, with their keys and their
     -- rank within their key in fetch order. Of a type without a rate
@@ -117,17 +125,25 @@ BEGIN
         RETURN '{}';
     END IF;
 
-    -- The keys' rows, created if new, then locked in (job, key) order.
+    -- The keys' rows, created if new, then locked in (job, key) order,
+    -- passing over those another transaction holds.
     INSERT INTO jobhost.rate_keys (job, key)
     SELECT DISTINCT u.job, u.key FROM unnest(types, keys) AS u(job, key) ORDER BY 1, 2
     ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM jobhost.rate_keys r
-    WHERE (r.job, r.key) IN (SELECT u.job, u.key FROM unnest(types, keys) AS u(job, key))
-    ORDER BY r.job, r.key
-    FOR UPDATE;
+    SELECT array_agg(l.job), array_agg(l.key) INTO locked_types, locked_keys
+    FROM (
+        SELECT r.job, r.key FROM jobhost.rate_keys r
+        WHERE (r.job, r.key) IN (SELECT u.job, u.key FROM unnest(types, keys) AS u(job, key))
+        ORDER BY r.job, r.key
+        FOR UPDATE SKIP LOCKED
+    ) l;
+    SELECT coalesce(array_agg(c.id), '{}') INTO passed_over
+    FROM unnest(ids, types, keys) AS c(id, job, key)
+    WHERE (c.job, c.key) NOT IN (SELECT * FROM unnest(coalesce(locked_types, '{}'), coalesce(locked_keys, '{}')));
 
     WITH candidates AS (
-        SELECT * FROM unnest(ids, types, keys, limits, periods, ranks) AS c(id, job, key, lim, period, rank)
+        SELECT c.* FROM unnest(ids, types, keys, limits, periods, ranks) AS c(id, job, key, lim, period, rank)
+        WHERE (c.job, c.key) IN (SELECT * FROM unnest(locked_types, locked_keys))
     ),
     wanted AS (
         SELECT c.job, c.key, max(c.lim) AS lim, max(c.period) AS period, count(*) AS n
@@ -194,7 +210,7 @@ BEGIN
         END IF;
         PERFORM pg_notify('jobhost_due', '');
     END IF;
-    RETURN sent_back;
+    RETURN sent_back || passed_over;
 END;
 $$;
 

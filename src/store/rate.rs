@@ -4,8 +4,12 @@
 //! (0024_rate_limits.sql); the embedded backend decides here, with the
 //! same arithmetic, under its one write lock.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+
+use super::PreparedJob;
 
 /// A key whose starts are counted now, as operators see it: it started
 /// runs within its window, or it is throttled.
@@ -114,6 +118,19 @@ pub fn turn(window: &KeyWindow, limit: Option<Limit>, picked: usize, now: i64) -
         })
         .collect();
     Turn { started, starts, wait_until }
+}
+
+/// The jobs of an enqueue that its keys' plans place, by (type, key) in
+/// that order, with their positions: those of a rate-limited type due at
+/// once (a delay or a time to run at is counted when it comes due).
+pub fn to_plan<'a>(jobs: &[&'a PreparedJob]) -> BTreeMap<(&'a str, &'a str), (Limit, Vec<usize>)> {
+    let mut keys: BTreeMap<(&str, &str), (Limit, Vec<usize>)> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some(rate) = job.rate.as_ref().filter(|_| job.run_at.is_none() && job.delay_ms <= 0) {
+            keys.entry((job.job.as_str(), rate.key.as_str())).or_insert_with(|| (rate.limit, Vec::new())).1.push(i);
+        }
+    }
+    keys
 }
 
 /// Plans `n` jobs of one key enqueued at `now` (ms), all due now: when

@@ -2,13 +2,11 @@
 //! them (the counting of starts is jobhost.rate_start, in
 //! 0024_rate_limits.sql).
 
-use std::collections::BTreeMap;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::rate::{Limit, MAX_LISTED_KEYS, RateKeyStatus, RateTotals};
+use crate::store::rate::{MAX_LISTED_KEYS, RateKeyStatus, RateTotals};
 use crate::store::{PreparedJob, Result, RunId};
 
 type RateKeyRow = (String, String, Option<i64>, Option<i64>, i64, Option<DateTime<Utc>>, Option<f64>, i64, i64);
@@ -70,12 +68,7 @@ pub async fn totals(pool: &PgPool) -> Result<Vec<RateTotals>> {
 /// semaphore the enqueue's gate takes (the lock order), and their planned
 /// times updated, in the enqueue's transaction.
 pub async fn plan(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Option<DateTime<Utc>>>> {
-    let mut keys: BTreeMap<(&str, &str), (Limit, Vec<usize>)> = BTreeMap::new();
-    for (i, job) in jobs.iter().enumerate() {
-        if let Some(rate) = job.rate.as_ref().filter(|_| job.run_at.is_none() && job.delay_ms <= 0) {
-            keys.entry((&job.job, &rate.key)).or_insert_with(|| (rate.limit, Vec::new())).1.push(i);
-        }
-    }
+    let keys = crate::store::rate::to_plan(jobs);
     let mut planned = vec![None; jobs.len()];
     if keys.is_empty() {
         return Ok(planned);

@@ -19,12 +19,7 @@ use crate::types::RateLimitConfig;
 /// time to run at), which the fetch counts when it comes due. The keys'
 /// planned times are updated under the write lock.
 pub async fn plan(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<Option<i64>>> {
-    let mut keys: BTreeMap<(&str, &str), (Limit, Vec<usize>)> = BTreeMap::new();
-    for (i, job) in jobs.iter().enumerate() {
-        if let Some(rate) = job.rate.as_ref().filter(|_| job.run_at.is_none() && job.delay_ms <= 0) {
-            keys.entry((&job.job, &rate.key)).or_insert_with(|| (rate.limit, Vec::new())).1.push(i);
-        }
-    }
+    let keys = crate::store::rate::to_plan(jobs);
     let mut planned = vec![None; jobs.len()];
     for ((job, key), (limit, positions)) in keys {
         let latest: Option<String> = sqlx::query_scalar("SELECT planned FROM rate_keys WHERE job = $1 AND key = $2")
@@ -215,10 +210,14 @@ pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<RateKeyStatus>> {
     let rows: Vec<RateKeyRow> = sqlx::query_as(
         "SELECT r.job, r.key, r.starts, r.throttled_until, t.config -> '$.rate_limit', r.deferred, r.throttles
          FROM rate_keys r LEFT JOIN job_types t ON t.name = r.job
-         WHERE r.throttled_until > $1 OR r.starts <> '[]'
-         ORDER BY r.job, r.key",
+         WHERE r.throttled_until > $1
+            OR EXISTS (SELECT 1 FROM json_each(r.starts) s
+                       WHERE s.value > $1 - coalesce(t.config ->> '$.rate_limit.period_ms', 0))
+         ORDER BY r.job, r.key
+         LIMIT $2",
     )
     .bind(now)
+    .bind(MAX_LISTED_KEYS)
     .fetch_all(pool)
     .await?;
     let mut keys = Vec::new();
@@ -228,9 +227,6 @@ pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<RateKeyStatus>> {
         let starts: Vec<i64> = serde_json::from_str(&starts).unwrap_or_default();
         let starts_in_window = starts.iter().filter(|s| period_ms.is_some_and(|p| **s > now - p)).count() as i64;
         let throttled_until = throttled_until.filter(|until| *until > now);
-        if starts_in_window == 0 && throttled_until.is_none() {
-            continue;
-        }
         keys.push(RateKeyStatus {
             job,
             key,
@@ -242,9 +238,6 @@ pub async fn list(pool: &SqlitePool, now: i64) -> Result<Vec<RateKeyStatus>> {
             sent_back,
             throttles,
         });
-        if keys.len() as i64 == MAX_LISTED_KEYS {
-            break;
-        }
     }
     Ok(keys)
 }
