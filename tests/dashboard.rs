@@ -388,6 +388,110 @@ async fn the_dashboard_in_a_real_browser() {
     host.stop().await;
 }
 
+/// The charts of the fleet over time: drawn from the history a host's
+/// jobs left, readable at both widths, their values shown on hover or tap,
+/// a deploy marked on the type's own page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charts_show_the_fleet_over_time() {
+    let db = TestDb::sqlite().await;
+    let host = TestHost::start(&db, &["hello", "flaky"], |_| {}).await;
+    for i in 0..12 {
+        db.enqueue_new("hello", json!({"name": format!("c{i}")})).await;
+    }
+    for _ in 0..3 {
+        db.enqueue_new("flaky", json!({"fail_times": 9})).await;
+    }
+    common::eventually(WAIT, || async { db.scalar("SELECT count(*) FROM archive").await == 15 }).await;
+    host.stop().await;
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let hello = std::fs::read(common::guest("hello")).unwrap();
+    let deployed = server.post_bytes("/api/deployments", "application/wasm", hello).await;
+    assert_eq!(deployed.status, StatusCode::CREATED, "{}", deployed.body);
+    db.store.history_roll(7.0 * 86_400.0).await.unwrap();
+    let api = server.get("/api/history?range=1h").await.json();
+    let points = api["points"].as_array().unwrap();
+    assert_eq!(points.len(), 60);
+    let completed: i64 = points.iter().map(|p| p["completed"].as_i64().unwrap()).sum();
+    assert_eq!(completed, 12);
+    let flaky = server.get("/api/history?range=1h&type=flaky").await.json();
+    let retried: i64 = flaky["points"].as_array().unwrap().iter().map(|p| p["retried"].as_i64().unwrap()).sum();
+    assert_eq!(retried, 3 * 4, "every attempt but the last of each job");
+    assert_eq!(server.get("/api/history?range=2h").await.status, StatusCode::BAD_REQUEST);
+
+    let driver = Driver::start();
+    for screen in [Screen::Desktop, Screen::Phone] {
+        let browser = driver.session(screen).await;
+        sign_in(&browser, &server, screen, "/").await;
+        let charts =
+            script(&browser, "return [...document.querySelectorAll('figure.chart')].map(f => f.dataset.chart)").await;
+        assert_eq!(charts, json!(["Throughput", "Queue depth"]));
+        let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(overflow.as_i64().unwrap() <= 0, "the overview is wider than the {} screen", screen.name());
+        // The bars of the minutes the jobs finished in, and their values
+        // in the readout when pointed at.
+        let drawn = script(&browser, "return document.querySelectorAll('figure.chart rect.completed').length").await;
+        assert!(drawn.as_i64().unwrap() >= 1, "completed bars drawn");
+        let event = if screen == Screen::Phone { "click" } else { "mouseover" };
+        let readout = script(
+            &browser,
+            &format!(
+                "const chart = document.querySelector('figure.chart');
+                 const hits = [...chart.querySelectorAll('rect.hit')];
+                 const hit = hits.find(h => h.querySelector('title').textContent.match(/completed [1-9]/));
+                 hit.dispatchEvent(new MouseEvent('{event}', {{bubbles: true}}));
+                 return chart.querySelector('.readout').textContent"
+            ),
+        )
+        .await;
+        assert!(readout.as_str().unwrap().contains(" UTC: completed "), "{readout}");
+        screenshot(&browser, screen, "overview-charts").await;
+        let width =
+            script(&browser, "return document.querySelector('figure.chart svg').getBoundingClientRect().width").await;
+        assert!(width.as_f64().unwrap() > 250.0, "the plot takes the chart's width: {width}");
+
+        // A day: a point per 15 minutes.
+        browser.goto(&format!("{}/?range=24h", server.url())).await.unwrap();
+        let hits =
+            script(&browser, "return document.querySelector('figure.chart').querySelectorAll('rect.hit').length").await;
+        assert_eq!(hits, 96);
+
+        // The type's page: its charts, the deploy marked and listed.
+        browser.goto(&format!("{}/types/hello", server.url())).await.unwrap();
+        let charts =
+            script(&browser, "return [...document.querySelectorAll('figure.chart')].map(f => f.dataset.chart)").await;
+        assert_eq!(charts, json!(["Throughput", "Run time", "Failures", "Wait before start", "Queue depth"]));
+        let marks = script(&browser, "return document.querySelectorAll('figure.chart line.mark').length").await;
+        assert_eq!(marks, 5, "the deploy on every chart");
+        let mark = script(
+            &browser,
+            "const chart = document.querySelectorAll('figure.chart')[1];
+             chart.querySelector('rect.mark-hit').dispatchEvent(new MouseEvent('click', {bubbles: true}));
+             return chart.querySelector('.readout').textContent",
+        )
+        .await;
+        assert!(mark.as_str().unwrap().starts_with("deploy "), "{mark}");
+        let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(overflow.as_i64().unwrap() <= 0, "the type's page is wider than the {} screen", screen.name());
+        screenshot(&browser, screen, "type-charts").await;
+        browser.goto(&format!("{}/types/flaky", server.url())).await.unwrap();
+        let failures = script(
+            &browser,
+            "const chart = document.querySelectorAll('figure.chart')[2];
+             const hit = [...chart.querySelectorAll('rect.hit')].find(h => h.querySelector('title').textContent.match(/retried [1-9]/));
+             hit.dispatchEvent(new MouseEvent('click', {bubbles: true}));
+             return chart.querySelector('.readout').textContent",
+        )
+        .await;
+        // All in one minute, unless the jobs straddled a minute's turn.
+        assert!(failures.as_str().unwrap().contains(" UTC: failed "), "{failures}");
+        assert!(failures.as_str().unwrap().contains(" attempts, retried "), "{failures}");
+        screenshot(&browser, screen, "type-flaky").await;
+        browser.goto(&format!("{}/types/nothing-by-that-name", server.url())).await.unwrap();
+        assert_eq!(text(&browser, "h1").await, "Not found");
+        browser.close().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forms_need_the_session_and_its_csrf_token() {
     let db = TestDb::sqlite().await;

@@ -2,7 +2,9 @@
 //! what it works on with `SKIP LOCKED`, or one key at a time): due scheduled
 //! jobs pass the gate, expired leases are rescued, blocked jobs of keys with
 //! a free slot are promoted, semaphores that disagree with their jobs are
-//! repaired, old archive rows and the rows of hosts long gone are pruned.
+//! repaired, old archive rows and the rows of hosts long gone are pruned,
+//! and, every `history_interval`, the fleet's history gets its next minutes
+//! from the archive and a sample of the queues' depth.
 //!
 //! Nothing in a pass grows with the size of the queue: each sweep takes a
 //! bounded batch through an index. The sweep of blocked jobs and the repair
@@ -56,6 +58,11 @@ pub struct MaintenanceConfig {
     pub repair_keys: i64,
     /// Time between semaphore repairs.
     pub repair_interval: Duration,
+    /// Time between computations of the history's minutes (and samples of
+    /// the queues' depth).
+    pub history_interval: Duration,
+    /// How long the history's minutes are kept.
+    pub history_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -68,6 +75,8 @@ impl Default for MaintenanceConfig {
             promote_keys: 1_000,
             repair_keys: 1_000,
             repair_interval: Duration::from_secs(5),
+            history_interval: Duration::from_secs(10),
+            history_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -89,6 +98,9 @@ impl MaintenanceConfig {
         }
         if self.repair_keys <= 0 {
             return Err(ConfigError { field: "repair_keys", reason: "must be positive".into() });
+        }
+        if self.history_interval.is_zero() {
+            return Err(ConfigError { field: "history_interval", reason: "must be positive".into() });
         }
         Ok(())
     }
@@ -117,6 +129,8 @@ pub struct PassReport {
     /// they needed (an application's open transaction on their key) for
     /// longer than a sweep waits.
     pub busy: u64,
+    /// Rows of the history's minutes computed from the archive.
+    pub history: u64,
 }
 
 impl PassReport {
@@ -130,7 +144,18 @@ impl PassReport {
         self.hosts_pruned += other.hosts_pruned;
         self.quarantined += other.quarantined;
         self.busy += other.busy;
+        self.history += other.history;
     }
+}
+
+/// The sweeps a pass runs besides those it always runs: each has its own
+/// interval, longer than a pass's.
+#[derive(Debug, Clone, Copy)]
+struct Extras {
+    /// The semaphore repair.
+    repair: bool,
+    /// The history's computation.
+    history: bool,
 }
 
 /// The most rows one isolating pass reads when a batch is refused.
@@ -176,7 +201,7 @@ impl Maintenance {
     /// # Errors
     /// The first sweep that failed; the others ran all the same.
     pub async fn run_once(&self, now: Option<DateTime<Utc>>) -> crate::store::Result<PassReport> {
-        let (report, mut errors) = self.pass(now, true).await;
+        let (report, mut errors) = self.pass(now, Extras { repair: true, history: true }).await;
         match errors.drain(..).next() {
             Some(error) => Err(error),
             None => Ok(report),
@@ -186,7 +211,7 @@ impl Maintenance {
     /// Runs every sweep, each whatever the others did: one that fails (the
     /// database unreachable, a statement refused) cannot stop the rest
     /// (guarantee 13). Returns what was done and what failed.
-    async fn pass(&self, now: Option<DateTime<Utc>>, repair: bool) -> (PassReport, Vec<crate::store::Error>) {
+    async fn pass(&self, now: Option<DateTime<Utc>>, extras: Extras) -> (PassReport, Vec<crate::store::Error>) {
         let mut report = PassReport::default();
         let mut errors = Vec::new();
         let mut record = |outcome: crate::store::Result<PassReport>| match outcome {
@@ -196,7 +221,7 @@ impl Maintenance {
         record(self.promote_due(now).await);
         record(self.expire_leases(now).await);
         // Repair before promoting, so a slot the repair freed is used in this pass.
-        if repair {
+        if extras.repair {
             record(self.repair_page().await);
         }
         record(self.promote_page().await);
@@ -213,6 +238,15 @@ impl Maintenance {
                 .await
                 .map(|hosts_pruned| PassReport { hosts_pruned, ..Default::default() }),
         );
+        if extras.history {
+            let retention_secs = self.config.history_retention.as_secs_f64();
+            record(
+                self.store
+                    .history_roll(retention_secs)
+                    .await
+                    .map(|history| PassReport { history, ..Default::default() }),
+            );
+        }
         (report, errors)
     }
 
@@ -372,6 +406,7 @@ impl Maintenance {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_repair: Option<tokio::time::Instant> = None;
+        let mut last_history: Option<tokio::time::Instant> = None;
         let mut due_at: Option<std::time::Instant> = None;
         let mut idle_looks = 0;
         loop {
@@ -405,7 +440,11 @@ impl Maintenance {
             if repair {
                 last_repair = Some(tokio::time::Instant::now());
             }
-            let (report, errors) = self.pass(None, repair).await;
+            let history = last_history.is_none_or(|at| at.elapsed() >= self.config.history_interval);
+            if history {
+                last_history = Some(tokio::time::Instant::now());
+            }
+            let (report, errors) = self.pass(None, Extras { repair, history }).await;
             if report != PassReport::default() {
                 tracing::debug!(?report, "maintenance pass");
             }

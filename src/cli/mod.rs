@@ -70,6 +70,20 @@ pub struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// How log lines are written to stderr: `text` for people, `json` (one
+    /// object per line, with the run's job id, type, attempt and host on
+    /// every line about a run) for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The form of log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured on a terminal.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl Cli {

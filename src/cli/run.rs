@@ -56,6 +56,10 @@ pub struct RunArgs {
     /// How long finished jobs stay in the archive.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
     retention: Duration,
+    /// How long the fleet's history (per-minute counts, run times and
+    /// queue depth, charted on the dashboard) is kept.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    history_retention: Duration,
     /// Do not apply migrations at start.
     #[arg(long)]
     no_migrate: bool,
@@ -104,6 +108,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         maintenance: MaintenanceConfig {
             interval: args.maintenance_interval,
             retention: args.retention,
+            history_retention: args.history_retention,
             ..MaintenanceConfig::default()
         },
         schedules: Default::default(),

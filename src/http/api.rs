@@ -33,6 +33,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/health", get(health))
         .route("/api/stats", get(stats))
         .route("/api/throughput", get(throughput))
+        .route("/api/history", get(history))
         .route("/api/jobs", get(jobs_list).post(jobs_enqueue))
         .route("/api/jobs/retry", post(jobs_retry_bulk))
         .route("/api/jobs/cancel", post(jobs_cancel_bulk))
@@ -120,6 +121,32 @@ async fn throughput(State(state): State<AppState>, query: Result<Query<WindowQue
         return Err(ApiError::bad_request("window must be between 1s and 7days"));
     }
     ok(views::throughput(&state.store, window).await?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    range: Option<String>,
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+}
+
+/// The fleet's (or one type's) points over a range, as the dashboard's
+/// charts draw them.
+async fn history(State(state): State<AppState>, query: Result<Query<HistoryQuery>, QueryRejection>) -> ApiResult {
+    let query = query_of(query)?;
+    let range = match query.range.as_deref() {
+        None => crate::store::history::HistoryRange::Hour,
+        Some(name) => crate::store::history::HistoryRange::parse(name)
+            .ok_or_else(|| ApiError::bad_request(format!("range must be 1h, 24h or 7d, got {name:?}")))?,
+    };
+    let points = state.store.history(range, query.job_type.as_deref()).await?;
+    ok(serde_json::json!({
+        "range": range,
+        "step_minutes": range.step_minutes(),
+        "type": query.job_type,
+        "points": points,
+    }))
 }
 
 async fn jobs_list(State(state): State<AppState>, query: Result<Query<JobQuery>, QueryRejection>) -> ApiResult {

@@ -289,6 +289,23 @@ pub trait VariableDriver: Send + Sync {
     async fn vars(&self, job_type: Option<&str>) -> Result<Vec<variable::TypeVariable>>;
 }
 
+/// The fleet's minutes (`history.rs` of each backend).
+#[async_trait]
+pub trait HistoryDriver: Send + Sync {
+    /// [`Store::history_roll`](super::Store::history_roll) on this backend.
+    async fn history_roll(&self, retention_secs: f64) -> Result<u64>;
+
+    /// [`Store::history_add_retries`](super::Store::history_add_retries) on this backend.
+    async fn history_add_retries(&self, counts: &[super::history::RetryCount]) -> Result<()>;
+
+    /// [`Store::history_read`](super::Store::history_read) on this backend.
+    async fn history_read(
+        &self,
+        minutes: i64,
+        job: Option<&str>,
+    ) -> Result<(chrono::DateTime<chrono::Utc>, Vec<super::history::HistoryMinute>)>;
+}
+
 /// Everything a backend implements, as the front holds it.
 #[allow(private_bounds)]
 pub trait Driver:
@@ -307,6 +324,7 @@ pub trait Driver:
     + GrantDriver
     + SecretDriver
     + VariableDriver
+    + HistoryDriver
     + Backend
     + BlockedSweep
     + 'static
@@ -330,6 +348,7 @@ impl<T> Driver for T where
         + GrantDriver
         + SecretDriver
         + VariableDriver
+        + HistoryDriver
         + Backend
         + BlockedSweep
         + 'static

@@ -461,6 +461,33 @@ impl Store {
         self.driver.rate_totals().await
     }
 
+    /// Computes the history's next minutes from the archive (at most
+    /// [`MINUTES_PER_PASS`](super::history::MINUTES_PER_PASS) from where
+    /// the last computation stopped, the last few again), samples the live
+    /// jobs' depth into the current minute, and deletes minutes older than
+    /// `retention_secs`. Safe with many hosts at once: on PostgreSQL one
+    /// computes while the others pass; a minute computed twice ends with
+    /// the same figures. Returns the rows computed.
+    pub async fn history_roll(&self, retention_secs: f64) -> Result<u64> {
+        self.driver.history_roll(retention_secs).await
+    }
+
+    /// Adds a host's retried attempts to the history's minutes.
+    pub async fn history_add_retries(&self, counts: &[super::history::RetryCount]) -> Result<()> {
+        self.driver.history_add_retries(counts).await
+    }
+
+    /// The points of `range` for one job type or the whole fleet, by the
+    /// database's clock.
+    pub async fn history(
+        &self,
+        range: super::history::HistoryRange,
+        job: Option<&str>,
+    ) -> Result<Vec<super::history::HistoryPoint>> {
+        let (now, minutes) = self.driver.history_read(range.minutes(), job).await?;
+        Ok(super::history::points(range, now, &minutes))
+    }
+
     /// How long until the soonest scheduled job is due, by the database's
     /// clock (zero when one is overdue); `None` when none is scheduled.
     pub async fn job_next_due(&self) -> Result<Option<std::time::Duration>> {

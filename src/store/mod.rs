@@ -34,6 +34,7 @@ pub mod finish;
 pub mod fleet;
 mod front;
 pub mod grant;
+pub mod history;
 pub mod job;
 pub mod lease;
 pub mod postgres;

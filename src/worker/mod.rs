@@ -6,6 +6,7 @@ mod backoff;
 mod complete;
 mod config;
 mod health;
+mod history;
 mod job_types;
 mod leases;
 mod outcome;
@@ -50,6 +51,8 @@ pub struct Worker {
     supervisor: Supervisor,
     /// Where runs and renewals are counted.
     metrics: crate::metrics::Metrics,
+    /// The attempts this host scheduled again, for the fleet's history.
+    retries: crate::store::history::RetryShare,
 }
 
 impl Worker {
@@ -73,7 +76,8 @@ impl Worker {
         let supervisor = Supervisor::new(CancellationToken::new());
         let leases = Leases::default();
         let metrics = crate::metrics::Metrics::default();
-        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor, metrics })
+        let retries = crate::store::history::RetryShare::default();
+        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor, metrics, retries })
     }
 
     /// Spawns the worker's tasks under `supervisor` (a standalone worker's
@@ -132,6 +136,9 @@ impl Worker {
             ),
         );
         let fencing = self.supervisor.spawn("fence", leases::fence_loop(self.leases.clone(), stop_heartbeat.clone()));
+        let history = self
+            .supervisor
+            .spawn("history", history::flush_loop(self.store.clone(), self.retries.clone(), stop_heartbeat.clone()));
         let give_up = CancellationToken::new();
         let (handoff_tx, mut handoffs) = mpsc::unbounded_channel::<Handoff>();
         let completer = self.supervisor.spawn(
@@ -209,7 +216,7 @@ impl Worker {
         }
         self.hand_back(late).await;
         stop_heartbeat.cancel();
-        let _ = tokio::join!(heartbeat, fencing, writing_starts);
+        let _ = tokio::join!(heartbeat, fencing, writing_starts, history);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
@@ -363,8 +370,10 @@ impl Worker {
         let prefetch = self.prefetch.clone();
         let metrics = self.metrics.clone();
         let store = self.store.clone();
+        let retries = self.retries.clone();
         let component = self.registry.get(&job.job);
-        let span = tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt);
+        let span =
+            tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt, host = %self.host.id);
         self.supervisor.spawn(
             "run",
             async move {
@@ -434,6 +443,9 @@ impl Worker {
                 // A cancel that arrived while the guest ran ends the job as
                 // cancelled, unless the guest completed first.
                 let cancelled = leases.ended(run);
+                if !cancelled && matches!(finish.outcome, FinishOutcome::Retry { .. }) {
+                    retries.retried(&job.queue, &job.job);
+                }
                 let finish = match finish.outcome {
                     FinishOutcome::Completed { .. } => finish,
                     _ if cancelled => {

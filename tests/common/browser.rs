@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, ClientBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 
@@ -144,7 +144,16 @@ pub async fn until(client: &Client, within: Duration, what: &str, condition: &st
     }
 }
 
-/// The text of the first element matching `css`.
+/// The rendered text of the first element matching `css`, read in one
+/// script: a live page replaces its markup between a find and a read, so
+/// a found element can go stale before its text is asked for. Table cells
+/// are separated by a space, as WebDriver's text has them.
 pub async fn text(client: &Client, css: &str) -> String {
-    client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no {css}: {e}")).text().await.unwrap()
+    let selector = serde_json::to_string(css).unwrap();
+    let found = script(
+        client,
+        &format!("const e = document.querySelector({selector}); return e === null ? null : e.innerText.replaceAll('\\t', ' ').trim()"),
+    )
+    .await;
+    found.as_str().unwrap_or_else(|| panic!("no {css} on the page")).to_string()
 }

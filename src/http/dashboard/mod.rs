@@ -8,8 +8,10 @@
 //! token ([`super::access`]); each answers with a redirect back to the
 //! page it came from and a notice of what it did.
 
+mod chart;
 mod layout;
 mod pages;
+mod trends;
 mod workflow;
 
 use axum::Extension;
@@ -27,6 +29,7 @@ use super::access::{Caller, Refusal};
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction};
 use crate::store::Cancel;
+use crate::store::history::HistoryRange;
 use layout::Context;
 
 /// The stylesheet and script, compiled in.
@@ -50,6 +53,7 @@ pub fn routes() -> Router<AppState> {
         .route("/keys", get(keys))
         .route("/hosts", get(hosts))
         .route("/types", get(job_types))
+        .route("/types/{name}", get(job_type))
         .route("/batches", get(batches))
         .route("/batches/{id}", get(batch))
         .route("/workflows", get(workflows))
@@ -200,21 +204,75 @@ macro_rules! page {
     }};
 }
 
+/// The span a page's charts show: `?range=1h` (the default), `24h` or `7d`.
+#[derive(Debug, Deserialize)]
+struct RangeQuery {
+    range: Option<String>,
+}
+
+impl RangeQuery {
+    fn range(&self) -> Result<HistoryRange, String> {
+        match self.range.as_deref() {
+            None => Ok(HistoryRange::Hour),
+            Some(name) => {
+                HistoryRange::parse(name).ok_or_else(|| format!("The range {name:?} is not one of 1h, 24h or 7d."))
+            }
+        }
+    }
+}
+
 async fn overview(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,
     Extension(caller): Extension<Caller>,
+    Query(query): Query<RangeQuery>,
 ) -> Response {
     let store = &state.store;
+    let range = match query.range() {
+        Ok(range) => range,
+        Err(message) => return bad_request(&context(&state, &caller, &headers, &uri), &message),
+    };
     page!(state, caller, headers, uri, "Overview", "/", |context| {
         let stats = store.job_stats().await?;
         let minute = views::throughput(store, 60.0).await?;
         let hour = views::throughput(store, 3600.0).await?;
         // The stats are read once, for the cards and the queues both.
         let queues = views::queues_of(stats.clone());
-        Ok(pages::overview(&context, &stats, &minute, &hour, &queues))
+        let points = store.history(range, None).await?;
+        Ok(pages::overview(&context, &stats, &minute, &hour, &queues, trends::overview(range, &points)))
     })
+}
+
+async fn job_type(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(query): Query<RangeQuery>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
+    let range = match query.range() {
+        Ok(range) => range,
+        Err(message) => return bad_request(&context, &message),
+    };
+    let read = async {
+        let Some(view) = views::job_types(&state.store).await?.into_iter().find(|v| v.registered.name == name) else {
+            return Ok(None);
+        };
+        let points = state.store.history(range, Some(&name)).await?;
+        let deploys = state.store.deployment_history(&name).await?;
+        Ok(Some(trends::job_type(&view, range, &points, &deploys, Utc::now())))
+    };
+    match read.await {
+        Ok(Some(page)) => render(&context, &headers, &name, "/types", page),
+        Ok(None) => {
+            let page = layout::problem(&context, "Not found", &format!("No job type {name:?} is registered."));
+            (StatusCode::NOT_FOUND, page).into_response()
+        }
+        Err(error) => failed(&context, error),
+    }
 }
 
 async fn jobs(

@@ -21,6 +21,7 @@ pub fn overview(
     minute: &Throughput,
     hour: &Throughput,
     queues: &[QueueView],
+    trends: Markup,
 ) -> Markup {
     html! {
         h1 { "Overview" }
@@ -51,6 +52,7 @@ pub fn overview(
         @for mixed in &stats.mixed_components {
             p.warning { "Job type " strong { (mixed.job) } " is served by " (mixed.digests.len()) " different components." }
         }
+        (trends)
         h2 { "Queues" }
         @if queues.is_empty() {
             p.muted { "No jobs yet." }
@@ -432,33 +434,45 @@ pub fn job_types(types: &[JobTypeView], now: DateTime<Utc>) -> Markup {
             p.muted { "No component has registered a job type yet." }
         }
         @for view in types {
-            section.type-card {
-                h2 { a href={ "/jobs?job=" (encode(&view.registered.name)) } { (view.registered.name) } }
-                p.muted { "Component " (digest(&view.registered.digest)) ", registered " (time(Some(view.registered.updated_at), now)) }
-                @if let Some(deployed) = &view.deployed {
-                    p.deployed {
-                        "Deployed through the database: " (digest(&deployed.digest))
-                        @if deployed.action == crate::store::DeployAction::Rollback { " (a rollback)" }
-                        ", " (time(Some(deployed.deployed_at), now))
-                    }
+            (type_card(view, now))
+        }
+    }
+}
+
+/// One job type: its component, deploy, configuration, outbound rules and
+/// the hosts serving it.
+pub fn type_card(view: &JobTypeView, now: DateTime<Utc>) -> Markup {
+    let name = &view.registered.name;
+    html! {
+        section.type-card {
+            h2 {
+                a href={ "/types/" (encode(name)) } { (name) }
+                " " a.small href={ "/jobs?job=" (encode(name)) } { "its jobs" }
+            }
+            p.muted { "Component " (digest(&view.registered.digest)) ", registered " (time(Some(view.registered.updated_at), now)) }
+            @if let Some(deployed) = &view.deployed {
+                p.deployed {
+                    "Deployed through the database: " (digest(&deployed.digest))
+                    @if deployed.action == crate::store::DeployAction::Rollback { " (a rollback)" }
+                    ", " (time(Some(deployed.deployed_at), now))
                 }
-                @if let Some(error) = &view.registered.config_error {
-                    p.warning { "The stored configuration cannot be read: " (error) }
+            }
+            @if let Some(error) = &view.registered.config_error {
+                p.warning { "The stored configuration cannot be read: " (error) }
+            }
+            @if let Some(config) = &view.registered.config {
+                (config_facts(config))
+                @if !config.outbound.is_empty() || !view.grants.is_empty() {
+                    (outbound_rules(name, &config.outbound, &view.grants))
                 }
-                @if let Some(config) = &view.registered.config {
-                    (config_facts(config))
-                    @if !config.outbound.is_empty() || !view.grants.is_empty() {
-                        (outbound_rules(&view.registered.name, &config.outbound, &view.grants))
-                    }
-                }
-                p {
-                    "Served by: "
-                    @if view.hosts.is_empty() { span.muted { "no host" } }
-                    @for host in &view.hosts {
-                        code { (host.host) } " "
-                        @if let Some(d) = &host.digest { (digest(d)) " " }
-                        (state_badge(if host.alive { "alive" } else { "silent" })) " "
-                    }
+            }
+            p {
+                "Served by: "
+                @if view.hosts.is_empty() { span.muted { "no host" } }
+                @for host in &view.hosts {
+                    code { (host.host) } " "
+                    @if let Some(d) = &host.digest { (digest(d)) " " }
+                    (state_badge(if host.alive { "alive" } else { "silent" })) " "
                 }
             }
         }

@@ -56,6 +56,7 @@ mod deploy;
 mod finish;
 mod fleet;
 mod grant;
+mod history;
 mod job;
 mod lease;
 mod membership;

@@ -34,6 +34,7 @@ mod encode;
 mod finish;
 mod fleet;
 mod grant;
+mod history;
 mod job;
 mod lease;
 mod membership;

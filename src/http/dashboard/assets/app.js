@@ -60,6 +60,21 @@
   setInterval(refresh, every);
   document.addEventListener("visibilitychange", refresh);
 
+  // A chart's point (or deploy mark) shows its values in the chart's
+  // readout, on hover with a mouse or on a tap; the page's markup holds
+  // them in each hit area's title, so a refreshed chart needs nothing new.
+  function show(event) {
+    const hit = event.target.closest && event.target.closest(".chart rect.hit");
+    if (!hit) return;
+    const chart = hit.closest(".chart");
+    chart.querySelectorAll("rect.hit.on").forEach((r) => r.classList.remove("on"));
+    hit.classList.add("on");
+    const title = hit.querySelector("title");
+    chart.querySelector(".readout").textContent = title ? title.textContent : "";
+  }
+  document.addEventListener("mouseover", show);
+  document.addEventListener("click", show);
+
   document.addEventListener("submit", function (event) {
     const question = event.target.dataset.confirm;
     if (question && !window.confirm(question)) event.preventDefault();
