@@ -32,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attempts;
 pub mod background;
 pub mod calendar;
 pub mod cli;

@@ -398,8 +398,9 @@ async fn charts_show_the_fleet_over_time() {
     for i in 0..12 {
         db.enqueue_new("hello", json!({"name": format!("c{i}")})).await;
     }
+    let mut flaky = Vec::new();
     for _ in 0..3 {
-        db.enqueue_new("flaky", json!({"fail_times": 9})).await;
+        flaky.push(db.enqueue_new("flaky", json!({"fail_times": 9})).await);
     }
     common::eventually(WAIT, || async { db.scalar("SELECT count(*) FROM archive").await == 15 }).await;
     host.stop().await;
@@ -413,8 +414,8 @@ async fn charts_show_the_fleet_over_time() {
     assert_eq!(points.len(), 60);
     let completed: i64 = points.iter().map(|p| p["completed"].as_i64().unwrap()).sum();
     assert_eq!(completed, 12);
-    let flaky = server.get("/api/history?range=1h&type=flaky").await.json();
-    let retried: i64 = flaky["points"].as_array().unwrap().iter().map(|p| p["retried"].as_i64().unwrap()).sum();
+    let flaky_history = server.get("/api/history?range=1h&type=flaky").await.json();
+    let retried: i64 = flaky_history["points"].as_array().unwrap().iter().map(|p| p["retried"].as_i64().unwrap()).sum();
     assert_eq!(retried, 3 * 4, "every attempt but the last of each job");
     assert_eq!(server.get("/api/history?range=2h").await.status, StatusCode::BAD_REQUEST);
 
@@ -486,6 +487,22 @@ async fn charts_show_the_fleet_over_time() {
         assert!(failures.as_str().unwrap().contains(" UTC: failed "), "{failures}");
         assert!(failures.as_str().unwrap().contains(" attempts, retried "), "{failures}");
         screenshot(&browser, screen, "type-flaky").await;
+        // A failed job's attempts, oldest first, with the waits between.
+        browser.goto(&format!("{}/jobs/{}", server.url(), flaky[0])).await.unwrap();
+        let endings = script(
+            &browser,
+            "return [...document.querySelectorAll('ol.attempts li.attempt .badge')].map(b => b.textContent)",
+        )
+        .await;
+        assert_eq!(endings, json!(["retried", "retried", "retried", "retried", "failed"]));
+        let waits = script(&browser, "return document.querySelectorAll('ol.attempts li.wait').length").await;
+        assert_eq!(waits, 4, "a backoff before each attempt after the first");
+        let first = text(&browser, "ol.attempts li.attempt").await;
+        assert!(first.starts_with("Attempt 1 retried on ") && first.contains("attempt 1 failed on purpose"), "{first}");
+        let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(overflow.as_i64().unwrap() <= 0, "the job's page is wider than the {} screen", screen.name());
+        script(&browser, "document.querySelector('ol.attempts').scrollIntoView(); return true").await;
+        screenshot(&browser, screen, "job-attempts").await;
         browser.goto(&format!("{}/types/nothing-by-that-name", server.url())).await.unwrap();
         assert_eq!(text(&browser, "h1").await, "Not found");
         browser.close().await.unwrap();

@@ -115,6 +115,10 @@ enum Command {
     Job {
         /// The job's id.
         id: i64,
+        /// Print its attempts as a timeline (host, start, run time, how
+        /// each ended, its error, the wait before the next), not its JSON.
+        #[arg(long, conflicts_with = "wait")]
+        attempts: bool,
         #[command(flatten)]
         wait: operator::WaitArgs,
         #[command(flatten)]
@@ -380,7 +384,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,
             Command::Jobs(args) => operator::jobs(args).await,
-            Command::Job { id, wait, db } => operator::job(id, &wait, &db).await,
+            Command::Job { id, attempts, wait, db } => operator::job(id, attempts, &wait, &db).await,
             Command::Batch { action } => batch::run(action).await,
             Command::Workflow { action } => workflow::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,

@@ -278,7 +278,7 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-pub async fn job(id: i64, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
+pub async fn job(id: i64, attempts: bool, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
     let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
@@ -288,7 +288,14 @@ pub async fn job(id: i64, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
     }
     match store.job_get(id).await {
         Ok(Some(detail)) => {
-            println!("{}", serde_json::to_string_pretty(&detail).unwrap_or_default());
+            if attempts {
+                print!("{}", crate::attempts::lines(&crate::attempts::of(&detail)));
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&crate::attempts::with_attempts(&detail)).unwrap_or_default()
+                );
+            }
             ExitCode::SUCCESS
         }
         Ok(None) => fail(format!("job {id} does not exist")),

@@ -220,7 +220,7 @@ fn delay_of(text: &str) -> Result<u64, ApiError> {
 async fn job_get(State(state): State<AppState>, id: Result<Path<i64>, PathRejection>) -> ApiResult {
     let id = id_of(id)?;
     match state.store.job_get(id).await? {
-        Some(job) => ok(job),
+        Some(job) => ok(crate::attempts::with_attempts(&job)),
         None => Err(ApiError::not_found(format!("job {id} does not exist"))),
     }
 }

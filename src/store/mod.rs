@@ -44,7 +44,7 @@ mod schema;
 pub mod secret;
 pub mod session;
 pub mod sqlite;
-mod timestamp;
+pub(crate) mod timestamp;
 pub mod variable;
 pub mod workflow;
 

@@ -371,6 +371,7 @@ impl Worker {
         let metrics = self.metrics.clone();
         let store = self.store.clone();
         let retries = self.retries.clone();
+        let host_id = self.host.id.clone();
         let component = self.registry.get(&job.job);
         let span =
             tracing::info_span!("job", job_id = job.id, job = %job.job, attempt = job.attempt, host = %self.host.id);
@@ -434,7 +435,7 @@ impl Worker {
                         if let RunOutcome::Throttled { retry_after_ms } = report.outcome {
                             throttle(&store, run, retry_after_ms).await;
                         }
-                        outcome::finish_of(&job, &component.config, report)
+                        outcome::finish_of(&job, &component.config, report, &host_id)
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
                     // host may serve it): handed back without spending the attempt.

@@ -19,7 +19,8 @@ pub const MIN_SNOOZE_SECS: u32 = 1;
 /// The store's record of how a run ended. A failure on the last attempt
 /// fails the job; a run the host stopped (shutdown, lost lease) gives its
 /// attempt back.
-pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Finish {
+/// `host` is this host's id, kept in the attempt's log for its timeline.
+pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport, host: &str) -> Finish {
     let attempts_left = job.attempt < job.max_attempts;
     let retry_or_fail = |error: String| {
         let error = head(error, ERROR_REASON_BYTES);
@@ -58,6 +59,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport) -> Fin
         "stderr": tail(&effects.stderr, LOG_TAIL_BYTES),
         "truncated": effects.truncated,
         "elapsed_us": elapsed_us,
+        "host": host,
     });
     // The attempt's outbound requests, as records: the job's page shows them
     // as a table (their lines are in `lines` too, in order with the rest).
@@ -165,16 +167,16 @@ mod tests {
     #[test]
     fn a_crash_is_retried_while_attempts_remain_then_fails() {
         let crash = RunOutcome::Crashed { crash: Crash::Timeout { limit_ms: 5 } };
-        let early = finish_of(&job(1, 3), &config(), report(crash.clone()));
+        let early = finish_of(&job(1, 3), &config(), report(crash.clone()), "host");
         assert!(matches!(early.outcome, FinishOutcome::Retry { delay_ms: 500..=1000, .. }), "{early:?}");
-        let last = finish_of(&job(3, 3), &config(), report(crash));
+        let last = finish_of(&job(3, 3), &config(), report(crash), "host");
         assert_eq!(last.outcome, FinishOutcome::Failed { error: "timed out after 5 ms".into() });
     }
 
     #[test]
     fn an_interrupted_run_is_handed_back() {
         let stopped = RunOutcome::Crashed { crash: Crash::Interrupted { reason: "shutdown".into() } };
-        let finish = finish_of(&job(3, 3), &config(), report(stopped));
+        let finish = finish_of(&job(3, 3), &config(), report(stopped), "host");
         assert_eq!(finish.outcome, FinishOutcome::Release { reason: "shutdown".into() });
     }
 
@@ -183,7 +185,7 @@ mod tests {
         let output = JsonText::from(&serde_json::json!({"a\0": ["x\0y"]}));
         let mut report = report(RunOutcome::Completed { output: Some(output) });
         report.effects.stdout = "before\0after".into();
-        let finish = finish_of(&job(1, 3), &config(), report);
+        let finish = finish_of(&job(1, 3), &config(), report, "host");
         let text = format!("{:?} {}", finish.outcome, finish.log);
         assert!(!text.contains('\0') && !text.contains("\\u0000"), "{text}");
         assert!(finish.log["stdout"].as_str().unwrap().contains("before\u{FFFD}after"));
@@ -192,8 +194,8 @@ mod tests {
     #[test]
     fn a_huge_error_reason_is_stored_bounded() {
         let reason = "x".repeat(10 * ERROR_REASON_BYTES);
-        let retried = finish_of(&job(1, 3), &config(), report(RunOutcome::Retry { reason: reason.clone() }));
-        let failed = finish_of(&job(1, 3), &config(), report(RunOutcome::Failed { reason }));
+        let retried = finish_of(&job(1, 3), &config(), report(RunOutcome::Retry { reason: reason.clone() }), "host");
+        let failed = finish_of(&job(1, 3), &config(), report(RunOutcome::Failed { reason }), "host");
         for outcome in [retried.outcome, failed.outcome] {
             let (FinishOutcome::Retry { error, .. } | FinishOutcome::Failed { error }) = outcome else { panic!() };
             assert!(error.len() < ERROR_REASON_BYTES + 64, "{} bytes kept", error.len());
@@ -203,20 +205,20 @@ mod tests {
 
     #[test]
     fn snooze_waits_in_milliseconds() {
-        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 2 }));
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 2 }), "host");
         assert_eq!(finish.outcome, FinishOutcome::Snooze { delay_ms: 2000 });
     }
 
     #[test]
     fn a_snooze_of_nothing_waits_the_minimum() {
-        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 0 }));
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Snooze { seconds: 0 }), "host");
         assert_eq!(finish.outcome, FinishOutcome::Snooze { delay_ms: u64::from(MIN_SNOOZE_SECS) * 1000 });
     }
 
     #[test]
     fn an_output_too_large_fails_at_once_with_attempts_left() {
         let crash = Crash::OutputTooLarge { bytes: 2048, limit_bytes: 1024 };
-        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Crashed { crash }));
+        let finish = finish_of(&job(1, 3), &config(), report(RunOutcome::Crashed { crash }), "host");
         let error = "output is 2048 bytes, more than the limit of 1024 bytes".to_string();
         assert_eq!(finish.outcome, FinishOutcome::Failed { error });
     }

@@ -254,28 +254,47 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
         }
         section { h2 { "Payload" } (json_block(&job.payload)) }
         @if let Some(output) = &job.output { section { h2 { "Output" } (json_block(output)) } }
-        @if let Some(errors) = job.errors.as_array().filter(|e| !e.is_empty()) {
-            section {
-                h2 { "Errors" }
-                ol.errors {
-                    @for entry in errors.iter().rev() {
-                        li {
-                            @if let Some(attempt) = entry.get("attempt") { strong { "Attempt " (attempt) } " " }
-                            (time(entry.get("at").and_then(|a| a.as_str()).and_then(parse_time), now))
-                            pre { (entry.get("error").and_then(|e| e.as_str()).unwrap_or("")) }
-                        }
-                    }
-                }
-            }
-        }
+        (attempt_timeline(&crate::attempts::of(job), now))
         @if let Some(log) = job.log.as_ref().filter(|log| log.as_object().is_some_and(|l| !l.is_empty())) {
             section { h2 { "Log of the last attempt" } (run_log(log)) }
         }
     }
 }
 
-fn parse_time(text: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
+/// Every attempt, oldest first: host, start, run time, ending, error, its
+/// outbound requests and log (folded; the last attempt's is shown below),
+/// and the wait before it.
+fn attempt_timeline(attempts: &[crate::attempts::Attempt], now: DateTime<Utc>) -> Markup {
+    html! {
+        @if !attempts.is_empty() {
+            section {
+                h2 { "Attempts" }
+                ol.attempts {
+                    @for (i, attempt) in attempts.iter().enumerate() {
+                        @if let Some(waited) = attempt.waited_ms {
+                            li.wait { "waited " (span(waited / 1000.0)) @if i > 0 && attempts[i - 1].ending == "retried" { " (backoff)" } }
+                        }
+                        li.attempt {
+                            div.attempt-head {
+                                strong { @if attempt.attempt == 0 { "Before any attempt" } @else { "Attempt " (attempt.attempt) } }
+                                " " (state_badge(&attempt.ending))
+                                @if let Some(host) = &attempt.host { " on " code { (host) } }
+                                @if attempt.started_at.is_some() { " · started " (time(attempt.started_at, now)) }
+                                @if let Some(ms) = attempt.ran_ms { " · ran " (span(ms / 1000.0)) }
+                                @if attempt.outbound > 0 { " · " (attempt.outbound) " outbound request" @if attempt.outbound > 1 { "s" } }
+                            }
+                            @if let Some(error) = &attempt.error { pre { (error) } }
+                            @if let Some(log) = attempt.log.as_ref().filter(|_| i + 1 < attempts.len()) {
+                                @if log.get("lines").and_then(|l| l.as_array()).is_some_and(|l| !l.is_empty()) || attempt.outbound > 0 {
+                                    details { summary { "Its log" } (run_log(log)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A run's log: its lines by level, then what it wrote to stdout and
