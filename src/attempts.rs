@@ -74,18 +74,19 @@ pub fn of(job: &JobDetail) -> Vec<Attempt> {
     let recorded = attempts.last().is_some_and(|a| a.attempt == last_attempt);
     let ran = matches!(job.row.state, JobState::Completed | JobState::Running);
     if last_attempt > 0 && !recorded && ran {
-        let log = job.log.clone().filter(|log| log.is_object());
         let running = job.row.state == JobState::Running;
+        // While it runs, the job's log is still its previous attempt's.
+        let log = job.log.clone().filter(|log| log.is_object() && !running);
         attempts.push(Attempt {
             attempt: last_attempt,
             host: log.as_ref().and_then(host_of).or_else(|| job.host_id.clone()),
             started_at: job.row.started_at,
             ended_at: if running { None } else { job.row.finished_at },
-            ran_ms: if running { None } else { log.as_ref().and_then(elapsed_ms) },
+            ran_ms: log.as_ref().and_then(elapsed_ms),
             ending: job.row.state.as_str().to_string(),
             error: None,
             outbound: log.as_ref().map_or(0, outbound_of),
-            log: if running { None } else { log },
+            log,
             waited_ms: None,
         });
     }
@@ -218,9 +219,12 @@ mod tests {
         let failed = of(&detail(JobState::Failed, 1, errors.clone(), json!({})));
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].ending, "failed");
-        let running = of(&detail(JobState::Running, 2, errors, json!({})));
+        // Its log is still the first attempt's: nothing of it is the running one's.
+        let previous = json!({"host": "a-1", "elapsed_us": 1000, "outbound": [{}]});
+        let running = of(&detail(JobState::Running, 2, errors, previous));
         assert_eq!(running.len(), 2);
         assert_eq!((running[1].ending.as_str(), running[1].ended_at), ("running", None));
-        assert_eq!(running[1].host.as_deref(), Some("row-host"));
+        assert_eq!(running[1].host.as_deref(), Some("row-host"), "the lease holder's");
+        assert_eq!((running[1].ran_ms, running[1].outbound), (None, 0));
     }
 }
