@@ -202,6 +202,25 @@ async fn an_existing_archive_is_charted_and_old_minutes_are_pruned(db: TestDb) {
     assert_eq!(total(&day, |p| p.completed), 0);
 }
 
+/// An application's transaction holding the mark's row (or a host stuck
+/// computing) makes another host's computation pass, not wait; the hosts'
+/// retries are written meanwhile, in rows of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_mark_makes_a_computation_pass_instead_of_waiting() {
+    let db = TestDb::postgres().await;
+    db.store.history_roll(WEEK_SECS).await.unwrap();
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT upto FROM jobhost.history_marks FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let passed = tokio::time::timeout(Duration::from_secs(30), db.store.history_roll(WEEK_SECS)).await;
+    assert_eq!(passed.expect("the computation does not wait for the held row").unwrap(), 0);
+    let minute = chrono::Utc::now();
+    let share = RetryCount { minute, queue: "default".into(), job: "flaky".into(), retried: 3 };
+    let added = tokio::time::timeout(Duration::from_secs(30), db.store.history_add_retries(&[share])).await;
+    added.expect("retries are not held by the computation").unwrap();
+    holder.rollback().await.unwrap();
+    assert_eq!(total(&hour(&db, Some("flaky")).await, |p| p.retried), 3);
+}
+
 on_both_backends!(
     finished_jobs_retries_and_times_are_counted_as_the_archive_says,
     retries_from_many_hosts_add_up_while_minutes_are_computed,

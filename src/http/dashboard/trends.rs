@@ -89,7 +89,6 @@ pub fn job_type(
             ),
         })
         .collect();
-    let ms = |value: fn(&HistoryPoint) -> Option<f64>| value;
     html! {
         h1 { (name) }
         (super::pages::type_card(view, now))
@@ -103,8 +102,8 @@ pub fn job_type(
                 range,
                 times: times(points),
                 series: vec![
-                    series("p50", "p50", points, ms(|p| p.run_p50_ms)),
-                    series("p95", "p95", points, ms(|p| p.run_p95_ms)),
+                    series("p50", "p50", points, |p| p.run_p50_ms),
+                    series("p95", "p95", points, |p| p.run_p95_ms),
                 ],
                 marks: &marks,
             }))
@@ -127,8 +126,8 @@ pub fn job_type(
                 range,
                 times: times(points),
                 series: vec![
-                    series("p50", "p50", points, ms(|p| p.wait_p50_ms)),
-                    series("p95", "p95", points, ms(|p| p.wait_p95_ms)),
+                    series("p50", "p50", points, |p| p.wait_p50_ms),
+                    series("p95", "p95", points, |p| p.wait_p95_ms),
                 ],
                 marks: &marks,
             }))
