@@ -63,6 +63,7 @@ fn completed(job: &jobhost::store::FetchedJob) -> Finish {
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: job.batch_id,
+        traceparent: None,
     }
 }
 

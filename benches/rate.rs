@@ -68,6 +68,7 @@ fn completed(store_job: &jobhost::store::FetchedJob) -> Finish {
         progress: None,
         concurrency_key: store_job.concurrency_key.clone(),
         batch_id: store_job.batch_id,
+        traceparent: None,
     }
 }
 

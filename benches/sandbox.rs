@@ -45,6 +45,7 @@ fn context() -> JobContext {
         enqueued_at_ms: 0,
         batch_id: None,
         concurrency_key: None,
+        traceparent: None,
     }
 }
 

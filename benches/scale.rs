@@ -119,6 +119,7 @@ fn done(job: &FetchedJob) -> Finish {
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: job.batch_id,
+        traceparent: None,
     }
 }
 

@@ -12,6 +12,12 @@ use crate::store::{
 /// defaults, concurrency keys and uniqueness. A duplicate of a unique job
 /// is not an error: its enqueue answers with the id of the job holding the
 /// key (see [`Client::enqueue_reporting`] to tell the two apart).
+///
+/// A job enqueued inside a trace (the caller's current `tracing` span,
+/// where `tracing-opentelemetry` records it, or OpenTelemetry's current
+/// context) carries that trace context, and a host exporting traces makes
+/// its run a child of the caller's span (docs/observability.md). Set
+/// [`EnqueueParams::traceparent`] to name another.
 #[derive(Clone)]
 pub struct Client {
     store: Store,
@@ -44,7 +50,7 @@ impl Client {
     /// # Errors
     /// See [`Client::enqueue_many`].
     pub async fn enqueue_with(&self, params: EnqueueParams) -> Result<i64> {
-        let ids = self.store.job_enqueue(std::slice::from_ref(&params)).await?;
+        let ids = self.store.job_enqueue(&in_current_trace(std::slice::from_ref(&params))).await?;
         Ok(ids[0])
     }
 
@@ -57,7 +63,7 @@ impl Client {
     /// ([`crate::store::Error::Duplicate`]), or a database error. Nothing is
     /// enqueued then.
     pub async fn enqueue_many(&self, jobs: &[EnqueueParams]) -> Result<Vec<i64>> {
-        self.store.job_enqueue(jobs).await
+        self.store.job_enqueue(&in_current_trace(jobs)).await
     }
 
     /// [`Client::enqueue_many`], saying of each job whether it was stored
@@ -66,7 +72,7 @@ impl Client {
     /// # Errors
     /// See [`Client::enqueue_many`].
     pub async fn enqueue_reporting(&self, jobs: &[EnqueueParams]) -> Result<Vec<Enqueued>> {
-        self.store.job_enqueue_outcomes(jobs).await
+        self.store.job_enqueue_outcomes(&in_current_trace(jobs)).await
     }
 
     /// Creates a batch with its first members, all or none, and closes it
@@ -79,7 +85,7 @@ impl Client {
     /// from the callback payload, what [`Client::enqueue_many`] refuses for
     /// a member, or a database error. Nothing is stored then.
     pub async fn batch_create(&self, batch: &NewBatch, members: &[EnqueueParams]) -> Result<(i64, Vec<Enqueued>)> {
-        self.store.batch_create(batch, members).await
+        self.store.batch_create(batch, &in_current_trace(members)).await
     }
 
     /// Closes an open batch; false when it was closed already.
@@ -139,5 +145,19 @@ impl Client {
     /// The store, for operator queries.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+}
+
+/// `jobs` with the caller's current trace context on each that names none.
+fn in_current_trace(jobs: &[EnqueueParams]) -> std::borrow::Cow<'_, [EnqueueParams]> {
+    match crate::telemetry::context::current() {
+        Some(current) if jobs.iter().any(|job| job.traceparent.is_none()) => jobs
+            .iter()
+            .map(|job| EnqueueParams {
+                traceparent: job.traceparent.clone().or_else(|| Some(current.clone())),
+                ..job.clone()
+            })
+            .collect(),
+        _ => std::borrow::Cow::Borrowed(jobs),
     }
 }

@@ -46,6 +46,8 @@ pub struct HostConfig {
     /// The key that opens the secrets outbound requests carry; without it,
     /// runs that need a secret refuse to start, saying why.
     pub secret_key: Option<crate::outbound::secrets::SecretKey>,
+    /// Export a span per run to this OpenTelemetry collector, if set.
+    pub otlp: Option<crate::telemetry::OtlpConfig>,
 }
 
 /// Why a host could not start.
@@ -69,6 +71,9 @@ pub enum HostError {
     /// The HTTP server could not start.
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
+    /// Traces cannot be exported as configured.
+    #[error(transparent)]
+    Traces(#[from] crate::telemetry::TraceError),
     /// A background task panicked; the host stopped rather than run on
     /// with part of its job silently stopped.
     #[error(transparent)]
@@ -92,6 +97,10 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     if let Some(http) = &config.http {
         http.validate()?;
     }
+    let traces = match &config.otlp {
+        Some(otlp) => crate::telemetry::Traces::export(otlp)?,
+        None => crate::telemetry::Traces::default(),
+    };
     let runtime_config = RuntimeConfig {
         heartbeat_interval: config.worker.heartbeat_interval,
         max_concurrent_runs: config.worker.concurrency as u32,
@@ -175,7 +184,8 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
 
     let worker = Worker::new(store, runtime, registry, config.worker.clone())?
         .with_supervisor(supervisor.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_traces(traces.clone());
     // Bound once everything that can fail to start has started.
     let serving = match &config.http {
         Some(http) => {
@@ -220,6 +230,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     if let Some(serving) = serving {
         let _ = serving.await;
     }
+    traces.shut_down().await;
     if let Some(panic) = supervisor.failure() {
         tracing::error!(%panic, "host stopped after a task panicked");
         return Err(HostError::TaskPanicked(panic));

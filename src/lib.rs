@@ -46,6 +46,7 @@ pub mod outbound;
 pub mod step;
 pub mod store;
 pub mod supervisor;
+pub mod telemetry;
 pub mod template;
 pub mod text;
 pub mod timer;

@@ -313,6 +313,11 @@ pub struct JobContext {
     pub batch_id: Option<u64>,
     /// The rendered concurrency key, for a limited job type.
     pub concurrency_key: Option<String>,
+    /// The run's own W3C trace context, when the host exports traces: its
+    /// outbound requests carry it, so the services they call join the run's
+    /// trace. Not given to the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// A job enqueued by a running job, held back until that job completes so a

@@ -95,6 +95,7 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: None,
+        traceparent: None,
     };
     db.store.job_finish(vec![finish]).await.unwrap();
 
@@ -235,6 +236,7 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
             progress: None,
             concurrency_key: None,
             batch_id: None,
+            traceparent: None,
         })
         .collect();
     db.store.job_finish(finishes).await.unwrap();

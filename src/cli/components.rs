@@ -74,6 +74,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
             .unwrap_or(0),
         batch_id: None,
         concurrency_key: None,
+        traceparent: None,
     };
     let signal = StopSignal::new();
     let interrupt = signal.clone();

@@ -68,6 +68,10 @@ pub struct EnqueueArgs {
     /// Add the job to this open batch as a member.
     #[arg(long)]
     batch: Option<i64>,
+    /// The W3C trace context the job's run joins (00-TRACE-SPAN-FLAGS), as
+    /// a CI step or a script inside a trace passes it on.
+    #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
+    traceparent: Option<String>,
     /// Print {"id": …} per job instead of bare ids.
     #[arg(long)]
     json: bool,
@@ -98,6 +102,7 @@ impl EnqueueArgs {
             run_at: self.at,
             delay_ms: self.delay.map(|d| d.as_millis() as u64),
             batch_id: self.batch,
+            traceparent: self.traceparent.clone(),
             ..EnqueueParams::new(self.job.clone(), payload)
         }
     }

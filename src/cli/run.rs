@@ -71,6 +71,13 @@ pub struct RunArgs {
     token: super::serve::TokenArgs,
     #[command(flatten)]
     runtime: RuntimeArgs,
+    /// Export a span per run to this OpenTelemetry collector over OTLP/HTTP
+    /// (its base URL, e.g. http://localhost:4318; /v1/traces is appended).
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (a full URL) also turns it on;
+    /// the other `OTEL_*` variables (headers, timeout, sampler, service
+    /// name) apply.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
@@ -115,6 +122,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         limits,
         http: args.http.map(|listen| args.token.http_config(listen, limits)),
         secret_key,
+        otlp: otlp_of(args.otlp_endpoint),
     };
     let shutdown = CancellationToken::new();
     super::signals::stop_on_signals(shutdown.clone());
@@ -122,6 +130,14 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(error),
     }
+}
+
+/// Where spans go: `--otlp-endpoint` (or `OTEL_EXPORTER_OTLP_ENDPOINT`), or
+/// the exporter's own `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; none without either.
+fn otlp_of(endpoint: Option<String>) -> Option<crate::telemetry::OtlpConfig> {
+    let endpoint = endpoint.filter(|e| !e.trim().is_empty());
+    let by_variable = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_ok_and(|e| !e.trim().is_empty());
+    (endpoint.is_some() || by_variable).then_some(crate::telemetry::OtlpConfig { endpoint })
 }
 
 /// The directory and whether the deployed components are served, from the

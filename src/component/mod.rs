@@ -386,7 +386,8 @@ impl Runtime {
         environment.extend(variables.iter().filter(|(name, _)| !secret_names.contains(name)).cloned());
         let budget = BodyBudget::new(self.inner.config.outbound_budget_bytes);
         let (policy, connections) = (Arc::new(policy), self.inner.connections.clone());
-        let outbound = OutboundHooks::new(policy, secrets.clone(), context.job_id, connections, budget);
+        let outbound = OutboundHooks::new(policy, secrets.clone(), context.job_id, connections, budget)
+            .in_trace(context.traceparent.clone());
         let child_check = self.child_check.clone();
         let mut store =
             sandbox::new_store(&self.inner.engine, limits, signal, progress, child_check, outbound, &environment);

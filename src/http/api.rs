@@ -189,6 +189,7 @@ async fn jobs_enqueue(
         run_at: body.run_at,
         delay_ms,
         batch_id: body.batch,
+        traceparent: trace_of(&headers),
         ..EnqueueParams::new(body.job.clone(), body.payload.unwrap_or_else(|| json!({})))
     };
     let outcome = state.store.job_enqueue_outcomes(&[params]).await?;
@@ -202,6 +203,14 @@ async fn jobs_enqueue(
         Enqueued::Replaced(id) => (StatusCode::OK, json!({ "id": id, "duplicate": true, "replaced": true })),
     };
     Ok((status, Json(body)).into_response())
+}
+
+/// The trace the caller's request belongs to, from its `traceparent`
+/// header: the job's run joins it. A header that is not a valid trace
+/// context is ignored, as the W3C rules say (the run starts a trace).
+fn trace_of(headers: &HeaderMap) -> Option<String> {
+    let header = headers.get(crate::telemetry::context::TRACEPARENT)?.to_str().ok()?;
+    crate::telemetry::context::canonical(header).ok()
 }
 
 /// The longest delay an enqueue takes: further is a mistake, not a plan.

@@ -52,8 +52,10 @@ pub struct OutboundHooks {
     secrets: Arc<RunSecrets>,
     /// The job, for its requests' idempotency keys.
     job_id: u64,
-    /// The run's W3C trace id, in hex: every request's `traceparent` carries it.
-    trace_id: String,
+    /// What every request's `traceparent` carries: the run's span (whose
+    /// children the services called become), or, when the host exports no
+    /// traces, a trace id of the run's own with a new span id per request.
+    trace: RequestTrace,
     /// Requests sent so far to each origin: the ordinal in an idempotency key.
     sent_to: std::collections::HashMap<String, u32>,
     calls: Arc<Mutex<Calls>>,
@@ -95,6 +97,15 @@ impl Refusals {
 }
 
 impl OutboundHooks {
+    /// Requests carry the run's own span as their parent (`traceparent`,
+    /// when the host exports the run's span).
+    pub fn in_trace(self, traceparent: Option<String>) -> Self {
+        match traceparent {
+            Some(traceparent) => OutboundHooks { trace: RequestTrace::Run { traceparent }, ..self },
+            None => self,
+        }
+    }
+
     /// The hooks of a run allowed what `policy` allows.
     pub fn new(
         policy: Arc<Policy>,
@@ -107,7 +118,7 @@ impl OutboundHooks {
             policy,
             secrets,
             job_id,
-            trace_id: random_hex::<16>(),
+            trace: RequestTrace::Unexported { trace_id: random_hex::<16>() },
             sent_to: Default::default(),
             calls: Arc::default(),
             refusals: Arc::default(),
@@ -205,12 +216,23 @@ impl OutboundHooks {
             }
         }
         if !headers.contains_key("traceparent") {
-            let parent = format!("00-{}-{}-01", self.trace_id, random_hex::<8>());
+            let parent = match &self.trace {
+                RequestTrace::Run { traceparent } => traceparent.clone(),
+                RequestTrace::Unexported { trace_id } => format!("00-{trace_id}-{}-01", random_hex::<8>()),
+            };
             if let Ok(value) = http::HeaderValue::from_str(&parent) {
                 headers.insert("traceparent", value);
             }
         }
     }
+}
+
+/// The trace context a run's requests carry.
+enum RequestTrace {
+    /// The run's exported span.
+    Run { traceparent: String },
+    /// No span is exported: a trace id for the run, a span id per request.
+    Unexported { trace_id: String },
 }
 
 /// `N` random bytes in hex; all ones if the system has no randomness (a

@@ -306,6 +306,13 @@ pub trait HistoryDriver: Send + Sync {
     ) -> Result<(chrono::DateTime<chrono::Utc>, Vec<super::history::HistoryMinute>)>;
 }
 
+/// The trace contexts enqueues carried (`trace.rs` of each backend).
+#[async_trait]
+pub trait TraceDriver: Send + Sync {
+    /// [`Store::job_traceparent`](super::Store::job_traceparent) on this backend.
+    async fn job_traceparent(&self, id: i64) -> Result<Option<String>>;
+}
+
 /// Everything a backend implements, as the front holds it.
 #[allow(private_bounds)]
 pub trait Driver:
@@ -325,6 +332,7 @@ pub trait Driver:
     + SecretDriver
     + VariableDriver
     + HistoryDriver
+    + TraceDriver
     + Backend
     + BlockedSweep
     + 'static
@@ -349,6 +357,7 @@ impl<T> Driver for T where
         + SecretDriver
         + VariableDriver
         + HistoryDriver
+        + TraceDriver
         + Backend
         + BlockedSweep
         + 'static

@@ -66,6 +66,8 @@ pub struct PreparedJob {
     /// Added by a running member of that batch, which may add to it even
     /// when it is closed: the batch cannot finish while its member runs.
     pub batch_by_member: bool,
+    /// The W3C trace context its run joins, canonical.
+    pub traceparent: Option<String>,
 }
 
 /// A rate-limited job's key, as its backend plans it (docs/rate-limits.md).
@@ -138,6 +140,10 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
     if params.run_at.is_some() && params.delay_ms.is_some() {
         return Err(Error::InvalidEnqueue("give a delay or a time to run at, not both".into()));
     }
+    let traceparent = match &params.traceparent {
+        None => None,
+        Some(text) => Some(crate::telemetry::context::canonical(text).map_err(Error::InvalidEnqueue)?),
+    };
     let delay_ms =
         i64::try_from(params.delay_ms.unwrap_or(0)).map_err(|_| Error::InvalidEnqueue("delay is too long".into()))?;
     let concurrency_key = match &config.concurrency {
@@ -194,6 +200,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         parent_id: params.parent_id,
         batch_id: params.batch_id,
         batch_by_member: false,
+        traceparent,
     })
 }
 

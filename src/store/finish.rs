@@ -191,11 +191,11 @@ impl FinishPlan {
 
     /// The archive-or-requeue decision for one run.
     fn push(&mut self, run: Finish, configs: &Configs, limits: &EnqueueLimits) {
-        let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, .. } = run;
+        let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, traceparent, .. } = run;
         let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
         let (delay_ms, refund, error) = match outcome {
             FinishOutcome::Completed { output, children, batches, workflows } => {
-                let parent = Parent { id, batch_id };
+                let parent = Parent { id, batch_id, traceparent };
                 let prepared = prepare_children(parent, &children, &batches, configs, limits)
                     .and_then(|children| Ok((children, prepare_workflows(&workflows, configs, limits)?)));
                 let (state, output, error) = match prepared {
@@ -275,11 +275,13 @@ impl FinishPlan {
 }
 
 /// The run whose children are prepared.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Parent {
     id: i64,
     /// The batch the parent is a member of.
     batch_id: Option<i64>,
+    /// The run's trace context, which its children carry.
+    traceparent: Option<String>,
 }
 
 /// Prepares a completed run's children, and the batches it opened with
@@ -316,7 +318,8 @@ fn prepare_children(
         .collect::<Result<Vec<_>, String>>()?;
     let mut own = Vec::new();
     for child in children {
-        let prepared = prepare_registered(EnqueueParams::child(parent.id, child.clone()), configs, limits)
+        let params = EnqueueParams::child_traced(parent.id, child.clone(), parent.traceparent.clone());
+        let prepared = prepare_registered(params, configs, limits)
             .map_err(|problem| format!("could not enqueue a child job: {problem}"))?;
         // A child is not planned by its key (docs/rate-limits.md): it is
         // written after its parent's ending gave back its slots, and rate
@@ -456,6 +459,7 @@ mod tests {
             log: serde_json::Value::Null,
             progress: None,
             batch_id: None,
+            traceparent: None,
         }
     }
 

@@ -488,6 +488,12 @@ impl Store {
         Ok(super::history::points(range, now, &minutes))
     }
 
+    /// The W3C trace context job `id` was enqueued with, if it was enqueued
+    /// inside a trace (or by a run, whose trace its children continue).
+    pub async fn job_traceparent(&self, id: i64) -> Result<Option<String>> {
+        self.driver.job_traceparent(id).await
+    }
+
     /// How long until the soonest scheduled job is due, by the database's
     /// clock (zero when one is overdue); `None` when none is scheduled.
     pub async fn job_next_due(&self) -> Result<Option<std::time::Duration>> {

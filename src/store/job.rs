@@ -125,6 +125,8 @@ pub struct EnqueueParams {
     pub parent_id: Option<i64>,
     /// The batch the job joins as a member; it must exist and be open.
     pub batch_id: Option<i64>,
+    /// The W3C trace context its run joins (docs/observability.md).
+    pub traceparent: Option<String>,
 }
 
 impl EnqueueParams {
@@ -139,11 +141,24 @@ impl EnqueueParams {
             delay_ms: None,
             parent_id: None,
             batch_id: None,
+            traceparent: None,
         }
+    }
+
+    /// This job's run joins the trace of `traceparent` (a W3C trace
+    /// context); an invalid one is refused at the enqueue.
+    pub fn traceparent(self, traceparent: impl Into<String>) -> Self {
+        EnqueueParams { traceparent: Some(traceparent.into()), ..self }
     }
 
     /// The enqueue of a child job, written with its parent's completion.
     pub fn child(parent_id: i64, child: ChildJob) -> Self {
+        Self::child_traced(parent_id, child, None)
+    }
+
+    /// The enqueue of a child job, whose run joins the trace of its
+    /// parent's run.
+    pub fn child_traced(parent_id: i64, child: ChildJob, traceparent: Option<String>) -> Self {
         EnqueueParams {
             job: child.job,
             payload: child.payload,
@@ -153,6 +168,7 @@ impl EnqueueParams {
             delay_ms: child.delay_ms,
             parent_id: Some(parent_id),
             batch_id: None,
+            traceparent,
         }
     }
 }
@@ -264,6 +280,8 @@ pub struct Finish {
     /// The batch the run's job is a member of: where its children that
     /// join their parent's batch go.
     pub batch_id: Option<i64>,
+    /// The run's own trace context, which the children it enqueued carry.
+    pub traceparent: Option<String>,
 }
 
 impl Finish {

@@ -436,6 +436,7 @@ async fn hand_back_strays(store: &Store, strays: Vec<StrayLease>, deadline: Dura
             progress: None,
             concurrency_key: s.concurrency_key,
             batch_id: s.batch_id,
+            traceparent: None,
         })
         .collect();
     match tokio::time::timeout(deadline, store.job_finish(releases)).await {

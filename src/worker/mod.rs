@@ -53,6 +53,8 @@ pub struct Worker {
     metrics: crate::metrics::Metrics,
     /// The attempts this host scheduled again, for the fleet's history.
     retries: crate::store::history::RetryShare,
+    /// Where each run's span goes, if anywhere.
+    traces: crate::telemetry::Traces,
 }
 
 impl Worker {
@@ -77,7 +79,21 @@ impl Worker {
         let leases = Leases::default();
         let metrics = crate::metrics::Metrics::default();
         let retries = crate::store::history::RetryShare::default();
-        Ok(Worker { store, runtime, registry, config, host, leases, health, prefetch, supervisor, metrics, retries })
+        let traces = crate::telemetry::Traces::default();
+        Ok(Worker {
+            store,
+            runtime,
+            registry,
+            config,
+            host,
+            leases,
+            health,
+            prefetch,
+            supervisor,
+            metrics,
+            retries,
+            traces,
+        })
     }
 
     /// Spawns the worker's tasks under `supervisor` (a standalone worker's
@@ -90,6 +106,11 @@ impl Worker {
     /// counts in its own).
     pub fn with_metrics(self, metrics: crate::metrics::Metrics) -> Self {
         Worker { metrics, ..self }
+    }
+
+    /// Exports a span for each run to `traces` (none are made by default).
+    pub fn with_traces(self, traces: crate::telemetry::Traces) -> Self {
+        Worker { traces, ..self }
     }
 
     /// This host's id in the fleet.
@@ -371,6 +392,7 @@ impl Worker {
         let metrics = self.metrics.clone();
         let store = self.store.clone();
         let retries = self.retries.clone();
+        let traces = self.traces.clone();
         let host_id = self.host.id.clone();
         let component = self.registry.get(&job.job);
         let span =
@@ -407,6 +429,7 @@ impl Worker {
                 }
                 let finish = match component {
                     Some(component) if !signal.is_stopped() => {
+                        let span = run_span(&traces, &store, &job, &host_id).await;
                         let context = JobContext {
                             job_id: job.id as u64,
                             attempt: job.attempt as u32,
@@ -414,6 +437,7 @@ impl Worker {
                             enqueued_at_ms: job.enqueued_at.timestamp_millis().max(0) as u64,
                             batch_id: job.batch_id.map(|b| b as u64),
                             concurrency_key: job.concurrency_key.clone(),
+                            traceparent: span.traceparent(),
                         };
                         let payload = job.payload.to_string();
                         tracing::debug!(lease_token = job.lease_token, "run started");
@@ -435,12 +459,18 @@ impl Worker {
                         if let RunOutcome::Throttled { retry_after_ms } = report.outcome {
                             throttle(&store, run, retry_after_ms).await;
                         }
-                        outcome::finish_of(&job, &component.config, report, &host_id)
+                        let outbound = if span.is_on() { report.effects.outbound.clone() } else { Vec::new() };
+                        let finish = outcome::finish_of(&job, &component.config, report, &host_id);
+                        (finish, span, outbound)
                     }
                     // Stopped while waiting, or unloaded since the fetch (another
                     // host may serve it): handed back without spending the attempt.
-                    _ => release_of(&job, signal.reason().unwrap_or("job type unloaded from this host")),
+                    _ => {
+                        let reason = signal.reason().unwrap_or("job type unloaded from this host");
+                        (release_of(&job, reason), crate::telemetry::RunSpan::default(), Vec::new())
+                    }
                 };
+                let (finish, span, outbound) = finish;
                 // A cancel that arrived while the guest ran ends the job as
                 // cancelled, unless the guest completed first.
                 let cancelled = leases.ended(run);
@@ -454,6 +484,8 @@ impl Worker {
                     }
                     _ => finish,
                 };
+                let finish = Finish { traceparent: span.traceparent(), ..finish };
+                span.end(&finish.outcome, &outbound);
                 drop(running);
                 let _ = done.send(Done { finish, fetch_slot: Some(slot) });
             }
@@ -502,7 +534,37 @@ fn release_of(job: &FetchedJob, reason: &str) -> Finish {
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: job.batch_id,
+        traceparent: None,
     }
+}
+
+/// How long a run waits for its job's trace context before it starts
+/// without one (as a trace's root): a slow database delays no run for it.
+const TRACE_LOOKUP: Duration = Duration::from_secs(1);
+
+/// The span of `job`'s run, joined to the trace its enqueue carried; none
+/// unless this host exports traces.
+async fn run_span(
+    traces: &crate::telemetry::Traces,
+    store: &Store,
+    job: &FetchedJob,
+    host: &str,
+) -> crate::telemetry::RunSpan {
+    if !traces.is_on() {
+        return crate::telemetry::RunSpan::default();
+    }
+    let parent = match tokio::time::timeout(TRACE_LOOKUP, store.job_traceparent(job.id)).await {
+        Ok(Ok(parent)) => parent,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "cannot read the job's trace context; its run starts a trace");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("the job's trace context took too long to read; its run starts a trace");
+            None
+        }
+    };
+    traces.run_span(job, host, parent.as_deref())
 }
 
 /// How to ask for this host's jobs, shared by the fetch loop and the

@@ -77,6 +77,7 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport, host: 
         progress,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: job.batch_id,
+        traceparent: None,
     }
 }
 

@@ -45,7 +45,15 @@ pub async fn load(runtime: &Runtime, name: &str) -> LoadedComponent {
 
 /// A job context for attempt `attempt` of job `job_id`.
 pub fn context(job_id: u64, attempt: u32) -> JobContext {
-    JobContext { job_id, attempt, queue: "default".into(), enqueued_at_ms: 0, batch_id: None, concurrency_key: None }
+    JobContext {
+        job_id,
+        attempt,
+        queue: "default".into(),
+        enqueued_at_ms: 0,
+        batch_id: None,
+        concurrency_key: None,
+        traceparent: None,
+    }
 }
 
 /// Runs one job to its report.
@@ -137,6 +145,7 @@ impl TestHost {
             limits: Default::default(),
             http: None,
             secret_key: None,
+            otlp: None,
         };
         tune(&mut config);
         let shutdown = tokio_util::sync::CancellationToken::new();
@@ -192,6 +201,7 @@ pub fn finish(job: &jobhost::store::FetchedJob, outcome: jobhost::store::FinishO
         progress: None,
         concurrency_key: job.concurrency_key.clone(),
         batch_id: job.batch_id,
+        traceparent: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
     }
     if jobs.iter().all(|j| j.unique.is_none()) {
         let rows = insert_rows(conn, jobs, None).await?;
+        super::trace::record(conn, rows.iter().map(|(id, _)| *id).zip(jobs.iter().copied())).await?;
         admit_due(conn, &rows).await?;
         super::membership::add_members(conn, jobs).await?;
         return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
@@ -39,6 +40,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
     // Before the gate, which may archive a job (discard), and the archive
     // takes its key with it.
     super::unique::record_keys(conn, &fresh).await?;
+    super::trace::record(conn, fresh.iter().copied()).await?;
     admit_due(conn, &rows).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
@@ -206,19 +208,23 @@ pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_
     .bind(limit)
     .execute(pool)
     .await?;
-    let pruned = sqlx::query(
-        "DELETE FROM jobhost.archive WHERE id IN (
-             SELECT id FROM jobhost.archive
-             WHERE finished_at < coalesce($1, now()) - $2 * interval '1 second'
-             ORDER BY finished_at LIMIT $3)",
+    // Each job's trace context goes with it.
+    let pruned: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM jobhost.archive WHERE id IN (
+                 SELECT id FROM jobhost.archive
+                 WHERE finished_at < coalesce($1, now()) - $2 * interval '1 second'
+                 ORDER BY finished_at LIMIT $3)
+             RETURNING id),
+         traces AS (DELETE FROM jobhost.job_traces t USING gone WHERE t.job_id = gone.id)
+         SELECT count(*) FROM gone",
     )
     .bind(now)
     .bind(retention_secs)
     .bind(limit)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(pruned)
+    .fetch_one(pool)
+    .await?;
+    Ok(pruned as u64)
 }
 
 #[async_trait]

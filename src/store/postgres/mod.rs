@@ -66,6 +66,7 @@ mod rate;
 mod schedule;
 mod secret;
 mod session;
+mod trace;
 mod unique;
 mod variable;
 mod wait;

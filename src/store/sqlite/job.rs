@@ -60,6 +60,7 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
         .filter_map(|(id, job)| job.unique.as_ref().map(|u| (*id, job.job.as_str(), u)))
         .collect();
     unique::record(conn, &keyed, now).await?;
+    super::trace::record(conn, ids.iter().copied().zip(fresh.iter().copied())).await?;
     let gated: Vec<i64> = inserted.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
     if !gated.is_empty() {
         concurrency::admit(conn, &gated, true, now).await?;
@@ -260,6 +261,15 @@ pub async fn quarantine(
 /// began, at most `limit` of each. Returns how many jobs.
 pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
     let cutoff = now - (retention_secs * 1000.0) as i64;
+    // Each job's trace context goes with it (the same rows: the oldest first).
+    sqlx::query(
+        "DELETE FROM job_traces WHERE job_id IN (
+             SELECT id FROM archive WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .execute(&mut *conn)
+    .await?;
     let pruned = sqlx::query(
         "DELETE FROM archive WHERE id IN (
              SELECT id FROM archive WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",

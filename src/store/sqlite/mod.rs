@@ -43,6 +43,7 @@ mod rate;
 mod schedule;
 mod secret;
 mod session;
+mod trace;
 mod unique;
 mod variable;
 mod workflow;
