@@ -901,3 +901,34 @@ async fn a_host_whose_statements_hang_stops_its_guest_before_the_lease_expires()
     assert_eq!((attempt, errors), (1, 0), "the fenced run gave its attempt back and its lease never expired");
     host.stop().await;
 }
+
+/// A result write that waits for a lock holds back no other result: once
+/// a write has been out a while, a host sends the next results beside it on
+/// another connection. The test holds the row of a running job, which its
+/// result write must delete (a wait no key deferral avoids), so that write
+/// waits; a job finishing meanwhile is written anyway, and the waiting one
+/// is written once the lock is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_write_waiting_for_a_lock_holds_back_no_other_result() {
+    let db = TestDb::postgres().await;
+    // A long lease: renewals pass over the held row (`SKIP LOCKED`), and the
+    // fence must not stop the guest while the test holds it.
+    let host = TestHost::start(&db, &["sleep", "hello"], |config| {
+        config.worker.default_lease = Duration::from_secs(30);
+    })
+    .await;
+    let held = db.enqueue_new("sleep", json!({"ms": 1000})).await;
+    eventually(WITHIN, || async { db.state_of(held).await == JobState::Running }).await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE").bind(held).execute(&mut *holder).await.unwrap();
+    let result_waits = "SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%finish_runs%'";
+    eventually(WITHIN, || async { db.scalar(result_waits).await == 1 }).await;
+
+    let other = db.enqueue_new("hello", json!({"name": "meanwhile"})).await;
+    eventually(WITHIN, || async { db.state_of(other).await == JobState::Completed }).await;
+    assert_eq!(db.state_of(held).await, JobState::Running, "the held job's result still waits for its row");
+    holder.commit().await.unwrap();
+    eventually(WITHIN, || async { db.state_of(held).await == JobState::Completed }).await;
+    host.stop().await;
+}

@@ -355,6 +355,18 @@ impl RuntimeArgs {
     }
 }
 
+/// Parses a count that must be at least 1: a flag where 0 would do
+/// nothing, or stall a host, is refused by name before anything starts.
+fn at_least_one<T>(text: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match text.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        _ => Err("must be a whole number, at least 1 (e.g. 10)".to_string()),
+    }
+}
+
 /// Parses `1048576`, `512KiB`, `64MiB` or `1GiB`.
 fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();

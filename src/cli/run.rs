@@ -25,7 +25,7 @@ pub struct RunArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Jobs run at once on this host.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::at_least_one::<usize>)]
     concurrency: usize,
     /// The most jobs leased ahead of free run slots; fewer while runs are
     /// long (see --prefetch-wait) [default: 4 × the concurrency].
@@ -35,6 +35,11 @@ pub struct RunArgs {
     /// handed back; fewer are leased ahead while runs are long.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     prefetch_wait: Duration,
+    /// The most result writes out at once, each on its own connection:
+    /// results behind a write out for 100 ms (waiting on a lock, a lost
+    /// reply) go out beside it instead of waiting for its answer.
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = super::at_least_one::<usize>)]
+    result_writes: usize,
     /// The queues to serve, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "default")]
     queues: Vec<String>,
@@ -110,6 +115,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
             default_lease: args.lease,
             poll_interval: args.poll,
             shutdown_grace: args.grace,
+            result_writes: args.result_writes,
             ..WorkerConfig::default()
         },
         maintenance: MaintenanceConfig {

@@ -1,9 +1,11 @@
 //! Writing results back: batches of finished runs.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -47,12 +49,15 @@ pub(super) struct NextJobs {
     pub(super) shutdown: CancellationToken,
 }
 
-/// How the completer writes: the most results in one transaction, and how
-/// long one write may go unanswered before it is abandoned and sent again.
+/// How the completer writes: the most results in one transaction, how
+/// long one write may go unanswered before it is abandoned and sent again,
+/// and how many may be out at once.
 #[derive(Clone, Copy)]
 pub(super) struct Writes {
     pub(super) batch: usize,
     pub(super) deadline: Duration,
+    /// The most writes out at once.
+    pub(super) in_flight: usize,
 }
 
 /// What writing results takes: the database, the leases to forget once
@@ -67,47 +72,173 @@ pub(super) struct Writer {
 }
 
 /// Writes finished runs back in batches: whatever has arrived since the last
-/// write. With each batch it leases up to one job per fetch slot the batch's
-/// runs held, so the jobs the batch made room for, a blocked job promoted
-/// into a freed slot among them, start without another round trip; slots it
+/// write was sent. Up to [`Writes::in_flight`] writes may be out at once, each
+/// on its own connection: once a write has been out for [`OVERLAP_AFTER`],
+/// the results behind it go out beside it instead of waiting for its
+/// answer. Results of one concurrency key never go out in two
+/// writes at once: a key's later result waits for the write carrying its
+/// earlier one, so a host's own writes never wait on each other's key locks.
+/// With each batch it leases up to one job per fetch slot the batch's runs
+/// held, so the jobs the batch made room for, a blocked job promoted into a
+/// freed slot among them, start without another round trip; slots it
 /// cannot fill go back to the fetch loop once the batch is written.
 ///
-/// A write that fails is sent again, never dropped: if the leases expire
-/// meanwhile, the write later finds them taken and changes nothing. A batch
-/// the database refuses is written one result at a time, and one that keeps
-/// failing while the database answers is split, so one unstorable result
-/// fails its own job and cannot hold back the others. While writes fail,
-/// the writer's health counts how long; see [`WriteHealth`].
+/// A write that fails is sent again, never dropped (see [`write_batch`]).
+/// While writes fail, the writer's health counts how long; see [`WriteHealth`].
 pub(super) async fn complete_loop(
     writer: Writer,
     mut done: mpsc::UnboundedReceiver<Done>,
     next: NextJobs,
     give_up: CancellationToken,
 ) {
-    let Writer { store, leases, health, writes } = &writer;
-    let batch = writes.batch;
+    let (batch, in_flight_max) = (writer.writes.batch, writer.writes.in_flight.max(1));
+    let next = Arc::new(next);
+    // Arrived and not sent yet, in arrival order.
     let mut pending: Vec<Done> = Vec::new();
-    // Sends of `pending` in a row that failed without a refusal.
-    let mut failed_sends = 0;
+    let mut in_flight: JoinSet<Sent> = JoinSet::new();
+    // The keys each write in flight carries.
+    let mut busy_keys: HashMap<tokio::task::Id, Vec<String>> = HashMap::new();
+    // When the latest write in flight was sent.
+    let mut latest_sent: Option<Instant> = None;
     // Results whose key another transaction holds, each batch written off
     // this loop by a task that waits for the key.
-    let mut waiting_on_keys = tokio::task::JoinSet::new();
+    let mut waiting_on_keys = JoinSet::new();
+    let mut receiving = true;
+    let mut abandoning = false;
     loop {
-        if pending.is_empty() {
-            match done.recv().await {
-                Some(first) => pending.push(first),
-                None => {
-                    while waiting_on_keys.join_next().await.is_some() {}
-                    return;
-                }
-            }
-        }
-        while pending.len() < batch {
+        while receiving && pending.len() < batch {
             match done.try_recv() {
                 Ok(next) => pending.push(next),
-                Err(_) => break,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => receiving = false,
             }
         }
+        // Another write goes out beside those in flight only once the latest
+        // has been out for `OVERLAP_AFTER`: until then it is likely using
+        // the CPU the next would share, not waiting.
+        let overlap_at = latest_sent.filter(|_| !in_flight.is_empty()).map(|sent| sent + OVERLAP_AFTER);
+        let room = !abandoning && in_flight.len() < in_flight_max;
+        if room && overlap_at.is_none_or(|at| at <= Instant::now()) {
+            let sendable = take_sendable(&mut pending, &busy_keys, batch);
+            if !sendable.is_empty() {
+                let keys = sendable.iter().filter_map(|d| d.finish.concurrency_key.clone()).collect();
+                if !in_flight.is_empty() {
+                    tracing::debug!(
+                        beside = in_flight.len(),
+                        results = sendable.len(),
+                        "a result write goes out beside a slow one"
+                    );
+                }
+                let task = in_flight.spawn(write_batch(writer.clone(), next.clone(), sendable, give_up.clone()));
+                busy_keys.insert(task.id(), keys);
+                latest_sent = Some(Instant::now());
+                continue;
+            }
+        }
+        let overlap_wait = overlap_at.filter(|at| room && !pending.is_empty() && *at > Instant::now());
+        if in_flight.is_empty() && (abandoning || (!receiving && pending.is_empty())) {
+            if !abandoning {
+                while waiting_on_keys.join_next().await.is_some() {}
+            }
+            return;
+        }
+        tokio::select! {
+            joined = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
+                let (id, sent) = match joined {
+                    Some(Ok((id, sent))) => (id, sent),
+                    Some(Err(error)) => {
+                        busy_keys.remove(&error.id());
+                        tracing::error!(%error, "a result write failed; its jobs will be redelivered");
+                        continue;
+                    }
+                    None => continue,
+                };
+                busy_keys.remove(&id);
+                match sent {
+                    Sent::Written { deferred } if !deferred.is_empty() => {
+                        tracing::info!(jobs = deferred.len(), "results wait for a key another transaction holds");
+                        let writes = Writes { deadline: writer.writes.deadline * 30, ..writer.writes };
+                        let waiting = Writer { writes, ..writer.clone() };
+                        waiting_on_keys.spawn(write_waiting_on_keys(waiting, deferred, give_up.clone()));
+                    }
+                    Sent::Written { .. } => {}
+                    Sent::Abandoned => abandoning = true,
+                }
+            }
+            received = done.recv(), if receiving && !abandoning && pending.len() < batch => match received {
+                Some(first) => pending.push(first),
+                None => receiving = false,
+            },
+            () = tokio::time::sleep_until(overlap_wait.unwrap_or_else(Instant::now)), if overlap_wait.is_some() => {}
+        }
+    }
+}
+
+/// How long a write must have been out before another goes out beside it.
+/// A write usually takes a few milliseconds of the database's CPU; on a
+/// machine of two cores a second write at once only shares that CPU, and
+/// measured slower (BENCHMARKS.md, "Result writes in flight"). One out this
+/// long is waiting (for a lock, a lost reply, a stalled disk), and the
+/// results behind it need not.
+const OVERLAP_AFTER: Duration = Duration::from_millis(100);
+
+/// Takes from `pending` the results a new write may carry, at most `batch`,
+/// in arrival order: those whose key no write in flight carries, and only
+/// the first of each key.
+fn take_sendable(
+    pending: &mut Vec<Done>,
+    busy_keys: &HashMap<tokio::task::Id, Vec<String>>,
+    batch: usize,
+) -> Vec<Done> {
+    if busy_keys.is_empty() && pending.iter().all(|d| d.finish.concurrency_key.is_none()) {
+        let n = pending.len().min(batch);
+        return pending.drain(..n).collect();
+    }
+    let mut keys: HashSet<&str> = busy_keys.values().flatten().map(String::as_str).collect();
+    let mut take = vec![false; pending.len()];
+    let mut taken = 0;
+    for (i, done) in pending.iter().enumerate() {
+        if taken == batch {
+            break;
+        }
+        match done.finish.concurrency_key.as_deref() {
+            Some(key) if !keys.insert(key) => {}
+            _ => {
+                take[i] = true;
+                taken += 1;
+            }
+        }
+    }
+    let mut sendable = Vec::with_capacity(taken);
+    let mut kept = Vec::with_capacity(pending.len() - taken);
+    for (done, take) in pending.drain(..).zip(take) {
+        if take { sendable.push(done) } else { kept.push(done) }
+    }
+    *pending = kept;
+    sendable
+}
+
+/// How a write of a batch ended.
+enum Sent {
+    /// Written, but for the results whose key another transaction holds.
+    Written { deferred: Vec<Done> },
+    /// The host is giving up on its writes at shutdown: the jobs will be
+    /// redelivered once their leases expire.
+    Abandoned,
+}
+
+/// Writes one batch of results, leasing jobs into the fetch slots it frees,
+/// until it is written. A write that fails is sent again, never dropped: if
+/// the leases expire meanwhile, the write later finds them taken and changes
+/// nothing. A batch the database refuses is written one result at a time,
+/// and one that keeps failing while the database answers is split, so one
+/// unstorable result fails its own job and cannot hold back the others.
+async fn write_batch(writer: Writer, next: Arc<NextJobs>, mut pending: Vec<Done>, give_up: CancellationToken) -> Sent {
+    let Writer { store, leases, health, writes } = &writer;
+    // Sends of `pending` in a row that failed without a refusal.
+    let mut failed_sends = 0;
+    let mut deferred = Vec::new();
+    while !pending.is_empty() {
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let sent_at = Instant::now();
         // Dropped with the write if it is abandoned: what it may have leased
@@ -136,12 +267,10 @@ pub(super) async fn complete_loop(
                     write_us = sent_at.elapsed().as_micros() as u64,
                     "results written"
                 );
-                failed_sends = 0;
                 health.succeeded();
                 call.answered(&leased);
                 drop(call);
                 let mut slots: Vec<OwnedSemaphorePermit> = Vec::with_capacity(pending.len());
-                let mut deferred = Vec::new();
                 for (mut done, result) in pending.drain(..).zip(results) {
                     slots.extend(done.fetch_slot.take());
                     match result {
@@ -161,12 +290,6 @@ pub(super) async fn complete_loop(
                     let slot = slots.pop().expect("a fetch leases at most `limit` jobs");
                     let _ = next.handoff.send(Handoff { job, slot, sent_at });
                 }
-                if !deferred.is_empty() {
-                    tracing::info!(jobs = deferred.len(), "results wait for a key another transaction holds");
-                    let writes = Writes { batch, deadline: writes.deadline * 30 };
-                    let writer = Writer { writes, ..writer.clone() };
-                    waiting_on_keys.spawn(write_waiting_on_keys(writer, deferred, give_up.clone()));
-                }
                 continue;
             }
             Ok(Err(error)) if error.is_refusal() && !give_up.is_cancelled() => {
@@ -179,20 +302,19 @@ pub(super) async fn complete_loop(
         };
         if give_up.is_cancelled() {
             tracing::error!(%failure, jobs = pending.len(), "abandoning results at shutdown; the jobs will be redelivered");
-            return;
+            return Sent::Abandoned;
         }
         failed_sends += 1;
         health.failed();
         pending = writer.retry_or_split(pending, &failure, failed_sends).await;
-        if pending.is_empty() {
-            failed_sends = 0;
-        } else {
+        if !pending.is_empty() {
             tokio::select! {
                 () = tokio::time::sleep(retry_delay(failed_sends)) => {}
                 () = give_up.cancelled() => {}
             }
         }
     }
+    Sent::Written { deferred }
 }
 
 /// Writes results whose keys another transaction holds locked (an
@@ -416,4 +538,56 @@ fn log_duplicate(done: &Done) {
         job_id = done.finish.id,
         "result discarded: its lease is gone (the job was taken over, or an earlier send of this write committed)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(id: i64, key: Option<&str>) -> Done {
+        let finish = Finish {
+            id,
+            lease_token: 1,
+            attempt: 1,
+            outcome: FinishOutcome::Failed { error: String::new() },
+            log: serde_json::Value::Null,
+            progress: None,
+            concurrency_key: key.map(str::to_string),
+            batch_id: None,
+            traceparent: None,
+        };
+        Done { finish, fetch_slot: None }
+    }
+
+    fn ids(results: &[Done]) -> Vec<i64> {
+        results.iter().map(|d| d.finish.id).collect()
+    }
+
+    #[tokio::test]
+    async fn a_write_takes_no_key_another_write_carries_and_one_result_of_each_key() {
+        let mut writes = JoinSet::new();
+        let out = writes.spawn(async {});
+        let busy = HashMap::from([(out.id(), vec!["a".to_string()])]);
+        let mut pending =
+            vec![done(1, Some("a")), done(2, None), done(3, Some("b")), done(4, Some("b")), done(5, None)];
+        let sent = take_sendable(&mut pending, &busy, 10);
+        assert_eq!(ids(&sent), [2, 3, 5], "a's result waits for the write carrying a; b's second for the next write");
+        assert_eq!(ids(&pending), [1, 4], "what stays keeps its order");
+
+        let busy = HashMap::new();
+        let sent = take_sendable(&mut pending, &busy, 10);
+        assert_eq!(ids(&sent), [1, 4]);
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn a_write_carries_at_most_a_batch() {
+        let mut pending: Vec<Done> = (1..=5).map(|id| done(id, None)).collect();
+        let sent = take_sendable(&mut pending, &HashMap::new(), 2);
+        assert_eq!((ids(&sent), ids(&pending)), (vec![1, 2], vec![3, 4, 5]));
+        let mut pending: Vec<Done> =
+            (1..=5).map(|id| done(id, Some(if id % 2 == 0 { "even" } else { "odd" }))).collect();
+        let sent = take_sendable(&mut pending, &HashMap::new(), 1);
+        assert_eq!((ids(&sent), ids(&pending)), (vec![1], vec![2, 3, 4, 5]));
+    }
 }

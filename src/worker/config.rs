@@ -38,6 +38,9 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// The most runs written back in one completion transaction.
     pub completion_batch: usize,
+    /// The most result writes out at once, each on its own connection: the
+    /// results behind a write that is slow to answer go out beside it.
+    pub result_writes: usize,
 }
 
 impl Default for WorkerConfig {
@@ -52,6 +55,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(30),
             completion_batch: 500,
+            result_writes: 2,
         }
     }
 }
@@ -92,6 +96,9 @@ impl WorkerConfig {
         }
         if self.completion_batch == 0 {
             return fail("completion_batch", "must be at least 1");
+        }
+        if self.result_writes == 0 {
+            return fail("result_writes", "must be at least 1");
         }
         Ok(())
     }

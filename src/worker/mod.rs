@@ -172,6 +172,7 @@ impl Worker {
                     writes: complete::Writes {
                         batch: self.config.completion_batch,
                         deadline: self.config.write_deadline(),
+                        in_flight: self.config.result_writes,
                     },
                 },
                 done_rx,
