@@ -349,6 +349,32 @@ fn commands_on_a_missing_file_say_so_and_create_nothing() {
     assert!(dir.path().join("typo.db").exists(), "migrate creates the file");
 }
 
+/// A count of 0 where it would do nothing (a page of no jobs) or stall a
+/// host (no run slots, no result writes) is refused by its flag's name,
+/// before anything opens the database or starts.
+#[test]
+fn a_count_of_zero_is_refused_by_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+    for (args, flag) in [
+        (vec!["jobs", "--limit", "0"], "--limit"),
+        (vec!["jobs", "--limit=-3"], "--limit"),
+        (vec!["run", "--components", "components", "--concurrency", "0"], "--concurrency"),
+        (vec!["run", "--components", "components", "--result-writes", "0"], "--result-writes"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(&args)
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run jobhost");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let said = stderr(&output);
+        assert!(said.contains(flag) && said.contains("at least 1 (e.g. 10)"), "{args:?}: {said}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{args:?} created a file");
+    }
+}
+
 /// Runs the binary without a database, with a private component cache.
 fn offline(args: &[&str], cache: &tempfile::TempDir) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobhost"))
@@ -391,7 +417,7 @@ fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
 
     for (guest, payload, reason) in [
         ("trap", r#"{"message": "the disk is lava"}"#, "the disk is lava"),
-        ("spin", "{}", "timed out after 500 ms"),
+        ("spin", "{}", "timed out after 500 ms (ran "),
         ("hog", "{}", "exceeded its memory limit"),
         ("flaky", r#"{"fail_times": 1}"#, "retry: attempt 1 failed on purpose"),
     ] {
@@ -399,9 +425,16 @@ fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
         assert_eq!(run.status.code(), Some(1), "{guest}");
         assert!(stdout(&run).is_empty(), "{guest}: {}", stdout(&run));
         assert!(stderr(&run).contains(reason), "{guest}: {}", stderr(&run));
+        let ran = stderr(&run).lines().last().unwrap_or_default().to_string();
+        assert!(ran.matches(" after ").count() <= 1, "{guest}: says how long once: {ran}");
+        assert!(ran.contains(" ms"), "{guest}: in milliseconds: {ran}");
     }
     let not_json = offline(&["exec", &path("hello"), "--payload", "{"], &cache);
     assert_eq!(not_json.status.code(), Some(2));
+    let not_an_object = offline(&["exec", &path("hello"), "--payload", r#""Ada""#], &cache);
+    assert_eq!(not_an_object.status.code(), Some(2));
+    assert!(stderr(&not_an_object).contains("--payload must be a JSON object"), "{}", stderr(&not_an_object));
+    assert!(stderr(&not_an_object).contains("got a string"), "{}", stderr(&not_an_object));
 }
 
 async fn concurrency_lists_keys_and_a_raise_refusal_exits_with_code_3(db: TestDb) {

@@ -65,6 +65,11 @@ async fn output_of(db: &TestDb, id: i64) -> Value {
 async fn two_hosts_without_a_shared_directory_serve_what_is_deployed(db: TestDb) {
     let _fleet = ONE_FLEET.lock().await;
     let (cache_a, cache_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Nothing deployed and no host yet: the listing says so, and how to change that.
+    let empty = jobhost(&db, &["components"]);
+    assert!(empty.status.success() && empty.stdout.is_empty());
+    let said = String::from_utf8_lossy(&empty.stderr);
+    assert!(said.contains("no components: nothing is deployed (jobhost deploy FILE.wasm)"), "{said}");
     let mut a = deployed_host(&db, cache_a.path());
     let mut b = deployed_host(&db, cache_b.path());
     let said = deploy(&db, "hello");

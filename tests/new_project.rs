@@ -9,11 +9,13 @@ fn jobhost(args: &[&str], dir: &Path) -> std::process::Output {
 }
 
 /// Writes a project in `lang`, builds it with its own script, runs it once.
-fn a_new_project_builds_and_runs(lang: &str) {
+fn a_new_project_builds_and_runs(lang: &str, language: &str) {
     let work = tempfile::tempdir().unwrap();
     let name = format!("greet-{lang}");
     let wrote = jobhost(&["new", &name, "--lang", lang], work.path());
     assert!(wrote.status.success(), "{}", String::from_utf8_lossy(&wrote.stderr));
+    let said = String::from_utf8_lossy(&wrote.stdout);
+    assert!(said.contains(&format!("({language}): cd ")), "names the language: {said}");
     let project = work.path().join(&name);
     // A shared target directory, so the Rust dependencies build once. Built
     // as a user builds it: without the lints CI compiles this workspace with.
@@ -52,17 +54,17 @@ fn a_new_project_builds_and_runs(lang: &str) {
 
 #[test]
 fn a_new_rust_project_builds_and_runs() {
-    a_new_project_builds_and_runs("rust");
+    a_new_project_builds_and_runs("rust", "Rust");
 }
 
 #[test]
 fn a_new_python_project_builds_and_runs() {
-    a_new_project_builds_and_runs("python");
+    a_new_project_builds_and_runs("python", "Python");
 }
 
 #[test]
 fn a_new_javascript_project_builds_and_runs() {
-    a_new_project_builds_and_runs("js");
+    a_new_project_builds_and_runs("js", "JavaScript");
 }
 
 #[test]

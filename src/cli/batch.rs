@@ -296,8 +296,12 @@ async fn show(id: i64, json: bool, db: &DbArgs) -> ExitCode {
 /// A batch in full, for a terminal.
 fn details(batch: &Batch) -> String {
     let c = &batch.counts;
-    let label = batch.label.as_deref().map(|l| format!(" {l:?}")).unwrap_or_default();
-    let mut text = format!("batch {}{label}: {}\n", batch.id, batch.state.as_str());
+    // The label takes what is left of 80 columns, clipped with an ellipsis.
+    let head = format!("batch {}", batch.id);
+    let state = batch.state.as_str();
+    let room = 80usize.saturating_sub(head.chars().count() + state.chars().count() + 5);
+    let label = batch.label.as_deref().map(|l| format!(" {:?}", crate::text::clip(l, room))).unwrap_or_default();
+    let mut text = format!("{head}{label}: {state}\n");
     text += &format!("  {} {}  {} of {} ended\n", bar(batch.progress, 40), percent(batch.progress), c.ended(), c.total);
     text += &format!(
         "  pending {}  running {}  completed {}  failed {}  discarded {}  cancelled {}\n",
@@ -308,7 +312,12 @@ fn details(batch: &Batch) -> String {
             (Some(id), _) => format!("enqueued as job {id}"),
             (None, Some(error)) => format!("refused: {error}"),
             (None, None) if batch.finished_at.is_some() => "not due".to_string(),
-            (None, None) => "when it finishes".to_string(),
+            (None, None) => match kind {
+                "on_success" => "if it finishes with no member failed or discarded",
+                "on_failure" => "if it finishes with a member failed or discarded",
+                _ => "when it finishes",
+            }
+            .to_string(),
         };
         text += &format!("  {kind} {job}: {fate}\n");
     }
@@ -354,6 +363,27 @@ mod tests {
             closed_at: None,
             finished_at: None,
         }
+    }
+
+    #[test]
+    fn details_fit_80_columns_and_say_which_callbacks_are_conditional() {
+        let mut long = batch("a nightly import of every account we have, and then some more of them", 0.57);
+        long.callbacks = Callbacks {
+            on_finish: Some("report".into()),
+            on_success: Some("celebrate".into()),
+            on_failure: Some("page_someone".into()),
+        };
+        let text = details(&long);
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "{} columns: {line}", line.chars().count());
+        }
+        assert!(text.starts_with("batch 1234567 \"a nightly import of every account we have"), "{text}");
+        assert!(text.lines().next().unwrap().ends_with("…\": closed"), "{text}");
+        assert!(text.contains("on_finish report: when it finishes\n"), "{text}");
+        assert!(text.contains("on_success celebrate: if it finishes with no member failed or discarded\n"), "{text}");
+        assert!(text.contains("on_failure page_someone: if it finishes with a member failed or discarded\n"), "{text}");
+        let short = details(&batch("nightly", 0.5));
+        assert!(short.starts_with("batch 1234567 \"nightly\": closed\n"), "{short}");
     }
 
     #[test]

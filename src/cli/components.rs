@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
@@ -53,8 +52,16 @@ pub struct ExecArgs {
 
 pub async fn exec(args: ExecArgs) -> ExitCode {
     let ExecArgs { file, payload, attempt, json, runtime } = args;
-    if let Err(error) = serde_json::from_str::<serde_json::Value>(&payload) {
-        return fail(format!("--payload is not valid JSON: {error}"));
+    // Refused as an enqueue would refuse it, so `exec` runs only what a worker could.
+    match serde_json::from_str::<serde_json::Value>(&payload) {
+        Err(error) => return fail(format!("--payload is not valid JSON: {error}")),
+        Ok(serde_json::Value::Object(_)) => {}
+        Ok(other) => {
+            let kind = crate::store::enqueue::json_kind(&other);
+            return fail(format!(
+                "--payload must be a JSON object, as every job's payload is (e.g. '{{\"name\": \"Ada\"}}'), got {kind}"
+            ));
+        }
     }
     let runtime = match start_runtime(&runtime) {
         Ok(runtime) => runtime,
@@ -95,7 +102,11 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
 /// The job's output goes to stdout (nothing else does, so it can be piped);
 /// how the run went, its log lines and the guest's own output go to stderr.
 fn print_report(report: &RunReport) {
-    let took = Duration::from_micros(report.elapsed_us);
+    // Whole milliseconds (two decimals under 10 ms): the run's own time.
+    let took = match report.elapsed_us {
+        us if us < 10_000 => format!("{:.2} ms", us as f64 / 1000.0),
+        us => format!("{} ms", us / 1000),
+    };
     let effects = &report.effects;
     for line in &effects.logs {
         eprintln!("log [{}] {}", line.level, line.message);
@@ -127,18 +138,18 @@ fn print_report(report: &RunReport) {
     }
     match &report.outcome {
         RunOutcome::Completed { output } => {
-            eprintln!("completed in {took:?}");
+            eprintln!("completed in {took}");
             if let Some(output) = output {
                 println!("{output}");
             }
         }
-        RunOutcome::Retry { reason } => eprintln!("job error after {took:?}: retry: {reason}"),
-        RunOutcome::Failed { reason } => eprintln!("job error after {took:?}: fail: {reason}"),
-        RunOutcome::Snooze { seconds } => eprintln!("job asked to snooze {seconds} s after {took:?}"),
+        RunOutcome::Retry { reason } => eprintln!("job error after {took}: retry: {reason}"),
+        RunOutcome::Failed { reason } => eprintln!("job error after {took}: fail: {reason}"),
+        RunOutcome::Snooze { seconds } => eprintln!("job asked to snooze {seconds} s after {took}"),
         RunOutcome::Throttled { retry_after_ms } => {
-            eprintln!("job was throttled after {took:?}: its key waits {retry_after_ms} ms")
+            eprintln!("job was throttled after {took}: its key waits {retry_after_ms} ms")
         }
-        RunOutcome::Crashed { crash } => eprintln!("job {crash} after {took:?}"),
+        RunOutcome::Crashed { crash } => eprintln!("job {crash} (ran {took})"),
     }
 }
 

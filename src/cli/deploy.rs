@@ -180,7 +180,14 @@ pub async fn components(args: ComponentsArgs) -> ExitCode {
         Ok(read) => read,
         Err(error) => return fail(error),
     };
-    for versions in versions_by_type(deployed, &hosts) {
+    let versions = versions_by_type(deployed, &hosts);
+    if versions.is_empty() && !args.json {
+        eprintln!(
+            "no components: nothing is deployed (jobhost deploy FILE.wasm) and no live host serves one \
+             (jobhost run --components DIR)"
+        );
+    }
+    for versions in versions {
         if args.json {
             println!("{}", serde_json::to_string(&versions).unwrap_or_default());
         } else {

@@ -136,7 +136,7 @@ pub fn new(args: NewArgs) -> ExitCode {
             return fail(format!("cannot write {}: {error}", dir.join(path).display()));
         }
     }
-    println!("wrote {} ({:?}): cd {} && ./build.sh", dir.display(), args.lang, dir.display());
+    println!("wrote {} ({}): cd {} && ./build.sh", dir.display(), args.lang.name(), dir.display());
     ExitCode::SUCCESS
 }
 

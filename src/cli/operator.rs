@@ -237,7 +237,7 @@ pub struct JobsArgs {
     #[arg(long)]
     batch: Option<i64>,
     /// At most this many.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = super::at_least_one::<i64>)]
     limit: i64,
     /// One JSON object per job, per line.
     #[arg(long)]

@@ -246,7 +246,8 @@ pub fn job_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// The configurations `names` asks for, as `enqueue` reads them.
 pub type Configs = HashMap<String, JobConfig>;
 
-fn json_kind(value: &serde_json::Value) -> &'static str {
+/// What a JSON value is, for an error: `a string`, `an array`, ...
+pub fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",
