@@ -39,6 +39,10 @@ async fn enqueue_prints_ids_and_refuses_bad_input_with_exit_code_2(db: TestDb) {
         (vec!["enqueue", "mail", "--payload", "{oops"], "--payload is not valid JSON"),
         (vec!["enqueue", "nope", "--payload", "{}"], "unknown job type \"nope\""),
         (vec!["enqueue", "mail", "--payload", "[1, 2]"], "must be a JSON object"),
+        // As the HTTP API refuses it, on both backends (SQLite stored 1970).
+        (vec!["enqueue", "mail", "--payload", "{}", "--delay", "200y"], "delay must be at most 100 years"),
+        (vec!["enqueue", "mail", "--payload", "{}", "--delay", "500000y"], "delay must be at most 100 years"),
+        (vec!["enqueue", "mail", "--payload", "{}", "--at", "2300-01-01T00:00:00Z"], "within 100 years"),
     ] {
         let refused = jobhost(&db, &args);
         assert_eq!(refused.status.code(), Some(2), "{args:?}");

@@ -213,14 +213,11 @@ fn trace_of(headers: &HeaderMap) -> Option<String> {
     crate::telemetry::context::canonical(header).ok()
 }
 
-/// The longest delay an enqueue takes: further is a mistake, not a plan.
-const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
-
 /// A delay as milliseconds, from a duration like `30s`.
 fn delay_of(text: &str) -> Result<u64, ApiError> {
     let delay = humantime::parse_duration(text)
         .map_err(|e| ApiError::bad_request(format!("delay must be a duration like 30s or 5m: {e}")))?;
-    if delay > MAX_DELAY {
+    if delay > crate::store::enqueue::MAX_DELAY {
         return Err(ApiError::bad_request(format!("delay must be at most 100 years, got {text:?}")));
     }
     Ok(delay.as_millis() as u64)

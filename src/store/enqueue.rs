@@ -144,6 +144,7 @@ pub fn prepare(params: EnqueueParams, config: &JobConfig, limits: &EnqueueLimits
         None => None,
         Some(text) => Some(crate::telemetry::context::canonical(text).map_err(Error::InvalidEnqueue)?),
     };
+    check_due(params.delay_ms, params.run_at)?;
     let delay_ms =
         i64::try_from(params.delay_ms.unwrap_or(0)).map_err(|_| Error::InvalidEnqueue("delay is too long".into()))?;
     let concurrency_key = match &config.concurrency {
@@ -246,6 +247,29 @@ pub fn job_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// The configurations `names` asks for, as `enqueue` reads them.
 pub type Configs = HashMap<String, JobConfig>;
 
+/// The furthest ahead an enqueue may schedule a job, as a delay or a time:
+/// further is a mistake, not a plan (and past what every backend's
+/// timestamps can hold). The same for every path a job comes in by.
+pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
+/// Refuses a delay or a time to run at beyond [`MAX_DELAY`].
+fn check_due(delay_ms: Option<u64>, run_at: Option<DateTime<Utc>>) -> Result<()> {
+    if let Some(delay_ms) = delay_ms.filter(|ms| u128::from(*ms) > MAX_DELAY.as_millis()) {
+        let delay = humantime::format_duration(std::time::Duration::from_millis(delay_ms));
+        return Err(Error::InvalidEnqueue(format!(
+            "delay must be at most 100 years (e.g. 30s, 5m, 2days), got {delay}"
+        )));
+    }
+    let latest = Utc::now() + chrono::Duration::from_std(MAX_DELAY).unwrap_or(chrono::TimeDelta::MAX);
+    if let Some(at) = run_at.filter(|at| *at > latest) {
+        return Err(Error::InvalidEnqueue(format!(
+            "the time to run at must be within 100 years, got {}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )));
+    }
+    Ok(())
+}
+
 /// What a JSON value is, for an error: `a string`, `an array`, ...
 pub fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
@@ -319,5 +343,25 @@ mod prepare_tests {
             ..EnqueueParams::new("mail", json!({"account": 1}))
         };
         assert!(prepare(both, &config(), &EnqueueLimits::default()).is_err());
+    }
+
+    #[test]
+    fn refuses_a_due_time_beyond_a_hundred_years_on_every_path() {
+        let job = |delay_ms: Option<u64>, run_at: Option<DateTime<Utc>>| EnqueueParams {
+            delay_ms,
+            run_at,
+            ..EnqueueParams::new("mail", json!({"account": 1}))
+        };
+        let year_ms = 365 * 86_400_000u64;
+        let prepared = prepare(job(Some(99 * year_ms), None), &config(), &EnqueueLimits::default()).unwrap();
+        assert_eq!(prepared.delay_ms, 99 * year_ms as i64);
+        for far in [101 * year_ms, 500_000 * year_ms, u64::MAX] {
+            let error = prepare(job(Some(far), None), &config(), &EnqueueLimits::default()).unwrap_err();
+            assert!(error.to_string().contains("delay must be at most 100 years (e.g. 30s"), "{error}");
+        }
+        let later = Utc::now() + chrono::Duration::days(200 * 365);
+        let error = prepare(job(None, Some(later)), &config(), &EnqueueLimits::default()).unwrap_err();
+        assert!(error.to_string().contains("the time to run at must be within 100 years"), "{error}");
+        assert!(prepare(job(None, Some(Utc::now())), &config(), &EnqueueLimits::default()).is_ok());
     }
 }
