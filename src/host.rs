@@ -94,6 +94,10 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
     if config.components.is_none() && !config.deployed {
         return Err(HostError::NothingToServe);
     }
+    // Every setting is checked before anything starts: a bad one is told
+    // at once, not after the components load or the database answers.
+    config.worker.validate()?;
+    config.maintenance.validate()?;
     if let Some(http) = &config.http {
         http.validate()?;
     }

@@ -379,6 +379,38 @@ fn a_count_of_zero_is_refused_by_its_flag() {
     }
 }
 
+/// A host's setting that cannot work is named by its flag, with what to
+/// give instead, before anything starts (no database file is made).
+#[test]
+fn a_setting_that_cannot_work_names_its_flag_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+    let components = tempfile::tempdir().unwrap();
+    for (flags, said) in [
+        (vec!["--poll", "0s"], "--poll must be positive (e.g. --poll 1s)"),
+        (vec!["--heartbeat", "0s"], "--heartbeat must be positive"),
+        (vec!["--lease", "1s"], "--lease must be at least twice --heartbeat"),
+        (vec!["--maintenance-interval", "0s"], "--maintenance-interval must be positive"),
+        (vec!["--prefetch-wait", "0s"], "--prefetch-wait must be positive"),
+        (vec!["--max-output", "32MiB"], "--run-budget (default 16MiB) must be at least --max-output"),
+        (vec!["--queues", "Not A Queue"], "--queues: \"Not A Queue\" is not a queue name"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(["run", "--components"])
+            .arg(components.path())
+            .args(&flags)
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run jobhost");
+        assert_eq!(output.status.code(), Some(2), "{flags:?}");
+        let text = stderr(&output);
+        assert!(text.contains(said), "{flags:?}: {text}");
+        assert!(!text.contains("invalid setting"), "{flags:?} names an internal field: {text}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{flags:?} made a database file");
+    }
+}
+
 /// Runs the binary without a database, with a private component cache.
 fn offline(args: &[&str], cache: &tempfile::TempDir) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobhost"))

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{DbArgs, RuntimeArgs, fail};
 use crate::background::maintenance::MaintenanceConfig;
+use crate::config::ConfigError;
 use crate::worker::WorkerConfig;
 
 #[derive(Debug, Args)]
@@ -134,8 +135,36 @@ pub async fn run(args: RunArgs) -> ExitCode {
     super::signals::stop_on_signals(shutdown.clone());
     match crate::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(crate::host::HostError::Config(error))
+        | Err(crate::host::HostError::Runtime(crate::component::RuntimeError::Config(error))) => fail(in_flags(&error)),
         Err(error) => fail(error),
     }
+}
+
+/// A setting that cannot work, said in the terms of the flag that sets it,
+/// with what to give instead.
+fn in_flags(error: &ConfigError) -> String {
+    let fix = match error.field {
+        "concurrency" | "max_concurrent_runs" => "--concurrency must be between 1 and 10000",
+        "queues" => return format!("--queues: {} (e.g. --queues default,mail)", error.reason),
+        "heartbeat_interval" => "--heartbeat must be positive (e.g. --heartbeat 5s)",
+        "poll_interval" => "--poll must be positive (e.g. --poll 1s)",
+        "default_lease" => "--lease must be at least twice --heartbeat (e.g. --lease 30s with --heartbeat 5s)",
+        "prefetch_wait" => "--prefetch-wait must be positive (e.g. --prefetch-wait 1s)",
+        "result_writes" => "--result-writes must be at least 1",
+        "interval" => "--maintenance-interval must be positive (e.g. --maintenance-interval 1s)",
+        "max_output_bytes" => "--max-output must be positive (e.g. --max-output 1MiB)",
+        "run_budget_bytes" => {
+            "--run-budget (default 16MiB) must be at least --max-output: raise --run-budget with it \
+             (e.g. --max-output 32MiB --run-budget 64MiB)"
+        }
+        "max_memory_limit_bytes" => "--max-memory must be between 1MiB and 4GiB",
+        "memory_reservation_bytes" => "--memory-reservation must be at least --max-memory (default 1GiB)",
+        "default_memory_limit_bytes" => "--default-memory must be at most --max-memory (default 1GiB)",
+        "default_timeout" => "--default-timeout must be positive (e.g. --default-timeout 5m)",
+        _ => return error.to_string(),
+    };
+    fix.to_string()
 }
 
 /// Where spans go: `--otlp-endpoint` (or `OTEL_EXPORTER_OTLP_ENDPOINT`), or

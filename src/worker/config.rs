@@ -83,8 +83,11 @@ impl WorkerConfig {
         if let Some(bad) = self.queues.iter().find(|q| crate::types::check_name(q).is_err()) {
             return Err(ConfigError { field: "queues", reason: format!("{bad:?} is not a queue name") });
         }
-        if self.heartbeat_interval.is_zero() || self.poll_interval.is_zero() {
-            return fail("heartbeat_interval", "intervals must be positive");
+        if self.heartbeat_interval.is_zero() {
+            return fail("heartbeat_interval", "must be positive");
+        }
+        if self.poll_interval.is_zero() {
+            return fail("poll_interval", "must be positive");
         }
         // A lease shorter than two heartbeats expires under a healthy host
         // after one late renewal (guarantee 6).
