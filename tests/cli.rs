@@ -379,6 +379,35 @@ fn a_count_of_zero_is_refused_by_its_flag() {
     }
 }
 
+/// A time or a duration that does not parse is refused with the form
+/// expected and an example, not the parser's own words.
+#[test]
+fn a_bad_time_or_duration_shows_the_form_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+    let components = tempfile::tempdir().unwrap();
+    let components = components.path().to_str().unwrap();
+    let duration = "give one such as 30s, 5m, 2h or 7days";
+    for (args, said) in [
+        (vec!["enqueue", "hello", "--at", "2026-12-24T18:00:00"], "such as 2026-12-24T18:00:00Z"),
+        (vec!["enqueue", "hello", "--at", "tomorrow"], "give an RFC 3339 time with its zone"),
+        (vec!["enqueue", "hello", "--delay", "-5s"], "must not be negative: give a duration such as 30s"),
+        (vec!["enqueue", "hello", "--delay", "soon"], duration),
+        (vec!["run", "--components", components, "--retention", "forever"], duration),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(&args)
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run jobhost");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let text = stderr(&output);
+        assert!(text.contains(said), "{args:?}: {text}");
+        assert!(!text.contains("expected number at") && !text.contains("unexpected argument"), "{args:?}: {text}");
+    }
+}
+
 /// A host's setting that cannot work is named by its flag, with what to
 /// give instead, before anything starts (no database file is made).
 #[test]

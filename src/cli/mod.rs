@@ -291,7 +291,7 @@ struct RuntimeArgs {
     #[arg(long, value_parser = parse_bytes)]
     default_memory: Option<u64>,
     /// Timeout of a run whose component declares none (e.g. 5m).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     default_timeout: Option<Duration>,
     /// The largest memory cap a component may declare (e.g. 256MiB); every
     /// slot of the instance pool is sized to it [default: 1GiB].
@@ -353,6 +353,28 @@ impl RuntimeArgs {
         }
         config
     }
+}
+
+/// Parses a duration (`30s`, `5m`, `2h 30m`, `7days`), saying the expected
+/// form when it is not one: humantime's own errors ("expected number at
+/// 0") do not.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim_start().starts_with('-') {
+        return Err("must not be negative: give a duration such as 30s, 5m, 2h or 7days".to_string());
+    }
+    const FORM: &str = "give one such as 30s, 5m, 2h or 7days";
+    humantime::parse_duration(text).map_err(|error| match error {
+        // Names the units it knows; the other errors only point at a character.
+        humantime::DurationError::UnknownUnit { .. } => format!("{error}: {FORM}"),
+        _ => format!("not a duration: {FORM}"),
+    })
+}
+
+/// Parses a time for `--at`: RFC 3339 with its zone, saying so when it is not.
+fn parse_time(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text.trim()).map(|t| t.with_timezone(&chrono::Utc)).map_err(|e| {
+        format!("not a time ({e}): give an RFC 3339 time with its zone, such as 2026-12-24T18:00:00Z or 2026-12-24T19:00:00+01:00")
+    })
 }
 
 /// Parses a count that must be at least 1: a flag where 0 would do

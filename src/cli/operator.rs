@@ -60,10 +60,10 @@ pub struct EnqueueArgs {
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i16>,
     /// Run no earlier than this long from now (e.g. 30s, 5m).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "at")]
+    #[arg(long, value_parser = super::parse_duration, conflicts_with = "at", allow_hyphen_values = true)]
     delay: Option<Duration>,
-    /// Run no earlier than this time (RFC 3339).
-    #[arg(long)]
+    /// Run no earlier than this time (RFC 3339 with its zone, e.g. 2026-12-24T18:00:00Z).
+    #[arg(long, value_parser = super::parse_time)]
     at: Option<DateTime<Utc>>,
     /// Add the job to this open batch as a member.
     #[arg(long)]
@@ -90,7 +90,7 @@ pub struct WaitArgs {
     #[arg(long)]
     wait: bool,
     /// How long --wait waits (e.g. 30s, 10m).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s", requires = "wait")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "30s", requires = "wait")]
     timeout: Duration,
 }
 

@@ -34,7 +34,7 @@ pub struct RunArgs {
     prefetch: Option<usize>,
     /// How long a job leased ahead may wait for a run slot before it is
     /// handed back; fewer are leased ahead while runs are long.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
     prefetch_wait: Duration,
     /// The most result writes out at once, each on its own connection:
     /// results behind a write out for 100 ms (waiting on a lock, a lost
@@ -45,26 +45,26 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "default")]
     queues: Vec<String>,
     /// How often leases are renewed.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "5s")]
     heartbeat: Duration,
     /// Lease of a job whose type declares no concurrency duration.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "30s")]
     lease: Duration,
     /// At shutdown, how long running jobs may take before they are handed back.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "30s")]
     grace: Duration,
     /// How long an idle host waits for a notification before polling.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
     poll: Duration,
     /// Time between maintenance passes (due jobs, expired leases, retention).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
     maintenance_interval: Duration,
     /// How long finished jobs stay in the archive.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "7days")]
     retention: Duration,
     /// How long the fleet's history (per-minute counts, run times and
     /// queue depth, charted on the dashboard) is kept.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "7days")]
+    #[arg(long, value_parser = super::parse_duration, default_value = "7days")]
     history_retention: Duration,
     /// Do not apply migrations at start.
     #[arg(long)]
