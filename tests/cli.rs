@@ -379,6 +379,54 @@ fn a_count_of_zero_is_refused_by_its_flag() {
     }
 }
 
+/// A database without jobhost's schema is named with the command that
+/// makes it, and nothing is left half made: an enqueue into a new embedded
+/// file creates and migrates it, as a host would; an empty file, or an empty
+/// PostgreSQL database, is refused by every command but `migrate` and `run`.
+#[tokio::test]
+async fn a_database_without_the_schema_is_named_with_the_command_that_makes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |url: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
+        command.args(args).current_dir(dir.path()).env_remove("DATABASE_URL").env("RUST_LOG", "error");
+        if let Some(url) = url {
+            command.env("DATABASE_URL", url);
+        }
+        command.output().expect("run jobhost")
+    };
+    let enqueued = run(None, &["enqueue", "hello", "--payload", "{}"]);
+    assert_eq!(enqueued.status.code(), Some(2));
+    assert!(stderr(&enqueued).contains("unknown job type \"hello\""), "{}", stderr(&enqueued));
+    for args in [&["jobs"][..], &["stats"], &["concurrency"]] {
+        let read = run(None, args);
+        assert!(read.status.success(), "{args:?} on the file enqueue made: {}", stderr(&read));
+    }
+
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let sqlite = format!("sqlite://{}", empty.display());
+    let admin = sqlx::PgPool::connect(&format!("{}/postgres", common::db::server_url())).await.unwrap();
+    let name = format!("jobhost_unmigrated_{}", std::process::id());
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&admin).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await.unwrap();
+    let postgres = format!("{}/{name}", common::db::server_url());
+    for url in [sqlite.as_str(), postgres.as_str()] {
+        let mut commands = vec![&["jobs"][..], &["stats"], &["components"]];
+        if url.starts_with("postgres") {
+            commands.push(&["enqueue", "hello", "--payload", "{}"]);
+        }
+        for args in commands {
+            let refused = run(Some(url), args);
+            assert_eq!(refused.status.code(), Some(2), "{url} {args:?}");
+            let said = stderr(&refused);
+            assert!(said.contains("has no jobhost schema yet: run `jobhost migrate` first"), "{url} {args:?}: {said}");
+        }
+        assert!(run(Some(url), &["migrate"]).status.success(), "{url}");
+        assert!(run(Some(url), &["jobs"]).status.success(), "{url}: usable once migrated");
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&admin).await.unwrap();
+}
+
 /// A time or a duration that does not parse is refused with the form
 /// expected and an example, not the parser's own words.
 #[test]

@@ -18,19 +18,44 @@ use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, Schedul
 /// Payload lines inserted per transaction by `enqueue --file`.
 const BULK_CHUNK: usize = 5_000;
 
-/// Opens the database for `migrate` and `enqueue`, creating an embedded file.
+/// Opens the database for commands that add work (`enqueue`, `batch
+/// create`, `workflow create`): an embedded file is created and migrated, as
+/// a host would, so none is left half made; a server's database must have
+/// been migrated (`jobhost migrate`), which these commands do not do to it.
 pub(super) async fn open(db: &DbArgs) -> Result<Store, ExitCode> {
-    crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)
+    let store = crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)?;
+    match store.schema_present().await {
+        Ok(true) => Ok(store),
+        Ok(false) if db.database_url.starts_with("sqlite:") => match store.schema_migrate().await {
+            Ok(()) => Ok(store),
+            Err(error) => Err(fail(error)),
+        },
+        Ok(false) => Err(no_schema(&store)),
+        Err(error) => Err(fail(error)),
+    }
 }
 
-/// Opens the database for commands that read or change jobs already there:
-/// a mistyped file name is reported, not created.
+/// Opens the database for commands that read or change what is there
+/// already: a mistyped file name is reported, not created, and a database
+/// without jobhost's schema is named with the command that makes it.
 pub(super) async fn open_existing(db: &DbArgs) -> Result<Store, ExitCode> {
-    crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)
+    let store = crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)?;
+    match store.schema_present().await {
+        Ok(true) => Ok(store),
+        Ok(false) => Err(no_schema(&store)),
+        Err(error) => Err(fail(error)),
+    }
+}
+
+fn no_schema(store: &Store) -> ExitCode {
+    fail(format!(
+        "{} has no jobhost schema yet: run `jobhost migrate` first (a host started with `jobhost run` migrates too)",
+        store.location()
+    ))
 }
 
 pub async fn migrate(db: &DbArgs) -> ExitCode {
-    let store = match open(db).await {
+    let store = match crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail) {
         Ok(store) => store,
         Err(code) => return code,
     };

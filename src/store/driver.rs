@@ -29,6 +29,9 @@ pub trait SchemaDriver: Send + Sync {
 
     /// [`Store::database_ping`](super::Store::database_ping) on this backend.
     async fn database_ping(&self) -> Result<()>;
+
+    /// [`Store::schema_present`](super::Store::schema_present) on this backend.
+    async fn schema_present(&self) -> Result<bool>;
 }
 
 /// Components deployed through the database, and their history.

@@ -51,6 +51,13 @@ impl Store {
         self.driver.location()
     }
 
+    /// Whether the database holds jobhost's schema (any migration applied):
+    /// commands other than `run` and `migrate` say to migrate instead of
+    /// failing on a missing table.
+    pub async fn schema_present(&self) -> Result<bool> {
+        self.driver.schema_present().await
+    }
+
     /// Changes what the fleet serves for `job_type` from the database, in
     /// one transaction holding the type's lock: stores a deployed
     /// component's bytes (once per digest), appends the history entry the

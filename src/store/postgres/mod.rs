@@ -313,6 +313,11 @@ impl SchemaDriver for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+
+    async fn schema_present(&self) -> Result<bool> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(!applied_migrations(&mut conn).await?.is_empty())
+    }
 }
 
 /// Commits `tx` when `work` succeeded; otherwise rolls it back before

@@ -280,4 +280,8 @@ impl SchemaDriver for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+
+    async fn schema_present(&self) -> Result<bool> {
+        Ok(!applied_migrations(&self.reader).await?.is_empty())
+    }
 }
