@@ -271,6 +271,7 @@ async fn a_directory_missing_when_watching_starts_is_reported_and_loaded_once_it
     let task = tokio::spawn(watcher.run(shutdown.clone()));
     let error = reported_down(&registry).await;
     assert!(!task.is_finished(), "the watcher keeps running without its directory ({error})");
+    assert_eq!(error, "the components directory was removed or moved", "the documented sentence");
 
     std::fs::create_dir(&dir).unwrap();
     std::fs::copy(guest("hello"), dir.join("hello.wasm")).unwrap();

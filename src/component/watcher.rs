@@ -75,7 +75,7 @@ pub enum WatchError {
     #[error("cannot watch the components directory: {0}")]
     Notify(#[from] notify::Error),
     /// The directory could not be listed.
-    #[error("cannot list the components directory: {0}")]
+    #[error("{}", list_reason(.0))]
     List(#[from] std::io::Error),
 }
 
@@ -294,7 +294,7 @@ impl DirectoryWatcher {
                 Some(watcher)
             }
             Err(error) => {
-                let reason = format!("cannot watch the components directory: {error}");
+                let reason = unwatched_reason(&error);
                 if self.registry.watcher_error().as_ref() != Some(&reason) {
                     tracing::error!(
                         dir = %self.config.dir.display(),
@@ -388,6 +388,34 @@ fn list_components(dir: &Path) -> std::io::Result<Listing> {
     }
     listing.components.sort();
     Ok(listing)
+}
+
+/// Why the directory cannot be listed: the sentence `jobhost stats` shows
+/// for a directory that is gone, as for one that cannot be watched.
+fn list_reason(error: &std::io::Error) -> String {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        return "the components directory was removed or moved".to_string();
+    }
+    format!("cannot list the components directory: {error}")
+}
+
+/// Why the directory cannot be watched, in a sentence for the host's row
+/// and `jobhost stats` (notify's own text ends in a debug list of paths).
+fn unwatched_reason(error: &notify::Error) -> String {
+    match &error.kind {
+        notify::ErrorKind::PathNotFound => "the components directory was removed or moved".to_string(),
+        notify::ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+            "the components directory was removed or moved".to_string()
+        }
+        notify::ErrorKind::MaxFilesWatch => {
+            "cannot watch the components directory: the system's limit of watches is reached \
+             (raise fs.inotify.max_user_watches or max_user_instances)"
+                .to_string()
+        }
+        notify::ErrorKind::Io(io) => format!("cannot watch the components directory: {io}"),
+        notify::ErrorKind::Generic(text) => format!("cannot watch the components directory: {text}"),
+        other => format!("cannot watch the components directory: {other:?}"),
+    }
 }
 
 #[cfg(test)]
