@@ -932,3 +932,24 @@ async fn a_result_write_waiting_for_a_lock_holds_back_no_other_result() {
     eventually(WITHIN, || async { db.state_of(held).await == JobState::Completed }).await;
     host.stop().await;
 }
+
+/// A database's error reads as the server's message, not sqlx's
+/// " at line N" (a line of PostgreSQL's C source), nor the failing row.
+#[tokio::test]
+async fn a_database_error_reads_as_the_servers_message() {
+    let db = TestDb::postgres().await;
+    let error = sqlx::query("SELECT 1 / 0").execute(db.pool()).await.unwrap_err();
+    let error = jobhost::store::Error::from(error).to_string();
+    assert_eq!(error, "database error: division by zero");
+    let error = sqlx::query("INSERT INTO jobhost.job_traces (job_id, traceparent) VALUES (1, 'x')")
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+    let error = jobhost::store::Error::from(error).to_string();
+    assert!(
+        error.starts_with("database error: new row for relation \"job_traces\" violates check constraint"),
+        "{error}"
+    );
+    assert!(!error.contains("Failing row contains"), "no row, which may hold a payload, in the text: {error}");
+    assert!(!error.contains(" at line "), "{error}");
+}

@@ -72,7 +72,7 @@ pub use workflow::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The database could not be reached or answered with an error.
-    #[error("database error: {0}")]
+    #[error("database error: {}", database_text(.0))]
     Database(#[from] sqlx::Error),
     /// Migrations could not be applied.
     #[error("cannot apply migrations: {0}")]
@@ -407,6 +407,20 @@ async fn open_as(url: &str, max_connections: u32, limits: EnqueueLimits, create:
         return Ok(Store::new(store.with_limits(limits)));
     }
     Err(Error::UnsupportedUrl(url.to_string()))
+}
+
+/// A database error's text: the server's message, with its hint when it
+/// gave one, and without sqlx's " at line N" (a line of PostgreSQL's own C
+/// source, noise to anyone reading the error). Not the detail: for a
+/// constraint it holds the whole failing row, a payload included, which
+/// has no place in a host's log.
+fn database_text(error: &sqlx::Error) -> String {
+    let sqlx::Error::Database(db) = error else { return error.to_string() };
+    let mut text = db.message().to_string();
+    if let Some(hint) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().and_then(|pg| pg.hint()) {
+        text += &format!("; hint: {hint}");
+    }
+    text
 }
 
 /// Shorthand for store results.
