@@ -146,9 +146,14 @@ pub(super) async fn complete_loop(
             joined = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
                 let (id, sent) = match joined {
                     Some(Ok((id, sent))) => (id, sent),
+                    // A write that panicked stops the completer, and so the
+                    // host (its supervisor), as a panic in its own loop would:
+                    // the panicked write's runs are still held, and renewed,
+                    // so going on would keep their jobs running forever.
+                    Some(Err(error)) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
                     Some(Err(error)) => {
                         busy_keys.remove(&error.id());
-                        tracing::error!(%error, "a result write failed; its jobs will be redelivered");
+                        tracing::error!(%error, "a result write was cancelled; its jobs will be redelivered");
                         continue;
                     }
                     None => continue,
@@ -183,8 +188,8 @@ pub(super) async fn complete_loop(
 const OVERLAP_AFTER: Duration = Duration::from_millis(100);
 
 /// Takes from `pending` the results a new write may carry, at most `batch`,
-/// in arrival order: those whose key no write in flight carries, and only
-/// the first of each key.
+/// in arrival order: those whose key no write in flight carries. Results of
+/// one key may share a write (one transaction frees both slots).
 fn take_sendable(
     pending: &mut Vec<Done>,
     busy_keys: &HashMap<tokio::task::Id, Vec<String>>,
@@ -194,19 +199,16 @@ fn take_sendable(
         let n = pending.len().min(batch);
         return pending.drain(..n).collect();
     }
-    let mut keys: HashSet<&str> = busy_keys.values().flatten().map(String::as_str).collect();
+    let busy: HashSet<&str> = busy_keys.values().flatten().map(String::as_str).collect();
     let mut take = vec![false; pending.len()];
     let mut taken = 0;
     for (i, done) in pending.iter().enumerate() {
         if taken == batch {
             break;
         }
-        match done.finish.concurrency_key.as_deref() {
-            Some(key) if !keys.insert(key) => {}
-            _ => {
-                take[i] = true;
-                taken += 1;
-            }
+        if done.finish.concurrency_key.as_deref().is_none_or(|key| !busy.contains(key)) {
+            take[i] = true;
+            taken += 1;
         }
     }
     let mut sendable = Vec::with_capacity(taken);
@@ -564,19 +566,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_write_takes_no_key_another_write_carries_and_one_result_of_each_key() {
+    async fn a_write_takes_no_key_another_write_carries() {
         let mut writes = JoinSet::new();
         let out = writes.spawn(async {});
         let busy = HashMap::from([(out.id(), vec!["a".to_string()])]);
         let mut pending =
             vec![done(1, Some("a")), done(2, None), done(3, Some("b")), done(4, Some("b")), done(5, None)];
         let sent = take_sendable(&mut pending, &busy, 10);
-        assert_eq!(ids(&sent), [2, 3, 5], "a's result waits for the write carrying a; b's second for the next write");
-        assert_eq!(ids(&pending), [1, 4], "what stays keeps its order");
-
-        let busy = HashMap::new();
+        assert_eq!(ids(&sent), [2, 3, 4, 5], "a's result waits for the write carrying a; b's two share one");
+        assert_eq!(ids(&pending), [1]);
+        pending.extend([done(6, Some("c")), done(7, Some("a"))]);
         let sent = take_sendable(&mut pending, &busy, 10);
-        assert_eq!(ids(&sent), [1, 4]);
+        assert_eq!((ids(&sent), ids(&pending)), (vec![6], vec![1, 7]), "what stays keeps its order");
+
+        let sent = take_sendable(&mut pending, &HashMap::new(), 10);
+        assert_eq!(ids(&sent), [1, 7]);
         assert!(pending.is_empty());
     }
 
@@ -587,7 +591,7 @@ mod tests {
         assert_eq!((ids(&sent), ids(&pending)), (vec![1, 2], vec![3, 4, 5]));
         let mut pending: Vec<Done> =
             (1..=5).map(|id| done(id, Some(if id % 2 == 0 { "even" } else { "odd" }))).collect();
-        let sent = take_sendable(&mut pending, &HashMap::new(), 1);
-        assert_eq!((ids(&sent), ids(&pending)), (vec![1], vec![2, 3, 4, 5]));
+        let sent = take_sendable(&mut pending, &HashMap::new(), 3);
+        assert_eq!((ids(&sent), ids(&pending)), (vec![1, 2, 3], vec![4, 5]));
     }
 }
