@@ -138,8 +138,8 @@ async fn logged(log: &std::path::Path, text: &str) {
     eventually(WITHIN, || async { std::fs::read_to_string(log).unwrap_or_default().contains(text) }).await;
 }
 
-/// A host started while its database is down waits for it (instead of
-/// exiting), and a component it loads during a later outage is registered
+/// A host started while its database is down says so with the server's
+/// address and waits for it (instead of exiting), and a component it loads during a later outage is registered
 /// once the database is back, so its type becomes enqueueable without a
 /// restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,6 +156,11 @@ async fn a_host_waits_for_its_database_and_registers_what_it_loaded_during_an_ou
     command.env("RUST_LOG", "info").stderr(std::fs::File::create(&log).unwrap());
     let mut host = Host::start(&mut command);
     logged(&log, "the database is unavailable; waiting for it").await;
+    // Named by its address at once, not after the pool's quiet ten seconds.
+    let authority = db.url.split("://").nth(1).unwrap();
+    let address = authority.rsplit('@').next().unwrap().split('/').next().unwrap();
+    logged(&log, &format!("cannot reach the database at {address}: ")).await;
+    assert!(!std::fs::read_to_string(&log).unwrap().contains("pool timed out"));
     assert!(host.is_running(), "the host waits for its database");
     tokio::task::block_in_place(|| server.start_again());
     wait_serving(&db, &[&host], 1).await;

@@ -128,6 +128,30 @@ pub struct PgStore {
     limits: EnqueueLimits,
 }
 
+/// How long the first connection may take before the server counts as
+/// unreachable.
+const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Refuses a server that is down or unreachable at once, naming its address:
+/// the pool would retry quietly until its acquire timeout and then say only
+/// that it timed out. Anything the server itself answers (a wrong password,
+/// a database that does not exist) is its own error.
+async fn reachable(options: &PgConnectOptions) -> Result<()> {
+    let address = format!("{}:{}", options.get_host(), options.get_port());
+    match tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            let _ = sqlx::Connection::close(connection).await;
+            Ok(())
+        }
+        Ok(Err(sqlx::Error::Io(error))) => Err(super::Error::Unreachable { address, reason: error.to_string() }),
+        Ok(Err(error)) => Err(error.into()),
+        Err(_) => Err(super::Error::Unreachable {
+            address,
+            reason: format!("no answer within {} s", FIRST_CONNECT_TIMEOUT.as_secs()),
+        }),
+    }
+}
+
 impl PgStore {
     /// Connects to `url` with at most `max_connections` connections.
     ///
@@ -168,6 +192,7 @@ impl PgStore {
                 ("lock_timeout", "0"),
             ])
             .log_statements(tracing::log::LevelFilter::Trace);
+        reachable(&options).await?;
         let statement_timeout = statement_timeout.map_or("0".to_string(), |t| t.as_millis().to_string());
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
