@@ -333,6 +333,37 @@ async fn operators_list_schedules(db: TestDb) {
     assert!(table.lines().all(|line| line.len() <= 80), "fits 80 columns:\n{table}");
 }
 
+/// A host says which types it serves as soon as a component goes, not at
+/// its next heartbeat (a minute away here): once the scheduled `ticker` is
+/// removed from its directory, `jobhost schedules` says it is not served
+/// within seconds. The scheduler's looks read the same `served`, so no tick
+/// is enqueued for it after that.
+async fn a_removed_scheduled_component_is_unserved_at_once_not_at_the_next_heartbeat(db: TestDb) {
+    let host = common::TestHost::start(&db, &["ticker"], |config| {
+        config.worker.heartbeat_interval = Duration::from_secs(60);
+        config.worker.default_lease = Duration::from_secs(600);
+    })
+    .await;
+    let served = || async {
+        let output = jobhost(&db, &["schedules", "--json"]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let row: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        row["served"].as_bool().unwrap()
+    };
+    eventually(WITHIN, || async { served().await && ticker_count(&db).await >= 1 }).await;
+    std::fs::remove_file(host.components.path().join("ticker.wasm")).unwrap();
+    eventually(Duration::from_secs(20), || async { !served().await }).await;
+    let serving = db.scalar(format!(
+        "SELECT {}",
+        db.dialect(
+            "count(*) FROM jobhost.hosts WHERE 'ticker' = ANY(job_types)",
+            "count(*) FROM jobhost.hosts, json_each(hosts.job_types) WHERE json_each.value = 'ticker'",
+        )
+    ));
+    assert_eq!(serving.await, 0, "the host's row no longer lists the type");
+    host.stop().await;
+}
+
 on_both_backends!(
     a_new_schedule_starts_at_its_registration_and_catches_up_with_the_latest_ticks,
     two_hosts_looking_at_once_enqueue_each_tick_once,
@@ -341,6 +372,7 @@ on_both_backends!(
     a_tick_the_enqueue_rules_refuse_is_skipped_not_retried,
     a_unique_types_tick_is_skipped_while_an_earlier_ticks_job_holds_its_key,
     operators_list_schedules,
+    a_removed_scheduled_component_is_unserved_at_once_not_at_the_next_heartbeat,
     a_restart_catches_up_with_the_latest_missed_ticks_and_repeats_none,
 );
 

@@ -17,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::component::{LiveProgress, StopSignal};
 use crate::store::{
-    FetchedJob, Finish, FinishOutcome, HostInfo, LeaseRenew, LeaseRenewal, RunId, RunProgress, Store, StrayLease,
+    FetchedJob, Finish, FinishOutcome, LeaseRenew, LeaseRenewal, RunId, RunProgress, Store, StrayLease,
 };
 
 use super::WorkerConfig;
 use super::health::WriteHealth;
+use super::membership::Membership;
 
 /// One run's lease as this host sees it.
 struct Held {
@@ -344,12 +345,12 @@ pub async fn fence_loop(leases: Leases, shutdown: CancellationToken) {
 }
 
 /// What the heartbeat renews, where, and when it must not.
-pub struct Heartbeat<H> {
+pub struct Heartbeat {
     pub store: Store,
     pub leases: Leases,
-    /// This host's row as of now, read at each heartbeat: the job types it
-    /// serves change as components load and unload.
-    pub host: H,
+    /// This host's row, written at each heartbeat (and at once when a
+    /// component loads or goes).
+    pub membership: Arc<Membership>,
     /// Whether results get written: while they cannot be, leases are not
     /// renewed, so the rest of the fleet runs this host's jobs.
     pub health: WriteHealth,
@@ -361,8 +362,8 @@ pub struct Heartbeat<H> {
 /// statement has a deadline of the fence margin: one not answered by then
 /// is abandoned (the fence task stops what it must meanwhile) and the next
 /// heartbeat sends a fresh one.
-pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, shutdown: CancellationToken) {
-    let Heartbeat { store, leases, host, health, config, metrics } = heartbeat;
+pub async fn heartbeat_loop(heartbeat: Heartbeat, shutdown: CancellationToken) {
+    let Heartbeat { store, leases, membership, health, config, metrics } = heartbeat;
     let margin = config.fence_margin();
     let deadline = config.heartbeat_deadline();
     let mut tick = tokio::time::interval(config.heartbeat_interval);
@@ -373,7 +374,7 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
             _ = tick.tick() => {}
         }
         let sent_at = Instant::now();
-        let host = host();
+        let host = membership.host();
         if let Some(failing) = health.given_up_for() {
             tracing::error!(
                 ?failing,
@@ -406,11 +407,7 @@ pub async fn heartbeat_loop(heartbeat: Heartbeat<impl Fn() -> HostInfo + Send>, 
                 }
             }
         }
-        match tokio::time::timeout(deadline, store.host_upsert(&host)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "cannot refresh this host's fleet membership"),
-            Err(_) => tracing::warn!(?deadline, "refreshing this host's fleet membership got no answer in time"),
-        }
+        membership.write_unless_writing(deadline).await;
     }
 }
 

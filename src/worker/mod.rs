@@ -5,10 +5,12 @@
 mod backoff;
 mod complete;
 mod config;
+mod dispatch;
 mod health;
 mod history;
 mod job_types;
 mod leases;
+mod membership;
 mod outcome;
 mod prefetch;
 mod start_notes;
@@ -138,17 +140,26 @@ impl Worker {
         let stop_heartbeat = CancellationToken::new();
         let registry = self.registry.clone();
         let host = self.host.clone();
-        let host_now = move || served(&registry, &host);
-        if let Err(error) = self.store.host_upsert(&host_now()).await {
+        let membership = membership::Membership::new(self.store.clone(), move || served(&registry, &host));
+        if let Err(error) = self.store.host_upsert(&membership.host()).await {
             tracing::warn!(%error, "cannot register this host in the fleet");
         }
+        let membership_changes = self.supervisor.spawn(
+            "fleet membership",
+            membership::on_changes(
+                membership.clone(),
+                self.registry.subscribe(),
+                self.config.heartbeat_deadline(),
+                stop_heartbeat.clone(),
+            ),
+        );
         let heartbeat = self.supervisor.spawn(
             "heartbeat",
             leases::heartbeat_loop(
                 leases::Heartbeat {
                     store: self.store.clone(),
                     leases: self.leases.clone(),
-                    host: host_now,
+                    membership,
                     health: self.health.clone(),
                     config: self.config.clone(),
                     metrics: self.metrics.clone(),
@@ -164,7 +175,7 @@ impl Worker {
         let (handoff_tx, mut handoffs) = mpsc::unbounded_channel::<Handoff>();
         let completer = self.supervisor.spawn(
             "completer",
-            complete::complete_loop(
+            dispatch::complete_loop(
                 complete::Writer {
                     store: self.store.clone(),
                     leases: self.leases.clone(),
@@ -238,7 +249,7 @@ impl Worker {
         }
         self.hand_back(late).await;
         stop_heartbeat.cancel();
-        let _ = tokio::join!(heartbeat, fencing, writing_starts, history);
+        let _ = tokio::join!(heartbeat, fencing, writing_starts, history, membership_changes);
         if let Err(error) = self.store.host_remove(&self.host.id).await {
             tracing::warn!(%error, "cannot remove this host from the fleet");
         }
