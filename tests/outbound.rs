@@ -637,6 +637,37 @@ async fn the_fetcher_in_rust_python_and_javascript_carries_a_secret_alike() {
     }
 }
 
+/// A run whose variables are still being read (its host cut off from the
+/// database: the read never answers) ends as soon as it is stopped, as the
+/// fence stops it before its lease expires, without its guest starting;
+/// not when the database answers again, after the job's next owner began.
+#[tokio::test]
+async fn a_run_stopped_while_its_variables_are_read_ends_at_once() {
+    let (asked_tx, mut asked) = mpsc::unbounded_channel::<String>();
+    let never_answers: jobhost::component::variables::VariableSource = Arc::new(move |job_type| {
+        let _ = asked_tx.send(job_type);
+        Box::pin(std::future::pending())
+    });
+    let (runtime, _cache) = common::runtime();
+    let runtime = runtime.with_variables(never_answers);
+    let hello = load(&runtime, "hello").await;
+    let signal = StopSignal::new();
+    let run = {
+        let (runtime, signal) = (runtime.clone(), signal.clone());
+        tokio::spawn(async move { runtime.run(&hello, &context(44, 1), r#"{"name": "Ada"}"#, signal).await })
+    };
+    assert_eq!(asked.recv().await.as_deref(), Some("hello"), "the run asked for its variables");
+    signal.stop("lease could not be renewed before it expired");
+    let report = tokio::time::timeout(Duration::from_secs(30), run).await.expect("ended once stopped").unwrap();
+    assert_eq!(
+        report.outcome,
+        jobhost::types::RunOutcome::Crashed {
+            crash: jobhost::types::Crash::Interrupted { reason: "lease could not be renewed before it expired".into() }
+        }
+    );
+    assert!(report.effects.logs.is_empty(), "the guest never ran: {:?}", report.effects.logs);
+}
+
 on_both_backends!(
     a_grant_may_let_secrets_go_in_the_query_and_body,
     a_silent_server_and_a_paused_body_fail_at_the_grants_timeouts,

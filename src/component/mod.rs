@@ -31,7 +31,7 @@ use crate::config::{ConfigError, RuntimeConfig};
 use crate::outbound::budget::BodyBudget;
 use crate::outbound::hooks::OutboundHooks;
 use crate::outbound::run;
-use crate::types::{JobConfig, JobContext, RunOutcome, RunReport};
+use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use crate::outbound::run::{GrantSource, SecretSource, grants_from, secrets_from};
 pub use progress::LiveProgress;
@@ -72,6 +72,9 @@ pub struct LoadError {
     /// What went wrong.
     pub kind: LoadErrorKind,
 }
+
+/// The first bytes of every WebAssembly binary, module or component.
+const WASM_MAGIC: &[u8] = b"\0asm";
 
 /// What went wrong loading a component.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -248,6 +251,13 @@ impl Runtime {
     /// A [`LoadError`] naming `source` and the reason.
     pub async fn load_bytes(&self, source: &Path, bytes: Vec<u8>) -> Result<LoadedComponent, LoadError> {
         let fail = |kind| LoadError { path: source.to_path_buf(), kind };
+        // Said plainly: the parser's own error lists the bytes it expected
+        // and found as multi-line arrays.
+        if !bytes.starts_with(WASM_MAGIC) {
+            return Err(fail(LoadErrorKind::Compile(
+                "the file is not WebAssembly (it does not begin with the magic bytes 00 61 73 6d)".into(),
+            )));
+        }
         let digest = digest_of(&bytes);
         let inner = self.inner.clone();
         let key = digest.clone();
@@ -363,22 +373,32 @@ impl Runtime {
             let outcome = RunOutcome::Retry { reason };
             RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None }
         };
-        let policy = match run::policy_for(self.grants.as_ref(), config).await {
-            Ok(policy) => policy,
-            Err(reason) => return not_started(reason),
+        // Grants, secrets and variables may be read from the database. A run
+        // stopped meanwhile (its host cut off from the database fences it, or
+        // it is cancelled) ends at once, before its guest starts, not when
+        // the database answers again, after the job's next owner started it.
+        let reads = async {
+            let policy = run::policy_for(self.grants.as_ref(), config).await?;
+            let secrets = run::secrets_for(self.secrets.as_ref(), &policy)
+                .await
+                .map_err(|reason| format!("job type {} needs secrets this host cannot give: {reason}", config.name))?;
+            let variables = match &self.variables {
+                Some(variables) => variables.of(&config.name).await?,
+                None => Arc::default(),
+            };
+            Ok::<_, String>((policy, Arc::new(secrets), variables))
         };
-        let secrets = match run::secrets_for(self.secrets.as_ref(), &policy).await {
-            Ok(secrets) => Arc::new(secrets),
-            Err(reason) => {
-                return not_started(format!("job type {} needs secrets this host cannot give: {reason}", config.name));
+        let (policy, secrets, variables) = tokio::select! {
+            biased;
+            () = signal.stopped() => {
+                let reason = signal.reason().unwrap_or("stopped").to_string();
+                let outcome = RunOutcome::Crashed { crash: Crash::Interrupted { reason } };
+                return RunReport { outcome, effects: Default::default(), elapsed_us: 0, instantiate_us: None };
             }
-        };
-        let variables = match &self.variables {
-            Some(variables) => match variables.of(&config.name).await {
-                Ok(variables) => variables,
+            read = reads => match read {
+                Ok(read) => read,
                 Err(reason) => return not_started(reason),
             },
-            None => Arc::default(),
         };
         // A secret's placeholder wins over a variable of the same name.
         let mut environment = secrets.environment();
