@@ -15,7 +15,7 @@ use serde_json::json;
 use common::db::{Backend, TestDb, on_both_backends};
 use common::eventually;
 use common::fleet::{
-    Host, ONE_FLEET, completed_once, components, drained, host_command, nothing_left, start_host, wait_serving,
+    Host, ONE_FLEET, completed_once, components, drained, host_command_small, nothing_left, start_host, wait_serving,
 };
 
 const WITHIN: Duration = Duration::from_secs(180);
@@ -214,7 +214,10 @@ async fn hosts_whose_clocks_disagree_keep_every_tenants_rate() {
     let mut hosts: Vec<Host> = ["+30s", "-30s"]
         .into_iter()
         .map(|offset| {
-            let mut command = host_command(&db.url, components.path(), cache.path());
+            // Two runs at a time of 300 ms, none leased ahead: one host starts
+            // at most ~7 a second, fewer than the tenants' 10, so both take part
+            // (a host of 8 could take every window's starts alone).
+            let mut command = host_command_small(&db.url, components.path(), cache.path(), 2);
             command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", offset).env("FAKETIME_DONT_RESET", "1");
             Host::start(&mut command)
         })
@@ -222,7 +225,7 @@ async fn hosts_whose_clocks_disagree_keep_every_tenants_rate() {
     wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), 1).await;
 
     let jobs: Vec<EnqueueParams> =
-        (0..80).map(|i| paced(&format!("t{}", i % 2), json!({ "i": i, "ms": 50 }))).collect();
+        (0..80).map(|i| paced(&format!("t{}", i % 2), json!({ "i": i, "ms": 300 }))).collect();
     db.store.job_enqueue(&jobs).await.unwrap();
     drained(&db, WITHIN).await;
     completed_once(&db, "paced", 80).await;

@@ -34,9 +34,23 @@ pub fn host_command(url: &str, components: &Path, cache: &Path) -> Command {
 
 /// [`host_command`] with its own heartbeat and default lease.
 pub fn host_command_beating(url: &str, components: &Path, cache: &Path, heartbeat: &str, lease: &str) -> Command {
+    let mut command = host_command_running(url, components, cache, 8);
+    command.args(["--heartbeat", heartbeat, "--lease", lease]);
+    command
+}
+
+/// [`host_command`] running at most `concurrency` jobs at once and leasing
+/// none ahead: a host that cannot take every job, so a fleet's others must.
+pub fn host_command_small(url: &str, components: &Path, cache: &Path, concurrency: usize) -> Command {
+    let mut command = host_command_running(url, components, cache, concurrency);
+    command.args(["--heartbeat", "250ms", "--lease", "1s", "--prefetch", "0"]);
+    command
+}
+
+fn host_command_running(url: &str, components: &Path, cache: &Path, concurrency: usize) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
     command
-        .args(["run", "--no-migrate", "--concurrency", "8", "--heartbeat", heartbeat, "--lease", lease])
+        .args(["run", "--no-migrate", "--concurrency", &concurrency.to_string()])
         .args(["--poll", "200ms", "--maintenance-interval", "100ms", "--grace", "5s"])
         .arg("--components")
         .arg(components)
