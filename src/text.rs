@@ -10,6 +10,27 @@ pub fn clip(text: &str, max: usize) -> String {
     format!("{cut}…")
 }
 
+/// `head` then `items` separated by commas, in lines of at most `width`
+/// characters: an item that does not fit goes to the next line, indented
+/// two spaces, so a list never wraps mid-item in a terminal.
+pub fn wrap_list(head: &str, items: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = head.to_string();
+    let mut first_of_line = true;
+    for (at, item) in items.iter().enumerate() {
+        let piece = if at + 1 < items.len() { format!("{item},") } else { item.clone() };
+        let with_space = if first_of_line && line.trim().is_empty() { piece.clone() } else { format!(" {piece}") };
+        if !first_of_line && line.chars().count() + with_space.chars().count() > width {
+            lines.push(std::mem::replace(&mut line, format!("  {piece}")));
+        } else {
+            line += &with_space;
+        }
+        first_of_line = false;
+    }
+    lines.push(line);
+    lines
+}
+
 /// A declared duration in milliseconds, exactly, in its largest whole
 /// unit: `1 s`, `2 min`, but `1500 ms`.
 pub fn millis(ms: i64) -> String {
@@ -30,6 +51,20 @@ mod tests {
         assert_eq!(super::millis(120_000), "2 min");
         assert_eq!(super::millis(7_200_000), "2 h");
         assert_eq!(super::millis(0), "0 ms");
+    }
+
+    #[test]
+    fn a_list_wraps_between_items_within_its_width() {
+        let items: Vec<String> = ["available 1200000", "running 10", "scheduled 3", "blocked 37", "completed 9876543"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let lines = super::wrap_list("queue a-long-queue-name:", &items, 60);
+        assert_eq!(
+            lines,
+            ["queue a-long-queue-name: available 1200000, running 10,", "  scheduled 3, blocked 37, completed 9876543",]
+        );
+        assert_eq!(super::wrap_list("queue q:", &items[..1], 80), ["queue q: available 1200000"]);
     }
 
     #[test]

@@ -73,9 +73,17 @@ async fn batches_are_created_from_a_file_and_shown_as_they_progress(db: TestDb) 
     // Bad input is refused with its reason, and stores nothing.
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"job\": \"hello\"}\n{\"name\": \"no job\"}\n").unwrap();
+    let (unknown, not_object) = (dir.path().join("unknown.jsonl"), dir.path().join("not_object.jsonl"));
+    std::fs::write(&unknown, "{\"job\": \"hello\"}\n\n{\"job\": \"helo\"}\n").unwrap();
+    std::fs::write(&not_object, "{\"job\": \"hello\"}\n{\"job\": \"hello\", \"payload\": [1]}\n").unwrap();
     let before = db.scalar("SELECT count(*) FROM jobhost.batches").await;
     for (args, message) in [
         (vec!["batch", "create", "--file", bad.to_str().unwrap()], "line 2 is not a job"),
+        (vec!["batch", "create", "--file", unknown.to_str().unwrap()], "line 3: unknown job type \"helo\""),
+        (
+            vec!["batch", "create", "--file", not_object.to_str().unwrap()],
+            "line 2: the payload must be a JSON object, got an array",
+        ),
         (vec!["batch", "create", "--file", file, "--on-success", "nope"], "unknown job type \"nope\""),
         (vec!["batch", "create", "--file", file, "--callback-payload", "[1]"], "must be a JSON object"),
         (vec!["batch", "close", "424242"], "batch 424242 does not exist"),

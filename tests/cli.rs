@@ -522,11 +522,18 @@ fn inspect_prints_the_validated_config_as_one_json_object() {
 fn exec_prints_the_output_on_stdout_and_why_it_failed_on_stderr() {
     let cache = tempfile::tempdir().unwrap();
     let path = |name: &str| common::guest(name).to_str().unwrap().to_string();
-    let hello = offline(&["exec", &path("hello"), "--payload", r#"{"name": "Ada"}"#], &cache);
+    // With the default log filter, as a person runs it.
+    let hello = Command::new(env!("CARGO_BIN_EXE_jobhost"))
+        .args(["exec", &path("hello"), "--payload", r#"{"name": "Ada"}"#])
+        .env("JOBHOST_CACHE_DIR", cache.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run jobhost");
     assert!(hello.status.success(), "{}", stderr(&hello));
     let out: Value = serde_json::from_str(stdout(&hello).trim()).expect("stdout is the output alone");
     assert_eq!(out["greeting"], "hello, Ada");
     assert!(stderr(&hello).contains("log [info] greeting Ada"), "{}", stderr(&hello));
+    assert_eq!(stderr(&hello).matches("greeting Ada").count(), 1, "the log line once: {}", stderr(&hello));
 
     for (guest, payload, reason) in [
         ("trap", r#"{"message": "the disk is lava"}"#, "the disk is lava"),

@@ -140,8 +140,8 @@ async fn create(args: CreateArgs) -> ExitCode {
         Ok(payload) => payload,
         Err(error) => return fail(format!("--callback-payload is not valid JSON: {error}")),
     };
-    let members = match read_members(&args.members.file) {
-        Ok(members) => members,
+    let (members, lines) = match read_members(&args.members.file) {
+        Ok(read) => read,
         Err(code) => return code,
     };
     let batch = NewBatch {
@@ -164,13 +164,15 @@ async fn create(args: CreateArgs) -> ExitCode {
             print_outcomes(&outcomes, args.members.json);
             ExitCode::SUCCESS
         }
-        Err(error) => fail_store(error),
+        Err(error) => fail_member(error, &members, &lines),
     }
 }
 
 async fn add(id: i64, args: MemberArgs) -> ExitCode {
-    let members = match read_members(&args.file) {
-        Ok(members) => members.into_iter().map(|m| EnqueueParams { batch_id: Some(id), ..m }).collect::<Vec<_>>(),
+    let (members, lines) = match read_members(&args.file) {
+        Ok((members, lines)) => {
+            (members.into_iter().map(|m| EnqueueParams { batch_id: Some(id), ..m }).collect::<Vec<_>>(), lines)
+        }
         Err(code) => return code,
     };
     let store = match open_existing(&args.db).await {
@@ -182,7 +184,7 @@ async fn add(id: i64, args: MemberArgs) -> ExitCode {
             print_outcomes(&outcomes, args.json);
             ExitCode::SUCCESS
         }
-        Err(error) => fail_store(error),
+        Err(error) => fail_member(error, &members, &lines),
     }
 }
 
@@ -196,19 +198,38 @@ fn print_outcomes(outcomes: &[Enqueued], json: bool) {
     }
 }
 
-/// Every line a member; a bad line stops everything before anything is
-/// stored, naming the line.
-fn read_members(path: &Path) -> Result<Vec<EnqueueParams>, ExitCode> {
-    read_lines(path, |line, number| {
+/// Every line a member, with the file's line number of each; a bad line
+/// stops everything before anything is stored, naming the line.
+fn read_members(path: &Path) -> Result<(Vec<EnqueueParams>, Vec<usize>), ExitCode> {
+    let read = read_lines(path, |line, number| {
         let member: MemberLine = serde_json::from_str(line)
             .map_err(|e| fail(format!("line {number} is not a job ({{\"job\": TYPE, \"payload\": {{...}}}}): {e}")))?;
-        Ok(EnqueueParams {
+        if !member.payload.is_object() {
+            return Err(fail(format!(
+                "line {number}: the payload must be a JSON object, got {}",
+                crate::store::enqueue::json_kind(&member.payload)
+            )));
+        }
+        let params = EnqueueParams {
             queue: member.queue,
             priority: member.priority,
             delay_ms: member.delay.map(|d| d.as_millis() as u64),
             ..EnqueueParams::new(member.job, member.payload)
-        })
-    })
+        };
+        Ok((params, number))
+    })?;
+    Ok(read.into_iter().unzip())
+}
+
+/// A refusal of the whole file, naming the first line of the job type the
+/// store does not know (the store names the type, not the line).
+fn fail_member(error: crate::store::Error, members: &[EnqueueParams], lines: &[usize]) -> ExitCode {
+    if let crate::store::Error::UnknownJobType(job) = &error
+        && let Some(at) = members.iter().position(|member| &member.job == job)
+    {
+        return fail(format!("line {}: {error}", lines[at]));
+    }
+    fail_store(error)
 }
 
 async fn close(id: i64, db: &DbArgs) -> ExitCode {

@@ -89,7 +89,11 @@ pub enum LogFormat {
 impl Cli {
     /// The log filter the flags ask for.
     pub fn log_filter(&self) -> &'static str {
+        // `exec` and `watch` print each guest log line and each load in
+        // their own report: the logs would say it all a second time.
+        let reports_itself = matches!(self.command, Command::Exec(_) | Command::Watch { .. });
         match self.verbose {
+            0 if reports_itself => "warn,jobhost::guest=off",
             0 => "warn,jobhost=info",
             1 => "info,jobhost=debug",
             _ => "debug,jobhost=trace",

@@ -13,8 +13,8 @@ use super::fail;
 
 #[derive(Debug, Args)]
 pub struct NewArgs {
-    /// The job type's name, also the project's: `a-z`, `0-9`, `_` and `-`,
-    /// starting with a letter.
+    /// The job type's name, also the project's directory: `a-z`, `0-9`,
+    /// `_`, `.` and `-`, as any job type's.
     name: String,
     /// The language to write the handler in.
     #[arg(long, value_enum, default_value = "rust")]
@@ -62,6 +62,11 @@ const README: &str = include_str!("templates/README.md.tmpl");
 const RUST_CARGO: &str = include_str!("templates/rust/Cargo.toml.tmpl");
 const RUST_LIB: &str = include_str!("templates/rust/lib.rs.tmpl");
 const RUST_BUILD: &str = include_str!("templates/rust/build.sh.tmpl");
+/// The Rust SDK the repository's own handlers use, written into the
+/// project beside it (as the Python and JavaScript ones are).
+const RUST_SDK_CARGO: &str = include_str!("templates/rust/sdk.Cargo.toml.tmpl");
+const RUST_SDK_LIB: &str = include_str!("../../guests/sdk/src/lib.rs");
+const RUST_SDK_HTTP: &str = include_str!("../../guests/sdk/src/http.rs");
 const PYTHON_APP: &str = include_str!("templates/python/app.py.tmpl");
 const PYTHON_BUILD: &str = include_str!("templates/python/build.sh.tmpl");
 const PYTHON_SDK: &str = include_str!("../../guests/python/sdk/jobhost_guest/__init__.py");
@@ -77,7 +82,7 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
-            .replace("{{crate}}", &name.replace('-', "_"))
+            .replace("{{crate}}", &package_name(name))
             .replace("{{language}}", lang.name())
     };
     let mut files = vec![
@@ -90,6 +95,10 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
         Language::Rust => files.extend([
             ("Cargo.toml", fill(RUST_CARGO), false),
             ("src/lib.rs", fill(RUST_LIB), false),
+            ("jobhost-guest/Cargo.toml", RUST_SDK_CARGO.to_string(), false),
+            // The SDK reads the WIT from the repository's root there, the project's here.
+            ("jobhost-guest/src/lib.rs", RUST_SDK_LIB.replace("path: \"../../wit\"", "path: \"../wit\""), false),
+            ("jobhost-guest/src/http.rs", RUST_SDK_HTTP.to_string(), false),
             ("build.sh", fill(RUST_BUILD), true),
             (".gitignore", "target/\n*.wasm\n".to_string(), false),
         ]),
@@ -111,16 +120,21 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
     files
 }
 
-/// Why a name cannot be a project's.
+/// Why a name cannot be a project's: any job type's name can, except the
+/// two that name directories already (`.` and `..`).
 fn check_name(name: &str) -> Result<(), String> {
-    let mut chars = name.chars();
-    let starts = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-    let rest = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-    if starts && rest && name.len() <= 64 {
-        Ok(())
-    } else {
-        Err(format!("{name:?} cannot name a project: use 1 to 64 of a-z, 0-9, _ and -, starting with a letter"))
+    if name.chars().all(|c| c == '.') {
+        return Err(format!("{name:?} cannot name a project: it names a directory that exists"));
     }
+    crate::types::check_name(name).map_err(|reason| format!("cannot name a project: {reason}"))
+}
+
+/// The name of the project's package (Cargo, npm) and Rust crate, which
+/// allow fewer names than job types: `.` and `-` become `_`, and a name
+/// that does not start with a letter gets `job_` in front.
+fn package_name(name: &str) -> String {
+    let package = name.replace(['.', '-'], "_");
+    if package.starts_with(|c: char| c.is_ascii_lowercase()) { package } else { format!("job_{package}") }
 }
 
 pub fn new(args: NewArgs) -> ExitCode {
@@ -158,11 +172,34 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        assert!(check_name("resize-images").is_ok());
-        assert!(check_name("Resize").is_err());
-        assert!(check_name("9lives").is_err());
-        assert!(check_name("a.b").is_err());
-        assert!(check_name("").is_err());
+        for name in ["resize-images", "9lives", "mail.send", "_private"] {
+            assert!(check_name(name).is_ok(), "{name}: a job type's name");
+        }
+        for name in ["Resize", "", ".", "..", "a/b"] {
+            assert!(check_name(name).is_err(), "{name}");
+        }
+        assert_eq!(package_name("mail.send-now"), "mail_send_now");
+        assert_eq!(package_name("9lives"), "job_9lives");
+        assert_eq!(package_name("_private"), "job__private");
+    }
+
+    #[test]
+    fn the_rust_sdk_reads_the_projects_wit_and_pins_the_guests_wit_bindgen() {
+        let files = files("my-job", Language::Rust);
+        let sdk = &files.iter().find(|(path, ..)| *path == "jobhost-guest/src/lib.rs").unwrap().1;
+        assert!(sdk.contains("path: \"../wit\""), "the project's wit/");
+        let guests = include_str!("../../guests/Cargo.toml");
+        // Major and minor: the version's compatible range.
+        let pinned = |text: &str| {
+            let line = text.lines().find(|l| l.starts_with("wit-bindgen")).unwrap();
+            let version = line.split('"').nth(1).unwrap().trim_start_matches('=');
+            version.split('.').take(2).collect::<Vec<_>>().join(".")
+        };
+        assert_eq!(
+            pinned(RUST_SDK_CARGO),
+            pinned(guests),
+            "the SDK written into projects builds with the repository's own wit-bindgen"
+        );
     }
 
     #[test]

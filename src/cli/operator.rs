@@ -299,10 +299,12 @@ pub async fn jobs(args: JobsArgs) -> ExitCode {
                 .as_deref()
                 .map(|e| format!("  {}", e.split_whitespace().collect::<Vec<_>>().join(" ")))
                 .unwrap_or_default();
-            println!(
+            // Within 80 columns: `jobhost job ID` shows the whole error.
+            let line = format!(
                 "{:>8}  {:<10} {:<20} {:<12} attempt {}{error}",
                 row.id, row.state, row.job, row.queue, row.attempts
             );
+            println!("{}", crate::text::clip(&line, 80));
         }
     }
     ExitCode::SUCCESS
@@ -352,7 +354,9 @@ pub async fn stats(json: bool, db: &DbArgs) -> ExitCode {
     for (queue, states) in &stats.queues {
         let counts: Vec<String> = states.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let paused = if stats.paused_queues.contains(queue) { " (paused)" } else { "" };
-        println!("queue {queue}{paused}: {}", counts.join(", "));
+        for line in crate::text::wrap_list(&format!("queue {queue}{paused}:"), &counts, 80) {
+            println!("{line}");
+        }
     }
     for queue in stats.paused_queues.iter().filter(|q| !stats.queues.contains_key(*q)) {
         println!("queue {queue} (paused): empty");
@@ -459,24 +463,9 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
             println!("{}", serde_json::to_string(key).unwrap_or_default());
             continue;
         }
-        let limit = key.limit.map_or("none".to_string(), |l| l.to_string());
-        let holding: Vec<String> = key
-            .holding
-            .iter()
-            .map(|h| match &h.host_id {
-                Some(host) => format!("{} on {host}", h.id),
-                None => format!("{} ({})", h.id, h.state),
-            })
-            .collect();
-        let oldest = key.oldest_blocked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
-        println!(
-            "{} {:?}: {}/{limit} slots [{}], {} blocked{oldest}",
-            key.job,
-            key.key,
-            key.holders,
-            holding.join(", "),
-            key.blocked
-        );
+        for line in key_lines(key) {
+            println!("{line}");
+        }
     }
     let rate_keys = match store.rate_key_list().await {
         Ok(keys) => keys,
@@ -490,6 +479,26 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A concurrency key within 80 columns: its slots and blocked jobs on the
+/// first line (the key shortened if it must be), then each holder on a line
+/// of its own (its host, or its state while no host has it).
+fn key_lines(key: &crate::store::concurrency::KeyStatus) -> Vec<String> {
+    const WIDTH: usize = 80;
+    let limit = key.limit.map_or("none".to_string(), |l| l.to_string());
+    let oldest = key.oldest_blocked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
+    let rest = format!(": {}/{limit} slots, {} blocked{oldest}", key.holders, key.blocked);
+    let room = WIDTH.saturating_sub(key.job.chars().count() + 3 + rest.chars().count()).max(8);
+    let mut lines = vec![format!("{} {:?}{rest}", key.job, crate::text::clip(&key.key, room))];
+    for holder in &key.holding {
+        let line = match &holder.host_id {
+            Some(host) => format!("  {} on {host}", holder.id),
+            None => format!("  {} ({})", holder.id, holder.state),
+        };
+        lines.push(crate::text::clip(&line, WIDTH));
+    }
+    lines
 }
 
 /// A rate key in one line: its starts in the window against its limit,
@@ -531,4 +540,39 @@ pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
         println!("  last tick {:<20}  next tick {}", time(status.last_tick), time(status.next_tick));
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::concurrency::{Holder, KeyStatus};
+
+    #[test]
+    fn a_key_with_a_long_name_and_holders_on_long_host_names_fits_80_columns() {
+        let holder = |id, host: Option<&str>| Holder {
+            id,
+            state: if host.is_some() { "running" } else { "available" }.into(),
+            host_id: host.map(str::to_string),
+        };
+        let key = KeyStatus {
+            job: "sync_account".into(),
+            key: "account:4f1d2c3b-9a8e-4b7c-8d6e-5f4a3b2c1d0e/region:eu-central-1/tenant:acme".into(),
+            limit: Some(2),
+            holders: 2,
+            holding: vec![
+                holder(812, Some("worker-eu-central-1a.internal.example.com-4411-a1b2c3d4")),
+                holder(813, None),
+            ],
+            blocked: 37,
+            oldest_blocked_secs: Some(4.25),
+        };
+        let lines = key_lines(&key);
+        for line in &lines {
+            assert!(line.chars().count() <= 80, "{} columns: {line}", line.chars().count());
+        }
+        assert!(lines[0].starts_with("sync_account \"account:4f1d"), "{}", lines[0]);
+        assert!(lines[0].ends_with("…\": 2/2 slots, 37 blocked, oldest waited 4.2 s"), "{}", lines[0]);
+        assert_eq!(lines[1], "  812 on worker-eu-central-1a.internal.example.com-4411-a1b2c3d4");
+        assert_eq!(lines[2], "  813 (available)");
+    }
 }

@@ -317,8 +317,13 @@ pub(crate) fn check_callbacks(
     }
     let sample = callback_payload(payload, &BatchInfo { id: 0, label: None, counts: BatchCounts::default() });
     for (kind, job) in callbacks.named() {
-        prepare_registered(EnqueueParams::new(job, sample.clone()), configs, limits)
-            .map_err(|error| Error::InvalidEnqueue(format!("the batch's {kind} callback: {error}")))?;
+        prepare_registered(EnqueueParams::new(job, sample.clone()), configs, limits).map_err(|error| {
+            let reason = match error {
+                Error::InvalidEnqueue(reason) => reason,
+                other => other.to_string(),
+            };
+            Error::InvalidEnqueue(format!("the batch's {kind} callback: {reason}"))
+        })?;
     }
     Ok(())
 }
@@ -396,6 +401,17 @@ mod tests {
 
     fn all() -> Callbacks {
         Callbacks { on_finish: Some("f".into()), on_success: Some("s".into()), on_failure: Some("x".into()) }
+    }
+
+    #[test]
+    fn a_callback_that_cannot_be_enqueued_is_refused_in_one_sentence() {
+        let configs: Configs = [("mail".to_string(), crate::store::enqueue::prepare_tests::config())].into();
+        let callbacks = Callbacks { on_finish: Some("mail".into()), ..Default::default() };
+        let error = check_callbacks(&callbacks, &serde_json::json!({}), &configs, &EnqueueLimits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("invalid enqueue: the batch's on_finish callback: job \"mail\""), "{error}");
+        assert_eq!(error.matches("invalid enqueue").count(), 1, "{error}");
     }
 
     #[test]

@@ -283,12 +283,13 @@ pub fn json_kind(value: &serde_json::Value) -> &'static str {
 }
 
 #[cfg(test)]
-mod prepare_tests {
+pub(crate) mod prepare_tests {
     use super::*;
     use crate::types::{Backoff, ConcurrencyConfig, JobConfig, OnConflict};
     use serde_json::json;
 
-    fn config() -> JobConfig {
+    /// `mail`, limited on `acct:{account}`.
+    pub(crate) fn config() -> JobConfig {
         JobConfig {
             name: "mail".into(),
             queue: "default".into(),
