@@ -21,32 +21,37 @@ use crate::store::concurrency::{BlockedKey, BlockedSweep, key_page_cut, key_page
 use crate::store::driver::SemaphoreDriver;
 use crate::store::{Error, Holder, KeyCursor, KeyPage, KeyStatus, Result, SemaphoreFix, Slots};
 
-/// A key as the gate sees it: its holders, its type's limit, and what to
-/// do when the limit is reached. The limit is unlimited when the type no
-/// longer declares one, so jobs keyed under an old version still count their
-/// slots but are never held back. One statement: the gate and the release
-/// run it for every key of every batch.
+/// A key's holders and its type's limit. The limit is unlimited when the
+/// type no longer declares one, so jobs keyed under an old version still
+/// count their slots but are never held back.
 struct KeyState {
     holders: i64,
     limit: i64,
-    on_conflict: String,
 }
 
 async fn key_state(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<KeyState> {
-    let (holders, limit, on_conflict): (i64, Option<i64>, Option<String>) = sqlx::query_as(
+    let (holders, limit): (i64, Option<i64>) = sqlx::query_as(
         "SELECT coalesce((SELECT holders FROM semaphores WHERE job = $1 AND key = $2), 0),
-                json_extract(t.config, '$.concurrency.limit'), json_extract(t.config, '$.concurrency.on_conflict')
+                json_extract(t.config, '$.concurrency.limit')
          FROM (SELECT 1) LEFT JOIN job_types t ON t.name = $1",
     )
     .bind(job)
     .bind(key)
     .fetch_one(&mut *conn)
     .await?;
-    Ok(KeyState {
-        holders,
-        limit: limit.unwrap_or(i64::from(i32::MAX)),
-        on_conflict: on_conflict.unwrap_or_else(|| "block".into()),
-    })
+    Ok(KeyState { holders, limit: limit.unwrap_or(i64::from(i32::MAX)) })
+}
+
+/// A key as the gate reads it (`sql/gate_states.sql`): its holders, its
+/// type's limit (none when the type no longer declares one: unlimited) and
+/// `on_conflict` (none: block).
+#[derive(sqlx::FromRow)]
+struct GateKey {
+    job: String,
+    key: String,
+    holders: i64,
+    limit: Option<i64>,
+    on_conflict: Option<String>,
 }
 
 /// Records a key's holder count, deleting the row when none is left.
@@ -76,6 +81,10 @@ async fn set_holders(conn: &mut SqliteConnection, job: &str, key: &str, holders:
 /// caller's transaction with [`Error::LimitReached`] when an enqueuer is
 /// waiting for the answer, and discards them otherwise (a delayed job coming
 /// due has nobody to tell). Returns how many jobs became available.
+///
+/// Set-based: at most eight statements however many keys the jobs have
+/// (each statement is a hop to the connection's thread, and a bulk enqueue
+/// brings thousands of keys).
 pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: bool, now: i64) -> Result<u64> {
     let list = json_list(ids);
     let unkeyed = sqlx::query(
@@ -94,38 +103,80 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
     .bind(&list)
     .fetch_all(&mut *conn)
     .await?;
+    if keyed.is_empty() {
+        return Ok(unkeyed);
+    }
     let mut keys: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
     for (id, job, key) in keyed {
         keys.entry((job, key)).or_default().push(id);
     }
-    let mut admitted = unkeyed;
-    for ((job, key), ids) in keys {
-        let KeyState { holders: held, limit, on_conflict } = key_state(conn, &job, &key).await?;
+    let wanted: Vec<(&str, &str)> = keys.keys().map(|(job, key)| (job.as_str(), key.as_str())).collect();
+    let states: Vec<GateKey> =
+        sqlx::query_as(include_str!("sql/gate_states.sql")).bind(json_list(&wanted)).fetch_all(&mut *conn).await?;
+    let mut holders: Vec<(&str, &str, i64)> = Vec::new();
+    let mut available: Vec<i64> = Vec::new();
+    let mut blocked: Vec<i64> = Vec::new();
+    let mut discarded: Vec<(i64, String)> = Vec::new();
+    for GateKey { job, key, holders: held, limit, on_conflict } in &states {
+        let Some(ids) = keys.get(&(job.clone(), key.clone())) else {
+            return Err(Error::Decode(format!("the gate read key {key:?} of {job:?}, which it did not ask for")));
+        };
+        let limit = limit.unwrap_or(i64::from(i32::MAX));
         let taken = (limit - held).clamp(0, ids.len() as i64) as usize;
         if taken > 0 {
-            set_holders(conn, &job, &key, held + taken as i64, now).await?;
-            sqlx::query("UPDATE jobs SET state = 'available' WHERE id IN (SELECT value FROM json_each($1))")
-                .bind(json_list(&ids[..taken]))
-                .execute(&mut *conn)
-                .await?;
-            admitted += taken as u64;
+            holders.push((job, key, held + taken as i64));
+            available.extend_from_slice(&ids[..taken]);
         }
         let refused = &ids[taken..];
         if refused.is_empty() {
             continue;
         }
         let reason = format!("concurrency limit reached: all {limit} slots of key \"{key}\" are taken");
-        match on_conflict.as_str() {
-            "raise" if enqueuer_waiting => return Err(Error::LimitReached(format!("job \"{job}\" refused: {reason}"))),
-            "discard" | "raise" => discard(conn, refused, &reason, now).await?,
-            _ => block(conn, refused, now).await?,
+        match on_conflict.as_deref() {
+            Some("raise") if enqueuer_waiting => {
+                return Err(Error::LimitReached(format!("job \"{job}\" refused: {reason}")));
+            }
+            Some("discard" | "raise") => discarded.extend(refused.iter().map(|id| (*id, reason.clone()))),
+            _ => blocked.extend_from_slice(refused),
         }
     }
-    Ok(admitted)
+    if states.len() != keys.len() {
+        return Err(Error::Decode(format!("the gate read {} of {} keys", states.len(), keys.len())));
+    }
+    record_holders(conn, &holders, now).await?;
+    if !available.is_empty() {
+        sqlx::query("UPDATE jobs SET state = 'available' WHERE id IN (SELECT value FROM json_each($1))")
+            .bind(json_list(&available))
+            .execute(&mut *conn)
+            .await?;
+    }
+    discard(conn, &discarded, now).await?;
+    block(conn, &blocked, now).await?;
+    Ok(unkeyed + available.len() as u64)
+}
+
+/// Records the holders of keys that have some, in one statement.
+async fn record_holders(conn: &mut SqliteConnection, holders: &[(&str, &str, i64)], now: i64) -> Result<()> {
+    if holders.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO semaphores (job, key, holders, updated_at)
+         SELECT value ->> 0, value ->> 1, value ->> 2, $2 FROM json_each($1) WHERE true
+         ON CONFLICT (job, key) DO UPDATE SET holders = excluded.holders, updated_at = excluded.updated_at",
+    )
+    .bind(json_list(holders))
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Moves jobs to `blocked_jobs`, keeping each payload document as it is.
 async fn block(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     let list = json_list(ids);
     sqlx::query(
         "INSERT INTO blocked_jobs (id, job, queue, priority, payload, attempt, max_attempts, enqueued_at, started_at,
@@ -142,24 +193,29 @@ async fn block(conn: &mut SqliteConnection, ids: &[i64], now: i64) -> Result<()>
     Ok(())
 }
 
-/// Archives jobs as discarded, noting why.
-async fn discard(conn: &mut SqliteConnection, ids: &[i64], reason: &str, now: i64) -> Result<()> {
-    let list = json_list(ids);
+/// Archives jobs as discarded, each with its reason (`[id, reason]`).
+async fn discard(conn: &mut SqliteConnection, jobs: &[(i64, String)], now: i64) -> Result<()> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let list = json_list(jobs);
     sqlx::query(
         "INSERT INTO archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors, progress,
                               enqueued_at, started_at, finished_at, concurrency_key, batch_id, parent_id)
-         SELECT id, job, queue, priority, payload, 'discarded', attempt, max_attempts,
-                json_insert(errors, '$[#]', json_object('attempt', attempt, 'at', $3, 'error', $2)),
-                progress, enqueued_at, started_at, $4, concurrency_key, batch_id, parent_id
-         FROM jobs WHERE id IN (SELECT value FROM json_each($1))",
+         SELECT j.id, j.job, j.queue, j.priority, j.payload, 'discarded', j.attempt, j.max_attempts,
+                json_insert(j.errors, '$[#]', json_object('attempt', j.attempt, 'at', $2, 'error', r.value ->> 1)),
+                j.progress, j.enqueued_at, j.started_at, $3, j.concurrency_key, j.batch_id, j.parent_id
+         FROM json_each($1) r JOIN jobs j ON j.id = r.value ->> 0",
     )
     .bind(&list)
-    .bind(reason)
     .bind(iso(now))
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("DELETE FROM jobs WHERE id IN (SELECT value FROM json_each($1))").bind(&list).execute(conn).await?;
+    sqlx::query("DELETE FROM jobs WHERE id IN (SELECT value ->> 0 FROM json_each($1))")
+        .bind(&list)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -234,17 +290,7 @@ async fn fill_keys(conn: &mut SqliteConnection, keys: &[(&str, &str, i64)], now:
             changed.push((job, key, *holders));
         }
     }
-    if !changed.is_empty() {
-        sqlx::query(
-            "INSERT INTO semaphores (job, key, holders, updated_at)
-             SELECT value ->> 0, value ->> 1, value ->> 2, $2 FROM json_each($1) WHERE true
-             ON CONFLICT (job, key) DO UPDATE SET holders = excluded.holders, updated_at = excluded.updated_at",
-        )
-        .bind(json_list(&changed))
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    }
+    record_holders(conn, &changed, now).await?;
     if !emptied.is_empty() {
         sqlx::query(
             "DELETE FROM semaphores
