@@ -1104,3 +1104,152 @@ async fn an_expiry_passes_over_a_job_whose_key_another_transaction_holds() {
     assert_eq!(expired, (0, 1, 0), "ended once the key was free");
     assert_eq!(db.state_of(run.id + 1).await, JobState::Available, "the application's job took the freed slot");
 }
+
+/// Registers `name` unique until executed on `{key}`, answering duplicates by `on_duplicate`.
+async fn unique_type(db: &TestDb, name: &str, on_duplicate: OnDuplicate) {
+    let mut config = job_config(name);
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{key}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate,
+    });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+}
+
+/// `jobhost.enqueue_many(jobs)`'s rows: (position, id, duplicate).
+async fn enqueue_many(
+    executor: impl sqlx::PgExecutor<'_>,
+    jobs: serde_json::Value,
+) -> Result<Vec<(i64, i64, bool)>, sqlx::Error> {
+    sqlx::query_as("SELECT ord, id, duplicate FROM jobhost.enqueue_many($1)")
+        .bind(sqlx::types::Json(jobs))
+        .fetch_all(executor)
+        .await
+}
+
+// PostgreSQL only, as the SQL enqueue: the bulk form answers each job as
+// `jobhost.enqueue` would, in input order, in one call.
+#[tokio::test]
+async fn sql_enqueue_many_answers_each_job_as_enqueue_would() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(job_config("mail"), "v1".into())]).await.unwrap();
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    limited_type(&db, "dis", 1, OnConflict::Discard, "v1").await;
+    unique_type(&db, "uni", OnDuplicate::Skip).await;
+    let holder = db.enqueue_one(keyed("uni", "u0")).await;
+    let batch: i64 =
+        sqlx::query_scalar("SELECT jobhost.batch_open(label => 'bulk')").fetch_one(db.pool()).await.unwrap();
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let rows = enqueue_many(
+        db.pool(),
+        json!([
+            {"job": "mail", "payload": {}},
+            {"job": "lim", "payload": {"key": "k1"}},
+            {"job": "lim", "payload": {"key": "k1"}, "priority": -1},
+            {"job": "uni", "payload": {"key": "u1"}},
+            {"job": "uni", "payload": {"key": "u1"}},
+            {"job": "uni", "payload": {"key": "u0"}},
+            {"job": "lim", "payload": {"key": "k2"}, "run_at": "2999-01-01T00:00:00Z"},
+            {"job": "mail", "payload": {"n": 1}, "queue": "other", "priority": 3, "batch_id": batch, "traceparent": trace},
+            {"job": "dis", "payload": {"key": "d"}},
+            {"job": "dis", "payload": {"key": "d"}},
+        ]),
+    )
+    .await
+    .unwrap();
+    let positions: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(positions, (1..=10).collect::<Vec<_>>(), "one row per job, in input order");
+    let id = |k: usize| rows[k].1;
+    assert_eq!(
+        rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+        [false, false, false, false, true, true, false, false, false, false]
+    );
+    assert_eq!(id(4), id(3), "a duplicate of an earlier job of the call answers with its id");
+    assert_eq!(id(5), holder, "a duplicate of a stored job answers with the holder's id");
+    // The gate decided k1 by priority: the later job at -1 runs first.
+    assert_eq!(db.state_of(id(2)).await, JobState::Available);
+    assert_eq!(db.state_of(id(1)).await, JobState::Blocked);
+    assert_eq!(holders(&db, "lim", "k1").await, 1);
+    assert_eq!(db.state_of(id(6)).await, JobState::Scheduled, "a job due later is not gated yet");
+    assert_eq!(holders(&db, "lim", "k2").await, 0);
+    assert_eq!(db.state_of(id(8)).await, JobState::Available);
+    assert_eq!(db.state_of(id(9)).await, JobState::Discarded, "discard applies per key");
+    let (queue, priority): (String, i16) = sqlx::query_as("SELECT queue, priority FROM jobhost.jobs WHERE id = $1")
+        .bind(id(7))
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!((queue.as_str(), priority), ("other", 3));
+    assert_eq!(db.scalar(format!("SELECT total FROM jobhost.batches WHERE id = {batch}")).await, 1);
+    let traced = db.texts(format!("SELECT traceparent FROM jobhost.job_traces WHERE job_id = {}", id(7))).await;
+    assert_eq!(traced, [trace]);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_claims WHERE unique_key = 'u1'").await, 1);
+    assert_eq!(db.texts(format!("SELECT concurrency_key FROM jobhost.jobs WHERE id = {}", id(2))).await, ["k1"]);
+    assert!(sqlx::query("SELECT * FROM jobhost.enqueue_many('[]')").fetch_all(db.pool()).await.unwrap().is_empty());
+}
+
+// PostgreSQL only. A bad job, a `raise` limit or a `raise` duplicate
+// anywhere in the call refuses all of it; the bad job is named by position.
+#[tokio::test]
+async fn sql_enqueue_many_is_all_or_nothing() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(job_config("mail"), "v1".into())]).await.unwrap();
+    limited_type(&db, "rai", 1, OnConflict::Raise, "v1").await;
+    unique_type(&db, "ur", OnDuplicate::Raise).await;
+    let stored = db.enqueue_one(keyed("ur", "taken")).await;
+    let mail = json!({"job": "mail", "payload": {}});
+    for (jobs, code, expected) in [
+        (json!({"job": "mail"}), "22023", "must be a JSON array".to_string()),
+        (json!([mail, {"job": "nope", "payload": {}}, mail]), "22023", "job 2 of 3: unknown job type \"nope\"".into()),
+        (
+            json!([mail, mail, {"job": "mail", "payload": {}, "runat": "x"}]),
+            "22023",
+            "job 3 of 3: has an unknown field".into(),
+        ),
+        (
+            json!([{"job": "mail", "payload": [1]}]),
+            "22023",
+            "job 1 of 1: payload of job \"mail\" must be a JSON object".into(),
+        ),
+        (json!([{"job": "mail", "payload": {}, "priority": "high"}]), "22023", "job 1 of 1: has a \"priority\"".into()),
+        (
+            json!([{"job": "mail", "payload": {}, "queue": "Bad Queue"}]),
+            "22023",
+            "job 1 of 1: queue \"Bad Queue\"".into(),
+        ),
+        (
+            json!([{"job": "mail", "payload": {}, "traceparent": "nope"}]),
+            "22023",
+            "job 1 of 1: traceparent \"nope\"".into(),
+        ),
+        (
+            json!([mail, {"job": "rai", "payload": {"key": "a"}}, {"job": "rai", "payload": {"key": "a"}}]),
+            "JHL01",
+            "all 1 slots of key \"a\" are taken".into(),
+        ),
+        (json!([mail, {"job": "ur", "payload": {"key": "taken"}}]), "JHU01", format!("is a duplicate of job {stored}")),
+        (
+            json!([{"job": "ur", "payload": {"key": "new"}}, {"job": "ur", "payload": {"key": "new"}}]),
+            "JHU01",
+            "two jobs of this enqueue have the unique key \"new\"".into(),
+        ),
+    ] {
+        let error = enqueue_many(db.pool(), jobs.clone()).await.unwrap_err();
+        let database = error.as_database_error().unwrap_or_else(|| panic!("{jobs}: {error}"));
+        assert_eq!(database.code().as_deref(), Some(code), "{jobs}: {error}");
+        assert!(database.message().contains(&expected), "{jobs}: {}", database.message());
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 1, "{jobs}: nothing stored");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "{jobs}");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_claims").await, 1, "{jobs}");
+    }
+    // Inside an application's transaction: rolled back with it, committed with it.
+    let mut tx = db.pool().begin().await.unwrap();
+    enqueue_many(&mut *tx, json!([{"job": "rai", "payload": {"key": "a"}}, mail])).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 0, "rolled back with the caller");
+    let mut tx = db.pool().begin().await.unwrap();
+    enqueue_many(&mut *tx, json!([{"job": "rai", "payload": {"key": "a"}}, mail])).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 3);
+    assert_eq!(holders(&db, "rai", "a").await, 1);
+}
