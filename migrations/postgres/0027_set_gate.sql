@@ -40,6 +40,8 @@ DECLARE
     admitted integer;
     key_jobs text[];
     key_names text[];
+    key_counts integer[];
+    key_held integer[];
     key_limits integer[];
     key_taken integer[];
     empty_keys integer;
@@ -58,29 +60,42 @@ BEGIN
     SELECT (SELECT count(*) FROM jobhost.jobs WHERE id = ANY(job_ids) AND concurrency_key IS NULL)
     INTO admitted;
 
-    WITH wanted AS (
+    -- The keys, in (job, key) order, with how many of the jobs each has
+    -- (aggregated from a sorted subquery: one sort instead of one per array).
+    SELECT array_agg(w.job), array_agg(w.key), array_agg(w.n)
+    INTO key_jobs, key_names, key_counts
+    FROM (
         SELECT j.job, j.concurrency_key AS key, count(*)::integer AS n
         FROM jobhost.jobs j
         WHERE j.id = ANY(job_ids) AND j.concurrency_key IS NOT NULL
         GROUP BY 1, 2
-    ), locked AS (
-        INSERT INTO jobhost.semaphores AS s (job, key, holders)
-        SELECT w.job, w.key, 0 FROM wanted w ORDER BY w.job, w.key
-        ON CONFLICT (job, key) DO UPDATE SET updated_at = now()
-        RETURNING s.job, s.key, s.holders
-    ), decided AS (
-        SELECT l.job, l.key, l.holders, jobhost.slot_limit(l.job) AS slot_limit, w.n
-        FROM locked l JOIN wanted w ON w.job = l.job AND w.key = l.key
-    )
-    SELECT array_agg(d.job ORDER BY d.job, d.key), array_agg(d.key ORDER BY d.job, d.key),
-           array_agg(d.slot_limit ORDER BY d.job, d.key),
-           array_agg(least(greatest(d.slot_limit - d.holders, 0), d.n) ORDER BY d.job, d.key),
-           count(*) FILTER (WHERE d.holders = 0 AND d.slot_limit < 1)
-    INTO key_jobs, key_names, key_limits, key_taken, empty_keys
-    FROM decided d;
+        ORDER BY 1, 2
+    ) w;
     IF key_jobs IS NULL THEN
         RETURN admitted;
     END IF;
+    -- Locks them in that order, reading their holders (sorted the same
+    -- way, so the arrays stay aligned).
+    WITH locked AS (
+        INSERT INTO jobhost.semaphores AS s (job, key, holders)
+        SELECT k.job, k.key, 0 FROM unnest(key_jobs, key_names) AS k(job, key) ORDER BY k.job, k.key
+        ON CONFLICT (job, key) DO UPDATE SET updated_at = now()
+        RETURNING s.job, s.key, s.holders
+    )
+    SELECT array_agg(l.holders ORDER BY l.job, l.key) INTO key_held FROM locked l;
+    -- Each key's limit (as jobhost.slot_limit: unlimited when its type no
+    -- longer declares one) and the slots it takes.
+    SELECT array_agg(d.slot_limit ORDER BY d.ord),
+           array_agg(least(greatest(d.slot_limit - d.held, 0), d.n) ORDER BY d.ord),
+           count(*) FILTER (WHERE d.held = 0 AND d.slot_limit < 1)
+    INTO key_limits, key_taken, empty_keys
+    FROM (
+        SELECT k.ord, k.held, k.n,
+               coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit
+        FROM unnest(key_jobs, key_held, key_counts) WITH ORDINALITY AS k(job, held, n, ord)
+        LEFT JOIN jobhost.job_types t ON t.name = k.job
+    ) d;
+
 
     UPDATE jobhost.semaphores s SET holders = s.holders + t.taken
     FROM unnest(key_jobs, key_names, key_limits, key_taken) AS t(job, key, slot_limit, taken)
