@@ -1,8 +1,8 @@
 -- The SQL enqueue for many jobs at once, in the caller's transaction
 -- (docs/queue.md, "From SQL"): what `jobhost.enqueue` does for one job,
 -- done per set. Uniqueness keys are claimed in one call (claim_unique, in
--- (type, key, id) order), the rows are written by one insert, and the jobs
--- due now pass the gate together (admit, keys in (job, key) order): an
+-- (type, key, id) order), and the rows are written through the gate by one
+-- call (insert_jobs, keys in (job, key) order): an
 -- application enqueuing thousands of limited or unique jobs pays a few
 -- statements, not a few per job.
 --
@@ -167,33 +167,33 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The new jobs, their keys (before the gate, which may archive a job,
-    -- and the archive takes its key with it) and trace contexts.
-    INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at, concurrency_key,
-                              batch_id)
-    SELECT p.id, p.job, p.queue, p.priority, p.payload,
-           CASE WHEN p.due > now() THEN 'scheduled' ELSE 'available' END,
-           p.max_attempts, p.due, p.concurrency_key, p.batch_id
-    FROM unnest(ids, names, queues, priorities, payloads, dues, attempts, concurrency_keys, batch_ids, claimants)
-        WITH ORDINALITY AS p(id, job, queue, priority, payload, due, max_attempts, concurrency_key, batch_id,
-                             claimant, k)
-    WHERE p.claimant IN (0, p.id)
-    ORDER BY p.k;
+    -- The new jobs' keys and trace contexts, and the jobs themselves
+    -- through the gate (jobhost.insert_jobs: the limited jobs due now are
+    -- admitted, blocked or discarded as they are written). The keys go
+    -- first: a job the gate discards is archived, and the archive takes
+    -- its key with it.
     INSERT INTO jobhost.unique_keys (job_id, job, unique_key, while_executing)
     SELECT p.id, p.job, p.unique_key, p.while_executing
     FROM unnest(ids, names, unique_keys, while_executing, claimants)
         AS p(id, job, unique_key, while_executing, claimant)
     WHERE p.unique_key IS NOT NULL AND p.claimant IN (0, p.id);
+    PERFORM jobhost.insert_jobs(
+        array_agg(p.job ORDER BY p.k), array_agg(p.queue ORDER BY p.k), array_agg(p.priority ORDER BY p.k),
+        array_agg(p.payload ORDER BY p.k), array_agg(p.max_attempts ORDER BY p.k), array_agg(p.due ORDER BY p.k),
+        array_agg(0::bigint ORDER BY p.k), array_agg(p.concurrency_key ORDER BY p.k),
+        array_agg(NULL::bigint ORDER BY p.k), array_agg(p.id ORDER BY p.k), array_agg(p.batch_id ORDER BY p.k),
+        array_agg(NULL::timestamptz ORDER BY p.k))
+    FROM unnest(ids, names, queues, priorities, payloads, dues, attempts, concurrency_keys, batch_ids, claimants)
+        WITH ORDINALITY AS p(id, job, queue, priority, payload, due, max_attempts, concurrency_key, batch_id,
+                             claimant, k)
+    WHERE p.claimant IN (0, p.id);
     INSERT INTO jobhost.job_traces (job_id, traceparent)
     SELECT p.id, p.traceparent
     FROM unnest(ids, traces, claimants) AS p(id, traceparent, claimant)
     WHERE p.traceparent IS NOT NULL AND p.claimant IN (0, p.id);
 
-    -- The gate for the limited jobs due now, then the batches' counts
-    -- (after the gate: a result takes a key before a batch, and so does this).
-    PERFORM jobhost.admit(ARRAY(
-        SELECT p.id FROM unnest(ids, concurrency_keys, dues, claimants) AS p(id, concurrency_key, due, claimant)
-        WHERE p.claimant IN (0, p.id) AND p.concurrency_key IS NOT NULL AND p.due <= now()), true);
+    -- The batches' counts (after the gate: a result takes a key before a
+    -- batch, and so does this).
     batch_members := ARRAY(
         SELECT p.batch_id FROM unnest(batch_ids, ids, claimants) AS p(batch_id, id, claimant)
         WHERE p.claimant IN (0, p.id) AND p.batch_id IS NOT NULL);

@@ -13,22 +13,23 @@ use crate::store::JobDetail;
 use crate::store::driver::JobDriver;
 use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
 
-/// One set-based insert for the whole batch, then the gate for the limited
-/// jobs due now, then the members counted into their batches (after the
-/// gate: a result takes a key before a batch, and so does this), in the
-/// caller's transaction; outcomes come back in input
-/// order (a blocked or discarded job keeps its id). A batch with unique jobs
-/// first takes its ids and claims its keys, so a duplicate is never stored.
+/// One call of `jobhost.insert_jobs` for the whole batch, which decides
+/// the gate for the limited jobs due now as it writes them (a blocked job
+/// goes straight to `blocked_jobs`), then the members counted into their
+/// batches (after the gate: a result takes a key before a batch, and so
+/// does this), in the caller's transaction; outcomes come back in input
+/// order (a blocked or discarded job keeps its id). A batch with unique
+/// jobs first takes its ids and claims its keys, so a duplicate is never
+/// stored.
 pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
     if jobs.iter().all(|j| j.unique.is_none()) {
-        let rows = insert_rows(conn, jobs, None).await?;
-        super::trace::record(conn, rows.iter().map(|(id, _)| *id).zip(jobs.iter().copied())).await?;
-        admit_due(conn, &rows).await?;
+        let ids = insert_rows(conn, jobs, None).await?;
+        super::trace::record(conn, ids.iter().copied().zip(jobs.iter().copied())).await?;
         super::membership::add_members(conn, jobs).await?;
-        return Ok(rows.into_iter().map(|(id, _)| Enqueued::New(id)).collect());
+        return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
     let ids = super::unique::allocate_ids(conn, jobs.len()).await?;
     let decided = super::unique::claim(conn, jobs, &ids).await?;
@@ -36,19 +37,19 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
     let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
     let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
-    let rows = insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
-    // Before the gate, which may archive a job (discard), and the archive
-    // takes its key with it.
+    // Before the insert, whose gate may archive a job (discard), and the
+    // archive takes its key with it.
     super::unique::record_keys(conn, &fresh).await?;
+    insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
     super::trace::record(conn, fresh.iter().copied()).await?;
-    admit_due(conn, &rows).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
 }
 
-/// Inserts the rows (with the given ids, or the sequence's). Returns each
-/// id, and whether the job must pass the gate now.
-async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<(i64, bool)>> {
+/// Writes the jobs through the gate (with the given ids, or the
+/// sequence's): `jobhost.insert_jobs` in 0027_set_gate.sql. Returns their
+/// ids in input order.
+async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -57,7 +58,7 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
         None => vec![None; jobs.len()],
     };
     let planned = super::rate::plan(conn, jobs).await?;
-    Ok(sqlx::query_as(include_str!("sql/insert.sql"))
+    sqlx::query_scalar("SELECT jobhost.insert_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
         .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
@@ -70,17 +71,9 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
         .bind(ids)
         .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
         .bind(planned)
-        .fetch_all(&mut *conn)
-        .await?)
-}
-
-/// The gate, for the inserted limited jobs that are due now.
-async fn admit_due(conn: &mut PgConnection, rows: &[(i64, bool)]) -> Result<()> {
-    let gated: Vec<i64> = rows.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
-    if !gated.is_empty() {
-        super::concurrency::admit(conn, &gated).await?;
-    }
-    Ok(())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(super::concurrency::limit_reached)
 }
 
 pub async fn fetch(executor: impl sqlx::PgExecutor<'_>, params: &FetchParams) -> Result<Vec<FetchedJob>> {
