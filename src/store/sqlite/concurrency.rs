@@ -82,7 +82,7 @@ async fn set_holders(conn: &mut SqliteConnection, job: &str, key: &str, holders:
 /// waiting for the answer, and discards them otherwise (a delayed job coming
 /// due has nobody to tell). Returns how many jobs became available.
 ///
-/// Set-based: at most eight statements however many keys the jobs have
+/// Set-based: at most nine statements however many keys the jobs have
 /// (each statement is a hop to the connection's thread, and a bulk enqueue
 /// brings thousands of keys).
 pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: bool, now: i64) -> Result<u64> {
