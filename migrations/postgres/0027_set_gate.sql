@@ -207,7 +207,7 @@ DECLARE
     places text[];
     reasons text[];
 BEGIN
-    IF cardinality(jobs) IS NULL THEN
+    IF coalesce(cardinality(jobs), 0) = 0 THEN
         RETURN ARRAY[]::bigint[];
     END IF;
     -- Ids (taken in input order) and due times.
