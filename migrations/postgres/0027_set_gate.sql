@@ -39,7 +39,60 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
 $$;
 
--- THE GATE, as in 0004 (read its comment for the rules), in five steps:
+-- Steps 2 and 3 of the gate below, shared with insert_jobs: for keys in
+-- (job, key) order and how many jobs each brings, locks the keys, reads
+-- their holders, and takes each key's free slots (limit minus holders, no
+-- more than its jobs) by one guarded update. With an enqueuer waiting, a
+-- key whose type says 'raise' and that cannot take all its jobs refuses
+-- the call first (SQLSTATE JHL01, the first such key in key order).
+-- Returns, per key in the same order, its limit (as jobhost.slot_limit:
+-- unlimited when its type no longer declares one), the slots it took and
+-- its type's on_conflict.
+CREATE FUNCTION jobhost.take_slots(
+    key_jobs text[], key_names text[], key_counts integer[], enqueuer_waiting boolean,
+    OUT slot_limits integer[], OUT taken integer[], OUT on_conflicts text[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    held integer[];
+    refusal text;
+    guarded integer;
+BEGIN
+    PERFORM jobhost.lock_keys(key_jobs, key_names);
+    held := jobhost.key_holders(key_jobs, key_names);
+    SELECT array_agg(d.slot_limit ORDER BY d.ord),
+           array_agg(least(greatest(d.slot_limit - d.held, 0), d.n) ORDER BY d.ord),
+           array_agg(d.on_conflict ORDER BY d.ord),
+           (array_agg(format('job "%s" refused: concurrency limit reached: all %s slots of key "%s" are taken',
+                             d.job, d.slot_limit, d.key) ORDER BY d.ord)
+               FILTER (WHERE d.on_conflict = 'raise' AND d.held + d.n > d.slot_limit))[1]
+    INTO slot_limits, taken, on_conflicts, refusal
+    FROM (
+        SELECT k.ord, k.job, k.key, k.held, k.n,
+               coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit,
+               coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') AS on_conflict
+        FROM unnest(key_jobs, key_names, held, key_counts) WITH ORDINALITY AS k(job, key, held, n, ord)
+        LEFT JOIN jobhost.job_types t ON t.name = k.job
+    ) d;
+    IF enqueuer_waiting AND refusal IS NOT NULL THEN
+        RAISE EXCEPTION '%', refusal USING ERRCODE = 'JHL01';
+    END IF;
+    UPDATE jobhost.semaphores s SET holders = s.holders + t.taken
+    FROM unnest(key_jobs, key_names, slot_limits, taken) AS t(job, key, slot_limit, taken)
+    WHERE t.taken > 0 AND s.job = t.job AND s.key = t.key AND s.holders + t.taken <= t.slot_limit;
+    GET DIAGNOSTICS guarded = ROW_COUNT;
+    IF guarded <> (SELECT count(*) FROM unnest(taken) AS t(taken) WHERE t.taken > 0) THEN
+        RAISE EXCEPTION 'semaphores changed under their locks: % keys took their slots', guarded;
+    END IF;
+    -- Only with a corrupt limit below 1: the rows this call created go.
+    DELETE FROM jobhost.semaphores s
+    USING unnest(key_jobs, key_names, slot_limits, held) AS t(job, key, slot_limit, held)
+    WHERE t.slot_limit < 1 AND t.held = 0 AND s.job = t.job AND s.key = t.key AND s.holders = 0;
+END;
+$$;
+
+-- THE GATE, as in 0004 (read its comment for the rules), in five steps
+-- (2 and 3 are jobhost.take_slots above, which insert_jobs shares):
 --  1. jobs without a key become available;
 --  2. one upsert creates or locks the semaphore row of every key, in
 --     (job, key) order (the rows of an INSERT ... SELECT ... ORDER BY are
@@ -63,16 +116,13 @@ DECLARE
     key_jobs text[];
     key_names text[];
     key_counts integer[];
-    key_held integer[];
     key_limits integer[];
     key_taken integer[];
-    empty_keys integer;
-    guarded integer;
+    key_conflicts text[];
     available bigint[];
     parked bigint[];
     discarded bigint[];
     reasons text[];
-    refusal text;
 BEGIN
     WITH unkeyed AS (
         UPDATE jobhost.jobs SET state = 'available'
@@ -96,36 +146,8 @@ BEGIN
     IF key_jobs IS NULL THEN
         RETURN admitted;
     END IF;
-    PERFORM jobhost.lock_keys(key_jobs, key_names);
-    key_held := jobhost.key_holders(key_jobs, key_names);
-    -- Each key's limit (as jobhost.slot_limit: unlimited when its type no
-    -- longer declares one) and the slots it takes.
-    SELECT array_agg(d.slot_limit ORDER BY d.ord),
-           array_agg(least(greatest(d.slot_limit - d.held, 0), d.n) ORDER BY d.ord),
-           count(*) FILTER (WHERE d.held = 0 AND d.slot_limit < 1)
-    INTO key_limits, key_taken, empty_keys
-    FROM (
-        SELECT k.ord, k.held, k.n,
-               coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit
-        FROM unnest(key_jobs, key_held, key_counts) WITH ORDINALITY AS k(job, held, n, ord)
-        LEFT JOIN jobhost.job_types t ON t.name = k.job
-    ) d;
-
-
-    UPDATE jobhost.semaphores s SET holders = s.holders + t.taken
-    FROM unnest(key_jobs, key_names, key_limits, key_taken) AS t(job, key, slot_limit, taken)
-    WHERE t.taken > 0 AND s.job = t.job AND s.key = t.key AND s.holders + t.taken <= t.slot_limit;
-    GET DIAGNOSTICS guarded = ROW_COUNT;
-    IF guarded <> (SELECT count(*) FROM unnest(key_taken) AS t(taken) WHERE t.taken > 0) THEN
-        RAISE EXCEPTION 'semaphores changed under their locks: % of % keys took their slots', guarded,
-            (SELECT count(*) FROM unnest(key_taken) AS t(taken) WHERE t.taken > 0);
-    END IF;
-    IF empty_keys > 0 THEN
-        -- Only with a corrupt limit below 1; the rows this gate created go.
-        DELETE FROM jobhost.semaphores s
-        USING unnest(key_jobs, key_names, key_limits) AS t(job, key, slot_limit)
-        WHERE t.slot_limit < 1 AND s.job = t.job AND s.key = t.key AND s.holders = 0;
-    END IF;
+    SELECT g.slot_limits, g.taken, g.on_conflicts INTO key_limits, key_taken, key_conflicts
+    FROM jobhost.take_slots(key_jobs, key_names, key_counts, enqueuer_waiting) g;
 
     WITH ranked AS (
         SELECT j.id, j.job, j.concurrency_key AS key,
@@ -133,27 +155,19 @@ BEGIN
         FROM jobhost.jobs j
         WHERE j.id = ANY(job_ids) AND j.concurrency_key IS NOT NULL
     ), judged AS (
-        SELECT r.id, r.job, r.key, r.place, t.ord, t.slot_limit, r.place <= t.taken AS admitted,
-               coalesce(c.config -> 'concurrency' ->> 'on_conflict', 'block') AS on_conflict
+        SELECT r.id, r.job, r.key, r.place, t.ord, t.slot_limit, r.place <= t.taken AS admitted, t.on_conflict
         FROM ranked r
-        JOIN unnest(key_jobs, key_names, key_limits, key_taken) WITH ORDINALITY AS t(job, key, slot_limit, taken, ord)
+        JOIN unnest(key_jobs, key_names, key_limits, key_taken, key_conflicts)
+            WITH ORDINALITY AS t(job, key, slot_limit, taken, on_conflict, ord)
             ON t.job = r.job AND t.key = r.key
-        LEFT JOIN jobhost.job_types c ON c.name = r.job
     )
     SELECT array_agg(j.id) FILTER (WHERE j.admitted),
            array_agg(j.id ORDER BY j.ord, j.place) FILTER (WHERE NOT j.admitted AND j.on_conflict NOT IN ('discard', 'raise')),
            array_agg(j.id ORDER BY j.ord, j.place) FILTER (WHERE NOT j.admitted AND j.on_conflict IN ('discard', 'raise')),
            array_agg(format('concurrency limit reached: all %s slots of key "%s" are taken', j.slot_limit, j.key)
-                     ORDER BY j.ord, j.place) FILTER (WHERE NOT j.admitted AND j.on_conflict IN ('discard', 'raise')),
-           (array_agg(format('job "%s" refused: concurrency limit reached: all %s slots of key "%s" are taken',
-                             j.job, j.slot_limit, j.key)
-                      ORDER BY j.ord, j.place) FILTER (WHERE NOT j.admitted AND j.on_conflict = 'raise'))[1]
-    INTO available, parked, discarded, reasons, refusal
+                     ORDER BY j.ord, j.place) FILTER (WHERE NOT j.admitted AND j.on_conflict IN ('discard', 'raise'))
+    INTO available, parked, discarded, reasons
     FROM judged j;
-
-    IF enqueuer_waiting AND refusal IS NOT NULL THEN
-        RAISE EXCEPTION '%', refusal USING ERRCODE = 'JHL01';
-    END IF;
 
     IF available IS NOT NULL THEN
         UPDATE jobhost.jobs SET state = 'available' WHERE id = ANY(available) AND state <> 'available';
@@ -198,12 +212,9 @@ DECLARE
     key_jobs text[];
     key_names text[];
     key_counts integer[];
-    key_held integer[];
     key_limits integer[];
     key_taken integer[];
     key_conflicts text[];
-    guarded integer;
-    refusal text;
     places text[];
     reasons text[];
 BEGIN
@@ -233,36 +244,8 @@ BEGIN
     ) w;
 
     IF key_jobs IS NOT NULL THEN
-        PERFORM jobhost.lock_keys(key_jobs, key_names);
-        key_held := jobhost.key_holders(key_jobs, key_names);
-        SELECT array_agg(d.slot_limit ORDER BY d.ord),
-               array_agg(least(greatest(d.slot_limit - d.held, 0), d.n) ORDER BY d.ord),
-               array_agg(d.on_conflict ORDER BY d.ord),
-               (array_agg(format('job "%s" refused: concurrency limit reached: all %s slots of key "%s" are taken',
-                                 d.job, d.slot_limit, d.key) ORDER BY d.ord)
-                   FILTER (WHERE d.on_conflict = 'raise' AND d.held + d.n > d.slot_limit))[1]
-        INTO key_limits, key_taken, key_conflicts, refusal
-        FROM (
-            SELECT k.ord, k.job, k.key, k.held, k.n,
-                   coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit,
-                   coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') AS on_conflict
-            FROM unnest(key_jobs, key_names, key_held, key_counts) WITH ORDINALITY AS k(job, key, held, n, ord)
-            LEFT JOIN jobhost.job_types t ON t.name = k.job
-        ) d;
-        IF refusal IS NOT NULL THEN
-            RAISE EXCEPTION '%', refusal USING ERRCODE = 'JHL01';
-        END IF;
-        UPDATE jobhost.semaphores s SET holders = s.holders + t.taken
-        FROM unnest(key_jobs, key_names, key_limits, key_taken) AS t(job, key, slot_limit, taken)
-        WHERE t.taken > 0 AND s.job = t.job AND s.key = t.key AND s.holders + t.taken <= t.slot_limit;
-        GET DIAGNOSTICS guarded = ROW_COUNT;
-        IF guarded <> (SELECT count(*) FROM unnest(key_taken) AS t(taken) WHERE t.taken > 0) THEN
-            RAISE EXCEPTION 'semaphores changed under their locks: % keys took their slots', guarded;
-        END IF;
-        -- Only with a corrupt limit below 1: the rows this call created go.
-        DELETE FROM jobhost.semaphores s
-        USING unnest(key_jobs, key_names, key_limits, key_held) AS t(job, key, slot_limit, held)
-        WHERE t.slot_limit < 1 AND t.held = 0 AND s.job = t.job AND s.key = t.key AND s.holders = 0;
+        SELECT g.slot_limits, g.taken, g.on_conflicts INTO key_limits, key_taken, key_conflicts
+        FROM jobhost.take_slots(key_jobs, key_names, key_counts, true) g;
     END IF;
 
     -- Where each job goes: jobs, blocked_jobs or the archive (its key's
