@@ -768,6 +768,22 @@ async fn one_bulk_enqueue_decides_every_key_by_its_own_rules(db: TestDb) {
         assert_eq!(holders(&db, job, key).await, expected, "{job}:{key}");
     }
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 2);
+    // Ids ascend in input order whichever table a job went into, and no
+    // later job gets one of them (SQLite writes blocked and discarded jobs
+    // with ids taken from the jobs table's counter).
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in input order: {ids:?}");
+    let stored = db
+        .scalar(format!(
+            "SELECT (SELECT count(*) FROM jobhost.jobs WHERE id BETWEEN {first} AND {last})
+                  + (SELECT count(*) FROM jobhost.blocked_jobs WHERE id BETWEEN {first} AND {last})
+                  + (SELECT count(*) FROM jobhost.archive WHERE id BETWEEN {first} AND {last})",
+            first = ids[0],
+            last = ids[ids.len() - 1]
+        ))
+        .await;
+    assert_eq!(stored, jobs.len() as i64, "every job stored once under its id");
+    let next = db.enqueue_new("plain", json!({})).await;
+    assert!(next > ids[ids.len() - 1], "the next job's id {next} follows the call's {ids:?}");
 }
 
 /// A `raise` limit anywhere in a bulk enqueue over a thousand keys refuses

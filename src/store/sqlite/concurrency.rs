@@ -110,22 +110,57 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
     for (id, job, key) in keyed {
         keys.entry((job, key)).or_default().push(id);
     }
+    let verdict = decide(conn, &keys, enqueuer_waiting).await?;
+    record_holders(conn, &verdict.holders, now).await?;
+    if !verdict.available.is_empty() {
+        sqlx::query("UPDATE jobs SET state = 'available' WHERE id IN (SELECT value FROM json_each($1))")
+            .bind(json_list(&verdict.available))
+            .execute(&mut *conn)
+            .await?;
+    }
+    discard(conn, &verdict.discarded, now).await?;
+    block(conn, &verdict.blocked, now).await?;
+    Ok(unkeyed + verdict.available.len() as u64)
+}
+
+/// What the gate decided for a set of keys, before anything is written.
+#[derive(Default)]
+pub struct Verdict<'a> {
+    /// Each key that takes slots, with its holders after taking them.
+    pub holders: Vec<(&'a str, &'a str, i64)>,
+    /// The jobs that got a slot.
+    pub available: Vec<i64>,
+    /// The jobs to block.
+    pub blocked: Vec<i64>,
+    /// The jobs to archive as discarded, each with its key's reason.
+    pub discarded: Vec<(i64, String)>,
+}
+
+/// The gate's decision for `keys` (each (job, key) with its jobs in
+/// priority then arrival order), from one read of the keys' holders and
+/// their types' rules; writes nothing, so a `raise` refuses before anything
+/// is written (the first full key in key order).
+pub async fn decide<'a>(
+    conn: &mut SqliteConnection,
+    keys: &'a BTreeMap<(String, String), Vec<i64>>,
+    enqueuer_waiting: bool,
+) -> Result<Verdict<'a>> {
     let wanted: Vec<(&str, &str)> = keys.keys().map(|(job, key)| (job.as_str(), key.as_str())).collect();
     let states: Vec<GateKey> =
         sqlx::query_as(include_str!("sql/gate_states.sql")).bind(json_list(&wanted)).fetch_all(&mut *conn).await?;
-    let mut holders: Vec<(&str, &str, i64)> = Vec::new();
-    let mut available: Vec<i64> = Vec::new();
-    let mut blocked: Vec<i64> = Vec::new();
-    let mut discarded: Vec<(i64, String)> = Vec::new();
-    for GateKey { job, key, holders: held, limit, on_conflict } in &states {
-        let Some(ids) = keys.get(&(job.clone(), key.clone())) else {
-            return Err(Error::Decode(format!("the gate read key {key:?} of {job:?}, which it did not ask for")));
+    if states.len() != keys.len() {
+        return Err(Error::Decode(format!("the gate read {} of {} keys", states.len(), keys.len())));
+    }
+    let mut verdict = Verdict::default();
+    for GateKey { job, key, holders: held, limit, on_conflict } in states {
+        let Some(((job, key), ids)) = keys.get_key_value(&(job, key)) else {
+            return Err(Error::Decode("the gate read a key it did not ask for".into()));
         };
         let limit = limit.unwrap_or(i64::from(i32::MAX));
         let taken = (limit - held).clamp(0, ids.len() as i64) as usize;
         if taken > 0 {
-            holders.push((job, key, held + taken as i64));
-            available.extend_from_slice(&ids[..taken]);
+            verdict.holders.push((job, key, held + taken as i64));
+            verdict.available.extend_from_slice(&ids[..taken]);
         }
         let refused = &ids[taken..];
         if refused.is_empty() {
@@ -136,27 +171,15 @@ pub async fn admit(conn: &mut SqliteConnection, ids: &[i64], enqueuer_waiting: b
             Some("raise") if enqueuer_waiting => {
                 return Err(Error::LimitReached(format!("job \"{job}\" refused: {reason}")));
             }
-            Some("discard" | "raise") => discarded.extend(refused.iter().map(|id| (*id, reason.clone()))),
-            _ => blocked.extend_from_slice(refused),
+            Some("discard" | "raise") => verdict.discarded.extend(refused.iter().map(|id| (*id, reason.clone()))),
+            _ => verdict.blocked.extend_from_slice(refused),
         }
     }
-    if states.len() != keys.len() {
-        return Err(Error::Decode(format!("the gate read {} of {} keys", states.len(), keys.len())));
-    }
-    record_holders(conn, &holders, now).await?;
-    if !available.is_empty() {
-        sqlx::query("UPDATE jobs SET state = 'available' WHERE id IN (SELECT value FROM json_each($1))")
-            .bind(json_list(&available))
-            .execute(&mut *conn)
-            .await?;
-    }
-    discard(conn, &discarded, now).await?;
-    block(conn, &blocked, now).await?;
-    Ok(unkeyed + available.len() as u64)
+    Ok(verdict)
 }
 
 /// Records the holders of keys that have some, in one statement.
-async fn record_holders(conn: &mut SqliteConnection, holders: &[(&str, &str, i64)], now: i64) -> Result<()> {
+pub async fn record_holders(conn: &mut SqliteConnection, holders: &[(&str, &str, i64)], now: i64) -> Result<()> {
     if holders.is_empty() {
         return Ok(());
     }

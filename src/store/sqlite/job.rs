@@ -4,6 +4,7 @@
 //! Every function taking a connection runs inside the caller's `BEGIN
 //! IMMEDIATE` transaction, so it reads and writes with the write lock held.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,9 +24,10 @@ use crate::store::driver::JobDriver;
 use crate::store::enqueue::PreparedUnique;
 use crate::store::{Enqueued, Error, FetchParams, FetchedJob, PreparedJob, Result};
 
-/// One row of insert.sql's input.
+/// A new job's row, as the insert statements of `sql/` read it.
 #[derive(Serialize)]
 struct NewJob<'a> {
+    id: i64,
     job: &'a str,
     queue: &'a str,
     priority: i16,
@@ -36,12 +38,27 @@ struct NewJob<'a> {
     concurrency_key: Option<&'a str>,
     parent_id: Option<i64>,
     batch_id: Option<i64>,
+    /// The error entry of a job the gate discards (its key's reason).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    discarded: Option<serde_json::Value>,
 }
 
-/// One insert for the whole batch, then the gate for the limited jobs due
-/// now, in the caller's transaction; outcomes come back in input order (a
-/// blocked or discarded job keeps its id). Unique jobs are decided first, so
-/// a duplicate is never stored.
+/// New jobs sorted by where the gate sends them, each written once.
+#[derive(Default)]
+struct Placed<'a> {
+    ids: Vec<i64>,
+    jobs: Vec<NewJob<'a>>,
+    blocked: Vec<NewJob<'a>>,
+    discarded: Vec<NewJob<'a>>,
+}
+
+/// Writes a batch of jobs with the gate decided before they are written, in
+/// the caller's transaction; outcomes come back in input order (a blocked
+/// or discarded job keeps its id). Unique jobs are decided first, so a
+/// duplicate is never stored. A limited job due now that gets a slot goes
+/// into `jobs` as available; one that does not goes straight into
+/// `blocked_jobs` (or the archive, for `discard`), instead of being
+/// inserted into `jobs` and moved.
 pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -50,22 +67,21 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     let fresh: Vec<&PreparedJob> =
         jobs.iter().zip(&decisions).filter(|(_, d)| **d == Decision::Insert).map(|(j, _)| *j).collect();
     super::membership::add_members(conn, &fresh).await?;
-    let inserted = insert_rows(conn, &fresh, now).await?;
-    let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
-    // Before the gate, which may archive a job (discard), and the archive
-    // takes its key with it.
-    let keyed: Vec<(i64, &str, &PreparedUnique)> = ids
+    let placed = place(conn, &fresh, now).await?;
+    write(conn, include_str!("sql/insert.sql"), &placed.jobs, now).await?;
+    write(conn, include_str!("sql/insert_blocked.sql"), &placed.blocked, now).await?;
+    // Before the discarded jobs go to the archive, which takes their keys
+    // with them.
+    let keyed: Vec<(i64, &str, &PreparedUnique)> = placed
+        .ids
         .iter()
         .zip(&fresh)
         .filter_map(|(id, job)| job.unique.as_ref().map(|u| (*id, job.job.as_str(), u)))
         .collect();
     unique::record(conn, &keyed, now).await?;
-    super::trace::record(conn, ids.iter().copied().zip(fresh.iter().copied())).await?;
-    let gated: Vec<i64> = inserted.iter().filter(|(_, gated)| *gated).map(|(id, _)| *id).collect();
-    if !gated.is_empty() {
-        concurrency::admit(conn, &gated, true, now).await?;
-    }
-    let mut fresh_ids = ids.into_iter();
+    super::trace::record(conn, placed.ids.iter().copied().zip(fresh.iter().copied())).await?;
+    write(conn, include_str!("sql/insert_discarded.sql"), &placed.discarded, now).await?;
+    let mut fresh_ids = placed.ids.into_iter();
     let mut outcomes: Vec<Enqueued> = Vec::with_capacity(jobs.len());
     for decision in decisions {
         outcomes.push(match decision {
@@ -77,20 +93,24 @@ pub async fn insert(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64
     Ok(outcomes)
 }
 
-/// Inserts the rows in input order. Returns each id, ascending, and whether
-/// the job must pass the gate now.
-async fn insert_rows(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i64) -> Result<Vec<(i64, bool)>> {
+/// Gives the jobs ids in input order and their due times, and passes the
+/// limited ones due now through the gate (taking their slots): each job's
+/// row, in the table it belongs in.
+async fn place<'a>(conn: &mut SqliteConnection, jobs: &[&'a PreparedJob], now: i64) -> Result<Placed<'a>> {
     if jobs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Placed::default());
     }
     let planned = rate::plan(conn, jobs, now).await?;
+    let first_id = take_job_ids(conn, jobs.len() as i64).await?;
     let rows: Vec<NewJob> = jobs
         .iter()
         .zip(planned)
-        .map(|(j, planned)| {
+        .zip(first_id..)
+        .map(|((j, planned), id)| {
             let due = j.run_at.map_or(now.saturating_add(j.delay_ms), |at| at.timestamp_millis());
             let due = due.max(planned.unwrap_or(due));
             NewJob {
+                id,
                 job: &j.job,
                 queue: &j.queue,
                 priority: j.priority,
@@ -101,18 +121,78 @@ async fn insert_rows(conn: &mut SqliteConnection, jobs: &[&PreparedJob], now: i6
                 concurrency_key: j.concurrency_key.as_deref(),
                 parent_id: j.parent_id,
                 batch_id: j.batch_id,
+                discarded: None,
             }
         })
         .collect();
-    let mut inserted: Vec<(i64, bool)> =
-        sqlx::query_as(include_str!("sql/insert.sql")).bind(json_list(&rows)).bind(now).fetch_all(&mut *conn).await?;
-    // AUTOINCREMENT hands out ascending ids in insertion order, which is
-    // input order; RETURNING's own order is unspecified.
-    inserted.sort_unstable();
-    if inserted.len() != jobs.len() {
-        return Err(Error::InvalidEnqueue(format!("{} of {} jobs were inserted", inserted.len(), jobs.len())));
+    // The limited jobs due now, by key, each key's in priority then arrival
+    // (id) order: their run_at is now for all.
+    let mut gated: Vec<(&str, &str, i16, i64)> = rows
+        .iter()
+        .filter(|r| r.state == "available")
+        .filter_map(|r| r.concurrency_key.map(|key| (r.job, key, r.priority, r.id)))
+        .collect();
+    gated.sort_unstable();
+    let mut keys: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+    for (job, key, _, id) in gated {
+        keys.entry((job.to_owned(), key.to_owned())).or_default().push(id);
     }
-    Ok(inserted)
+    let mut placed = Placed { ids: rows.iter().map(|r| r.id).collect(), ..Placed::default() };
+    if keys.is_empty() {
+        placed.jobs = rows;
+        return Ok(placed);
+    }
+    let verdict = concurrency::decide(conn, &keys, true).await?;
+    concurrency::record_holders(conn, &verdict.holders, now).await?;
+    let blocked: HashSet<i64> = verdict.blocked.iter().copied().collect();
+    let mut discarded: HashMap<i64, String> = verdict.discarded.into_iter().collect();
+    for mut row in rows {
+        if blocked.contains(&row.id) {
+            placed.blocked.push(row);
+        } else if let Some(reason) = discarded.remove(&row.id) {
+            row.discarded = Some(serde_json::json!({ "attempt": 0, "at": super::iso(now), "error": reason }));
+            placed.discarded.push(row);
+        } else {
+            placed.jobs.push(row);
+        }
+    }
+    Ok(placed)
+}
+
+/// Writes rows with one of the insert statements of `sql/`.
+async fn write(conn: &mut SqliteConnection, statement: &'static str, rows: &[NewJob<'_>], now: i64) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(statement).bind(json_list(rows)).bind(now).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Takes `count` job ids, the first returned, from `jobs`' AUTOINCREMENT
+/// counter, for rows written with their ids (into `jobs`, `blocked_jobs`
+/// or the archive): no job ever gets them again.
+pub(super) async fn take_job_ids(conn: &mut SqliteConnection, count: i64) -> Result<i64> {
+    let last: Option<i64> =
+        sqlx::query_scalar("UPDATE sqlite_sequence SET seq = seq + $1 WHERE name = 'jobs' RETURNING seq")
+            .bind(count)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some(last) = last {
+        return Ok(last - count + 1);
+    }
+    // No job was ever inserted through the counter: start after every id a
+    // job has (one could have been written with its id).
+    let first: i64 = sqlx::query_scalar(
+        "SELECT 1 + max(coalesce((SELECT max(id) FROM jobs), 0), coalesce((SELECT max(id) FROM archive), 0),
+                        coalesce((SELECT max(id) FROM blocked_jobs), 0))",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', $1)")
+        .bind(first + count - 1)
+        .execute(&mut *conn)
+        .await?;
+    Ok(first)
 }
 
 /// Whether any job a fetch with `params` could take is available: a read

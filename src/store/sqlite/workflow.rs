@@ -360,7 +360,7 @@ async fn record_jobs(conn: &mut SqliteConnection, released: &[(i64, i64)], now: 
 /// Ends a step that will not run: it becomes a job straight in the archive
 /// with the reason as its error, and its dependents count it down.
 async fn end_unrun(conn: &mut SqliteConnection, step: &Ready, state: &str, reason: &str, now: i64) -> Result<()> {
-    let job_id = next_job_id(conn).await?;
+    let job_id = super::job::take_job_ids(conn, 1).await?;
     sqlx::query(
         "UPDATE workflow_steps
          SET job_id = $2, released_at = $3, ended_state = $4, result = json_quote($5), ended_at = $3
@@ -393,26 +393,6 @@ async fn end_unrun(conn: &mut SqliteConnection, step: &Ready, state: &str, reaso
     .execute(&mut *conn)
     .await?;
     Ok(())
-}
-
-/// A job id for a step that never went through `jobs`: taken from the same
-/// AUTOINCREMENT counter, so no job ever gets it again.
-async fn next_job_id(conn: &mut SqliteConnection) -> Result<i64> {
-    let taken: Option<i64> =
-        sqlx::query_scalar("UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'jobs' RETURNING seq")
-            .fetch_optional(&mut *conn)
-            .await?;
-    if let Some(id) = taken {
-        return Ok(id);
-    }
-    let id: i64 = sqlx::query_scalar(
-        "SELECT 1 + max(coalesce((SELECT max(id) FROM jobs), 0), coalesce((SELECT max(id) FROM archive), 0),
-                        coalesce((SELECT max(id) FROM blocked_jobs), 0))",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', $1)").bind(id).execute(&mut *conn).await?;
-    Ok(id)
 }
 
 /// Marks a workflow cancelled and ends its waiting steps; returns how many
