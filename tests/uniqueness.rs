@@ -286,7 +286,48 @@ async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
     assert_eq!(db.state_of(existing).await, JobState::Available);
 }
 
+/// One bulk enqueue mixing every kind of job: new keys, a key repeated
+/// within the call, a key a stored job holds, `while_executing` keys (never
+/// claimed at enqueue) and jobs without a key. Each is answered as a single
+/// enqueue would be, ids ascend in input order, and exactly the written
+/// jobs have their keys recorded.
+async fn one_bulk_enqueue_answers_each_kind_of_unique_job(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
+    db.store.job_types_register(&[(job_config("plain"), "v1".to_string())]).await.unwrap();
+    let held = db.enqueue_outcome(keyed("once", "held")).await.id();
+    let outcomes = db
+        .store
+        .job_enqueue_outcomes(&[
+            keyed("once", "a"),
+            EnqueueParams::new("plain", json!({})),
+            keyed("once", "a"),
+            keyed("solo", "s"),
+            keyed("once", "held"),
+            keyed("solo", "s"),
+            keyed("once", "b"),
+        ])
+        .await
+        .unwrap();
+    let new = |i: usize| match outcomes[i] {
+        Enqueued::New(id) => id,
+        ref other => panic!("job {i} was to be new: {outcomes:?} ({other:?})"),
+    };
+    let written = [new(0), new(1), new(3), new(5), new(6)];
+    assert!(written.windows(2).all(|w| w[0] < w[1]), "ids ascend in input order: {outcomes:?}");
+    assert!(held < written[0]);
+    assert_eq!(outcomes[2], Enqueued::Duplicate(new(0)), "the call's second job of key a is its first's duplicate");
+    assert_eq!(outcomes[4], Enqueued::Duplicate(held), "a stored job's key answers with its id");
+    let ids = |rows: Vec<(i64,)>| rows.into_iter().map(|(id,)| id).collect::<Vec<_>>();
+    let recorded = ids(db.rows("SELECT job_id FROM jobhost.unique_keys ORDER BY job_id").await);
+    assert_eq!(recorded, vec![held, new(0), new(3), new(5), new(6)], "the key of every written unique job, no other");
+    let claimants = ids(db.rows("SELECT job_id FROM jobhost.unique_claims ORDER BY job_id").await);
+    assert_eq!(claimants, vec![held, new(0), new(6)], "until_executed keys are claimed, while_executing ones not yet");
+    assert_eq!(live_jobs(&db, "once").await + live_jobs(&db, "solo").await + live_jobs(&db, "plain").await, 6);
+}
+
 on_both_backends!(
+    one_bulk_enqueue_answers_each_kind_of_unique_job,
     eight_concurrent_enqueuers_of_one_key_store_one_job,
     a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends,
     uniqueness_is_checked_before_the_gate_and_survives_blocking,

@@ -19,8 +19,9 @@ use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
 /// batches (after the gate: a result takes a key before a batch, and so
 /// does this), in the caller's transaction; outcomes come back in input
 /// order (a blocked or discarded job keeps its id). A batch with unique
-/// jobs first takes its ids and claims its keys, so a duplicate is never
-/// stored.
+/// jobs first takes its ids, claims its keys and records them (before the
+/// insert, whose gate may archive a job, and the archive takes its key
+/// with it), so a duplicate is never stored.
 pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -31,15 +32,11 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         super::membership::add_members(conn, jobs).await?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
-    let ids = super::unique::allocate_ids(conn, jobs.len()).await?;
-    let decided = super::unique::claim(conn, jobs, &ids).await?;
+    let (ids, decided) = super::unique::claim(conn, jobs).await?;
     let fresh: Vec<(i64, &PreparedJob)> =
         decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
     let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
     let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
-    // Before the insert, whose gate may archive a job (discard), and the
-    // archive takes its key with it.
-    super::unique::record_keys(conn, &fresh).await?;
     insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
     super::trace::record(conn, fresh.iter().copied()).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;

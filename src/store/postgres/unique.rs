@@ -5,46 +5,33 @@
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
-use crate::store::enqueue::{PreparedJob, PreparedUnique};
+use crate::store::enqueue::PreparedJob;
 use crate::store::{Enqueued, Error, Result};
 use crate::types::OnDuplicate;
 
-/// `n` job ids, taken from the sequence in order, so a batch's unique jobs
-/// can claim their keys before they are inserted.
-pub async fn allocate_ids(conn: &mut PgConnection, n: usize) -> Result<Vec<i64>> {
-    Ok(sqlx::query_scalar("SELECT nextval('jobhost.job_ids') FROM generate_series(1, $1) ORDER BY 1")
-        .bind(n as i64)
-        .fetch_all(&mut *conn)
-        .await?)
-}
-
-/// Claims the `until_executed` keys of `jobs` (with the ids chosen for
-/// them) and decides each duplicate by its `on_duplicate`. Returns, in
-/// input order, `None` for a job that is to be inserted and what became of
-/// each duplicate otherwise.
+/// Takes the jobs' ids, claims their `until_executed` keys and records the
+/// keys of the jobs to be written, in one call (`jobhost.claim_new_keys`
+/// in 0029_claim_new_keys.sql), and decides each duplicate by its
+/// `on_duplicate`. Returns the ids, in input order, and per job `None`
+/// when it is to be written or what became of it as a duplicate.
 ///
 /// # Errors
 /// A duplicate whose type says `raise` ([`Error::Duplicate`]), or the database.
-pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: &[i64]) -> Result<Vec<Option<Enqueued>>> {
-    let claiming: Vec<(usize, &PreparedUnique)> = jobs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, job)| job.unique.as_ref().filter(|u| !u.while_executing).map(|u| (i, u)))
-        .collect();
+pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<(Vec<i64>, Vec<Option<Enqueued>>)> {
+    let (ids, claimants): (Vec<i64>, Vec<Option<i64>>) =
+        sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys($1, $2, $3)")
+            .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect::<Vec<_>>())
+            .fetch_one(&mut *conn)
+            .await?;
+    if ids.len() != jobs.len() || claimants.len() != jobs.len() {
+        let (ids, claimants) = (ids.len(), claimants.len());
+        return Err(Error::Decode(format!("{ids} ids and {claimants} claimants for {} jobs", jobs.len())));
+    }
     let mut decided = vec![None; jobs.len()];
-    if claiming.is_empty() {
-        return Ok(decided);
-    }
-    let claimants: Vec<(i64, i64)> = sqlx::query_as("SELECT ord, claimant FROM jobhost.claim_unique($1, $2, $3)")
-        .bind(claiming.iter().map(|(i, _)| jobs[*i].job.as_str()).collect::<Vec<_>>())
-        .bind(claiming.iter().map(|(_, u)| u.key.as_str()).collect::<Vec<_>>())
-        .bind(claiming.iter().map(|(i, _)| ids[*i]).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
-    if claimants.len() != claiming.len() {
-        return Err(Error::Decode(format!("{} claims answered for {} keys", claimants.len(), claiming.len())));
-    }
-    for ((i, unique), (_, claimant)) in claiming.into_iter().zip(claimants) {
+    for (i, claimant) in claimants.into_iter().enumerate() {
+        let (Some(claimant), Some(unique)) = (claimant, jobs[i].unique.as_ref()) else { continue };
         if claimant == ids[i] {
             continue;
         }
@@ -62,7 +49,7 @@ pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: &[i64]) 
             OnDuplicate::Replace => Enqueued::Duplicate(claimant),
         });
     }
-    Ok(decided)
+    Ok((ids, decided))
 }
 
 /// Gives a waiting claimant a duplicate's payload and time to run, as
@@ -78,25 +65,4 @@ async fn replace_waiting(conn: &mut PgConnection, claimant: i64, duplicate: &Pre
     .bind(duplicate.concurrency_key.as_deref())
     .fetch_one(&mut *conn)
     .await?)
-}
-
-/// Records the keys of newly inserted unique jobs, which the fetch reads
-/// for `while_executing` and the archive's trigger deletes.
-pub async fn record_keys(conn: &mut PgConnection, jobs: &[(i64, &PreparedJob)]) -> Result<()> {
-    let keyed: Vec<(i64, &str, &PreparedUnique)> =
-        jobs.iter().filter_map(|(id, job)| job.unique.as_ref().map(|u| (*id, job.job.as_str(), u))).collect();
-    if keyed.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO jobhost.unique_keys (job_id, job, unique_key, while_executing)
-         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[])",
-    )
-    .bind(keyed.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
-    .bind(keyed.iter().map(|(_, job, _)| *job).collect::<Vec<_>>())
-    .bind(keyed.iter().map(|(_, _, u)| u.key.as_str()).collect::<Vec<_>>())
-    .bind(keyed.iter().map(|(_, _, u)| u.while_executing).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
