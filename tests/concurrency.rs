@@ -978,6 +978,54 @@ async fn an_applications_open_transaction_holds_back_only_its_own_key() {
     host.stop().await;
 }
 
+/// A bulk enqueue over a thousand keys, one of which an application's open
+/// transaction holds (it enqueued a job of that key and has not
+/// committed): the bulk waits for that one key's row, holding the keys
+/// before it in key order, while a bulk over other keys goes in at once.
+/// What it decides for the key follows what the application did: after a
+/// commit the key is full and the bulk's job of it is blocked; after a
+/// rollback the bulk's job takes the slot. Either way every key ends with
+/// exactly one holder and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_enqueue_waits_for_an_applications_open_transaction_on_one_of_its_keys() {
+    for commit in [true, false] {
+        let db = TestDb::postgres().await;
+        limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+        let mut application = db.pool().begin().await.unwrap();
+        let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
+        let app_job: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('lim', '{\"key\": \"k500\"}')")
+            .fetch_one(&mut *application)
+            .await
+            .unwrap();
+        let store = db.dyn_store();
+        let bulk = tokio::spawn(async move {
+            let jobs: Vec<EnqueueParams> = (0..1_000).map(|i| keyed("lim", &format!("k{i}"))).collect();
+            store.job_enqueue(&jobs).await
+        });
+        let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {app_pid} = ANY(pg_blocking_pids(pid))");
+        eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+        let others: Vec<EnqueueParams> = (0..100).map(|i| keyed("lim", &format!("other{i}"))).collect();
+        db.store.job_enqueue(&others).await.unwrap();
+        assert!(!bulk.is_finished(), "the bulk over k500 still waits for the application");
+        if commit {
+            application.commit().await.unwrap();
+        } else {
+            application.rollback().await.unwrap();
+        }
+        let ids = bulk.await.unwrap().unwrap();
+        assert_eq!(ids.len(), 1_000);
+        let bulk_k500 = ids[500];
+        let expected = if commit { JobState::Blocked } else { JobState::Available };
+        assert_eq!(db.state_of(bulk_k500).await, expected, "the bulk's k500 job, commit: {commit}");
+        let app_rows = db.scalar(format!("SELECT count(*) FROM jobhost.jobs WHERE id = {app_job}")).await;
+        assert_eq!(app_rows, i64::from(commit), "the application's job exists only if it committed");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE holders <> 1").await, 0);
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 1_100, "every key, one holder");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1_100);
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, i64::from(commit));
+    }
+}
+
 /// A job of type `last`, limited to one per `{key}`, on its last attempt
 /// and running on host `h`: the expiry of its lease ends it, giving back
 /// its key's slot. Returns the run.
@@ -1228,6 +1276,16 @@ async fn sql_enqueue_many_is_all_or_nothing() {
             "job 1 of 1: payload of job \"mail\" must be a JSON object".into(),
         ),
         (json!([{"job": "mail", "payload": {}, "priority": "high"}]), "22023", "job 1 of 1: has a \"priority\"".into()),
+        (
+            json!([mail, {"job": "mail", "payload": {}, "run_at": "2026-12-24T18:00:00Z"}, {"job": "mail", "payload": {}, "run_at": "next tuesday"}]),
+            "22023",
+            "job 3 of 3: \"run_at\" \"next tuesday\" is not a time".into(),
+        ),
+        (
+            json!([{"job": "mail", "payload": {}, "run_at": "2026-02-30T18:00:00Z"}, mail]),
+            "22023",
+            "job 1 of 2: \"run_at\" \"2026-02-30T18:00:00Z\" is not a time".into(),
+        ),
         (
             json!([{"job": "mail", "payload": {}, "queue": "Bad Queue"}]),
             "22023",
