@@ -2,40 +2,63 @@
 -- keys and jobs; the rules, the statements' order and the lock order are
 -- unchanged (read 0027 for them).
 --
--- take_slots: the keys' holders are read in the statement that decides
--- their slots (one join instead of a read into an array, then a join of
--- that array), and its arrays come from one sorted subquery instead of one
--- sort each; the guarded update and the cleanup of corrupt limits run only
--- when there is something for them to do.
+-- take_slots: a key that has no semaphore row yet is created holding the
+-- slots its jobs take (a new key has no holders, so its first jobs up to
+-- its limit take them), instead of being created empty and then updated;
+-- rows that exist are still locked without being rewritten, all in the
+-- same upsert in (job, key) order. The keys' holders are read in the
+-- statement that decides their slots (one join instead of a read into an
+-- array, then a join of that array), its arrays come from one sorted
+-- subquery instead of one sort each, and the guarded update (of keys that
+-- existed) and the cleanup of corrupt limits run only when there is
+-- something for them to do.
 CREATE OR REPLACE FUNCTION jobhost.take_slots(
     key_jobs text[], key_names text[], key_counts integer[], enqueuer_waiting boolean,
     OUT slot_limits integer[], OUT taken integer[], OUT on_conflicts text[]
 )
 LANGUAGE plpgsql AS $$
 DECLARE
+    created_jobs text[];
+    created_keys text[];
     held integer[];
+    adding integer[];
     refusal text;
     taking integer;
     lowest integer;
     guarded integer;
 BEGIN
-    PERFORM jobhost.lock_keys(key_jobs, key_names);
+    -- Creates or locks every key's row in (job, key) order, as lock_keys
+    -- (0027) does; the rows it creates come back.
+    WITH created AS (
+        INSERT INTO jobhost.semaphores AS s (job, key, holders)
+        SELECT k.job, k.key,
+               least(greatest(coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647), 0), k.n)
+        FROM unnest(key_jobs, key_names, key_counts) AS k(job, key, n)
+        LEFT JOIN jobhost.job_types t ON t.name = k.job
+        ORDER BY k.job, k.key
+        ON CONFLICT (job, key) DO UPDATE SET updated_at = now() WHERE false
+        RETURNING s.job, s.key
+    )
+    SELECT array_agg(c.job), array_agg(c.key) INTO created_jobs, created_keys FROM created c;
     -- A statement of its own after the lock: it reads the holders the
-    -- transactions the lock waited for committed.
+    -- transactions the lock waited for committed. A key this call created
+    -- had none before it.
     SELECT array_agg(d.held), array_agg(d.slot_limit), array_agg(d.taken), array_agg(d.on_conflict),
+           array_agg(CASE WHEN d.created THEN 0 ELSE d.taken END),
            (array_agg(format('job "%s" refused: concurrency limit reached: all %s slots of key "%s" are taken',
                              d.job, d.slot_limit, d.key))
                FILTER (WHERE d.on_conflict = 'raise' AND d.held + d.n > d.slot_limit))[1],
-           count(*) FILTER (WHERE d.taken > 0), min(d.slot_limit)
-    INTO held, slot_limits, taken, on_conflicts, refusal, taking, lowest
+           count(*) FILTER (WHERE d.taken > 0 AND NOT d.created), min(d.slot_limit)
+    INTO held, slot_limits, taken, on_conflicts, adding, refusal, taking, lowest
     FROM (
-        SELECT k.ord, k.job, k.key, k.n, l.held, l.slot_limit, l.on_conflict,
+        SELECT k.ord, k.job, k.key, k.n, c.job IS NOT NULL AS created, l.held, l.slot_limit, l.on_conflict,
                least(greatest(l.slot_limit - l.held, 0), k.n) AS taken
         FROM unnest(key_jobs, key_names, key_counts) WITH ORDINALITY AS k(job, key, n, ord)
+        LEFT JOIN unnest(created_jobs, created_keys) AS c(job, key) ON c.job = k.job AND c.key = k.key
         LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
         LEFT JOIN jobhost.job_types t ON t.name = k.job
         CROSS JOIN LATERAL (
-            SELECT coalesce(s.holders, 0) AS held,
+            SELECT CASE WHEN c.job IS NULL THEN coalesce(s.holders, 0) ELSE 0 END AS held,
                    coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit,
                    coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') AS on_conflict
         ) l
@@ -45,15 +68,16 @@ BEGIN
         RAISE EXCEPTION '%', refusal USING ERRCODE = 'JHL01';
     END IF;
     IF taking > 0 THEN
-        UPDATE jobhost.semaphores s SET holders = s.holders + t.taken
-        FROM unnest(key_jobs, key_names, slot_limits, taken) AS t(job, key, slot_limit, taken)
-        WHERE t.taken > 0 AND s.job = t.job AND s.key = t.key AND s.holders + t.taken <= t.slot_limit;
+        UPDATE jobhost.semaphores s SET holders = s.holders + t.adding
+        FROM unnest(key_jobs, key_names, slot_limits, adding) AS t(job, key, slot_limit, adding)
+        WHERE t.adding > 0 AND s.job = t.job AND s.key = t.key AND s.holders + t.adding <= t.slot_limit;
         GET DIAGNOSTICS guarded = ROW_COUNT;
         IF guarded <> taking THEN
             RAISE EXCEPTION 'semaphores changed under their locks: % of % keys took their slots', guarded, taking;
         END IF;
     END IF;
-    -- Only with a corrupt limit below 1: the rows this call created go.
+    -- Only with a corrupt limit below 1: the rows this call created (with no
+    -- holders) go.
     IF lowest < 1 THEN
         DELETE FROM jobhost.semaphores s
         USING unnest(key_jobs, key_names, slot_limits, held) AS t(job, key, slot_limit, held)
