@@ -985,12 +985,22 @@ async fn an_applications_open_transaction_holds_back_only_its_own_key() {
 /// What it decides for the key follows what the application did: after a
 /// commit the key is full and the bulk's job of it is blocked; after a
 /// rollback the bulk's job takes the slot. Either way every key ends with
-/// exactly one holder and nothing is lost.
+/// exactly its limit of holders and nothing is lost. Both ways of locking
+/// a call's keys are covered: keys new to the bulk (created or waited for
+/// by the upsert), and keys that all exist already, each with a holder of
+/// two slots (locked and read in one statement; a read from before the
+/// wait would take k500's second slot twice, which the guarded update
+/// refuses).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_enqueue_waits_for_an_applications_open_transaction_on_one_of_its_keys() {
-    for commit in [true, false] {
+    for (commit, existing) in [(true, false), (false, false), (true, true), (false, true)] {
         let db = TestDb::postgres().await;
-        limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+        let limit = if existing { 2 } else { 1 };
+        limited_type(&db, "lim", limit, OnConflict::Block, "v1").await;
+        let bulk_jobs: Vec<EnqueueParams> = (0..1_000).map(|i| keyed("lim", &format!("k{i}"))).collect();
+        if existing {
+            db.store.job_enqueue(&bulk_jobs).await.unwrap();
+        }
         let mut application = db.pool().begin().await.unwrap();
         let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
         let app_job: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('lim', '{\"key\": \"k500\"}')")
@@ -998,10 +1008,8 @@ async fn a_bulk_enqueue_waits_for_an_applications_open_transaction_on_one_of_its
             .await
             .unwrap();
         let store = db.dyn_store();
-        let bulk = tokio::spawn(async move {
-            let jobs: Vec<EnqueueParams> = (0..1_000).map(|i| keyed("lim", &format!("k{i}"))).collect();
-            store.job_enqueue(&jobs).await
-        });
+        let jobs = bulk_jobs.clone();
+        let bulk = tokio::spawn(async move { store.job_enqueue(&jobs).await });
         let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {app_pid} = ANY(pg_blocking_pids(pid))");
         eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
         let others: Vec<EnqueueParams> = (0..100).map(|i| keyed("lim", &format!("other{i}"))).collect();
@@ -1014,15 +1022,19 @@ async fn a_bulk_enqueue_waits_for_an_applications_open_transaction_on_one_of_its
         }
         let ids = bulk.await.unwrap().unwrap();
         assert_eq!(ids.len(), 1_000);
-        let bulk_k500 = ids[500];
+        let round = format!("commit: {commit}, keys existing: {existing}");
         let expected = if commit { JobState::Blocked } else { JobState::Available };
-        assert_eq!(db.state_of(bulk_k500).await, expected, "the bulk's k500 job, commit: {commit}");
+        assert_eq!(db.state_of(ids[500]).await, expected, "the bulk's k500 job, {round}");
         let app_rows = db.scalar(format!("SELECT count(*) FROM jobhost.jobs WHERE id = {app_job}")).await;
-        assert_eq!(app_rows, i64::from(commit), "the application's job exists only if it committed");
-        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE holders <> 1").await, 0);
-        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 1_100, "every key, one holder");
-        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 1_100);
-        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, i64::from(commit));
+        assert_eq!(app_rows, i64::from(commit), "the application's job exists only if it committed, {round}");
+        let off = format!("SELECT count(*) FROM jobhost.semaphores WHERE key LIKE 'k%' AND holders <> {limit}");
+        assert_eq!(db.scalar(off).await, 0, "every key of the bulk at its limit, {round}");
+        let others_off = "SELECT count(*) FROM jobhost.semaphores WHERE key LIKE 'other%' AND holders <> 1";
+        assert_eq!(db.scalar(others_off).await, 0, "{round}");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 1_100, "{round}");
+        let available = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await;
+        assert_eq!(available, 1_000 * i64::from(limit) + 100, "as many available jobs as holders, {round}");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, i64::from(commit), "{round}");
     }
 }
 

@@ -2,16 +2,17 @@
 -- keys and jobs; the rules, the statements' order and the lock order are
 -- unchanged (read 0027 for them).
 --
--- take_slots: a key that has no semaphore row yet is created holding the
--- slots its jobs take (a new key has no holders, so its first jobs up to
--- its limit take them), instead of being created empty and then updated;
--- rows that exist are still locked without being rewritten, all in the
--- same upsert in (job, key) order. The keys' holders are read in the
--- statement that decides their slots (one join instead of a read into an
--- array, then a join of that array), its arrays come from one sorted
--- subquery instead of one sort each, and the guarded update (of keys that
--- existed) and the cleanup of corrupt limits run only when there is
--- something for them to do.
+-- take_slots: for a call of many keys that all have a semaphore row, one
+-- SELECT ... FOR UPDATE locks the rows in key order and reads their
+-- holders (the upsert locked them and a second statement read them: two
+-- index probes per key where one does); see the comment in the function
+-- for how a key without a row falls back, and why small calls do not try.
+-- A key that has no row yet is created holding the slots its jobs take
+-- (a new key has no holders, so its first jobs up to its limit take
+-- them), instead of being created empty and then updated. The decision's
+-- arrays come from one sorted subquery instead of one sort each, and the
+-- guarded update (of keys that existed) and the cleanup of corrupt limits
+-- run only when there is something for them to do.
 CREATE OR REPLACE FUNCTION jobhost.take_slots(
     key_jobs text[], key_names text[], key_counts integer[], enqueuer_waiting boolean,
     OUT slot_limits integer[], OUT taken integer[], OUT on_conflicts text[]
@@ -20,6 +21,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     created_jobs text[];
     created_keys text[];
+    read_holders integer[];
+    fresh boolean[];
+    locked_rows bigint;
     held integer[];
     adding integer[];
     refusal text;
@@ -27,22 +31,55 @@ DECLARE
     lowest integer;
     guarded integer;
 BEGIN
-    -- Creates or locks every key's row in (job, key) order, as lock_keys
-    -- (0027) does; the rows it creates come back.
-    WITH created AS (
-        INSERT INTO jobhost.semaphores AS s (job, key, holders)
-        SELECT k.job, k.key,
-               least(greatest(coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647), 0), k.n)
-        FROM unnest(key_jobs, key_names, key_counts) AS k(job, key, n)
-        LEFT JOIN jobhost.job_types t ON t.name = k.job
-        ORDER BY k.job, k.key
-        ON CONFLICT (job, key) DO UPDATE SET updated_at = now() WHERE false
-        RETURNING s.job, s.key
-    )
-    SELECT array_agg(c.job), array_agg(c.key) INTO created_jobs, created_keys FROM created c;
-    -- A statement of its own after the lock: it reads the holders the
-    -- transactions the lock waited for committed. A key this call created
-    -- had none before it.
+    -- Every key's row locked in key order, with its holders read as it is
+    -- locked. When every key of a large call has a row, one SELECT ... FOR
+    -- UPDATE does both (a row another transaction holds is waited for and
+    -- read as that transaction left it), in a block of its own: if a key
+    -- has no row, the rows it took are given back with the block's
+    -- subtransaction before anything else is locked, so keys are still
+    -- only ever waited for in order. (Small calls skip it: a transaction
+    -- enqueuing job by job would pile up a subtransaction per call, and
+    -- past 64 every other session's snapshot pays for them.)
+    IF cardinality(key_jobs) >= 64 THEN
+        BEGIN
+            SELECT array_agg(l.holders), count(*) INTO read_holders, locked_rows
+            FROM (
+                SELECT s.holders
+                FROM unnest(key_jobs, key_names) WITH ORDINALITY AS k(job, key, ord)
+                JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
+                ORDER BY k.ord
+                FOR UPDATE OF s
+            ) l;
+            IF locked_rows < cardinality(key_jobs) THEN
+                RAISE EXCEPTION 'a key has no semaphore row yet' USING ERRCODE = 'JHK01';
+            END IF;
+            fresh := array_fill(false, ARRAY[cardinality(key_jobs)]);
+        EXCEPTION WHEN SQLSTATE 'JHK01' THEN
+            read_holders := NULL;
+        END;
+    END IF;
+    -- Otherwise one upsert creates or locks every key's row in order (a key
+    -- it creates holds the slots its jobs take; one that exists is locked
+    -- without being rewritten), and a statement of its own reads the
+    -- holders the transactions it waited for committed.
+    IF read_holders IS NULL THEN
+        WITH created AS (
+            INSERT INTO jobhost.semaphores AS s (job, key, holders)
+            SELECT k.job, k.key,
+                   least(greatest(coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647), 0), k.n)
+            FROM unnest(key_jobs, key_names, key_counts) AS k(job, key, n)
+            LEFT JOIN jobhost.job_types t ON t.name = k.job
+            ORDER BY k.job, k.key
+            ON CONFLICT (job, key) DO UPDATE SET updated_at = now() WHERE false
+            RETURNING s.job, s.key
+        )
+        SELECT array_agg(c.job), array_agg(c.key) INTO created_jobs, created_keys FROM created c;
+        SELECT array_agg(coalesce(s.holders, 0) ORDER BY k.ord), array_agg(c.job IS NOT NULL ORDER BY k.ord)
+        INTO read_holders, fresh
+        FROM unnest(key_jobs, key_names) WITH ORDINALITY AS k(job, key, ord)
+        LEFT JOIN unnest(created_jobs, created_keys) AS c(job, key) ON c.job = k.job AND c.key = k.key
+        LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key;
+    END IF;
     SELECT array_agg(d.held), array_agg(d.slot_limit), array_agg(d.taken), array_agg(d.on_conflict),
            array_agg(CASE WHEN d.created THEN 0 ELSE d.taken END),
            (array_agg(format('job "%s" refused: concurrency limit reached: all %s slots of key "%s" are taken',
@@ -51,14 +88,14 @@ BEGIN
            count(*) FILTER (WHERE d.taken > 0 AND NOT d.created), min(d.slot_limit)
     INTO held, slot_limits, taken, on_conflicts, adding, refusal, taking, lowest
     FROM (
-        SELECT k.ord, k.job, k.key, k.n, c.job IS NOT NULL AS created, l.held, l.slot_limit, l.on_conflict,
+        SELECT k.ord, k.job, k.key, k.n, k.created, l.held, l.slot_limit, l.on_conflict,
                least(greatest(l.slot_limit - l.held, 0), k.n) AS taken
-        FROM unnest(key_jobs, key_names, key_counts) WITH ORDINALITY AS k(job, key, n, ord)
-        LEFT JOIN unnest(created_jobs, created_keys) AS c(job, key) ON c.job = k.job AND c.key = k.key
-        LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key
+        FROM unnest(key_jobs, key_names, key_counts, read_holders, fresh)
+            WITH ORDINALITY AS k(job, key, n, holders, created, ord)
         LEFT JOIN jobhost.job_types t ON t.name = k.job
         CROSS JOIN LATERAL (
-            SELECT CASE WHEN c.job IS NULL THEN coalesce(s.holders, 0) ELSE 0 END AS held,
+            -- A key this call created had no holders before it.
+            SELECT CASE WHEN k.created THEN 0 ELSE k.holders END AS held,
                    coalesce((t.config -> 'concurrency' ->> 'limit')::integer, 2147483647) AS slot_limit,
                    coalesce(t.config -> 'concurrency' ->> 'on_conflict', 'block') AS on_conflict
         ) l
