@@ -40,7 +40,13 @@ BEGIN
     -- only ever waited for in order. (Small calls skip it: a transaction
     -- enqueuing job by job would pile up a subtransaction per call, and
     -- past 64 every other session's snapshot pays for them.)
-    IF cardinality(key_jobs) >= 64 THEN
+    -- A call whose first, middle or last key has no row (new keys, most
+    -- likely) goes straight to the upsert, without locking the others first.
+    IF cardinality(key_jobs) >= 64 AND (
+        SELECT count(*) = 3
+        FROM unnest(ARRAY[1, (cardinality(key_jobs) + 1) / 2, cardinality(key_jobs)]) AS i(at)
+        JOIN jobhost.semaphores s ON s.job = key_jobs[i.at] AND s.key = key_names[i.at]
+    ) THEN
         BEGIN
             SELECT array_agg(l.holders), count(*) INTO read_holders, locked_rows
             FROM (
@@ -74,11 +80,17 @@ BEGIN
             RETURNING s.job, s.key
         )
         SELECT array_agg(c.job), array_agg(c.key) INTO created_jobs, created_keys FROM created c;
-        SELECT array_agg(coalesce(s.holders, 0) ORDER BY k.ord), array_agg(c.job IS NOT NULL ORDER BY k.ord)
-        INTO read_holders, fresh
-        FROM unnest(key_jobs, key_names) WITH ORDINALITY AS k(job, key, ord)
-        LEFT JOIN unnest(created_jobs, created_keys) AS c(job, key) ON c.job = k.job AND c.key = k.key
-        LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key;
+        IF cardinality(created_jobs) = cardinality(key_jobs) THEN
+            -- Every key is new: nothing to read.
+            read_holders := array_fill(0, ARRAY[cardinality(key_jobs)]);
+            fresh := array_fill(true, ARRAY[cardinality(key_jobs)]);
+        ELSE
+            SELECT array_agg(coalesce(s.holders, 0) ORDER BY k.ord), array_agg(c.job IS NOT NULL ORDER BY k.ord)
+            INTO read_holders, fresh
+            FROM unnest(key_jobs, key_names) WITH ORDINALITY AS k(job, key, ord)
+            LEFT JOIN unnest(created_jobs, created_keys) AS c(job, key) ON c.job = k.job AND c.key = k.key
+            LEFT JOIN jobhost.semaphores s ON s.job = k.job AND s.key = k.key;
+        END IF;
     END IF;
     SELECT array_agg(d.held), array_agg(d.slot_limit), array_agg(d.taken), array_agg(d.on_conflict),
            array_agg(CASE WHEN d.created THEN 0 ELSE d.taken END),
