@@ -324,8 +324,11 @@ async fn the_dashboard_in_a_real_browser() {
     // Retry the failed job; the host runs it, and the page shows it without a reload.
     assert_eq!(heading_state(&browser).await, "failed");
     browser.find(Locator::XPath("//button[text()='Retry']")).await.unwrap().click().await.unwrap();
-    until(&browser, WAIT, "the retry's notice", "return document.querySelector('.notice') !== null").await;
-    assert_eq!(text(&browser, ".notice").await, format!("Job {failed} will run again"));
+    // The sign-in's notice shows until the retry's page replaces it: wait for the retry's own.
+    let retried = format!("Job {failed} will run again");
+    let notice = format!("return document.querySelector('.notice')?.textContent === '{retried}'");
+    until(&browser, WAIT, "the retry's notice", &notice).await;
+    assert_eq!(text(&browser, ".notice").await, retried);
     script(&browser, "window.notReloaded = true; return true").await;
     until(
         &browser,
