@@ -257,3 +257,8 @@ BEGIN
     RETURN ids;
 END;
 $$;
+
+-- Nothing calls these any more: take_slots above locks and reads the keys
+-- itself.
+DROP FUNCTION jobhost.lock_keys(text[], text[]);
+DROP FUNCTION jobhost.key_holders(text[], text[]);

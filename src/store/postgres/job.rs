@@ -44,8 +44,8 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
 }
 
 /// Writes the jobs through the gate (with the given ids, or the
-/// sequence's): `jobhost.insert_jobs` in 0027_set_gate.sql. Returns their
-/// ids in input order.
+/// sequence's): `jobhost.insert_jobs` (0027_set_gate.sql, as 0030 last
+/// replaced it). Returns their ids in input order.
 async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());

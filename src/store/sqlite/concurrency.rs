@@ -153,8 +153,10 @@ pub async fn decide<'a>(
     }
     let mut verdict = Verdict::default();
     for GateKey { job, key, holders: held, limit, on_conflict } in states {
-        let Some(((job, key), ids)) = keys.get_key_value(&(job, key)) else {
-            return Err(Error::Decode("the gate read a key it did not ask for".into()));
+        let read = (job, key);
+        let Some(((job, key), ids)) = keys.get_key_value(&read) else {
+            let (job, key) = read;
+            return Err(Error::Decode(format!("the gate read key {key:?} of {job:?}, which it did not ask for")));
         };
         let limit = limit.unwrap_or(i64::from(i32::MAX));
         let taken = (limit - held).clamp(0, ids.len() as i64) as usize;
