@@ -1264,6 +1264,38 @@ async fn sql_enqueue_many_answers_each_job_as_enqueue_would() {
     assert!(sqlx::query("SELECT * FROM jobhost.enqueue_many('[]')").fetch_all(db.pool()).await.unwrap().is_empty());
 }
 
+// PostgreSQL only. A large call's claims are first tried as one plain
+// insert, which a taken key makes fail and roll back: the answers are those
+// of a small call wherever the taken key falls (one held by a stored job,
+// one twice in the call), and only the written jobs hold claims.
+#[tokio::test]
+async fn sql_enqueue_many_answers_a_large_calls_duplicates() {
+    let db = TestDb::postgres().await;
+    unique_type(&db, "uni", OnDuplicate::Skip).await;
+    let holder = db.enqueue_one(keyed("uni", "u901")).await;
+    let call = |prefix: &str| -> Vec<serde_json::Value> {
+        (0..200).map(|i| json!({"job": "uni", "payload": {"key": format!("{prefix}{i:03}")}})).collect()
+    };
+    let fresh = enqueue_many(db.pool(), json!(call("u"))).await.unwrap();
+    assert!(fresh.iter().all(|r| !r.2), "every new key is new");
+    let mut taken = call("v");
+    taken[100] = json!({"job": "uni", "payload": {"key": "u901"}});
+    taken[199] = json!({"job": "uni", "payload": {"key": "v007"}});
+    let rows = enqueue_many(db.pool(), json!(taken)).await.unwrap();
+    let duplicates: Vec<(usize, i64)> = rows.iter().enumerate().filter(|(_, r)| r.2).map(|(i, r)| (i, r.1)).collect();
+    assert_eq!(duplicates, [(100, holder), (199, rows[7].1)], "the stored holder's id, the call's first job's id");
+    let again = enqueue_many(db.pool(), json!(call("u"))).await.unwrap();
+    assert_eq!(
+        again.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+        fresh.iter().map(|r| (r.1, true)).collect::<Vec<_>>()
+    );
+    let live = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE job = 'uni'").await;
+    assert_eq!(live, 1 + 200 + 198);
+    let own = "SELECT count(*) FROM jobhost.unique_claims c JOIN jobhost.jobs j ON j.id = c.job_id";
+    assert_eq!(db.scalar(own).await, live, "one claim per written job");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_claims").await, live);
+}
+
 // PostgreSQL only. A bad job, a `raise` limit or a `raise` duplicate
 // anywhere in the call refuses all of it; the bad job is named by position.
 #[tokio::test]

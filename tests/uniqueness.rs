@@ -326,8 +326,63 @@ async fn one_bulk_enqueue_answers_each_kind_of_unique_job(db: TestDb) {
     assert_eq!(live_jobs(&db, "once").await + live_jobs(&db, "solo").await + live_jobs(&db, "plain").await, 6);
 }
 
+/// A large bulk enqueue (PostgreSQL first tries its claims as a plain
+/// insert, which any taken key makes fail and roll back) answers every job
+/// as a small one would, wherever a taken key falls: all keys new; one key
+/// a stored job holds, away from the keys sampled before trying and late
+/// in key order; a key twice in the call; every key held; and a `raise`
+/// type refusing the whole call for one held key. Afterwards every live
+/// job holds exactly one claim, its own, and exactly its key is recorded.
+async fn a_large_bulk_enqueue_answers_duplicates_wherever_they_fall(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    unique_type(&db, "strict", UniqueStrategy::UntilExecuted, OnDuplicate::Raise).await;
+    let calls = |job: &'static str, prefix: &'static str| -> Vec<EnqueueParams> {
+        (0..300).map(|i| keyed(job, &format!("{prefix}{i:03}"))).collect()
+    };
+    let new_ids = |outcomes: &[Enqueued]| -> Vec<i64> {
+        outcomes.iter().map(|o| if let Enqueued::New(id) = o { *id } else { panic!("not new: {o:?}") }).collect()
+    };
+    let all_new = new_ids(&db.store.job_enqueue_outcomes(&calls("once", "a")).await.unwrap());
+    assert!(all_new.windows(2).all(|w| w[0] < w[1]), "ids ascend in input order");
+
+    let holder = db.enqueue_outcome(keyed("once", "b901")).await.id();
+    let mut one_held = calls("once", "b");
+    one_held[100] = keyed("once", "b901");
+    let outcomes = db.store.job_enqueue_outcomes(&one_held).await.unwrap();
+    assert_eq!(outcomes[100], Enqueued::Duplicate(holder), "the held key answers with its holder");
+    let written: Vec<_> = outcomes.iter().enumerate().filter(|(i, _)| *i != 100).map(|(_, o)| *o).collect();
+    assert_eq!(new_ids(&written).len(), 299, "every other job is new");
+
+    let mut twice = calls("once", "c");
+    twice[299] = keyed("once", "c005");
+    let outcomes = db.store.job_enqueue_outcomes(&twice).await.unwrap();
+    let first = outcomes[5].id();
+    assert_eq!(outcomes[299], Enqueued::Duplicate(first), "the call's second job of c005 is its first's duplicate");
+    assert_eq!(new_ids(&outcomes[..299]).len(), 299);
+
+    let again = db.store.job_enqueue_outcomes(&calls("once", "a")).await.unwrap();
+    let answers: Vec<Enqueued> = all_new.iter().map(|id| Enqueued::Duplicate(*id)).collect();
+    assert_eq!(again, answers, "every held key answers with its own holder");
+
+    let strict_holder = db.enqueue_outcome(keyed("strict", "s250")).await.id();
+    match db.store.job_enqueue_outcomes(&calls("strict", "s")).await {
+        Err(Error::Duplicate { claimant, .. }) => assert_eq!(claimant, strict_holder),
+        other => panic!("a raise duplicate refuses the call: {other:?}"),
+    }
+    assert_eq!(live_jobs(&db, "strict").await, 1, "the refused call stored nothing");
+
+    let live = live_jobs(&db, "once").await + live_jobs(&db, "strict").await;
+    assert_eq!(live, 300 + 1 + 299 + 299 + 1);
+    assert_eq!(claims(&db).await, live, "one claim per live job");
+    let own = "SELECT count(*) FROM jobhost.unique_claims c JOIN jobhost.unique_keys k
+               ON k.job_id = c.job_id AND k.job = c.job AND k.unique_key = c.unique_key";
+    assert_eq!(db.scalar(own).await, live, "each claim is its claimant's own key");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_keys").await, live);
+}
+
 on_both_backends!(
     one_bulk_enqueue_answers_each_kind_of_unique_job,
+    a_large_bulk_enqueue_answers_duplicates_wherever_they_fall,
     eight_concurrent_enqueuers_of_one_key_store_one_job,
     a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends,
     uniqueness_is_checked_before_the_gate_and_survives_blocking,
@@ -340,6 +395,54 @@ on_both_backends!(
     a_retried_archived_job_takes_its_key_again,
     a_duplicate_child_is_skipped_with_its_parents_completion,
 );
+
+/// A large bulk enqueue whose key an application's open transaction has
+/// just claimed waits for it (the plain insert of the claims, like the
+/// speculative one, waits on the uncommitted claim), while a bulk over
+/// other keys goes in; then its job of that key is the application's
+/// duplicate if the application commits, and new if it rolls back. Each
+/// round ends with one claim per live job and no claim left by the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_bulk_enqueue_waits_for_an_applications_open_claim() {
+    for commit in [true, false] {
+        let db = TestDb::new(Backend::Postgres).await;
+        unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+        let mut application = db.pool().begin().await.unwrap();
+        let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
+        let app_job: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('once', '{\"key\": \"k150\"}')")
+            .fetch_one(&mut *application)
+            .await
+            .unwrap();
+        let store = db.dyn_store();
+        let bulk_jobs: Vec<EnqueueParams> = (0..300).map(|i| keyed("once", &format!("k{i:03}"))).collect();
+        let bulk = tokio::spawn(async move { store.job_enqueue_outcomes(&bulk_jobs).await });
+        let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {app_pid} = ANY(pg_blocking_pids(pid))");
+        eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+        let others: Vec<EnqueueParams> = (0..100).map(|i| keyed("once", &format!("other{i:03}"))).collect();
+        let others = db.store.job_enqueue_outcomes(&others).await.unwrap();
+        assert!(others.iter().all(|o| matches!(o, Enqueued::New(_))));
+        assert!(!bulk.is_finished(), "the bulk over k150 still waits for the application");
+        if commit {
+            application.commit().await.unwrap();
+        } else {
+            application.rollback().await.unwrap();
+        }
+        let outcomes = bulk.await.unwrap().unwrap();
+        let round = format!("application committed: {commit}");
+        if commit {
+            assert_eq!(outcomes[150], Enqueued::Duplicate(app_job), "{round}");
+        } else {
+            assert!(matches!(outcomes[150], Enqueued::New(id) if id != app_job), "{round}: {:?}", outcomes[150]);
+        }
+        let new = outcomes.iter().filter(|o| matches!(o, Enqueued::New(_))).count() as i64;
+        assert_eq!(new, 300 - i64::from(commit), "{round}");
+        let live = live_jobs(&db, "once").await;
+        assert_eq!(live, 300 + 100, "{round}");
+        assert_eq!(claims(&db).await, live, "one claim per live job, {round}");
+        let own = "SELECT count(*) FROM jobhost.unique_claims c JOIN jobhost.jobs j ON j.id = c.job_id";
+        assert_eq!(db.scalar(own).await, live, "every claim is a live job's, {round}");
+    }
+}
 
 /// The SQL enqueue applies the same rules: a duplicate returns the holder's id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@
 //! | `fetch` | 0024_rate_limits (first 0003, then 0007) | leases available jobs (a pinned plan), with their `while_executing` claims, after the rate check |
 //! | `rate_governed`, `rate_key`, `rate_start` | 0024_rate_limits | whether a type's starts are counted; a job's rate key; a fetch's starts recorded, the rest sent back to wait |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
-//! | `park`, `discard`, `admit` | 0004_concurrency | the gate |
+//! | `park`, `discard` | 0004_concurrency | the gate, one job |
 //! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
 //! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
@@ -36,7 +36,8 @@
 //! | `expiry_charges`, `expiry_ends` | 0017_confirmed_leases | whether an expired lease spends its attempt, and ends its job |
 //! | `lock_for_ending` | 0016_lock_order | a job's row, key and batch locked in the lock order, for paths that wait for them |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
-//! | `claim_unique`, `replace_waiting` | 0007_uniqueness | uniqueness claims at enqueue; `on_duplicate` `replace` |
+//! | `claim_unique` | 0032_plain_claims (first 0007_uniqueness) | uniqueness claims of the SQL enqueue |
+//! | `replace_waiting` | 0007_uniqueness | `on_duplicate` `replace` |
 //! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0014_schedule_since (first 0008_schedules) | trigger: a changed calendar restarts its schedule, never before a tick already enqueued |
@@ -49,6 +50,10 @@
 //! | `workflow_steps_ended`, `workflow_release` | 0023_workflows | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
 //! | `workflow_step_archive` | 0023_workflows | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
+//! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004) | the gate for a set of jobs already written; discards with a reason each |
+//! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them |
+//! | `enqueue_many` | 0031_enqueue_many_times (first 0028_enqueue_many) | the SQL bulk enqueue |
+//! | `claim_new_keys`, `claims_likely_new` | 0032_plain_claims (`claim_new_keys` first 0029) | a host's bulk enqueue: ids, claims and keys in one call; whether to try the claims as a plain insert |
 
 mod batch;
 mod concurrency;
