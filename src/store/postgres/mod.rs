@@ -38,11 +38,12 @@
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
 //! | `claim_unique` | 0032_plain_claims (first 0007_uniqueness) | uniqueness claims of the SQL enqueue |
 //! | `replace_waiting` | 0007_uniqueness | `on_duplicate` `replace` |
+//! | `reclaim_unique` | 0033_claims_hold_their_keys (first 0007_uniqueness) | a job retried from the archive takes its key again |
 //! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0014_schedule_since (first 0008_schedules) | trigger: a changed calendar restarts its schedule, never before a tick already enqueued |
 //! | `enqueue` | 0023_workflows (first 0002, then 0004, 0005, 0007, 0009) | the SQL enqueue, into a batch; its body is `enqueue_as` |
-//! | `enqueue_as` | 0023_workflows | the SQL enqueue with the new job's id given (a workflow step's, recorded first) |
+//! | `enqueue_as` | 0033_claims_hold_their_keys (first 0023_workflows) | the SQL enqueue with the new job's id given (a workflow step's, recorded first) |
 //! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
 //! | `archived` | 0009_batches | trigger: batches count their archived members; waiters are told |
 //! | `batch_settle`, `batch_callback_payload` | 0009_batches | deferred trigger: a finished batch's callbacks, once |
@@ -52,8 +53,9 @@
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
 //! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004) | the gate for a set of jobs already written; discards with a reason each |
 //! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them |
-//! | `enqueue_many` | 0031_enqueue_many_times (first 0028_enqueue_many) | the SQL bulk enqueue |
-//! | `claim_new_keys`, `claims_likely_new` | 0032_plain_claims (`claim_new_keys` first 0029) | a host's bulk enqueue: ids, claims and keys in one call; whether to try the claims as a plain insert |
+//! | `enqueue_many` | 0033_claims_hold_their_keys (first 0028_enqueue_many, then 0031) | the SQL bulk enqueue |
+//! | `claim_new_keys` | 0033_claims_hold_their_keys (first 0029, then 0032) | a host's bulk enqueue: ids, claims and `while_executing` keys in one call |
+//! | `claims_likely_new` | 0032_plain_claims | whether to try a call's claims as a plain insert |
 
 mod batch;
 mod concurrency;

@@ -9,9 +9,9 @@ use crate::store::enqueue::PreparedJob;
 use crate::store::{Enqueued, Error, Result};
 use crate::types::OnDuplicate;
 
-/// Takes the jobs' ids, claims their `until_executed` keys and records the
-/// keys of the jobs to be written, in one call (`jobhost.claim_new_keys`
-/// in 0029_claim_new_keys.sql), and decides each duplicate by its
+/// Takes the jobs' ids, claims their `until_executed` keys and records
+/// their `while_executing` keys, in one call (`jobhost.claim_new_keys`,
+/// 0029_claim_new_keys.sql as 0033 last replaced it), and decides each duplicate by its
 /// `on_duplicate`. Returns the ids, in input order, and per job `None`
 /// when it is to be written or what became of it as a duplicate.
 ///
