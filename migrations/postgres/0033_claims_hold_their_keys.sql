@@ -18,7 +18,7 @@
 -- before; it is claimed only when a run starts. The rows of live
 -- until_executed jobs are deleted: their claims stay.
 --
--- SQLite's schema is unchanged: it still records every unique job's key.
+-- SQLite does the same (its 0021_claims_hold_their_keys.sql).
 
 CREATE OR REPLACE FUNCTION jobhost.enqueue_as(
     new_id bigint,

@@ -119,8 +119,9 @@ async fn replace_waiting(
     Ok(limited > 0)
 }
 
-/// Records the keys of newly inserted unique jobs (id, type, key), and
-/// claims the `until_executed` ones.
+/// Records the keys of newly inserted `while_executing` jobs (id, type,
+/// key), claimed when a run starts, and claims the `until_executed` ones
+/// (whose claim is their only record: 0021_claims_hold_their_keys.sql).
 pub async fn record(conn: &mut SqliteConnection, jobs: &[(i64, &str, &PreparedUnique)], now: i64) -> Result<()> {
     let keyed: Vec<(i64, &str, &str, bool)> =
         jobs.iter().map(|(id, job, u)| (*id, *job, u.key.as_str(), u.while_executing)).collect();
@@ -130,7 +131,7 @@ pub async fn record(conn: &mut SqliteConnection, jobs: &[(i64, &str, &PreparedUn
     let list = json_list(&keyed);
     sqlx::query(
         "INSERT INTO unique_keys (job_id, job, unique_key, while_executing)
-         SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, k.value ->> 3 FROM json_each($1) k",
+         SELECT k.value ->> 0, k.value ->> 1, k.value ->> 2, 1 FROM json_each($1) k WHERE k.value ->> 3",
     )
     .bind(&list)
     .execute(&mut *conn)
