@@ -16,7 +16,9 @@
 -- reclaim_unique (0007_uniqueness.sql) and claim_new_keys
 -- (0032_plain_claims.sql). A while_executing job's key is recorded as
 -- before; it is claimed only when a run starts. The rows of live
--- until_executed jobs are deleted: their claims stay.
+-- until_executed jobs are deleted: their claims stay. A row an enqueue
+-- still writes while this migration runs (the functions change when it
+-- commits) is harmless: nothing reads it, and the archive deletes it.
 --
 -- SQLite does the same (its 0021_claims_hold_their_keys.sql).
 
