@@ -14,23 +14,26 @@
 //! earlier definition). The schema's own names keep the older word "park"
 //! for a blocked job (`park`, `promote_parked`, `blocked_jobs.parked_at`):
 //! renaming a function every enqueue from SQL calls is not worth a
-//! migration.
+//! migration. A helper called once per statement is PL/pgSQL, not SQL,
+//! when its body has a subquery: PostgreSQL plans such a SQL body afresh
+//! for every statement that calls it (0034_hot_helpers_in_plpgsql).
 //!
 //! | Function | Migration | Does |
 //! |---|---|---|
 //! | `notify_available` | 0012_quiet_promotions (first 0001_queue) | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
 //! | `fetch` | 0024_rate_limits (first 0003, then 0007) | leases available jobs (a pinned plan), with their `while_executing` claims, after the rate check |
-//! | `rate_governed`, `rate_key`, `rate_start` | 0024_rate_limits | whether a type's starts are counted; a job's rate key; a fetch's starts recorded, the rest sent back to wait |
+//! | `rate_governed` | 0034_hot_helpers_in_plpgsql (first 0024_rate_limits) | whether a type's starts are counted |
+//! | `rate_key`, `rate_start` | 0024_rate_limits | a job's rate key; a fetch's starts recorded, the rest sent back to wait |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard` | 0004_concurrency | the gate, one job |
 //! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
-//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
+//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits, `fetch_ahead` then 0034_hot_helpers_in_plpgsql) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
 //! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
-//! | `unpaused` | 0005_fault_tolerance | the queues not paused |
+//! | `unpaused` | 0034_hot_helpers_in_plpgsql (first 0005_fault_tolerance) | the queues not paused |
 //! | `finish_runs_unless_locked` | 0016_lock_order (first 0005_fault_tolerance, then 0009) | `finish_runs`, its runs' rows locked first, deferring locked keys and batches |
 //! | `expire_leases` | 0017_confirmed_leases (first 0016_lock_order) | expired leases rescued, passing over jobs whose key or batch another transaction holds; an unconfirmed lease gives its attempt back |
 //! | `expiry_charges`, `expiry_ends` | 0017_confirmed_leases | whether an expired lease spends its attempt, and ends its job |
