@@ -192,3 +192,51 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
     let there: Vec<(i64, Vec<u8>)> = sqlx::query_as(recorded).fetch_all(fresh.pool()).await.unwrap();
     assert_eq!(here, there, "recorded as applied, with the files' own checksums");
 }
+
+/// The helpers a fetch and a result write call once per statement are
+/// PL/pgSQL, whose plans last the session: as SQL functions with a
+/// subquery, PostgreSQL planned their bodies afresh for every statement
+/// (a third of a serial-shape write's server time, BENCHMARKS.md "Helpers
+/// planned once per session"). `unpaused` keeps its answers, NULL
+/// elements and a NULL list included.
+#[tokio::test]
+async fn the_hot_paths_helpers_keep_their_plans_and_their_answers() {
+    let db = TestDb::postgres().await;
+    let pool = db.pool();
+    let helpers: Vec<(String, String, Option<Vec<String>>)> = sqlx::query_as(
+        "SELECT p.proname::text, l.lanname::text, p.proconfig FROM pg_proc p
+         JOIN pg_language l ON l.oid = p.prolang JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'jobhost' AND p.proname IN ('unpaused', 'rate_governed', 'fetch_ahead')
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let languages: Vec<(&str, &str)> = helpers.iter().map(|(name, lang, _)| (name.as_str(), lang.as_str())).collect();
+    assert_eq!(languages, [("fetch_ahead", "plpgsql"), ("rate_governed", "plpgsql"), ("unpaused", "plpgsql")]);
+    let settings =
+        |name: &str| helpers.iter().find(|(n, ..)| n == name).and_then(|(.., c)| c.clone()).unwrap_or_default();
+    assert_eq!(settings("fetch_ahead"), ["enable_sort=off"], "the scan still follows the fetch's index order");
+    assert_eq!(settings("unpaused"), ["plan_cache_mode=force_generic_plan"]);
+
+    sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ('paused')").execute(pool).await.unwrap();
+    let unpaused = |queues: Option<Vec<Option<&'static str>>>| async move {
+        sqlx::query_scalar::<_, Vec<Option<String>>>("SELECT jobhost.unpaused($1)")
+            .bind(queues)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let owned = |queues: &[Option<&str>]| queues.iter().map(|q| q.map(str::to_string)).collect::<Vec<_>>();
+    assert_eq!(
+        unpaused(Some(vec![Some("default"), Some("paused"), None, Some("mail")])).await,
+        owned(&[Some("default"), None, Some("mail")])
+    );
+    assert_eq!(unpaused(Some(vec![Some("paused")])).await, owned(&[]));
+    assert_eq!(unpaused(Some(vec![])).await, owned(&[]));
+    assert_eq!(unpaused(None).await, owned(&[]), "no queues, not NULL");
+    // Many calls on one connection: past the plan cache's first five.
+    for _ in 0..8 {
+        assert_eq!(unpaused(Some(vec![Some("default"), Some("paused")])).await, owned(&[Some("default")]));
+    }
+}
