@@ -196,13 +196,14 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
 /// The helpers a fetch and a result write call once per statement are
 /// PL/pgSQL, whose plans last the session: as SQL functions with a
 /// subquery, PostgreSQL planned their bodies afresh for every statement
-/// (a third of a serial-shape write's server time, BENCHMARKS.md "Helpers
-/// planned once per session"). `unpaused` keeps its answers, NULL
+/// (over a quarter of a serial-shape write's server time, BENCHMARKS.md
+/// "Helpers planned once per session"). `unpaused` keeps its answers, NULL
 /// elements and a NULL list included.
 #[tokio::test]
 async fn the_hot_paths_helpers_keep_their_plans_and_their_answers() {
     let db = TestDb::postgres().await;
-    let pool = db.pool();
+    // One connection, so the calls below share one session's plan cache.
+    let pool = &PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
     let helpers: Vec<(String, String, Option<Vec<String>>)> = sqlx::query_as(
         "SELECT p.proname::text, l.lanname::text, p.proconfig FROM pg_proc p
          JOIN pg_language l ON l.oid = p.prolang JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -235,7 +236,7 @@ async fn the_hot_paths_helpers_keep_their_plans_and_their_answers() {
     assert_eq!(unpaused(Some(vec![Some("paused")])).await, owned(&[]));
     assert_eq!(unpaused(Some(vec![])).await, owned(&[]));
     assert_eq!(unpaused(None).await, owned(&[]), "no queues, not NULL");
-    // Many calls on one connection: past the plan cache's first five.
+    // Past the plan cache's first five calls, when a generic plan takes over.
     for _ in 0..8 {
         assert_eq!(unpaused(Some(vec![Some("default"), Some("paused")])).await, owned(&[Some("default")]));
     }
