@@ -469,6 +469,20 @@ async fn cancel_works_on_blocked_and_admitted_jobs(db: TestDb) {
     assert!(error.to_string().contains("is cancelled and cannot be cancelled"), "{error}");
 }
 
+/// A freed key whose semaphore row is gone (deleted by hand) still hands its
+/// slot on in the same transaction: the release finds the key without a row
+/// and promotes into it, rather than leaving the blocked job to the sweep.
+async fn a_freed_key_without_its_row_still_promotes_its_blocked_job(db: TestDb) {
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let holder = db.enqueue_one(keyed("lim", "k")).await;
+    let blocked = db.enqueue_one(keyed("lim", "k")).await;
+    db.execute("DELETE FROM jobhost.semaphores WHERE key = 'k'").await;
+
+    db.store.job_cancel(holder).await.unwrap();
+    assert_eq!(db.state_of(blocked).await, JobState::Available, "promoted by the cancel, not left blocked");
+    assert_eq!(holders(&db, "lim", "k").await, 1, "its row recreated with the one holder");
+}
+
 async fn the_repair_sweep_restores_hand_edited_semaphores(db: TestDb) {
     limited_type(&db, "lim", 2, OnConflict::Block, "v1").await;
     db.store.job_enqueue(&[keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "a"), keyed("lim", "b")]).await.unwrap();
@@ -867,6 +881,7 @@ on_both_backends!(
     raise_and_discard_leave_no_semaphore_residue,
     a_raised_limit_promotes_at_once_and_a_lowered_one_interrupts_nobody,
     cancel_works_on_blocked_and_admitted_jobs,
+    a_freed_key_without_its_row_still_promotes_its_blocked_job,
     the_repair_sweep_restores_hand_edited_semaphores,
     a_last_attempt_lost_with_its_host_gives_its_slot_to_a_blocked_job,
     the_concurrency_view_lists_holders_and_blocked_jobs,
@@ -1370,4 +1385,39 @@ async fn sql_enqueue_many_is_all_or_nothing() {
     tx.commit().await.unwrap();
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 3);
     assert_eq!(holders(&db, "rai", "a").await, 1);
+}
+
+/// A write's promotion reads each key's limit in its own statement and
+/// asks whether a promoted job's type is rate-governed once per job: as a
+/// SQL function `slot_limit` was planned afresh by every write, and an
+/// inlined CTE asked `rate_governed` twice per job (BENCHMARKS.md, "The
+/// promotion without its helpers"). Counted by PostgreSQL itself, in the
+/// transaction that promotes three jobs (rolled back).
+#[tokio::test]
+async fn a_promotion_calls_no_limit_helper_and_asks_for_rate_limits_once_per_job() {
+    let db = TestDb::postgres().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    for key in ["a", "b", "c"] {
+        db.store.job_enqueue(&[keyed("lim", key), keyed("lim", key)]).await.unwrap();
+    }
+    db.fetch("lim", 3).await;
+    let mut tx = db.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'all'").execute(&mut *tx).await.unwrap();
+    let (promoted, leased): (i32, i32) = sqlx::query_as(
+        "SELECT r.promoted, cardinality(r.leased) FROM jobhost.release_slots_leasing(
+             ARRAY['lim', 'lim', 'lim'], ARRAY['a', 'b', 'c'], ARRAY['default'], ARRAY['lim'], ARRAY[60], 3, 'h') r",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!((promoted, leased), (3, 3), "each freed key promoted its blocked job, leased to the writer");
+    let calls: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT funcname::text, calls FROM pg_stat_xact_user_functions
+         WHERE schemaname = 'jobhost' AND funcname IN ('slot_limit', 'rate_governed') ORDER BY 1",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(calls, [("rate_governed".to_string(), 3)], "no slot_limit call; one rate check per promoted job");
+    tx.rollback().await.unwrap();
 }

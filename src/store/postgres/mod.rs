@@ -16,7 +16,8 @@
 //! renaming a function every enqueue from SQL calls is not worth a
 //! migration. A helper called once per statement is PL/pgSQL, not SQL,
 //! when its body has a subquery: PostgreSQL plans such a SQL body afresh
-//! for every statement that calls it (0034_hot_helpers_in_plpgsql).
+//! for every statement that calls it (0034_hot_helpers_in_plpgsql); on the
+//! result write's path such a lookup is a join instead (0035).
 //!
 //! | Function | Migration | Does |
 //! |---|---|---|
@@ -28,7 +29,7 @@
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
 //! | `park`, `discard` | 0004_concurrency | the gate, one job |
 //! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
-//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits, `fetch_ahead` then 0034_hot_helpers_in_plpgsql) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
+//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits and 0035_promotion_without_helpers, `fetch_ahead` then 0034_hot_helpers_in_plpgsql) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
 //! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
