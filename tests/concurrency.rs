@@ -1387,8 +1387,9 @@ async fn sql_enqueue_many_is_all_or_nothing() {
     assert_eq!(holders(&db, "rai", "a").await, 1);
 }
 
-/// A write's promotion reads each key's limit in its own statement and
-/// asks whether a promoted job's type is rate-governed once per job: as a
+/// A write's promotion reads each key's limit within the promotion
+/// statement and asks whether a promoted job's type is rate-governed once
+/// per job: as a
 /// SQL function `slot_limit` was planned afresh by every write, and an
 /// inlined CTE asked `rate_governed` twice per job (BENCHMARKS.md, "The
 /// promotion without its helpers"). Counted by PostgreSQL itself, in the
