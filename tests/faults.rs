@@ -312,6 +312,29 @@ async fn every_connection_terminated_repeatedly_loses_nothing() {
     stop_all(&mut hosts).await;
 }
 
+/// A pooled connection whose session the server ended while it sat idle
+/// (a restart, a failover) is pinged before its next use and replaced: the
+/// caller never sees the dead session. Only connections idle a while are
+/// pinged (a busy one goes straight to its statement; BENCHMARKS.md, "Pings
+/// only for idle connections"), so the connection here is left idle well
+/// past that first.
+#[tokio::test]
+async fn an_idle_connection_whose_session_ended_is_replaced_before_use() {
+    let db = TestDb::postgres().await;
+    let store = jobhost::store::open(&db.url, 1).await.unwrap();
+    store.job_stats().await.expect("the store's one connection works");
+    let sessions = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND application_name = 'jobhost'";
+    let terminate = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'jobhost'";
+    assert!(db.scalar(terminate).await >= 1, "the store's session was ended");
+    assert_eq!(db.scalar(sessions).await, 0, "no jobhost session is left");
+    // Idle past the ping threshold (100 ms), as after any restart.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.job_stats().await.expect("the dead connection was replaced before use, not handed out");
+    assert!(db.scalar(sessions).await >= 1, "the store opened a new session");
+}
+
 /// The server itself goes down while the fleet works: every session ends
 /// at once, connections are refused for a few seconds (longer than the
 /// unlimited jobs' 1 s lease), then it is back on the same port. The hosts

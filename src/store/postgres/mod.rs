@@ -109,6 +109,17 @@ const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
 /// jobhost's own transactions hold a row for milliseconds.
 const SWEEP_LOCK_TIMEOUT: &str = "250ms";
 
+/// A pooled connection idle at least this long is pinged before it is
+/// handed out, so one a server restart ended is dropped, not used; one used
+/// more recently goes straight to its statement (the ping is a round trip
+/// of its own, 90 µs of a serial-shape result write: BENCHMARKS.md, "Pings
+/// only for idle connections"). A server takes longer than this to go down
+/// and come back, so a busy connection is one it opened since. A session
+/// ended under a busy connection (`pg_terminate_backend`) fails that
+/// connection's next statement, as a session ended mid-statement does; the
+/// host's loops retry either.
+const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
+
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
 
@@ -208,6 +219,18 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE
+                        && let Err(error) = sqlx::Connection::ping(conn).await
+                    {
+                        tracing::info!(%error, "an idle connection did not answer its ping; dropping it");
+                        return Ok(false);
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone().options([("statement_timeout", statement_timeout)]))
             .await?;
         let sweeps = PgPoolOptions::new()

@@ -44,8 +44,16 @@ impl SqliteStore {
         if !create && !file.exists() {
             return Err(Error::DatabaseMissing(file.display().to_string()));
         }
+        // No ping before a checkout: the connection is this process's own
+        // file handle, with no server that could have ended it, and the
+        // ping is a round trip to its worker thread (about 60 µs of a
+        // result write; BENCHMARKS.md, "Pings only for idle connections").
         let pool = |size: u32| {
-            SqlitePoolOptions::new().max_connections(size).acquire_timeout(Duration::from_secs(30)).idle_timeout(None)
+            SqlitePoolOptions::new()
+                .max_connections(size)
+                .acquire_timeout(Duration::from_secs(30))
+                .idle_timeout(None)
+                .test_before_acquire(false)
         };
         // The reader connects at once, creating the file and proving the URL.
         // The writer and the watcher connect when first used: a command that
