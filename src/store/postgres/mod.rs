@@ -112,12 +112,12 @@ const SWEEP_LOCK_TIMEOUT: &str = "250ms";
 /// A pooled connection idle at least this long is pinged before it is
 /// handed out, so one a server restart ended is dropped, not used; one used
 /// more recently goes straight to its statement (the ping is a round trip
-/// of its own, 90 µs of a serial-shape result write: BENCHMARKS.md, "Pings
-/// only for idle connections"). A server takes longer than this to go down
-/// and come back, so a busy connection is one it opened since. A session
-/// ended under a busy connection (`pg_terminate_backend`) fails that
-/// connection's next statement, as a session ended mid-statement does; the
-/// host's loops retry either.
+/// of its own, about 100 µs of a serial-shape result write: BENCHMARKS.md,
+/// "Pings only for idle connections"). A server takes longer than this to
+/// go down and come back, so a busy connection is one it opened since. A
+/// session ended under a busy connection (`pg_terminate_backend`) fails
+/// that connection's next statement, as a session ended mid-statement
+/// does; the host's loops retry either.
 const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
 
 /// The channel on which inserts and requeues announce available jobs.
