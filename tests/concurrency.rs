@@ -1389,11 +1389,11 @@ async fn sql_enqueue_many_is_all_or_nothing() {
 
 /// A write's promotion reads each key's limit within the promotion
 /// statement and asks whether a promoted job's type is rate-governed once
-/// per job: as a
-/// SQL function `slot_limit` was planned afresh by every write, and an
-/// inlined CTE asked `rate_governed` twice per job (BENCHMARKS.md, "The
-/// promotion without its helpers"). Counted by PostgreSQL itself, in the
-/// transaction that promotes three jobs (rolled back).
+/// per job: as a SQL function `slot_limit` was planned afresh by every
+/// write, and an inlined CTE asked `rate_governed` twice per job
+/// (BENCHMARKS.md, "The promotion without its helpers"). Counted by
+/// PostgreSQL itself, in the transaction that promotes three jobs (rolled
+/// back).
 #[tokio::test]
 async fn a_promotion_calls_no_limit_helper_and_asks_for_rate_limits_once_per_job() {
     let db = TestDb::postgres().await;

@@ -6,7 +6,8 @@
 //! and reports), `fleet` (hosts and job types), `operate` (listings and
 //! operator commands), `unique` (uniqueness claims at enqueue), `schedule`
 //! (cursors and ticks), `batch` (batches), `wait` (waiting for a job's
-//! end). Queries over ~15 lines are in `sql/`.
+//! end), `pool` (the connection pools and their session settings).
+//! Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
 //! one round trip and so applications can enqueue from SQL. Where each is
@@ -73,6 +74,7 @@ mod lease;
 mod membership;
 mod migrate;
 mod operate;
+mod pool;
 mod rate;
 mod schedule;
 mod secret;
@@ -89,8 +91,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::driver::SchemaDriver;
-use sqlx::ConnectOptions;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
 use tokio::sync::{Notify, OnceCell};
 
 use super::batch::PreparedBatch;
@@ -98,27 +99,6 @@ use super::enqueue::{Configs, PreparedJob};
 use super::finish::{FinishPlan, Written};
 use super::schedule::TickWrite;
 use super::{Backend, EnqueueLimits, Enqueued, FetchParams, Result};
-
-/// How long the server lets a session sit idle inside a transaction.
-const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
-
-/// How long a maintenance sweep waits for a row another transaction holds
-/// (an application's open transaction on a key, an operator's statement)
-/// before it leaves that row for its next pass: a sweep never stalls behind
-/// one lock, and the rows it could not lock are busy, not bad (guarantee 13).
-/// jobhost's own transactions hold a row for milliseconds.
-const SWEEP_LOCK_TIMEOUT: &str = "250ms";
-
-/// A pooled connection idle at least this long is pinged before it is
-/// handed out, so one a server restart ended is dropped, not used; one used
-/// more recently goes straight to its statement (the ping is a round trip
-/// of its own, about 100 µs of a serial-shape result write: BENCHMARKS.md,
-/// "Pings only for idle connections"). A server takes longer than this to
-/// go down and come back, so a busy connection is one it opened since. A
-/// session ended under a busy connection (`pg_terminate_backend`) fails
-/// that connection's next statement, as a session ended mid-statement
-/// does; the host's loops retry either.
-const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
 
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
@@ -132,7 +112,7 @@ const DUE_CHANNEL: &str = "jobhost_due";
 pub struct PgStore {
     pool: PgPool,
     /// The maintenance sweeps' connections, whose lock waits are bounded
-    /// ([`SWEEP_LOCK_TIMEOUT`]), apart from `pool`, whose sessions wait.
+    /// (`pool::sweeps`), apart from `pool`, whose sessions wait.
     sweeps: PgPool,
     /// The LISTEN connections (new jobs; waited-for jobs' ends), apart from
     /// `pool`, so listening never takes a connection the work needs.
@@ -148,30 +128,6 @@ pub struct PgStore {
     listening: Arc<OnceCell<()>>,
     /// What every enqueue through this store may carry.
     limits: EnqueueLimits,
-}
-
-/// How long the first connection may take before the server counts as
-/// unreachable.
-const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Refuses a server that is down or unreachable at once, naming its address:
-/// the pool would retry quietly until its acquire timeout and then say only
-/// that it timed out. Anything the server itself answers (a wrong password,
-/// a database that does not exist) is its own error.
-async fn reachable(options: &PgConnectOptions) -> Result<()> {
-    let address = format!("{}:{}", options.get_host(), options.get_port());
-    match tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(())
-        }
-        Ok(Err(sqlx::Error::Io(error))) => Err(super::Error::Unreachable { address, reason: error.to_string() }),
-        Ok(Err(error)) => Err(error.into()),
-        Err(_) => Err(super::Error::Unreachable {
-            address,
-            reason: format!("no answer within {} s", FIRST_CONNECT_TIMEOUT.as_secs()),
-        }),
-    }
 }
 
 impl PgStore {
@@ -191,53 +147,11 @@ impl PgStore {
     /// # Errors
     /// As [`PgStore::connect`].
     pub async fn connect_bounded(url: &str, max_connections: u32, statement_timeout: Option<Duration>) -> Result<Self> {
-        let options: PgConnectOptions = url.parse()?;
-        // Statements are logged at trace level only: the hot path runs thousands a second.
-        // A host frozen inside a transaction (SIGSTOP, a paused VM) keeps
-        // its socket and its row locks, and every other host's SKIP LOCKED
-        // sweep would pass over those rows for as long as it stays frozen;
-        // the server aborts such a transaction instead. jobhost's own
-        // transactions last milliseconds.
-        //
-        // A `lock_timeout` or `statement_timeout` set for the whole database
-        // or role would make a result write that waits for an application's
-        // lock fail as if its result were bad: jobhost's sessions wait
-        // instead, bounding their waits themselves (deadlines, fences,
-        // SKIP LOCKED), and its sweeps wait briefly (SWEEP_LOCK_TIMEOUT).
-        // A session's startup options take precedence over database and role
-        // settings.
-        let options = options
-            .application_name("jobhost")
-            .options([
-                ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT),
-                ("statement_timeout", "0"),
-                ("lock_timeout", "0"),
-            ])
-            .log_statements(tracing::log::LevelFilter::Trace);
-        reachable(&options).await?;
-        let statement_timeout = statement_timeout.map_or("0".to_string(), |t| t.as_millis().to_string());
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= PING_AFTER_IDLE
-                        && let Err(error) = sqlx::Connection::ping(conn).await
-                    {
-                        tracing::info!(%error, "an idle connection did not answer its ping; dropping it");
-                        return Ok(false);
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_with(options.clone().options([("statement_timeout", statement_timeout)]))
-            .await?;
-        let sweeps = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.clone().options([("lock_timeout", SWEEP_LOCK_TIMEOUT)]));
-        let listeners = PgPoolOptions::new().max_connections(2).connect_lazy_with(options.clone());
+        let options = pool::session_options(url.parse()?);
+        pool::reachable(&options).await?;
+        let pool = pool::work(&options, max_connections, statement_timeout).await?;
+        let sweeps = pool::sweeps(&options);
+        let listeners = pool::listeners(&options);
         Ok(PgStore {
             pool,
             sweeps,
