@@ -1422,3 +1422,42 @@ async fn a_promotion_calls_no_limit_helper_and_asks_for_rate_limits_once_per_job
     assert_eq!(calls, [("rate_governed".to_string(), 3)], "no slot_limit call; one rate check per promoted job");
     tx.rollback().await.unwrap();
 }
+
+/// A result write's archive insert runs one trigger frame, not one for
+/// each of batches, workflows and uniqueness (BENCHMARKS.md, "One archive
+/// trigger"): three frames and five statements, set up even for jobs that
+/// belong to none, were a measured part of every write. Counted by
+/// PostgreSQL itself, in the transaction that archives two keyed runs
+/// (rolled back); what the one trigger does is tested where batches,
+/// waits, workflows and claims are.
+#[tokio::test]
+async fn a_result_write_fires_one_archive_trigger() {
+    let db = TestDb::postgres().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    db.store.job_enqueue(&[keyed("lim", "a"), keyed("lim", "b")]).await.unwrap();
+    let runs = db.fetch("lim", 2).await;
+    let ids: Vec<i64> = runs.iter().map(|r| r.id).collect();
+    let tokens: Vec<i64> = runs.iter().map(|r| r.lease_token).collect();
+    let mut tx = db.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'").execute(&mut *tx).await.unwrap();
+    let written: i32 = sqlx::query_scalar(
+        "SELECT cardinality(f.written) FROM jobhost.finish_runs(
+             $1, $2, ARRAY['completed', 'completed'], ARRAY[NULL, NULL]::jsonb[], ARRAY[NULL, NULL]::jsonb[],
+             ARRAY['[]', '[]']::jsonb[], ARRAY[NULL, NULL]::jsonb[], '{}', '{}', '{}', '{}', '{}', '{}') f",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(written, 2, "both runs archived");
+    let triggers: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT p.proname::text, s.calls FROM pg_stat_xact_user_functions s JOIN pg_proc p ON p.oid = s.funcid
+         WHERE s.funcid IN (SELECT tgfoid FROM pg_trigger WHERE tgrelid = 'jobhost.archive'::regclass) ORDER BY 1",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(triggers, [("archive_ended".to_string(), 1)], "one archive trigger, fired once");
+    tx.rollback().await.unwrap();
+}

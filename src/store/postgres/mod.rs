@@ -44,15 +44,14 @@
 //! | `claim_unique` | 0032_plain_claims (first 0007_uniqueness) | uniqueness claims of the SQL enqueue |
 //! | `replace_waiting` | 0007_uniqueness | `on_duplicate` `replace` |
 //! | `reclaim_unique` | 0033_claims_hold_their_keys (first 0007_uniqueness) | a job retried from the archive takes its key again |
-//! | `release_unique_archived`, `release_unique_run` | 0007_uniqueness | triggers: claims given back |
+//! | `release_unique_run` | 0007_uniqueness | trigger: a run's `while_executing` claim given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0014_schedule_since (first 0008_schedules) | trigger: a changed calendar restarts its schedule, never before a tick already enqueued |
 //! | `enqueue` | 0023_workflows (first 0002, then 0004, 0005, 0007, 0009) | the SQL enqueue, into a batch; its body is `enqueue_as` |
 //! | `enqueue_as` | 0033_claims_hold_their_keys (first 0023_workflows) | the SQL enqueue with the new job's id given (a workflow step's, recorded first) |
 //! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
-//! | `archived` | 0009_batches | trigger: batches count their archived members; waiters are told |
+//! | `archive_ended` | 0036_one_archive_trigger (first `archived` in 0009_batches, `release_unique_archived` in 0007_uniqueness, `workflow_archived` in 0023_workflows) | the archive's one statement trigger: batches count their archived members, waiters are told, workflow steps end, claims are given back |
 //! | `batch_settle`, `batch_callback_payload` | 0009_batches | deferred trigger: a finished batch's callbacks, once |
-//! | `workflow_archived` | 0023_workflows | trigger: an archived job ends its workflow step, once |
 //! | `workflow_steps_ended`, `workflow_release` | 0023_workflows | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
 //! | `workflow_step_archive` | 0023_workflows | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
