@@ -335,6 +335,73 @@ async fn an_idle_connection_whose_session_ended_is_replaced_before_use() {
     assert!(db.scalar(sessions).await >= 1, "the store opened a new session");
 }
 
+/// Two `mail` jobs enqueued and leased to host "h" through `store`.
+async fn two_leased(db: &TestDb, store: &jobhost::store::Store) -> Vec<jobhost::store::FetchedJob> {
+    store.job_types_register(&[(common::job_config("mail"), "v1".to_string())]).await.unwrap();
+    store.job_enqueue(&[EnqueueParams::new("mail", json!({})), EnqueueParams::new("mail", json!({}))]).await.unwrap();
+    let runs = db.fetch("mail", 2).await;
+    assert_eq!(runs.len(), 2, "both jobs leased");
+    runs
+}
+
+/// Result writes keep their own connection between writes instead of the
+/// pool's (BENCHMARKS.md, "The result writer's own connection"); like the
+/// pool's, it is checked after 100 ms idle, so a session a restart ended is
+/// replaced before the next write, which neither fails nor is lost.
+#[tokio::test]
+async fn the_result_writers_idle_connection_whose_session_ended_is_replaced() {
+    let db = TestDb::postgres().await;
+    let store = jobhost::store::open(&db.url, 2).await.unwrap();
+    let runs = two_leased(&db, &store).await;
+    let written = store.job_finish(vec![common::finish(&runs[0], common::completed())]).await.unwrap();
+    assert_eq!(written.len(), 1, "the first result written");
+    let terminate = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'jobhost'";
+    assert!(db.scalar(terminate).await >= 1, "the store's sessions, the writer's among them, were ended");
+    // Idle past the ping threshold (100 ms), as after any restart.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let written = store.job_finish(vec![common::finish(&runs[1], common::completed())]).await;
+    assert!(written.is_ok(), "the dead connection was replaced before the write, not used: {written:?}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 2, "both results written");
+}
+
+/// A result write given up while its statement waits (its future dropped,
+/// as at a host's write deadline) closes its connection: the next write
+/// opens another, so it neither waits behind the abandoned statement nor
+/// reads that statement's reply as its own. The abandoned statement still
+/// runs once the lock is free, and its result is written once.
+#[tokio::test]
+async fn a_result_write_given_up_mid_statement_leaves_its_connection_to_no_later_write() {
+    let db = TestDb::postgres().await;
+    let store = jobhost::store::open(&db.url, 4).await.unwrap();
+    let runs = two_leased(&db, &store).await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE")
+        .bind(runs[0].id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let first = store.job_finish(vec![common::finish(&runs[0], common::completed())]);
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), first).await;
+    assert!(gave_up.is_err(), "the first write waits for the job's row");
+    let second = store.job_finish(vec![common::finish(&runs[1], common::completed())]);
+    let written = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second write does not wait behind the abandoned statement")
+        .expect("the second write gets its own answer");
+    assert!(
+        matches!(written[..], [jobhost::store::FinishResult::Done]),
+        "the answer is the second write's own, its result written: {written:?}"
+    );
+    holder.rollback().await.unwrap();
+    let first_id = runs[0].id;
+    eventually(Duration::from_secs(20), || async {
+        db.scalar(format!("SELECT count(*) FROM jobhost.archive WHERE id = {first_id}")).await == 1
+    })
+    .await;
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 2, "each result written once");
+}
+
 /// The server itself goes down while the fleet works: every session ends
 /// at once, connections are refused for a few seconds (longer than the
 /// unlimited jobs' 1 s lease), then it is back on the same port. The hosts

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use sqlx::types::Json;
-use sqlx::{PgPool, Row};
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::store::finish::{ErrorEntry, FinishPlan, Written};
 use crate::store::{Error, FetchParams, Result};
@@ -15,7 +15,7 @@ use crate::types::JsonText;
 
 /// Writes `plan`; returns what was written and whether any job became
 /// available (requeued at once, or promoted into a freed slot).
-pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<(Written, bool)> {
+pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<(Written, bool)> {
     let rows = FinishRows::of(plan);
     // Children and opened batches must commit with their parent's
     // completion (guarantee 9), so a plan with them is one transaction; so
@@ -23,12 +23,12 @@ pub async fn write(pool: &PgPool, plan: &FinishPlan, next: Option<&FetchParams>)
     // first, in the lock order (jobhost.lock_for_ending in 0016_lock_order).
     // Otherwise the plan is one statement.
     if !plan.has_children() && plan.lock_first.is_empty() {
-        return rows.write(pool, next).await;
+        return rows.write(conn, next).await;
     }
     // The children go in before the next fetch, so the fetch's claims on
     // `while_executing` keys are the transaction's last locks: an enqueue
     // waiting on a child's key never holds up a claim another fetch waits on.
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let work = async {
         if !plan.lock_first.is_empty() {
             sqlx::query("SELECT jobhost.lock_for_ending($1)").bind(&plan.lock_first).execute(&mut *tx).await?;

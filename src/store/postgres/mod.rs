@@ -83,6 +83,7 @@ mod unique;
 mod variable;
 mod wait;
 mod workflow;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,6 +126,8 @@ pub struct PgStore {
     /// Woken when a fetch sent jobs back to wait for a start (or a lost listener).
     due: Arc<Notify>,
     listening: Arc<OnceCell<()>>,
+    /// The connection result writes go out on, apart from `pool`.
+    writer: Arc<writer::Writer>,
     /// What every enqueue through this store may carry.
     limits: EnqueueLimits,
 }
@@ -151,6 +154,7 @@ impl PgStore {
         let pool = pool::work(&options, max_connections, statement_timeout).await?;
         let sweeps = pool::sweeps(&options);
         let listeners = pool::listeners(&options);
+        let writer = Arc::new(writer::Writer::new(pool::work_options(&options, statement_timeout)));
         Ok(PgStore {
             pool,
             sweeps,
@@ -161,6 +165,7 @@ impl PgStore {
             deployed: Arc::new(Notify::new()),
             due: Arc::new(Notify::new()),
             listening: Arc::new(OnceCell::new()),
+            writer,
             limits: EnqueueLimits::default(),
         })
     }
@@ -252,7 +257,14 @@ impl Backend for PgStore {
     }
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
-        let (written, any_available) = finish::write(&self.pool, plan, next).await?;
+        let (written, any_available) = match self.writer.lend().await? {
+            Some(mut lent) => {
+                let written = finish::write(lent.connection(), plan, next).await?;
+                lent.give_back();
+                written
+            }
+            None => finish::write(&mut *self.pool.acquire().await?, plan, next).await?,
+        };
         if any_available {
             // This host's own idle fetch loop need not wait for the
             // notification's round trip through the server.
@@ -297,7 +309,7 @@ impl SchemaDriver for PgStore {
 /// later, from the pool, and until then keeps the rows it locked: a caller
 /// retrying part of the work at once (maintenance isolating a bad row) would
 /// find them locked and pass them over.
-async fn commit_or_roll_back<T>(tx: sqlx::Transaction<'static, sqlx::Postgres>, work: Result<T>) -> Result<T> {
+async fn commit_or_roll_back<T>(tx: sqlx::Transaction<'_, sqlx::Postgres>, work: Result<T>) -> Result<T> {
     match work {
         Ok(value) => {
             tx.commit().await?;

@@ -28,7 +28,7 @@ const SWEEP_LOCK_TIMEOUT: &str = "250ms";
 /// session ended under a busy connection (`pg_terminate_backend`) fails
 /// that connection's next statement, as a session ended mid-statement
 /// does; the host's loops retry either.
-const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
+pub(super) const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
 
 /// How long the first connection may take before the server counts as
 /// unreachable.
@@ -89,7 +89,6 @@ pub(super) async fn work(
     max_connections: u32,
     statement_timeout: Option<Duration>,
 ) -> Result<PgPool> {
-    let statement_timeout = statement_timeout.map_or("0".to_string(), |t| t.as_millis().to_string());
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -105,8 +104,14 @@ pub(super) async fn work(
                 Ok(true)
             })
         })
-        .connect_with(options.clone().options([("statement_timeout", statement_timeout)]))
+        .connect_with(work_options(options, statement_timeout))
         .await?)
+}
+
+/// The work's session settings: the store's, with `statement_timeout`.
+pub(super) fn work_options(options: &PgConnectOptions, statement_timeout: Option<Duration>) -> PgConnectOptions {
+    let statement_timeout = statement_timeout.map_or("0".to_string(), |t| t.as_millis().to_string());
+    options.clone().options([("statement_timeout", statement_timeout)])
 }
 
 /// The maintenance sweeps' pool, whose lock waits are bounded
