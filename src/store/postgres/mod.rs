@@ -6,7 +6,8 @@
 //! and reports), `fleet` (hosts and job types), `operate` (listings and
 //! operator commands), `unique` (uniqueness claims at enqueue), `schedule`
 //! (cursors and ticks), `batch` (batches), `wait` (waiting for a job's
-//! end), `pool` (the connection pools and their session settings).
+//! end), `pool` (the connection pools and their session settings), `writer`
+//! (the connection result writes keep between writes).
 //! Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
