@@ -34,8 +34,9 @@ pub(super) const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
 /// unreachable.
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a checkout waits for a free connection.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a checkout waits for a free connection (and the result
+/// writer for a new session of its own).
+pub(super) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The settings every session of the store starts with.
 ///
