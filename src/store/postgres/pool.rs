@@ -30,13 +30,12 @@ const SWEEP_LOCK_TIMEOUT: &str = "250ms";
 /// does; the host's loops retry either.
 pub(super) const PING_AFTER_IDLE: Duration = Duration::from_millis(100);
 
-/// How long the first connection may take before the server counts as
-/// unreachable.
+/// How long a new session outside the pools (the first, the result
+/// writer's) may take before the server counts as unreachable.
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a checkout waits for a free connection (and the result
-/// writer for a new session of its own).
-pub(super) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a checkout waits for a free connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The settings every session of the store starts with.
 ///
@@ -68,16 +67,20 @@ pub(super) fn session_options(options: PgConnectOptions) -> PgConnectOptions {
 /// that it timed out. Anything the server itself answers (a wrong password,
 /// a database that does not exist) is its own error.
 pub(super) async fn reachable(options: &PgConnectOptions) -> Result<()> {
-    let address = format!("{}:{}", options.get_host(), options.get_port());
+    let _ = sqlx::Connection::close(connect(options).await?).await;
+    Ok(())
+}
+
+/// A session of its own, outside the pools (the result writer's), given up
+/// after [`FIRST_CONNECT_TIMEOUT`] as unreachable, naming the address.
+pub(super) async fn connect(options: &PgConnectOptions) -> Result<sqlx::PgConnection> {
+    let address = || format!("{}:{}", options.get_host(), options.get_port());
     match tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(())
-        }
-        Ok(Err(sqlx::Error::Io(error))) => Err(Error::Unreachable { address, reason: error.to_string() }),
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(sqlx::Error::Io(error))) => Err(Error::Unreachable { address: address(), reason: error.to_string() }),
         Ok(Err(error)) => Err(error.into()),
         Err(_) => Err(Error::Unreachable {
-            address,
+            address: address(),
             reason: format!("no answer within {} s", FIRST_CONNECT_TIMEOUT.as_secs()),
         }),
     }

@@ -19,11 +19,11 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection};
 
-use super::pool::{ACQUIRE_TIMEOUT, PING_AFTER_IDLE};
-use crate::store::{Error, Result};
+use super::pool::PING_AFTER_IDLE;
+use crate::store::Result;
 
 /// The result writes' connection, opened at the first write.
 pub(super) struct Writer {
@@ -77,24 +77,13 @@ impl Writer {
                 Ok(()) => connection,
                 Err(error) => {
                     tracing::info!(%error, "the result writer's idle connection did not answer its ping; opening another");
-                    self.open().await?
+                    super::pool::connect(&self.options).await?
                 }
             },
-            None => self.open().await?,
+            None => super::pool::connect(&self.options).await?,
         };
         lent.connection = Some(connection);
         Ok(Some(lent))
-    }
-
-    /// A new session, given up as a pool checkout would be.
-    async fn open(&self) -> Result<PgConnection> {
-        match tokio::time::timeout(ACQUIRE_TIMEOUT, self.options.connect()).await {
-            Ok(connection) => Ok(connection?),
-            Err(_) => Err(Error::Unreachable {
-                address: format!("{}:{}", self.options.get_host(), self.options.get_port()),
-                reason: format!("no new session within {} s", ACQUIRE_TIMEOUT.as_secs()),
-            }),
-        }
     }
 
     fn put(&self, slot: Slot) {
