@@ -144,6 +144,15 @@ impl Worker {
         if let Err(error) = self.store.host_upsert(&membership.host()).await {
             tracing::warn!(%error, "cannot register this host in the fleet");
         }
+        // Before the first fetch, so the first results go out on a warm
+        // session; bounded as a write is, and only a loss of speed if it fails.
+        match tokio::time::timeout(self.config.write_deadline(), self.store.result_writes_warm()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::info!(%error, "cannot ready the result writes' connection; the first write will")
+            }
+            Err(_) => tracing::info!("readying the result writes' connection took too long; the first write will"),
+        }
         let membership_changes = self.supervisor.spawn(
             "fleet membership",
             membership::on_changes(
