@@ -87,20 +87,19 @@ pub async fn warm(conn: &mut PgConnection) -> Result<()> {
         requeue_progress: vec![None],
     };
     let plain = FinishRows { deferrable_ids: Vec::new(), deferrable_tokens: Vec::new(), ..rows.clone() };
+    // Once: PostgreSQL settles on a statement's generic plan after its
+    // fifth run, and one settled here would be planned for the tables as
+    // they are when the host starts (empty, on a new database) and kept
+    // until they are next analyzed: six runs here made the unlimited
+    // queue's write four times slower (BENCHMARKS.md, "A warm result
+    // writer").
     let mut tx = conn.begin().await?;
-    // PostgreSQL plans a statement's first five runs for their arguments
-    // before it settles on a plan: warmed past them, a write starts settled.
-    for _ in 0..WARM_RUNS {
-        rows.write(&mut *tx, None).await?;
-        plain.write(&mut *tx, None).await?;
-        sqlx::query(include_str!("sql/warm_promotion.sql")).execute(&mut *tx).await?;
-    }
+    rows.write(&mut *tx, None).await?;
+    plain.write(&mut *tx, None).await?;
+    sqlx::query(include_str!("sql/warm_promotion.sql")).execute(&mut *tx).await?;
     tx.rollback().await?;
     Ok(())
 }
-
-/// How many times [`warm`] runs each statement.
-const WARM_RUNS: usize = 6;
 
 /// The columns of `jobhost.finish_runs`: runs that end for good, and runs
 /// that go back to wait, borrowed from the plan.

@@ -89,9 +89,10 @@ impl Writer {
 
     /// Opens the connection now, unless a write has it, and runs a write's
     /// statements on it once ([`super::finish::warm`]), so a host's first
-    /// result writes need not open, compile and plan them (13 ms for the
-    /// first write of a new host, 2-3 ms for the next four, against 0.9 ms
-    /// warm: BENCHMARKS.md, "A warm result writer").
+    /// result write need not open the session, compile the write's
+    /// functions and plan its statements (a new host's first write took
+    /// 12-13 ms, 3-5 ms after this, 0.9 ms once settled: BENCHMARKS.md,
+    /// "A warm result writer").
     ///
     /// # Errors
     /// The session could not be opened or the statements failed; the
