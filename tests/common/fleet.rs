@@ -60,7 +60,20 @@ fn host_command_running(url: &str, components: &Path, cache: &Path, concurrency:
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    keep_log_if_asked(&mut command);
     command
+}
+
+/// With `JOBHOST_TEST_HOST_LOGS` set to a directory, a host's debug log
+/// goes to a file of its own there, so a fault test that fails once in
+/// many runs can be read afterwards; otherwise the hosts stay quiet.
+fn keep_log_if_asked(command: &mut Command) {
+    static HOSTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some(dir) = std::env::var_os("JOBHOST_TEST_HOST_LOGS") else { return };
+    let n = HOSTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = Path::new(&dir).join(format!("host-{}-{n}.log", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    command.env("RUST_LOG", "info,jobhost=debug").stderr(file);
 }
 
 /// Starts a host on the test's database.
@@ -227,12 +240,41 @@ pub async fn assert_slots_match_jobs(db: &TestDb) {
 /// Waits until no job is queued, running or blocked, checking the slots
 /// against the live jobs at every look.
 pub async fn drained(db: &TestDb, within: Duration) {
-    eventually(within, || async {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
         assert_slots_match_jobs(db).await;
-        db.scalar("SELECT count(*) FROM jobhost.jobs").await == 0
+        if db.scalar("SELECT count(*) FROM jobhost.jobs").await == 0
             && db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await == 0
-    })
-    .await;
+        {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("not drained within {within:?}; left:\n{}", what_is_left(db).await.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The unfinished jobs grouped by what a stuck fleet would differ in
+/// (state, type, host, whether the lease ran out, whether the host
+/// confirmed it), the blocked jobs and the fleet's hosts: what a failed
+/// drain prints.
+async fn what_is_left(db: &TestDb) -> Vec<String> {
+    let expired =
+        db.dialect("lease_expires_at < now()", "lease_expires_at < (julianday('now') - 2440587.5) * 86400000");
+    let mut left = db
+        .texts(format!(
+            "SELECT state || ' ' || job || ' host=' || coalesce(host_id, '-') || ' expired=' || coalesce(CAST({expired} AS text), '-')
+                 || ' confirmed=' || coalesce(CAST(confirmed_token = lease_token AS text), '-')
+                 || ' attempts=' || min(attempt) || '..' || max(attempt) || ' jobs=' || count(*)
+             FROM jobhost.jobs GROUP BY state, job, host_id, {expired}, confirmed_token = lease_token"
+        ))
+        .await;
+    left.extend(
+        db.texts("SELECT 'blocked ' || job || ' jobs=' || count(*) FROM jobhost.blocked_jobs GROUP BY job").await,
+    );
+    left.extend(db.texts("SELECT 'host ' || id FROM jobhost.hosts").await);
+    left
 }
 
 /// Asserts that the `enqueued` jobs of type `job` (payloads numbered by
