@@ -642,6 +642,68 @@ async fn a_result_the_database_will_not_take_fails_alone() {
     nothing_left(&db).await;
 }
 
+/// A host that gave its jobs up because its result writes failed for
+/// longer than a lease resumes once writes pass again, though it has no
+/// result of its own left to write: here every write into the archive
+/// fails (an internal error, as a failing disk would give, while pings
+/// still answer) until the host has split its one batch down to its one
+/// result, failed to record that result's failure too and dropped it. It
+/// then leases nothing, so only a write that changes nothing, sent while
+/// it waits, can tell it writes pass again. Before, such a host never
+/// fetched again (a fleet stalled so after a server restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_gave_its_jobs_up_resumes_once_writes_pass() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    db.execute("CREATE TABLE jobhost.test_writes_fail ()").await;
+    db.execute("INSERT INTO jobhost.test_writes_fail DEFAULT VALUES").await;
+    db.execute(
+        "CREATE FUNCTION jobhost.test_writes_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF EXISTS (SELECT FROM jobhost.test_writes_fail) THEN
+                 RAISE EXCEPTION 'could not write block 7 of relation' USING ERRCODE = 'XX000';
+             END IF;
+             RETURN NEW;
+         END $$",
+    )
+    .await;
+    db.execute(
+        "CREATE TRIGGER test_writes_fail BEFORE INSERT ON jobhost.archive
+         FOR EACH ROW EXECUTE FUNCTION jobhost.test_writes_fail()",
+    )
+    .await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = Host::start(
+        host_command(&db.url, components.path(), cache.path())
+            .env("RUST_LOG", "warn")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    );
+    wait_serving(&db, &[&host], 1).await;
+    db.store.job_enqueue(&[sleep(0, 20)]).await.expect("enqueue");
+
+    eventually(WITHIN, || async {
+        let log = complete_lines(&log);
+        log.contains("cannot record the failure either") && log.contains("not renewing leases")
+    })
+    .await;
+    db.execute("DELETE FROM jobhost.test_writes_fail").await;
+    db.store.job_enqueue(&[sleep(1, 20)]).await.expect("enqueue");
+
+    eventually(WITHIN, || async {
+        db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await == 2
+    })
+    .await;
+    assert!(host.is_running(), "the host carried on");
+    host.stop().await;
+    completed_once(&db, "sleep", 2).await;
+    let log = complete_lines(&log);
+    assert!(log.contains("results are written again; renewing and fetching again"), "the host said it resumed:\n{log}");
+    nothing_left(&db).await;
+}
+
 /// Jobs leased by a result write that was still in flight when a stopping
 /// host's grace period ended are handed back, with their attempt given
 /// back, not left running under a lease until it expires. The write is

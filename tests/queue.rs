@@ -185,6 +185,21 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 1);
 }
 
+/// The probe a host sends to learn whether result writes pass again goes
+/// the way of a result write and changes nothing: not a running job, not
+/// its lease, not the archive.
+async fn a_result_write_probe_changes_nothing(db: TestDb) {
+    let db = with_types(db, &["mail"]).await;
+    let running = two_running(&db, "mail").await;
+    let leases = "SELECT string_agg(id || ':' || lease_token || ':' || attempt, ',' ORDER BY id) FROM jobhost.jobs";
+    let before = db.texts(leases).await;
+    db.store.result_write_probe().await.expect("the probe is written");
+    assert_eq!(db.texts(leases).await, before, "the running jobs and their leases are as they were");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 0, "nothing archived");
+    let results = db.store.job_finish(running.iter().map(|job| finish(job, completed())).collect()).await.unwrap();
+    assert_eq!(results, [FinishResult::Done, FinishResult::Done], "their results are written as before");
+}
+
 /// A host whose result writes failed while its lease ran out may lease the
 /// job again and write both runs' results in one batch. Only the newer
 /// lease's result counts: the stale one is a duplicate and writes no child,
@@ -829,6 +844,7 @@ on_both_backends!(
     fetch_follows_priority_then_time_and_serves_only_loaded_types,
     a_stale_lease_token_completes_nothing,
     a_stale_result_batched_with_the_current_one_is_a_duplicate,
+    a_result_write_probe_changes_nothing,
     children_are_written_only_with_their_parents_completion,
     a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch,
     retries_wait_in_schedule_then_pass_when_due_by_the_database_clock,

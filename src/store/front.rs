@@ -13,10 +13,10 @@ use super::fleet::Registered;
 use super::workflow::{CreatedWorkflow, NewWorkflow, Workflow, WorkflowCancel};
 use super::{
     Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueParams, Enqueued, FetchParams,
-    FetchedJob, Finish, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow,
-    KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal, LockedKeys, NewBatch, Result, RunId, ScheduleState,
-    Schedules, SemaphoreFix, Stats, batch, concurrency, enqueue, finish, grant, schedule, secret, session, variable,
-    workflow,
+    FetchedJob, Finish, FinishOutcome, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState,
+    JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal, LockedKeys, NewBatch, Result, RunId,
+    ScheduleState, Schedules, SemaphoreFix, Stats, batch, concurrency, enqueue, finish, grant, schedule, secret,
+    session, variable, workflow,
 };
 
 /// The durable queue. Enqueue and finish are the shared rules over the
@@ -323,6 +323,30 @@ impl Store {
     pub async fn job_stats(&self) -> Result<Stats> {
         let stats = self.driver.job_stats().await?;
         Ok(super::fleet::with_fleet_warnings(stats, self.driver.host_health().await?))
+    }
+
+    /// Writes the end of a run that cannot exist (job id and lease token -1;
+    /// both come from sequences starting at 1) the way a result write
+    /// goes, on the same connection and through the same statements: it
+    /// matches and changes nothing. That it succeeds says results get
+    /// through, which a ping cannot: a host that gave its jobs up because
+    /// its writes failed resumes on it when it has no result of its own
+    /// left to write.
+    pub async fn result_write_probe(&self) -> Result<()> {
+        let probe = Finish {
+            id: -1,
+            lease_token: -1,
+            attempt: 1,
+            outcome: FinishOutcome::Failed { error: "a probe of result writes".into() },
+            log: serde_json::Value::Null,
+            progress: None,
+            concurrency_key: None,
+            batch_id: None,
+            traceparent: None,
+        };
+        let results = self.job_finish(vec![probe]).await?;
+        debug_assert_eq!(results, [FinishResult::Duplicate], "a probe matches no run");
+        Ok(())
     }
 
     /// Answers when the database does: tells a write the database will not

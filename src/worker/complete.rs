@@ -186,7 +186,6 @@ pub(super) async fn write_waiting_on_keys(writer: Writer, mut pending: Vec<Done>
         let finishes: Vec<Finish> = pending.iter().map(|d| d.finish.clone()).collect();
         let failure = match tokio::time::timeout(writes.deadline, store.job_finish(finishes)).await {
             Ok(Ok(results)) => {
-                health.succeeded();
                 writer.release_written(&pending, &results);
                 return;
             }
@@ -335,7 +334,7 @@ impl Writer {
             ..done.finish
         };
         match tokio::time::timeout(self.writes.deadline, self.store.job_finish(vec![failed])).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => self.health.succeeded(),
             Ok(Err(error)) => {
                 tracing::error!(job_id = id, %error, "cannot record the failure either; the job will be redelivered");
             }
@@ -345,8 +344,9 @@ impl Writer {
     }
 
     /// Forgets the leases of written results, saying which were found already
-    /// written or taken over.
+    /// written or taken over; a write got through, whichever path sent it.
     fn release_written(&self, written: &[Done], results: &[FinishResult]) {
+        self.health.succeeded();
         for (done, result) in written.iter().zip(results) {
             if *result == FinishResult::Duplicate {
                 log_duplicate(done);
@@ -377,7 +377,10 @@ impl Writer {
                 other => other,
             };
             match written {
-                Ok(_) => self.leases.release(run),
+                Ok(_) => {
+                    self.health.succeeded();
+                    self.leases.release(run);
+                }
                 // Refused twice: give up on it; its lease expires and it is redelivered.
                 Err(error) if error.is_refusal() => {
                     tracing::error!(job_id = id, %error, "dropping a result the database refuses; the job will be redelivered");

@@ -2,7 +2,10 @@
 //! leases and lease jobs but cannot write results is a black hole: its jobs
 //! would neither finish nor be redelivered. Once writes have failed for
 //! longer than a lease, it stops renewing and fetching, says so at error
-//! level, and lets the fleet take its jobs over.
+//! level, and lets the fleet take its jobs over. Any write of results that
+//! gets through ends that, on whichever path it was sent, and so does the
+//! probe the fetch loop sends while it waits: a host may have no result
+//! left to write.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
