@@ -1461,3 +1461,82 @@ async fn a_result_write_fires_one_archive_trigger() {
     assert_eq!(triggers, [("archive_ended".to_string(), 1)], "one archive trigger, fired once");
     tx.rollback().await.unwrap();
 }
+
+/// Counts the functions of every new session of the test's database
+/// (`pg_stat_user_functions`, which a session reports when idle).
+async fn count_functions(db: &TestDb) {
+    db.execute(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); END $$",
+    )
+    .await;
+}
+
+/// Calls of `function` counted so far by every session of the database.
+async fn calls_of(db: &TestDb, function: &str) -> i64 {
+    db.scalar(format!(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
+         WHERE schemaname = 'jobhost' AND funcname = '{function}'"
+    ))
+    .await
+}
+
+/// What readying the result writer may not change: live, parked and
+/// archived jobs, the keys' holders, and the ids and tokens drawn.
+async fn queue_state(db: &TestDb) -> Vec<String> {
+    db.texts(
+        "SELECT concat_ws(' | ',
+             (SELECT string_agg(id || ':' || state || ':' || coalesce(lease_token, 0), ',' ORDER BY id) FROM jobhost.jobs),
+             (SELECT string_agg(id::text, ',' ORDER BY id) FROM jobhost.blocked_jobs),
+             (SELECT count(*) FROM jobhost.archive),
+             (SELECT string_agg(job || '/' || key || ':' || holders, ',' ORDER BY job, key) FROM jobhost.semaphores),
+             (SELECT last_value FROM jobhost.job_ids),
+             (SELECT last_value FROM jobhost.lease_tokens))",
+    )
+    .await
+}
+
+/// A store readies its result writer's session by running a write's
+/// functions once (BENCHMARKS.md, "A warm result writer"): the first
+/// write of a new session compiled and planned them, ten times a warm
+/// write. The warm-up changes, draws and leaves locked nothing, and the
+/// writes after it on the same session write as before.
+#[tokio::test]
+async fn warming_the_result_writer_runs_a_write_and_changes_nothing() {
+    let db = TestDb::postgres().await;
+    count_functions(&db).await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    db.store.job_enqueue(&[keyed("lim", "a"), keyed("lim", "a")]).await.unwrap();
+    let runs = db.fetch("lim", 2).await;
+    assert_eq!(runs.len(), 1, "one holder of the key, one job parked behind it");
+    let before = queue_state(&db).await;
+    // A store opened now: its sessions count their functions.
+    let store = jobhost::store::open(&db.url, 2).await.unwrap();
+    store.result_writes_warm().await.unwrap();
+    assert_eq!(queue_state(&db).await, before, "nothing changed or drawn");
+    let locks = "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                 WHERE c.relnamespace = 'jobhost'::regnamespace AND l.pid <> pg_backend_pid()";
+    assert_eq!(db.scalar(locks).await, 0, "no lock left on any table");
+    eventually(Duration::from_secs(20), || async {
+        calls_of(&db, "finish_runs_unless_locked").await >= 1 && calls_of(&db, "release_slots_leasing").await >= 1
+    })
+    .await;
+    let written = store.job_finish(vec![finish(&runs[0], completed())]).await.unwrap();
+    assert!(matches!(written[..], [FinishResult::Done]), "the holder's result written: {written:?}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await,
+        1,
+        "the parked job promoted"
+    );
+}
+
+/// A host readies its result writer as it starts, before any job is
+/// fetched, so its first results go out on a warm session.
+#[tokio::test]
+async fn a_host_readies_its_result_writer_before_its_first_result() {
+    let db = TestDb::postgres().await;
+    count_functions(&db).await;
+    let host = TestHost::start(&db, &["hello"], |_| {}).await;
+    eventually(Duration::from_secs(20), || async { calls_of(&db, "finish_runs_unless_locked").await >= 1 }).await;
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive").await, 0, "no job was run");
+    host.stop().await;
+}

@@ -41,6 +41,13 @@ pub(crate) trait Backend: Send + Sync {
     /// plan's deferrable runs of that key out instead of waiting.
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written>;
 
+    /// Readies what result writes go out on before the first one, so a
+    /// host's first writes are as quick as its later ones. Nothing to do
+    /// where nothing is kept between writes.
+    async fn writes_warm(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Moves a schedule's cursor from `write.expected` to `write.last_tick`
     /// and writes `write.jobs` (as [`Backend::jobs_write`] does: a unique
     /// job whose key is held is not stored), in one

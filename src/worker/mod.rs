@@ -120,6 +120,21 @@ impl Worker {
         &self.host.id
     }
 
+    /// Readies the result writes' connection before the first fetch, so the
+    /// first results go out on a warm session. Bounded as a write is, and
+    /// by the shutdown; a failure costs only the first write's speed.
+    async fn warm_result_writes(&self, shutdown: &CancellationToken) {
+        let warm = tokio::time::timeout(self.config.write_deadline(), self.store.result_writes_warm());
+        tokio::select! {
+            warmed = warm => match warmed {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::info!(%error, "cannot ready the result writes' connection; the first write will"),
+                Err(_) => tracing::info!("readying the result writes' connection took too long; the first write will"),
+            },
+            () = shutdown.cancelled() => {}
+        }
+    }
+
     /// Runs until `shutdown` fires, then stops fetching, lets running jobs
     /// finish within the grace period, interrupts the rest and hands their
     /// jobs back so another host starts them at once.
@@ -199,6 +214,7 @@ impl Worker {
             ),
         );
 
+        self.warm_result_writes(&shutdown).await;
         self.fetch_loop(&capacity, &mut handoffs, &launch).await;
 
         tracing::info!(running = self.leases.count(), "stopping: no new jobs will be fetched");

@@ -274,6 +274,10 @@ impl Backend for PgStore {
         Ok(written)
     }
 
+    async fn writes_warm(&self) -> Result<()> {
+        self.writer.warm().await
+    }
+
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>> {
         schedule::write(&self.pool, write).await
     }

@@ -25,7 +25,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use super::pool::PING_AFTER_IDLE;
 use crate::store::Result;
 
-/// The result writes' connection, opened at the first write.
+/// The result writes' connection, opened when the host starts
+/// ([`Writer::warm`]) or at the first write.
 pub(super) struct Writer {
     options: PgConnectOptions,
     slot: Mutex<Slot>,
@@ -84,6 +85,23 @@ impl Writer {
         };
         lent.connection = Some(connection);
         Ok(Some(lent))
+    }
+
+    /// Opens the connection now, unless a write has it, and runs a write's
+    /// statements on it once ([`super::finish::warm`]), so a host's first
+    /// result write need not open the session, compile the write's
+    /// functions and plan its statements (a new host's first write took
+    /// 12-13 ms, 3-5 ms after this, 0.9 ms once settled: BENCHMARKS.md,
+    /// "A warm result writer").
+    ///
+    /// # Errors
+    /// The session could not be opened or the statements failed; the
+    /// connection is then closed, and the next write opens another.
+    pub(super) async fn warm(&self) -> Result<()> {
+        let Some(mut lent) = self.lend().await? else { return Ok(()) };
+        super::finish::warm(lent.connection()).await?;
+        lent.give_back();
+        Ok(())
     }
 
     fn put(&self, slot: Slot) {
