@@ -4,8 +4,9 @@
 //! conflict) and an unlimited one (`sleep`), or `serial` (1 run at once per
 //! key, a 1 s lease). The faults: one host cut off from the database past
 //! its leases, every database session terminated over and over, the server
-//! restarted, and the answer to a committed write of results lost on its
-//! way back. After each, from the database and the times the guests
+//! restarted, the answer to a committed write of results lost on its
+//! way back, a connection lost unseen under a write, and writes failing
+//! for longer than a lease. After each, from the database and the times the guests
 //! report: every job completed exactly once, no key ever ran more than its
 //! limit at once, nothing is left (no job, blocked job or slot, nothing for
 //! the repair to fix), and while the fleet worked, every slot belonged to
@@ -701,6 +702,71 @@ async fn a_host_that_gave_its_jobs_up_resumes_once_writes_pass() {
     completed_once(&db, "sleep", 2).await;
     let log = complete_lines(&log);
     assert!(log.contains("results are written again; renewing and fetching again"), "the host said it resumed:\n{log}");
+    nothing_left(&db).await;
+}
+
+/// A result written alone after the database refused its batch is bounded
+/// by the write deadline, as every other send is: here that write's
+/// connection is lost unseen (the proxy keeps it open and drops the
+/// server's answer), and the host sends the result again on another after
+/// the deadline, so the job is failed with the database's reason. Before,
+/// the write waited for an answer that never came, and with one write in
+/// flight (`--result-writes 1`) no result of the host was written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_written_alone_whose_connection_is_lost_is_sent_again() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::postgres().await;
+    db.execute(
+        "CREATE FUNCTION jobhost.test_refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state = 'completed' AND NEW.payload ? 'poison' THEN
+                 RAISE EXCEPTION 'the output breaks a rule' USING ERRCODE = 'check_violation';
+             END IF;
+             RETURN NEW;
+         END $$",
+    )
+    .await;
+    db.execute(
+        "CREATE TRIGGER test_refuse_poison BEFORE INSERT ON jobhost.archive
+         FOR EACH ROW EXECUTE FUNCTION jobhost.test_refuse_poison()",
+    )
+    .await;
+    let components = components(&["sleep"]);
+    let cache = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(server_address()).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("host.log");
+    let mut host = Host::start(
+        host_command(&url_via(&db.url, proxy.port()), components.path(), cache.path())
+            .args(["--result-writes", "1"])
+            .env("RUST_LOG", "warn")
+            .stderr(std::fs::File::create(&log).expect("create the host's log")),
+    );
+    wait_serving(&db, &[&host], 1).await;
+    // A first result written, so the host's start is behind it.
+    db.store.job_enqueue(&[sleep(0, 20)]).await.expect("enqueue");
+    eventually(WITHIN, || async { db.scalar("SELECT count(*) FROM jobhost.archive").await == 1 }).await;
+
+    // The batch carrying the poisoned result is refused; the write of that
+    // result alone, next, is the one whose connection is lost.
+    let hung = proxy.hang_reply_to("finish_runs", 1);
+    db.store
+        .job_enqueue(&[EnqueueParams::new("sleep", json!({"ms": 20, "i": 1, "poison": true}))])
+        .await
+        .expect("enqueue");
+    let hung = tokio::time::timeout(WITHIN, hung).await.expect("the write alone went out").expect("the fault fired");
+    assert!(!hung.committed, "the server refused the write whose answer hung: {hung:?}");
+
+    let failed = "SELECT count(*) FROM jobhost.archive WHERE state = 'failed'
+                  AND errors->-1->>'error' LIKE 'the run''s result could not be stored:%the output breaks a rule%'";
+    eventually(WITHIN, || async { db.scalar(failed).await == 1 }).await;
+    db.store.job_enqueue(&[sleep(2, 20)]).await.expect("enqueue");
+    drained(&db, WITHIN).await;
+    assert!(host.is_running(), "the host carried on");
+    host.stop().await;
+    let log = complete_lines(&log);
+    assert!(log.contains("a result written alone got no answer in time"), "the host said it gave up waiting:\n{log}");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.archive WHERE state = 'completed'").await, 2);
     nothing_left(&db).await;
 }
 

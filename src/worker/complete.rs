@@ -357,24 +357,19 @@ impl Writer {
 
     /// Writes results singly; one the database refuses becomes a failure of its
     /// job that says why. Returns the results that could not be written at all.
+    /// Each result's writes are bounded by the write deadline, as every
+    /// other send is: one that gets no answer in time (its connection lost
+    /// unseen) is returned unwritten with all after it, to be sent again.
     async fn write_one_by_one(&self, pending: Vec<Done>) -> Vec<Done> {
         let mut unwritten = Vec::new();
-        for done in pending {
+        let mut pending = pending.into_iter();
+        while let Some(done) = pending.next() {
             let (id, run) = (done.finish.id, done.finish.run());
-            let written = match self.store.job_finish(vec![done.finish.clone()]).await {
-                Err(error) if error.is_refusal() => {
-                    tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
-                    let failed = Finish {
-                        outcome: FinishOutcome::Failed {
-                            error: format!("the run's result could not be stored: {error}"),
-                        },
-                        log: serde_json::Value::Null,
-                        progress: None,
-                        ..done.finish.clone()
-                    };
-                    self.store.job_finish(vec![failed]).await
-                }
-                other => other,
+            let Ok(written) = tokio::time::timeout(self.writes.deadline, self.write_alone(&done)).await else {
+                tracing::warn!(job_id = id, deadline = ?self.writes.deadline, "a result written alone got no answer in time; sending it again");
+                unwritten.push(done);
+                unwritten.extend(pending);
+                break;
             };
             match written {
                 Ok(_) => {
@@ -390,6 +385,25 @@ impl Writer {
             }
         }
         unwritten
+    }
+
+    /// Writes one result; if the database refuses it, writes its job's
+    /// failure with the reason instead.
+    async fn write_alone(&self, done: &Done) -> crate::store::Result<Vec<FinishResult>> {
+        let id = done.finish.id;
+        match self.store.job_finish(vec![done.finish.clone()]).await {
+            Err(error) if error.is_refusal() => {
+                tracing::error!(job_id = id, %error, "result cannot be stored; failing the job with the reason");
+                let failed = Finish {
+                    outcome: FinishOutcome::Failed { error: format!("the run's result could not be stored: {error}") },
+                    log: serde_json::Value::Null,
+                    progress: None,
+                    ..done.finish.clone()
+                };
+                self.store.job_finish(vec![failed]).await
+            }
+            other => other,
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 //! server's whole answer is dropped, and once that answer is complete the
 //! connection is closed at both ends. That is the ambiguous commit: a
 //! statement in autocommit has committed, and its client cannot tell.
+//! Armed to hang instead, it keeps that connection open and silent: a
+//! session the network lost with neither end told.
 //!
 //! For that the proxy reads the wire protocol. A client sends a prepared
 //! statement's text once per connection, in a Parse message, and then
@@ -102,7 +104,20 @@ impl Proxy {
     /// the server answered. Arming again replaces an unfired fault.
     pub fn lose_reply_to(&self, sql: &str) -> oneshot::Receiver<LostReply> {
         let (fired, report) = oneshot::channel();
-        *self.fault.lock().expect("the fault's lock") = Some(Armed { needle: sql.to_string(), fired });
+        *self.fault.lock().expect("the fault's lock") =
+            Some(Armed { needle: sql.to_string(), skip: 0, hang: false, fired });
+        report
+    }
+
+    /// Arms the hung-reply fault, once: as [`Proxy::lose_reply_to`], but
+    /// on the execution after the next `skip` matching ones, and the
+    /// connection is then kept open and silent, never closed: a session
+    /// the network lost without either end hearing of it. Everything the
+    /// server sends on it afterwards is dropped too.
+    pub fn hang_reply_to(&self, sql: &str, skip: u32) -> oneshot::Receiver<LostReply> {
+        let (fired, report) = oneshot::channel();
+        *self.fault.lock().expect("the fault's lock") =
+            Some(Armed { needle: sql.to_string(), skip, hang: true, fired });
         report
     }
 }
@@ -116,6 +131,10 @@ impl Drop for Proxy {
 /// The lost-reply fault, armed and not yet fired.
 struct Armed {
     needle: String,
+    /// Matching executions to let through before the one faulted.
+    skip: u32,
+    /// Keep the connection open and silent instead of closing it.
+    hang: bool,
     fired: oneshot::Sender<LostReply>,
 }
 
@@ -125,6 +144,7 @@ struct Losing {
     /// The number of ReadyForQuery messages from the server, counted from
     /// the start of the connection, that ends the lost answer.
     answered_at: u64,
+    hang: bool,
     fired: oneshot::Sender<LostReply>,
 }
 
@@ -148,6 +168,8 @@ struct Wire {
     opaque: AtomicBool,
     /// Cancelled to close both ends.
     cut: CancellationToken,
+    /// The hung-reply fault fired here: nothing more reaches the client.
+    hung: AtomicBool,
 }
 
 async fn accept(
@@ -191,6 +213,7 @@ async fn connection(
         encryption_asked: AtomicBool::new(false),
         opaque: AtomicBool::new(false),
         cut: CancellationToken::new(),
+        hung: AtomicBool::new(false),
     });
     let (requests, answers) = (FromClient::new(wire.clone()), FromServer::new(wire.clone()));
     // Returning drops both sockets, which closes them.
@@ -340,21 +363,27 @@ impl FromClient {
         let mut at_commit = self.wire.losing_at_commit.lock().expect("the connection's lock");
         if at_commit.is_some() && text.trim().eq_ignore_ascii_case("COMMIT") {
             let armed = at_commit.take().expect("checked above");
-            *self.wire.losing.lock().expect("the connection's lock") =
-                Some(Losing { statement: format!("{}; COMMIT", armed.needle), answered_at, fired: armed.fired });
+            *self.wire.losing.lock().expect("the connection's lock") = Some(Losing {
+                statement: format!("{}; COMMIT", armed.needle),
+                answered_at,
+                hang: armed.hang,
+                fired: armed.fired,
+            });
             return;
         }
         let mut fault = self.wire.fault.lock().expect("the fault's lock");
-        if !fault.as_ref().is_some_and(|armed| text.contains(&armed.needle)) {
+        let Some(matching) = fault.as_mut().filter(|armed| text.contains(&armed.needle)) else { return };
+        if matching.skip > 0 {
+            matching.skip -= 1;
             return;
         }
         let armed = fault.take().expect("checked above");
         if self.wire.in_transaction.load(Ordering::SeqCst) {
-            *at_commit = Some(Armed { needle: text, fired: armed.fired });
+            *at_commit = Some(Armed { needle: text, ..armed });
             return;
         }
         *self.wire.losing.lock().expect("the connection's lock") =
-            Some(Losing { statement: text, answered_at, fired: armed.fired });
+            Some(Losing { statement: text, answered_at, hang: armed.hang, fired: armed.fired });
     }
 }
 
@@ -415,6 +444,10 @@ impl FromServer {
                         committed,
                         dropped_bytes: self.dropped,
                     });
+                    if losing.hang {
+                        self.wire.hung.store(true, Ordering::SeqCst);
+                        return false;
+                    }
                     return true;
                 }
                 (self.completed, self.failed) = (false, false);
@@ -431,6 +464,9 @@ impl FromServer {
 
 impl Tap for FromServer {
     fn forward(&mut self, bytes: &[u8]) -> bool {
+        if self.wire.hung.load(Ordering::SeqCst) {
+            return false;
+        }
         if self.wire.opaque.load(Ordering::SeqCst) {
             return true;
         }
