@@ -84,3 +84,44 @@ pub async fn on_changes(
         membership.write(deadline).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostInfo {
+        HostInfo {
+            id: "h-1-a".into(),
+            hostname: "h".into(),
+            pid: 1,
+            version: "test".into(),
+            job_types: Vec::new(),
+            digests: Default::default(),
+            watcher_error: None,
+            heartbeat_ms: 1_000,
+        }
+    }
+
+    /// The heartbeat's write of the row is skipped, not queued, while
+    /// another write of it is in flight (one a slow database holds): the
+    /// heartbeat goes on to its next lease renewal at once.
+    #[tokio::test]
+    async fn the_heartbeats_write_is_skipped_while_another_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("jobhost.db").display());
+        let store = crate::store::open(&url, 2).await.unwrap();
+        store.schema_migrate().await.unwrap();
+        let membership = Membership::new(store.clone(), host);
+
+        let in_flight = membership.writing.lock().await;
+        tokio::time::timeout(Duration::from_secs(10), membership.write_unless_writing(Duration::from_secs(60)))
+            .await
+            .expect("the heartbeat does not wait behind the write in flight");
+        assert!(store.host_list().await.unwrap().is_empty(), "and writes nothing of its own");
+
+        drop(in_flight);
+        membership.write_unless_writing(Duration::from_secs(10)).await;
+        let hosts = store.host_list().await.unwrap();
+        assert_eq!(hosts.len(), 1, "with no write in flight, it writes the row");
+    }
+}
