@@ -386,8 +386,40 @@ async fn a_large_bulk_enqueue_answers_duplicates_wherever_they_fall(db: TestDb) 
     assert_eq!(db.scalar(own).await, live, "each claim is its claimant's own key");
 }
 
+/// A large bulk enqueue, all new, of until_executed, while_executing and
+/// plain jobs mixed (PostgreSQL's plain-insert claims then win at once, and
+/// the call answers without reading a claimant back): every job is new,
+/// exactly the until_executed jobs hold claims and exactly the
+/// while_executing jobs have their keys recorded.
+async fn a_large_bulk_enqueue_of_mixed_jobs_claims_and_records_each_kind(db: TestDb) {
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
+    db.store.job_types_register(&[(job_config("plain"), "v1".to_string())]).await.unwrap();
+    let jobs: Vec<EnqueueParams> = (0..300)
+        .map(|i| match i % 3 {
+            0 => keyed("once", &format!("m{i:03}")),
+            1 => EnqueueParams::new("plain", json!({ "i": i })),
+            _ => keyed("solo", &format!("w{i:03}")),
+        })
+        .collect();
+    let outcomes = db.store.job_enqueue_outcomes(&jobs).await.unwrap();
+    let ids: Vec<i64> = outcomes
+        .iter()
+        .map(|o| if let Enqueued::New(id) = o { *id } else { panic!("every job is new: {o:?}") })
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids ascend in input order");
+    let of_kind =
+        |kind: usize| ids.iter().enumerate().filter(|(i, _)| i % 3 == kind).map(|(_, id)| *id).collect::<Vec<_>>();
+    let column = |rows: Vec<(i64,)>| rows.into_iter().map(|(id,)| id).collect::<Vec<_>>();
+    let claimants = column(db.rows("SELECT job_id FROM jobhost.unique_claims ORDER BY job_id").await);
+    assert_eq!(claimants, of_kind(0), "the until_executed jobs hold claims, and only they");
+    let recorded = column(db.rows("SELECT job_id FROM jobhost.unique_keys ORDER BY job_id").await);
+    assert_eq!(recorded, of_kind(2), "the while_executing jobs' keys are recorded, and only theirs");
+}
+
 on_both_backends!(
     one_bulk_enqueue_answers_each_kind_of_unique_job,
+    a_large_bulk_enqueue_of_mixed_jobs_claims_and_records_each_kind,
     a_large_bulk_enqueue_answers_duplicates_wherever_they_fall,
     eight_concurrent_enqueuers_of_one_key_store_one_job,
     a_job_in_retry_backoff_still_blocks_its_duplicate_until_it_ends,
@@ -470,6 +502,31 @@ async fn live_keys_stay_held_through_the_upgrade_that_stops_recording_them() {
     db.store.job_cancel(once).await.unwrap();
     assert_eq!(claims(&db).await, 0, "archiving the holder gave k back");
     assert!(matches!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::New(_)));
+}
+
+/// The claims' primary key is rebuilt to lead with the key (0037): a key
+/// held before the rebuild is still held after it, a bulk enqueue after
+/// it still finds its duplicate, and archiving the holder gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_stay_held_through_the_rebuild_of_the_claims_key() {
+    let db = TestDb::postgres_at(36).await;
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let holder = db.enqueue_outcome(keyed("once", "k050")).await.id();
+    db.store.schema_migrate().await.unwrap();
+    let leading = db
+        .texts(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+             WHERE i.indrelid = 'jobhost.unique_claims'::regclass AND i.indisprimary",
+        )
+        .await;
+    assert_eq!(leading, ["unique_key"], "the primary key leads with the key after the upgrade");
+    let bulk: Vec<EnqueueParams> = (0..100).map(|i| keyed("once", &format!("k{i:03}"))).collect();
+    let outcomes = db.store.job_enqueue_outcomes(&bulk).await.unwrap();
+    assert_eq!(outcomes[50], Enqueued::Duplicate(holder), "k050 is still held");
+    assert_eq!(outcomes.iter().filter(|o| matches!(o, Enqueued::New(_))).count(), 99);
+    db.store.job_cancel(holder).await.unwrap();
+    assert_eq!(claims(&db).await, 99, "archiving the holder gave k050 back");
+    assert!(matches!(db.enqueue_outcome(keyed("once", "k050")).await, Enqueued::New(_)));
 }
 
 /// The SQL enqueue applies the same rules: a duplicate returns the holder's id.
