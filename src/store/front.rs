@@ -332,8 +332,8 @@ impl Store {
         Ok(super::fleet::with_fleet_warnings(stats, self.driver.host_health().await?))
     }
 
-    /// Writes the end of a run that cannot exist (job id and lease token -1;
-    /// both come from sequences starting at 1) the way a result write
+    /// Writes the end of a run that cannot exist ([`super::job::NO_RUN`])
+    /// the way a result write
     /// goes, on the same connection and through the same statements: it
     /// matches and changes nothing. That it succeeds says results get
     /// through, which a ping cannot: a host that gave its jobs up because
@@ -341,8 +341,8 @@ impl Store {
     /// left to write.
     pub async fn result_write_probe(&self) -> Result<()> {
         let probe = Finish {
-            id: -1,
-            lease_token: -1,
+            id: super::job::NO_RUN,
+            lease_token: super::job::NO_RUN,
             attempt: 1,
             outcome: FinishOutcome::Failed { error: "a probe of result writes".into() },
             log: serde_json::Value::Null,

@@ -258,6 +258,11 @@ pub enum FinishOutcome {
     },
 }
 
+/// A job id and lease token no run can have (both come from sequences that
+/// start at 1): writes that must go the way a result write goes but change
+/// nothing (a probe, a new session's warm-up) name it.
+pub const NO_RUN: i64 = -1;
+
 /// One run's end, matched on its lease.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finish {

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::store::Store;
+
 /// Shared by the completer, which reports, and the heartbeat and fetch
 /// loops, which ask.
 #[derive(Clone)]
@@ -54,6 +56,21 @@ impl WriteHealth {
     pub fn given_up_for(&self) -> Option<Duration> {
         let since = (*self.lock())?;
         Some(since.elapsed()).filter(|failing| *failing > self.tolerance)
+    }
+
+    /// While the host has given its jobs up: waits `interval`, then sends a
+    /// result write that changes nothing ([`Store::result_write_probe`]),
+    /// and one that gets through within `deadline` ends the give-up. The
+    /// host's own results end it too, but it may have none left: the last
+    /// were written or dropped on paths that need no retry, and it leases
+    /// no more until it resumes.
+    pub async fn probe(&self, store: &Store, interval: Duration, deadline: Duration) {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(deadline, store.result_write_probe()).await {
+            Ok(Ok(())) => self.succeeded(),
+            Ok(Err(error)) => tracing::debug!(%error, "a probe of result writes failed"),
+            Err(_) => tracing::debug!("a probe of result writes got no answer in time"),
+        }
     }
 }
 

@@ -296,21 +296,6 @@ impl Worker {
         }
     }
 
-    /// While this host has given its jobs up because its result writes
-    /// failed: waits a poll interval, then sends a result write that
-    /// changes nothing ([`Store::result_write_probe`]), and one that gets
-    /// through ends the give-up. The host's own results end it too, but it
-    /// may have none left: the last were written or dropped on paths that
-    /// need no retry, and it leases no more until it resumes.
-    async fn probe_result_writes(&self) {
-        tokio::time::sleep(self.config.poll_interval).await;
-        match tokio::time::timeout(self.config.write_deadline(), self.store.result_write_probe()).await {
-            Ok(Ok(())) => self.health.succeeded(),
-            Ok(Err(error)) => tracing::debug!(%error, "a probe of result writes failed"),
-            Err(_) => tracing::debug!("a probe of result writes got no answer in time"),
-        }
-    }
-
     /// Leases jobs into free fetch slots and starts them, and starts the
     /// jobs the completer leased, until shutdown.
     async fn fetch_loop(
@@ -346,7 +331,7 @@ impl Worker {
                 drop(first);
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = self.probe_result_writes() => continue,
+                    () = self.health.probe(&self.store, self.config.poll_interval, self.config.write_deadline()) => continue,
                 }
             }
             let mut slots = vec![first];

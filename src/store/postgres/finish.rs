@@ -61,13 +61,13 @@ pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&Fet
 /// so a new session compiles and plans them before a real write needs
 /// them: a write is several PL/pgSQL functions deep, and the first one a
 /// session runs took about ten times a warm one (15 ms against 0.9 ms by
-/// `pgbench -C`). The runs it names cannot exist (id and lease token -1,
-/// from sequences that start at 1; job type and key empty, which no
+/// `pgbench -C`). The runs it names cannot exist (id and lease token
+/// [`crate::store::job::NO_RUN`]; job type and key empty, which no
 /// registration allows), so it matches, locks and changes nothing; the
 /// promotion is called directly, with one freed key, since a write calls
 /// it only for runs it ended.
 pub async fn warm(conn: &mut PgConnection) -> Result<()> {
-    const RUNS: [i64; 1] = [-1];
+    const RUNS: [i64; 1] = [crate::store::job::NO_RUN];
     let log = serde_json::Value::Null;
     let rows = FinishRows {
         deferrable_ids: RUNS.to_vec(),
