@@ -504,28 +504,55 @@ async fn live_keys_stay_held_through_the_upgrade_that_stops_recording_them() {
     assert!(matches!(db.enqueue_outcome(keyed("once", "k")).await, Enqueued::New(_)));
 }
 
-/// The claims' primary key is rebuilt to lead with the key (0037): a key
-/// held before the rebuild is still held after it, a bulk enqueue after
-/// it still finds its duplicate, and archiving the holder gives it back.
+/// The claims' primary key is replaced by one that leads with the key
+/// (0037 builds it concurrently, 0038 makes it the primary key): a key held
+/// before is still held after, a bulk enqueue after it still finds its
+/// duplicate, and archiving the holder gives it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_stay_held_through_the_rebuild_of_the_claims_key() {
+async fn keys_stay_held_through_the_new_key_of_the_claims() {
     let db = TestDb::postgres_at(36).await;
-    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    upgrade_holding_a_key(&db, |_| async {}).await;
+}
+
+/// A concurrent build of the claims' new key that failed half-way leaves
+/// an invalid index: 0038 builds it again rather than make it the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_of_the_claims_new_key_is_done_again() {
+    let db = TestDb::postgres_at(37).await;
+    upgrade_holding_a_key(&db, |db: &TestDb| {
+        let invalidate = "UPDATE pg_index SET indisvalid = false
+                          WHERE indexrelid = 'jobhost.unique_claims_key_first'::regclass";
+        db.execute(invalidate)
+    })
+    .await;
+}
+
+/// Holds `k050`, runs `before_upgrade`, migrates to the latest version,
+/// and checks the key and the claims' new primary key.
+async fn upgrade_holding_a_key<'a, F, Fut>(db: &'a TestDb, before_upgrade: F)
+where
+    F: FnOnce(&'a TestDb) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    unique_type(db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
     let holder = db.enqueue_outcome(keyed("once", "k050")).await.id();
+    before_upgrade(db).await;
     db.store.schema_migrate().await.unwrap();
     let leading = db
         .texts(
             "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-             WHERE i.indrelid = 'jobhost.unique_claims'::regclass AND i.indisprimary",
+             WHERE i.indrelid = 'jobhost.unique_claims'::regclass AND i.indisprimary AND i.indisvalid",
         )
         .await;
-    assert_eq!(leading, ["unique_key"], "the primary key leads with the key after the upgrade");
+    assert_eq!(leading, ["unique_key"], "a valid primary key leads with the key after the upgrade");
+    let indexes = db.texts("SELECT indexname::text FROM pg_indexes WHERE tablename = 'unique_claims' ORDER BY 1").await;
+    assert_eq!(indexes, ["unique_claims_job_id", "unique_claims_pkey"], "the old key is gone, no copy is left");
     let bulk: Vec<EnqueueParams> = (0..100).map(|i| keyed("once", &format!("k{i:03}"))).collect();
     let outcomes = db.store.job_enqueue_outcomes(&bulk).await.unwrap();
     assert_eq!(outcomes[50], Enqueued::Duplicate(holder), "k050 is still held");
     assert_eq!(outcomes.iter().filter(|o| matches!(o, Enqueued::New(_))).count(), 99);
     db.store.job_cancel(holder).await.unwrap();
-    assert_eq!(claims(&db).await, 99, "archiving the holder gave k050 back");
+    assert_eq!(claims(db).await, 99, "archiving the holder gave k050 back");
     assert!(matches!(db.enqueue_outcome(keyed("once", "k050")).await, Enqueued::New(_)));
 }
 

@@ -11,7 +11,7 @@ use crate::types::OnDuplicate;
 
 /// Takes the jobs' ids, claims their `until_executed` keys and records
 /// their `while_executing` keys, in one call (`jobhost.claim_new_keys`,
-/// 0029_claim_new_keys.sql as 0037 last replaced it), and decides each duplicate by its
+/// 0029_claim_new_keys.sql as 0038 last replaced it), and decides each duplicate by its
 /// `on_duplicate`. Returns the ids, in input order, and per job `None`
 /// when it is to be written or what became of it as a duplicate.
 ///

@@ -13,8 +13,10 @@
 -- order that keeps two of them from deadlocking is one every transaction
 -- shares, which it still is, whatever the index's own order.
 --
--- Rebuilding the key holds the claims table for the length of one index
--- build over the live claims (one row per live unique job).
+-- The new key's index was built concurrently by 0037; here it replaces
+-- the old one, which holds the claims table for a moment (a catalog
+-- change and an index dropped). Only if that build failed (its index
+-- missing or invalid) is it built here, holding the table for the build.
 --
 -- claim_new_keys (0029, as 0033 last replaced it) skips two passes when
 -- they do nothing: recording while_executing keys in a call that has
@@ -22,9 +24,22 @@
 -- back when every claim of the call won by the plain insert and every job
 -- has a key (each job is then its own claimant: the ids themselves).
 
+DO $$
+BEGIN
+    IF NOT coalesce((SELECT i.indisvalid
+                     FROM pg_index i
+                     JOIN pg_class c ON c.oid = i.indexrelid
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'jobhost' AND c.relname = 'unique_claims_key_first'), false) THEN
+        DROP INDEX IF EXISTS jobhost.unique_claims_key_first;
+        CREATE UNIQUE INDEX unique_claims_key_first ON jobhost.unique_claims (unique_key, job);
+    END IF;
+END;
+$$;
+
 ALTER TABLE jobhost.unique_claims
     DROP CONSTRAINT unique_claims_pkey,
-    ADD CONSTRAINT unique_claims_pkey PRIMARY KEY (unique_key, job);
+    ADD CONSTRAINT unique_claims_pkey PRIMARY KEY USING INDEX unique_claims_key_first;
 
 CREATE OR REPLACE FUNCTION jobhost.claim_new_keys(
     job_types text[], unique_keys text[], while_executing boolean[],

@@ -1,0 +1,11 @@
+-- no-transaction
+--
+-- The uniqueness claims' new primary key, (unique_key, job), built
+-- concurrently so no writer waits for it: every result write reads the
+-- claims (the archive's trigger gives claims back), and a build holding
+-- the table would hold them all for as long as it takes over the live
+-- claims. 0038 makes it the primary key in place of (job, unique_key),
+-- which is a moment's catalog change, and explains why the key comes
+-- first. A build that failed half-way leaves the index invalid; 0038
+-- builds it again, inside its own transaction, rather than use it.
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS unique_claims_key_first ON jobhost.unique_claims (unique_key, job);
