@@ -333,12 +333,11 @@ impl Store {
     }
 
     /// Writes the end of a run that cannot exist ([`super::job::NO_RUN`])
-    /// the way a result write
-    /// goes, on the same connection and through the same statements: it
-    /// matches and changes nothing. That it succeeds says results get
-    /// through, which a ping cannot: a host that gave its jobs up because
-    /// its writes failed resumes on it when it has no result of its own
-    /// left to write.
+    /// the way a result write goes, on the same connection and through the
+    /// same statements: it matches and changes nothing. That it succeeds
+    /// says results get through, which a ping cannot: a host that gave its
+    /// jobs up because its writes failed resumes on it when it has no
+    /// result of its own left to write.
     pub async fn result_write_probe(&self) -> Result<()> {
         let probe = Finish {
             id: super::job::NO_RUN,
