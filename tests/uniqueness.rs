@@ -556,6 +556,66 @@ where
     assert!(matches!(db.enqueue_outcome(keyed("once", "k050")).await, Enqueued::New(_)));
 }
 
+/// Which calls try their claims as a plain insert first
+/// (`jobhost.claims_likely_new`): 64 claims or more, counted without the
+/// jobs that claim nothing (no key, or `while_executing`), and none of the
+/// sampled keys held. The claims' outcomes are the same either way, so
+/// only the function's own answers show a wrong count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_tries_a_plain_insert_only_with_enough_claims_and_no_sampled_key_held() {
+    let db = TestDb::new(Backend::Postgres).await;
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let likely = |jobs: usize, keys: &str, while_executing: &str| {
+        format!(
+            "SELECT jobhost.claims_likely_new(array_fill('once'::text, ARRAY[{jobs}]),
+                        (SELECT array_agg({keys} ORDER BY i) FROM generate_series(1, {jobs}) i),
+                        {while_executing})::text"
+        )
+    };
+    let cases = [
+        ("64 keys", likely(64, "'k' || i", "array_fill(false, ARRAY[64])"), "true"),
+        ("63 keys", likely(63, "'k' || i", "array_fill(false, ARRAY[63])"), "false"),
+        ("64 keys, no while_executing array (the SQL enqueue)", likely(64, "'k' || i", "NULL"), "true"),
+        (
+            "100 keys, 40 of them while_executing",
+            likely(100, "'k' || i", "(SELECT array_agg(i <= 40 ORDER BY i) FROM generate_series(1, 100) i)"),
+            "false",
+        ),
+        (
+            "100 keys, 30 of them while_executing",
+            likely(100, "'k' || i", "(SELECT array_agg(i <= 30 ORDER BY i) FROM generate_series(1, 100) i)"),
+            "true",
+        ),
+        (
+            "100 jobs, 40 without a key",
+            likely(100, "CASE WHEN i <= 40 THEN NULL ELSE 'k' || i END", "array_fill(false, ARRAY[100])"),
+            "false",
+        ),
+        (
+            "64 keys, one while_executing flag unknown",
+            likely(
+                64,
+                "'k' || i",
+                "(SELECT array_agg(CASE WHEN i = 1 THEN NULL ELSE false END) FROM generate_series(1, 64) i)",
+            ),
+            "true",
+        ),
+    ];
+    for (case, sql, expected) in &cases {
+        assert_eq!(db.texts(sql).await, [*expected], "{case}");
+    }
+    // The sample takes every second key of 64: k1, k3, … k63.
+    let held = db.enqueue_outcome(keyed("once", "k33")).await.id();
+    assert_eq!(
+        db.texts(&cases[0].1).await,
+        ["false"],
+        "a held key in the sample ({held}) sends the call to ON CONFLICT"
+    );
+    db.store.job_cancel(held).await.unwrap();
+    db.enqueue_outcome(keyed("once", "k34")).await.id();
+    assert_eq!(db.texts(&cases[0].1).await, ["true"], "a held key outside the sample is left to the insert to find");
+}
+
 /// The SQL enqueue applies the same rules: a duplicate returns the holder's id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_enqueue_returns_the_holders_id_for_a_duplicate() {
