@@ -1387,6 +1387,56 @@ async fn sql_enqueue_many_is_all_or_nothing() {
     assert_eq!(holders(&db, "rai", "a").await, 1);
 }
 
+// PostgreSQL only. The bulk form's passes that run only when a call needs
+// them (`while_executing` keys, trace contexts) run when it does, and its
+// queue rule is the SQL enqueue's: 1 to 128 characters of a-z, 0-9, _, .
+// and -, the whole name.
+#[tokio::test]
+async fn sql_enqueue_many_records_what_its_jobs_need_and_checks_whole_queue_names() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(job_config("mail"), "v1".into())]).await.unwrap();
+    let mut solo = job_config("solo");
+    solo.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{key}").unwrap(),
+        strategy: UniqueStrategy::WhileExecuting,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    db.store.job_types_register(&[(solo, "v1".to_string())]).await.unwrap();
+    let recorded = "SELECT count(*) FROM jobhost.unique_keys";
+    let traced = "SELECT count(*) FROM jobhost.job_traces";
+
+    let plain = enqueue_many(db.pool(), json!([{"job": "mail", "payload": {}}, {"job": "mail", "payload": {}}]));
+    assert_eq!(plain.await.unwrap().len(), 2);
+    assert_eq!((db.scalar(recorded).await, db.scalar(traced).await), (0, 0), "nothing to record for plain jobs");
+
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let rows = enqueue_many(
+        db.pool(),
+        json!([
+            {"job": "solo", "payload": {"key": "k1"}},
+            {"job": "mail", "payload": {}, "traceparent": trace},
+            {"job": "solo", "payload": {"key": "k2"}},
+        ]),
+    )
+    .await
+    .unwrap();
+    let keys =
+        db.texts("SELECT job_id || ':' || unique_key FROM jobhost.unique_keys WHERE while_executing ORDER BY 1").await;
+    assert_eq!(keys, [format!("{}:k1", rows[0].1), format!("{}:k2", rows[2].1)], "each while_executing key recorded");
+    let traces = db.texts("SELECT job_id || ':' || traceparent FROM jobhost.job_traces").await;
+    assert_eq!(traces, [format!("{}:{trace}", rows[1].1)]);
+
+    let longest = "q".repeat(128);
+    assert!(enqueue_many(db.pool(), json!([{"job": "mail", "payload": {}, "queue": longest}])).await.is_ok());
+    for queue in ["q".repeat(129), String::new(), "a\nb".into(), "tenant-1/eu".into(), "Q".into()] {
+        let jobs = json!([{"job": "mail", "payload": {}}, {"job": "mail", "payload": {}, "queue": queue}]);
+        let error = enqueue_many(db.pool(), jobs).await.unwrap_err();
+        let message = error.as_database_error().map(|e| e.message().to_string()).unwrap_or_default();
+        assert!(message.starts_with("job 2 of 2: queue \""), "{queue:?}: {error}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs").await, 6, "only the accepted calls stored jobs");
+}
+
 /// A write's promotion reads each key's limit within the promotion
 /// statement and asks whether a promoted job's type is rate-governed once
 /// per job: as a SQL function `slot_limit` was planned afresh by every

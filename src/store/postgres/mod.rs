@@ -58,7 +58,7 @@
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
 //! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004) | the gate for a set of jobs already written; discards with a reason each |
 //! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them |
-//! | `enqueue_many` | 0033_claims_hold_their_keys (first 0028_enqueue_many, then 0031) | the SQL bulk enqueue |
+//! | `enqueue_many` | 0040_enqueue_many_fewer_passes (first 0028_enqueue_many, then 0031, 0033) | the SQL bulk enqueue |
 //! | `claim_new_keys` | 0038_cheaper_claims (first 0029, then 0032, 0033) | a host's bulk enqueue: ids, claims and `while_executing` keys in one call |
 //! | `claims_likely_new` | 0039_likely_new_without_counting (first 0032_plain_claims) | whether to try a call's claims as a plain insert |
 
