@@ -1324,6 +1324,8 @@ async fn sql_enqueue_many_is_all_or_nothing() {
     for (jobs, code, expected) in [
         (json!({"job": "mail"}), "22023", "must be a JSON array".to_string()),
         (json!([mail, {"job": "nope", "payload": {}}, mail]), "22023", "job 2 of 3: unknown job type \"nope\"".into()),
+        (json!([mail, 5]), "22023", "job 2 of 2: is not an object".into()),
+        (json!([mail, ["job", "mail"]]), "22023", "job 2 of 2: is not an object".into()),
         (
             json!([mail, mail, {"job": "mail", "payload": {}, "runat": "x"}]),
             "22023",
