@@ -492,8 +492,8 @@ async fn live_keys_stay_held_through_the_upgrade_that_stops_recording_them() {
     let db = TestDb::postgres_at(32).await;
     unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
     unique_type(&db, "solo", UniqueStrategy::WhileExecuting, OnDuplicate::Skip).await;
-    let once = db.enqueue_outcome(keyed("once", "k")).await.id();
-    let solo = db.enqueue_outcome(keyed("solo", "s")).await.id();
+    let once = enqueue_as_previous_release(&db, "once", "k", false).await;
+    let solo = enqueue_as_previous_release(&db, "solo", "s", true).await;
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_keys").await, 2, "both recorded before");
     db.store.schema_migrate().await.unwrap();
     let recorded: Vec<(i64,)> = db.rows("SELECT job_id FROM jobhost.unique_keys").await;
@@ -527,6 +527,57 @@ async fn a_failed_build_of_the_claims_new_key_is_done_again() {
     .await;
 }
 
+/// Claims found by their key (0041–0043): a key held before is still held
+/// after and given back when its holder is archived, and the claims taken
+/// after ride on their rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_stay_held_through_claims_found_by_key() {
+    let db = TestDb::postgres_at(40).await;
+    upgrade_holding_a_key(&db, |_| async {}).await;
+}
+
+/// A concurrent build of the unattached claims' index (0042) that failed
+/// half-way leaves an invalid index: 0043 builds it again rather than drop
+/// the index the claims were found by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_of_the_unattached_claims_index_is_done_again() {
+    let db = TestDb::postgres_at(42).await;
+    upgrade_holding_a_key(&db, |db: &TestDb| {
+        let invalidate = "UPDATE pg_index SET indisvalid = false
+                          WHERE indexrelid = 'jobhost.unique_claims_unattached'::regclass";
+        db.execute(invalidate)
+    })
+    .await;
+}
+
+/// Enqueues one `job` keyed `key` as a host of the release before 0043
+/// did: its id and claim from the three-argument `claim_new_keys` (an
+/// unattached claim), its row from the twelve-argument `insert_jobs` (no
+/// key on it). Returns its id.
+async fn enqueue_as_previous_release(db: &TestDb, job: &str, key: &str, while_executing: bool) -> i64 {
+    let (ids, claimants): (Vec<i64>, Vec<Option<i64>>) =
+        sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys(ARRAY[$1], ARRAY[$2], ARRAY[$3])")
+            .bind(job)
+            .bind(key)
+            .bind(while_executing)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(claimants[0].unwrap_or(ids[0]), ids[0], "{job} {key} is new");
+    sqlx::query(
+        "SELECT jobhost.insert_jobs(ARRAY[$1], ARRAY['default'], ARRAY[0::smallint], ARRAY[$2::jsonb], ARRAY[3],
+                                    ARRAY[NULL::timestamptz], ARRAY[0::bigint], ARRAY[NULL::text], ARRAY[NULL::bigint],
+                                    ARRAY[$3::bigint], ARRAY[NULL::bigint], ARRAY[NULL::timestamptz])",
+    )
+    .bind(job)
+    .bind(json!({ "key": key }))
+    .bind(ids[0])
+    .execute(db.pool())
+    .await
+    .unwrap();
+    ids[0]
+}
+
 /// Holds `k050`, runs `before_upgrade`, migrates to the latest version,
 /// and checks the key and the claims' new primary key.
 async fn upgrade_holding_a_key<'a, F, Fut>(db: &'a TestDb, before_upgrade: F)
@@ -535,7 +586,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     unique_type(db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
-    let holder = db.enqueue_outcome(keyed("once", "k050")).await.id();
+    let holder = enqueue_as_previous_release(db, "once", "k050", false).await;
     before_upgrade(db).await;
     db.store.schema_migrate().await.unwrap();
     let leading = db
@@ -546,11 +597,22 @@ where
         .await;
     assert_eq!(leading, ["unique_key"], "a valid primary key leads with the key after the upgrade");
     let indexes = db.texts("SELECT indexname::text FROM pg_indexes WHERE tablename = 'unique_claims' ORDER BY 1").await;
-    assert_eq!(indexes, ["unique_claims_job_id", "unique_claims_pkey"], "the old key is gone, no copy is left");
+    assert_eq!(indexes, ["unique_claims_pkey", "unique_claims_unattached"], "the old keys are gone, no copy is left");
+    let invalid = db
+        .scalar("SELECT count(*) FROM pg_index WHERE indrelid = 'jobhost.unique_claims'::regclass AND NOT indisvalid")
+        .await;
+    assert_eq!(invalid, 0, "every index of the claims is valid");
     let bulk: Vec<EnqueueParams> = (0..100).map(|i| keyed("once", &format!("k{i:03}"))).collect();
     let outcomes = db.store.job_enqueue_outcomes(&bulk).await.unwrap();
     assert_eq!(outcomes[50], Enqueued::Duplicate(holder), "k050 is still held");
     assert_eq!(outcomes.iter().filter(|o| matches!(o, Enqueued::New(_))).count(), 99);
+    let attached = db.scalar("SELECT count(*) FROM jobhost.unique_claims WHERE attached").await;
+    assert_eq!(attached, 99, "the new claims ride on their rows; the one taken before the upgrade does not");
+    // A host of the previous release goes on enqueuing after the upgrade,
+    // with the signatures it knows (and, on a connection that prepared
+    // them before, statements PostgreSQL plans again).
+    let old_host = enqueue_as_previous_release(db, "once", "k-old", false).await;
+    db.store.job_cancel(old_host).await.unwrap();
     db.store.job_cancel(holder).await.unwrap();
     assert_eq!(claims(db).await, 99, "archiving the holder gave k050 back");
     assert!(matches!(db.enqueue_outcome(keyed("once", "k050")).await, Enqueued::New(_)));
@@ -675,4 +737,176 @@ async fn while_executing_never_overlaps_through_a_killed_holder() {
     assert_eq!(fleet::most_at_once(runs.clone()), 1, "runs of k never overlapped: {runs:?}");
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.unique_claims").await, 0, "and nothing holds k now");
     survivor.stop().await;
+}
+
+/// A host's claims ride on their jobs' rows and come back by their key
+/// (0041–0043, docs/uniqueness.md "How it works"): whichever way a job
+/// leaves the queue (a result, a failure, an expired lease, quarantine,
+/// a cancel while available or blocked, the gate discarding it as it is
+/// written or as it comes due), its row in the archive carries its key and
+/// its claim is gone; through `blocked_jobs` and back (parked as it came
+/// due, blocked as it was written, then promoted) its row keeps the key.
+/// A job retried from the archive takes an unattached claim again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_out_of_the_queue_gives_a_hosts_claim_back_by_its_key() {
+    let db = TestDb::postgres().await;
+    let mut blocking = job_config("both");
+    blocking.max_attempts = 1;
+    blocking.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{key}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    blocking.concurrency = Some(ConcurrencyConfig {
+        limit: 1,
+        key: KeyTemplate::parse("{c}").unwrap(),
+        duration_secs: 30,
+        on_conflict: OnConflict::Block,
+    });
+    let mut discarding = blocking.clone();
+    discarding.name = "drop".into();
+    discarding.concurrency.as_mut().unwrap().on_conflict = OnConflict::Discard;
+    db.store.job_types_register(&[(blocking, "v1".into()), (discarding, "v1".into())]).await.unwrap();
+    let enqueue = |job: &str, key: &str, c: &str| EnqueueParams::new(job, json!({ "key": key, "c": c }));
+    let later = chrono::Utc::now() + chrono::Duration::hours(2);
+
+    let done = db.enqueue_outcome(enqueue("both", "done", "c1")).await.id();
+    riding(&db, done, "done", "jobs").await;
+    let run = db.fetch("both", 1).await.remove(0);
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+    given_back(&db, done, "done").await;
+
+    let failed = db.enqueue_outcome(enqueue("both", "failed", "c1")).await.id();
+    let run = db.fetch("both", 1).await.remove(0);
+    db.store.job_finish(vec![finish(&run, FinishOutcome::Failed { error: "no".into() })]).await.unwrap();
+    given_back(&db, failed, "failed").await;
+
+    let lost = db.enqueue_outcome(enqueue("both", "lost", "c1")).await.id();
+    let run = db.fetch("both", 1).await.remove(0);
+    let started = jobhost::store::RunId { job_id: run.id, lease_token: run.lease_token };
+    db.store.lease_started(&[started]).await.unwrap();
+    assert_eq!(db.store.lease_expire(Some(later)).await.unwrap(), (0, 1), "its one attempt spent");
+    given_back(&db, lost, "lost").await;
+
+    // Quarantine leaves a slot it held to the semaphores' repair: a key of its own.
+    let odd = db.enqueue_outcome(enqueue("both", "odd", "c-odd")).await.id();
+    assert!(db.store.job_quarantine(odd, "unreadable").await.unwrap());
+    given_back(&db, odd, "odd").await;
+
+    let idle = db.enqueue_outcome(enqueue("both", "idle", "c1")).await.id();
+    db.store.job_cancel(idle).await.unwrap();
+    given_back(&db, idle, "idle").await;
+
+    // Blocked as it is written, cancelled there; blocked, then promoted.
+    let first = db.enqueue_outcome(enqueue("both", "first", "c2")).await.id();
+    let first_run = db.fetch("both", 1).await.remove(0);
+    let waits = db.enqueue_outcome(enqueue("both", "waits", "c2")).await.id();
+    let second = db.enqueue_outcome(enqueue("both", "second", "c2")).await.id();
+    riding(&db, waits, "waits", "blocked_jobs").await;
+    riding(&db, second, "second", "blocked_jobs").await;
+    db.store.job_cancel(waits).await.unwrap();
+    given_back(&db, waits, "waits").await;
+    db.store.job_finish(vec![finish(&first_run, completed())]).await.unwrap();
+    given_back(&db, first, "first").await;
+    riding(&db, second, "second", "jobs").await;
+    let run = db.fetch("both", 1).await.remove(0);
+    assert_eq!(run.id, second);
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+    given_back(&db, second, "second").await;
+
+    // The gate as jobs are written: a discarding type's second job.
+    let holder = db.enqueue_outcome(enqueue("drop", "holder", "c3")).await.id();
+    let dropped = db.enqueue_outcome(enqueue("drop", "dropped", "c3")).await.id();
+    given_back(&db, dropped, "dropped").await;
+
+    // The gate as jobs come due: parked (blocking) or discarded.
+    let mut due = enqueue("both", "due", "c3");
+    due.delay_ms = Some(3_600_000);
+    let due = db.enqueue_outcome(due).await.id();
+    let mut due_drop = enqueue("drop", "due-drop", "c3");
+    due_drop.delay_ms = Some(3_600_000);
+    let due_drop = db.enqueue_outcome(due_drop).await.id();
+    let blocker = db.enqueue_outcome(enqueue("both", "blocker", "c3")).await.id();
+    riding(&db, due, "due", "jobs").await;
+    db.store.job_promote_due(Some(later)).await.unwrap();
+    riding(&db, due, "due", "blocked_jobs").await;
+    given_back(&db, due_drop, "due-drop").await;
+    for id in [due, blocker, holder] {
+        db.store.job_cancel(id).await.unwrap();
+    }
+    given_back(&db, due, "due").await;
+
+    // Retried from the archive: its claim is taken again, unattached.
+    db.store.job_retry(failed).await.unwrap();
+    let again: Vec<(Option<String>, bool)> = db
+        .rows(format!(
+            "SELECT j.unique_key, c.attached FROM jobhost.jobs j JOIN jobhost.unique_claims c ON c.job_id = j.id
+             WHERE j.id = {failed}"
+        ))
+        .await;
+    assert_eq!(again, [(None, false)], "the retried job holds an unattached claim, found by its id");
+    db.store.job_cancel(failed).await.unwrap();
+    assert_eq!(claims(&db).await, 0, "every claim was given back");
+}
+
+/// `id`'s row in `table` carries `key`, and its claim is attached to it.
+async fn riding(db: &TestDb, id: i64, key: &str, table: &str) {
+    let found: Vec<(Option<String>, bool)> = db
+        .rows(format!(
+            "SELECT j.unique_key, c.attached FROM jobhost.{table} j
+             JOIN jobhost.unique_claims c ON c.unique_key = j.unique_key AND c.job = j.job AND c.job_id = j.id
+             WHERE j.id = {id}"
+        ))
+        .await;
+    assert_eq!(found, [(Some(key.to_string()), true)], "job {id} carries {key} in {table}");
+}
+
+/// `id` is archived with its key carried, and no claim of it is left.
+async fn given_back(db: &TestDb, id: i64, key: &str) {
+    let archived: Vec<(Option<String>, bool)> =
+        db.rows(format!("SELECT unique_key, key_carried FROM jobhost.archive WHERE id = {id}")).await;
+    assert_eq!(archived, [(Some(key.to_string()), true)], "job {id} archived with {key}");
+    let left = db.scalar(format!("SELECT count(*) FROM jobhost.unique_claims WHERE job_id = {id}")).await;
+    assert_eq!(left, 0, "job {id} gave {key} back");
+}
+
+/// During a rolling upgrade a host of the previous release archives jobs
+/// with its own statements, which name no key: the archive's trigger then
+/// looks for the claim by the job's id among the attached claims. Its own
+/// enqueues take unattached claims, which a duplicate from either release
+/// finds, and which come back when their job is archived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_come_back_from_jobs_a_host_of_the_previous_release_moves() {
+    let db = TestDb::postgres().await;
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let new_host = db.enqueue_outcome(keyed("once", "new")).await.id();
+    // The previous release's cancel, as it wrote the archive row.
+    db.execute(format!(
+        "WITH gone AS (DELETE FROM jobhost.jobs WHERE id = {new_host} RETURNING *)
+         INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                                      progress, enqueued_at, started_at, finished_at, concurrency_key, batch_id,
+                                      parent_id)
+         SELECT id, job, queue, priority, payload, 'cancelled', attempt, max_attempts, errors, progress,
+                enqueued_at, started_at, now(), concurrency_key, batch_id, parent_id
+         FROM gone"
+    ))
+    .await;
+    let archived: Vec<(Option<String>, bool)> =
+        db.rows(format!("SELECT unique_key, key_carried FROM jobhost.archive WHERE id = {new_host}")).await;
+    assert_eq!(archived, [(None, false)], "the old statement carried nothing");
+    assert_eq!(claims(&db).await, 0, "its attached claim was found by a scan");
+
+    let old_host = enqueue_as_previous_release(&db, "once", "old", false).await;
+    let found: Vec<(Option<String>, bool)> = db
+        .rows(format!(
+            "SELECT j.unique_key, c.attached FROM jobhost.jobs j JOIN jobhost.unique_claims c ON c.job_id = j.id
+             WHERE j.id = {old_host}"
+        ))
+        .await;
+    assert_eq!(found, [(None, false)], "an unattached claim, no key on the row");
+    assert_eq!(db.enqueue_outcome(keyed("once", "old")).await, Enqueued::Duplicate(old_host));
+    let run = db.fetch("once", 1).await.remove(0);
+    db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();
+    assert_eq!(claims(&db).await, 0, "found by its id when its job was archived");
+    assert!(matches!(db.enqueue_outcome(keyed("once", "old")).await, Enqueued::New(_)));
 }

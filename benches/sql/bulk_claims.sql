@@ -7,7 +7,8 @@
 --
 -- Twenty rounds of 5,000 jobs with new keys ("0", "1", … as the bulk bench
 -- sends them): a plain insert_jobs call, then a unique call's two,
--- claim_new_keys and insert_jobs with the ids it chose. Then the claims'
+-- claim_new_keys and insert_jobs with the ids it chose (as a host calls
+-- them since 0043: claims attached, keys on the rows). Then the claims'
 -- insert alone into copies of unique_claims that differ in their indexes.
 -- Medians and minimums in ms.
 
@@ -59,11 +60,11 @@ BEGIN
                                     no_ids, no_ids, no_times);
         INSERT INTO timed VALUES ('plain: insert_jobs', extract(epoch FROM clock_timestamp() - started) * 1000);
         started := clock_timestamp();
-        SELECT * INTO claimed FROM jobhost.claim_new_keys(types, keys, until_executed);
+        SELECT * INTO claimed FROM jobhost.claim_new_keys(types, keys, until_executed, attach => true);
         INSERT INTO timed VALUES ('unique: claim_new_keys', extract(epoch FROM clock_timestamp() - started) * 1000);
         started := clock_timestamp();
         PERFORM jobhost.insert_jobs(types, queues, priorities, payloads, attempts, ats, delays, no_texts, no_ids,
-                                    claimed.ids, no_ids, no_times);
+                                    claimed.ids, no_ids, no_times, keys);
         INSERT INTO timed VALUES ('unique: insert_jobs, ids chosen', extract(epoch FROM clock_timestamp() - started) * 1000);
 
         FOREACH copy IN ARRAY ARRAY['claims_type_key_by_id', 'claims_key_type_by_id', 'claims_key_type', 'claims_heap'] LOOP

@@ -29,37 +29,37 @@
 //! | `rate_governed` | 0034_hot_helpers_in_plpgsql (first 0024_rate_limits) | whether a type's starts are counted |
 //! | `rate_key`, `rate_start` | 0024_rate_limits | a job's rate key; a fetch's starts recorded, the rest sent back to wait |
 //! | `slot_limit`, `take_slot` | 0004_concurrency | a key's limit; one slot |
-//! | `park`, `discard` | 0004_concurrency | the gate, one job |
-//! | `promote_parked` | 0004_concurrency | a key's blocked jobs promoted into its free slots |
-//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits and 0035_promotion_without_helpers, `fetch_ahead` then 0034_hot_helpers_in_plpgsql) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
+//! | `park`, `discard` | 0043_claims_found_by_key_functions (first 0004_concurrency) | the gate, one job |
+//! | `promote_parked` | 0043_claims_found_by_key_functions (first 0004_concurrency) | a key's blocked jobs promoted into its free slots |
+//! | `release_slots`, `release_slots_leasing`, `fetch_ahead` | 0013_promotions_leased (first 0004_concurrency; `release_slots_leasing` then 0024_rate_limits, 0035_promotion_without_helpers and 0043, `fetch_ahead` then 0034_hot_helpers_in_plpgsql) | slots given back, blocked jobs promoted; those the writing host's fetch would lease go in leased |
 //! | `promotable_keys`, `semaphore_page`, `repair_semaphores` | 0011_paged_sweeps (first 0004) | maintenance sweeps, a page of keys at a time |
 //! | `promote_due` | 0004_concurrency | due jobs through the gate |
-//! | `finish_runs` | 0013_promotions_leased (first 0004_concurrency, then 0012) | a batch of results, and the next fetch; announces only promotions it did not lease |
+//! | `finish_runs` | 0043_claims_found_by_key_functions (first 0004_concurrency, then 0012, 0013) | a batch of results, and the next fetch; announces only promotions it did not lease |
 //! | `keep_newest_errors` | 0005_fault_tolerance | trigger: bounds a job's errors |
 //! | `unpaused` | 0034_hot_helpers_in_plpgsql (first 0005_fault_tolerance) | the queues not paused |
 //! | `finish_runs_unless_locked` | 0016_lock_order (first 0005_fault_tolerance, then 0009) | `finish_runs`, its runs' rows locked first, deferring locked keys and batches |
-//! | `expire_leases` | 0017_confirmed_leases (first 0016_lock_order) | expired leases rescued, passing over jobs whose key or batch another transaction holds; an unconfirmed lease gives its attempt back |
+//! | `expire_leases` | 0043_claims_found_by_key_functions (first 0016_lock_order, then 0017) | expired leases rescued, passing over jobs whose key or batch another transaction holds; an unconfirmed lease gives its attempt back |
 //! | `expiry_charges`, `expiry_ends` | 0017_confirmed_leases | whether an expired lease spends its attempt, and ends its job |
 //! | `lock_for_ending` | 0016_lock_order | a job's row, key and batch locked in the lock order, for paths that wait for them |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
 //! | `claim_unique` | 0032_plain_claims (first 0007_uniqueness) | uniqueness claims of the SQL enqueue |
 //! | `replace_waiting` | 0007_uniqueness | `on_duplicate` `replace` |
 //! | `reclaim_unique` | 0033_claims_hold_their_keys (first 0007_uniqueness) | a job retried from the archive takes its key again |
-//! | `release_unique_run` | 0007_uniqueness | trigger: a run's `while_executing` claim given back |
+//! | `release_unique_run` | 0043_claims_found_by_key_functions (first 0007_uniqueness) | trigger: a run's `while_executing` claim given back |
 //! | `calendar_of` | 0008_schedules | the cron expression and zone a configuration declares |
 //! | `schedules_follow_registration` | 0014_schedule_since (first 0008_schedules) | trigger: a changed calendar restarts its schedule, never before a tick already enqueued |
 //! | `enqueue` | 0023_workflows (first 0002, then 0004, 0005, 0007, 0009) | the SQL enqueue, into a batch; its body is `enqueue_as` |
 //! | `enqueue_as` | 0033_claims_hold_their_keys (first 0023_workflows) | the SQL enqueue with the new job's id given (a workflow step's, recorded first) |
 //! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
-//! | `archive_ended` | 0036_one_archive_trigger (first `archived` in 0009_batches, `release_unique_archived` in 0007_uniqueness, `workflow_archived` in 0023_workflows) | the archive's one statement trigger: batches count their archived members, waiters are told, workflow steps end, claims are given back |
+//! | `archive_ended` | 0043_claims_found_by_key_functions (first 0036_one_archive_trigger; before it `archived` in 0009_batches, `release_unique_archived` in 0007_uniqueness, `workflow_archived` in 0023_workflows) | the archive's one statement trigger: batches count their archived members, waiters are told, workflow steps end, claims are given back (by the key an archived row carries, else by job id) |
 //! | `batch_settle`, `batch_callback_payload` | 0009_batches | deferred trigger: a finished batch's callbacks, once |
-//! | `workflow_steps_ended`, `workflow_release` | 0023_workflows | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
-//! | `workflow_step_archive` | 0023_workflows | a step that will not run, straight into the archive with its reason |
+//! | `workflow_steps_ended`, `workflow_release` | 0023_workflows (`workflow_release` then 0043) | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
+//! | `workflow_step_archive` | 0043_claims_found_by_key_functions (first 0023_workflows) | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
-//! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004) | the gate for a set of jobs already written; discards with a reason each |
-//! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them |
+//! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004; `discard_each` then 0043) | the gate for a set of jobs already written; discards with a reason each |
+//! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate; `insert_jobs` then 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
 //! | `enqueue_many` | 0040_enqueue_many_fewer_passes (first 0028_enqueue_many, then 0031, 0033) | the SQL bulk enqueue |
-//! | `claim_new_keys` | 0038_cheaper_claims (first 0029, then 0032, 0033) | a host's bulk enqueue: ids, claims and `while_executing` keys in one call |
+//! | `claim_new_keys` | 0043_claims_found_by_key_functions (first 0029, then 0032, 0033, 0038) | a host's bulk enqueue: ids, claims (attached to the rows the host writes) and `while_executing` keys in one call |
 //! | `claims_likely_new` | 0039_likely_new_without_counting (first 0032_plain_claims) | whether to try a call's claims as a plain insert |
 
 mod batch;

@@ -11,15 +11,17 @@ use crate::types::OnDuplicate;
 
 /// Takes the jobs' ids, claims their `until_executed` keys and records
 /// their `while_executing` keys, in one call (`jobhost.claim_new_keys`,
-/// 0029_claim_new_keys.sql as 0038 last replaced it), and decides each duplicate by its
+/// 0029_claim_new_keys.sql as 0043 last replaced it), and decides each duplicate by its
 /// `on_duplicate`. Returns the ids, in input order, and per job `None`
-/// when it is to be written or what became of it as a duplicate.
+/// when it is to be written or what became of it as a duplicate. The
+/// claims are attached: each job written must carry its key on its row
+/// ([`attached_key`]), by which the archive gives the claim back.
 ///
 /// # Errors
 /// A duplicate whose type says `raise` ([`Error::Duplicate`]), or the database.
 pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<(Vec<i64>, Vec<Option<Enqueued>>)> {
     let (ids, claimants): (Vec<i64>, Vec<Option<i64>>) =
-        sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys($1, $2, $3)")
+        sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys($1, $2, $3, attach => true)")
             .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect::<Vec<_>>())
@@ -50,6 +52,13 @@ pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<(Ve
         });
     }
     Ok((ids, decided))
+}
+
+/// The key a job written after [`claim`] carries on its row: its
+/// `until_executed` key, whose claim it holds; none for a `while_executing`
+/// key, claimed only by a run.
+pub fn attached_key(job: &PreparedJob) -> Option<&str> {
+    job.unique.as_ref().filter(|u| !u.while_executing).map(|u| u.key.as_str())
 }
 
 /// Gives a waiting claimant a duplicate's payload and time to run, as
