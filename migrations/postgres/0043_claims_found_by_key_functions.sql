@@ -916,10 +916,8 @@ DECLARE
     waited boolean;
     stepped boolean;
     claimed boolean;
-    key_jobs text[];
-    key_names text[];
-    key_ids bigint[];
-    uncarried bigint[];
+    keyed boolean;
+    carried boolean;
     ended text;
     ended_steps bigint[];
 BEGIN
@@ -927,20 +925,17 @@ BEGIN
     -- join with it may scan a whole table; `= ANY` probes the index.
     WITH a AS MATERIALIZED (
         SELECT array_agg(a.id) AS ids, count(DISTINCT a.batch_id) AS batches,
-               array_agg(a.job) FILTER (WHERE a.unique_key IS NOT NULL) AS key_jobs,
-               array_agg(a.unique_key) FILTER (WHERE a.unique_key IS NOT NULL) AS key_names,
-               array_agg(a.id) FILTER (WHERE a.unique_key IS NOT NULL) AS key_ids,
-               array_agg(a.id) FILTER (WHERE NOT a.key_carried) AS uncarried
+               bool_or(a.unique_key IS NOT NULL) AS keyed, bool_and(a.key_carried) AS carried
         FROM archived a
     )
-    SELECT a.ids, a.batches, a.key_jobs, a.key_names, a.key_ids, a.uncarried,
+    SELECT a.ids, a.batches, a.keyed, a.carried,
            EXISTS (SELECT 1 FROM jobhost.job_waits w WHERE w.job_id = ANY(a.ids)),
            EXISTS (SELECT 1 FROM jobhost.workflow_steps s WHERE s.job_id = ANY(a.ids) AND s.ended_state IS NULL),
-           a.key_ids IS NOT NULL OR a.uncarried IS NOT NULL
+           a.keyed OR NOT a.carried
                OR EXISTS (SELECT 1 FROM jobhost.unique_keys k WHERE k.job_id = ANY(a.ids))
                OR EXISTS (SELECT 1 FROM jobhost.unique_claims c WHERE c.job_id = ANY(a.ids) AND NOT c.attached)
     FROM a
-    INTO ids, batch_count, key_jobs, key_names, key_ids, uncarried, waited, stepped, claimed;
+    INTO ids, batch_count, keyed, carried, waited, stepped, claimed;
     IF batch_count > 0 THEN
         -- One row needs no order; several are locked in id order first.
         IF batch_count > 1 THEN
@@ -990,16 +985,17 @@ BEGIN
         END IF;
     END IF;
     IF claimed THEN
-        IF key_ids IS NOT NULL THEN
-            -- Probes of the primary key by the keys; the claimant must be
-            -- the archived job itself.
+        IF keyed THEN
+            -- Probes of the primary key by the keys (an array, as the ids
+            -- above); the claimant must be the archived job itself.
             DELETE FROM jobhost.unique_claims c
-            WHERE c.unique_key = ANY(key_names)
-              AND (c.unique_key, c.job, c.job_id) IN (SELECT * FROM unnest(key_names, key_jobs, key_ids));
+            WHERE c.unique_key = ANY(ARRAY(SELECT a.unique_key FROM archived a WHERE a.unique_key IS NOT NULL))
+              AND (c.unique_key, c.job, c.job_id) IN (SELECT a.unique_key, a.job, a.id FROM archived a);
         END IF;
         DELETE FROM jobhost.unique_claims c WHERE c.job_id = ANY(ids) AND NOT c.attached;
-        IF uncarried IS NOT NULL THEN
-            DELETE FROM jobhost.unique_claims c WHERE c.job_id = ANY(uncarried) AND c.attached;
+        IF NOT carried THEN
+            DELETE FROM jobhost.unique_claims c
+            WHERE c.job_id = ANY(ARRAY(SELECT a.id FROM archived a WHERE NOT a.key_carried)) AND c.attached;
         END IF;
         DELETE FROM jobhost.unique_keys k WHERE k.job_id = ANY(ids);
     END IF;
