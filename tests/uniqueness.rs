@@ -838,13 +838,11 @@ async fn every_way_out_of_the_queue_gives_a_hosts_claim_back_by_its_key() {
 
     // Retried from the archive: its claim is taken again, unattached.
     db.store.job_retry(failed).await.unwrap();
-    let again: Vec<(Option<String>, bool)> = db
-        .rows(format!(
-            "SELECT j.unique_key, c.attached FROM jobhost.jobs j JOIN jobhost.unique_claims c ON c.job_id = j.id
-             WHERE j.id = {failed}"
-        ))
-        .await;
-    assert_eq!(again, [(None, false)], "the retried job holds an unattached claim, found by its id");
+    assert_eq!(
+        key_and_claim(&db, failed).await,
+        [(None, false)],
+        "the retried job holds an unattached claim, found by its id"
+    );
     db.store.job_cancel(failed).await.unwrap();
     assert_eq!(claims(&db).await, 0, "every claim was given back");
 }
@@ -863,11 +861,24 @@ async fn riding(db: &TestDb, id: i64, key: &str, table: &str) {
 
 /// `id` is archived with its key carried, and no claim of it is left.
 async fn given_back(db: &TestDb, id: i64, key: &str) {
-    let archived: Vec<(Option<String>, bool)> =
-        db.rows(format!("SELECT unique_key, key_carried FROM jobhost.archive WHERE id = {id}")).await;
-    assert_eq!(archived, [(Some(key.to_string()), true)], "job {id} archived with {key}");
+    assert_eq!(archived_key(db, id).await, [(Some(key.to_string()), true)], "job {id} archived with {key}");
     let left = db.scalar(format!("SELECT count(*) FROM jobhost.unique_claims WHERE job_id = {id}")).await;
     assert_eq!(left, 0, "job {id} gave {key} back");
+}
+
+/// The key on live job `id`'s row, and whether the claim it holds by its
+/// id is attached.
+async fn key_and_claim(db: &TestDb, id: i64) -> Vec<(Option<String>, bool)> {
+    db.rows(format!(
+        "SELECT j.unique_key, c.attached FROM jobhost.jobs j JOIN jobhost.unique_claims c ON c.job_id = j.id
+         WHERE j.id = {id}"
+    ))
+    .await
+}
+
+/// The key archived job `id`'s row carries, and whether its statement said so.
+async fn archived_key(db: &TestDb, id: i64) -> Vec<(Option<String>, bool)> {
+    db.rows(format!("SELECT unique_key, key_carried FROM jobhost.archive WHERE id = {id}")).await
 }
 
 /// During a rolling upgrade a host of the previous release archives jobs
@@ -891,19 +902,11 @@ async fn claims_come_back_from_jobs_a_host_of_the_previous_release_moves() {
          FROM gone"
     ))
     .await;
-    let archived: Vec<(Option<String>, bool)> =
-        db.rows(format!("SELECT unique_key, key_carried FROM jobhost.archive WHERE id = {new_host}")).await;
-    assert_eq!(archived, [(None, false)], "the old statement carried nothing");
+    assert_eq!(archived_key(&db, new_host).await, [(None, false)], "the old statement carried nothing");
     assert_eq!(claims(&db).await, 0, "its attached claim was found by a scan");
 
     let old_host = enqueue_as_previous_release(&db, "once", "old", false).await;
-    let found: Vec<(Option<String>, bool)> = db
-        .rows(format!(
-            "SELECT j.unique_key, c.attached FROM jobhost.jobs j JOIN jobhost.unique_claims c ON c.job_id = j.id
-             WHERE j.id = {old_host}"
-        ))
-        .await;
-    assert_eq!(found, [(None, false)], "an unattached claim, no key on the row");
+    assert_eq!(key_and_claim(&db, old_host).await, [(None, false)], "an unattached claim, no key on the row");
     assert_eq!(db.enqueue_outcome(keyed("once", "old")).await, Enqueued::Duplicate(old_host));
     let run = db.fetch("once", 1).await.remove(0);
     db.store.job_finish(vec![finish(&run, completed())]).await.unwrap();

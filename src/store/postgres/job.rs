@@ -27,7 +27,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         return Ok(Vec::new());
     }
     if jobs.iter().all(|j| j.unique.is_none()) {
-        let ids = insert_rows(conn, jobs, None, false).await?;
+        let ids = insert_rows(conn, jobs, None).await?;
         super::trace::record(conn, ids.iter().copied().zip(jobs.iter().copied())).await?;
         super::membership::add_members(conn, jobs).await?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
@@ -37,7 +37,7 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
     let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
     let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
-    insert_rows(conn, &fresh_jobs, Some(&fresh_ids), true).await?;
+    insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
     super::trace::record(conn, fresh.iter().copied()).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
@@ -45,14 +45,9 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
 
 /// Writes the jobs through the gate (with the given ids, or the
 /// sequence's): `jobhost.insert_jobs` (0027_set_gate.sql, as 0043 last
-/// replaced it), each with its attached key when `claimed` (their claims
-/// were taken by [`super::unique::claim`]). Returns their ids in input order.
-async fn insert_rows(
-    conn: &mut PgConnection,
-    jobs: &[&PreparedJob],
-    ids: Option<&[i64]>,
-    claimed: bool,
-) -> Result<Vec<i64>> {
+/// replaced it), each unique job with its attached key (its claim was
+/// taken by [`super::unique::claim`] first). Returns their ids in input order.
+async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<i64>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -61,8 +56,9 @@ async fn insert_rows(
         None => vec![None; jobs.len()],
     };
     let planned = super::rate::plan(conn, jobs).await?;
-    let unique_keys: Option<Vec<Option<&str>>> =
-        claimed.then(|| jobs.iter().map(|j| super::unique::attached_key(j)).collect());
+    // None at all (a plain batch) is sent as NULL, not an array of them.
+    let unique_keys: Vec<Option<&str>> = jobs.iter().map(|j| super::unique::attached_key(j)).collect();
+    let unique_keys = unique_keys.iter().any(Option::is_some).then_some(unique_keys);
     sqlx::query_scalar("SELECT jobhost.insert_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
         .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
