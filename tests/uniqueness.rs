@@ -417,8 +417,61 @@ async fn a_large_bulk_enqueue_of_mixed_jobs_claims_and_records_each_kind(db: Tes
     assert_eq!(recorded, of_kind(2), "the while_executing jobs' keys are recorded, and only theirs");
 }
 
+/// One call of unique limited jobs (one slot per `c`) whose first key
+/// comes twice: the gate counts only the jobs written, so the duplicate
+/// takes no slot and is not blocked, and the next job of `c` is the one
+/// blocked behind the first. On PostgreSQL the claims and the writes go in
+/// one round trip; a duplicate written or gated there would show here.
+async fn a_bulk_enqueue_gates_only_the_unique_jobs_it_writes(db: TestDb) {
+    unique_and_limited(&db, "{id}", OnDuplicate::Skip, OnConflict::Block).await;
+    db.store.job_types_register(&[(job_config("plain"), "v1".to_string())]).await.unwrap();
+    let both = |id: i64| EnqueueParams::new("both", json!({ "id": id, "c": "k" }));
+    let outcomes = db
+        .store
+        .job_enqueue_outcomes(&[both(1), EnqueueParams::new("plain", json!({})), both(1), both(2)])
+        .await
+        .unwrap();
+    let (first, second) = (outcomes[0].id(), outcomes[3].id());
+    assert!(matches!(outcomes[1], Enqueued::New(_)), "{outcomes:?}");
+    assert_eq!(outcomes[2], Enqueued::Duplicate(first), "{outcomes:?}");
+    assert_eq!(outcomes[3], Enqueued::New(second), "{outcomes:?}");
+    assert_eq!(db.state_of(first).await, JobState::Available);
+    assert_eq!(db.state_of(second).await, JobState::Blocked, "one slot, the first job's");
+    assert_eq!(live_jobs(&db, "both").await, 2, "the duplicate was not written");
+    assert_eq!(db.scalar("SELECT sum(holders) FROM jobhost.semaphores WHERE key = 'k'").await, 1);
+    assert_eq!(claims(&db).await, 2);
+}
+
+/// A call of unique rate-limited jobs (two starts a second per `key`, unique
+/// on `id`) with a duplicate plans start times for the jobs it writes only:
+/// of four jobs written two start now and two wait for the next second.
+/// Planned for the duplicate too, only one would start now; planned for
+/// none, all four would.
+async fn a_bulk_enqueue_plans_rate_limited_starts_only_for_the_unique_jobs_it_writes(db: TestDb) {
+    let mut config = job_config("paced");
+    config.unique = Some(UniqueConfig {
+        key: KeyTemplate::parse("{id}").unwrap(),
+        strategy: UniqueStrategy::UntilExecuted,
+        on_duplicate: OnDuplicate::Skip,
+    });
+    config.rate_limit =
+        Some(jobhost::types::RateLimitConfig { limit: 2, period_ms: 1_000, key: KeyTemplate::parse("{key}").unwrap() });
+    db.store.job_types_register(&[(config, "v1".to_string())]).await.unwrap();
+    let paced = |id: i64| EnqueueParams::new("paced", json!({ "id": id, "key": "a" }));
+    let outcomes = db.store.job_enqueue_outcomes(&[paced(1), paced(1), paced(2), paced(3), paced(4)]).await.unwrap();
+    assert_eq!(outcomes[1], Enqueued::Duplicate(outcomes[0].id()), "{outcomes:?}");
+    let mut states = Vec::new();
+    for i in [0, 2, 3, 4] {
+        states.push(db.state_of(outcomes[i].id()).await);
+    }
+    use JobState::{Available, Scheduled};
+    assert_eq!(states, [Available, Available, Scheduled, Scheduled], "{outcomes:?}");
+}
+
 on_both_backends!(
     one_bulk_enqueue_answers_each_kind_of_unique_job,
+    a_bulk_enqueue_gates_only_the_unique_jobs_it_writes,
+    a_bulk_enqueue_plans_rate_limited_starts_only_for_the_unique_jobs_it_writes,
     a_large_bulk_enqueue_of_mixed_jobs_claims_and_records_each_kind,
     a_large_bulk_enqueue_answers_duplicates_wherever_they_fall,
     eight_concurrent_enqueuers_of_one_key_store_one_job,

@@ -21,8 +21,21 @@ use crate::store::{Enqueued, FetchParams, FetchedJob, PreparedJob, Result};
 /// order (a blocked or discarded job keeps its id). A batch with unique
 /// jobs first takes its ids, claims its keys and records them (before the
 /// insert, whose gate may archive a job, and the archive takes its key
-/// with it), so a duplicate is never stored.
+/// with it), so a duplicate is never stored: in the same call as the
+/// insert ([`claim_and_insert_rows`]) when [`insert_bulk`] is told it may;
+/// otherwise the claims' answer comes back before anything is written.
 pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<Enqueued>> {
+    insert_bulk(conn, jobs, None).await
+}
+
+/// [`insert`], for a store's bulk enqueue: unique jobs are claimed and
+/// written in one round trip when `claims` says so
+/// ([`super::unique::ClaimPath`]), and it learns from what the call found.
+pub async fn insert_bulk(
+    conn: &mut PgConnection,
+    jobs: &[&PreparedJob],
+    claims: Option<&super::unique::ClaimPath>,
+) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -32,15 +45,50 @@ pub async fn insert(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Ve
         super::membership::add_members(conn, jobs).await?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
-    let (ids, decided) = super::unique::claim(conn, jobs).await?;
-    let fresh: Vec<(i64, &PreparedJob)> =
-        decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j)).collect();
-    let fresh_jobs: Vec<&PreparedJob> = fresh.iter().map(|(_, j)| *j).collect();
-    let fresh_ids: Vec<i64> = fresh.iter().map(|(id, _)| *id).collect();
-    insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
-    super::trace::record(conn, fresh.iter().copied()).await?;
+    let (ids, decided) = if claims.is_some_and(|c| c.one_call(jobs)) {
+        let (ids, claimants) = claim_and_insert_rows(conn, jobs).await?;
+        let decided = super::unique::decide(conn, jobs, &ids, claimants).await?;
+        (ids, decided)
+    } else {
+        let (ids, decided) = super::unique::claim(conn, jobs).await?;
+        let (fresh_ids, fresh_jobs): (Vec<i64>, Vec<&PreparedJob>) = written(&decided, &ids, jobs).unzip();
+        insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
+        (ids, decided)
+    };
+    if let Some(claims) = claims {
+        claims.learn(&decided);
+    }
+    let fresh_jobs: Vec<&PreparedJob> = written(&decided, &ids, jobs).map(|(_, j)| j).collect();
+    super::trace::record(conn, written(&decided, &ids, jobs)).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
+}
+
+/// The jobs of a unique call that were written (no duplicate's outcome
+/// decided for them), with their ids.
+fn written<'a>(
+    decided: &'a [Option<Enqueued>],
+    ids: &'a [i64],
+    jobs: &'a [&'a PreparedJob],
+) -> impl Iterator<Item = (i64, &'a PreparedJob)> + 'a {
+    decided.iter().zip(ids.iter().zip(jobs)).filter(|(d, _)| d.is_none()).map(|(_, (id, j))| (*id, *j))
+}
+
+/// Binds the jobs' columns every write of prepared jobs sends first, in
+/// `jobhost.insert_jobs`' order (`$1` to `$9`).
+macro_rules! bind_job_columns {
+    ($query:expr, $jobs:expr) => {
+        $query
+            .bind($jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| Json(&j.payload)).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
+            .bind($jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
+    };
 }
 
 /// Writes the jobs through the gate (with the given ids, or the
@@ -59,23 +107,39 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
     // None at all (a plain batch) is sent as NULL, not an array of them.
     let unique_keys: Vec<Option<&str>> = jobs.iter().map(|j| super::unique::attached_key(j)).collect();
     let unique_keys = unique_keys.iter().any(Option::is_some).then_some(unique_keys);
-    sqlx::query_scalar("SELECT jobhost.insert_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
-        .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| Json(&j.payload)).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.concurrency_key.as_deref()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.parent_id).collect::<Vec<_>>())
-        .bind(ids)
-        .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
-        .bind(planned)
-        .bind(unique_keys)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(super::concurrency::limit_reached)
+    bind_job_columns!(
+        sqlx::query_scalar("SELECT jobhost.insert_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"),
+        jobs
+    )
+    .bind(ids)
+    .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
+    .bind(planned)
+    .bind(unique_keys)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(super::concurrency::limit_reached)
+}
+
+/// Claims the jobs' keys and writes those that won theirs, or have none to
+/// win, in one round trip: `jobhost.claim_and_insert_jobs`
+/// (0044_claim_and_insert.sql), the two calls of the other path in one,
+/// each written job with its attached key. Returns the ids and the
+/// claimants as [`super::unique::claim`]'s call answers them. No job may be
+/// rate-limited (none is planned here).
+async fn claim_and_insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<(Vec<i64>, Vec<Option<i64>>)> {
+    bind_job_columns!(
+        sqlx::query_as(
+            "SELECT ids, claimants
+             FROM jobhost.claim_and_insert_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $11, $12)"
+        ),
+        jobs
+    )
+    .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect::<Vec<_>>())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(super::concurrency::limit_reached)
 }
 
 pub async fn fetch(executor: impl sqlx::PgExecutor<'_>, params: &FetchParams) -> Result<Vec<FetchedJob>> {
