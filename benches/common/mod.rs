@@ -19,10 +19,18 @@ pub fn server() -> String {
 }
 
 pub async fn fresh_db() -> (Arc<PgStore>, String) {
+    fresh_db_named("jobhost_bench").await
+}
+
+/// [`fresh_db`] under another name, for a benchmark that needs two at once.
+pub async fn fresh_db_named(name: &str) -> (Arc<PgStore>, String) {
     let admin = PgPool::connect(&format!("{}/postgres", server())).await.expect("PostgreSQL");
-    sqlx::query("DROP DATABASE IF EXISTS jobhost_bench WITH (FORCE)").execute(&admin).await.unwrap();
-    sqlx::query("CREATE DATABASE jobhost_bench").execute(&admin).await.unwrap();
-    let url = format!("{}/jobhost_bench", server());
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await.unwrap();
+    let url = format!("{}/{name}", server());
     let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
     if !migrated_by_host_binary(&url) {
         store.schema_migrate().await.unwrap();
@@ -95,8 +103,14 @@ impl BenchDb {
     /// A fresh, migrated database: PostgreSQL's `jobhost_bench`, or a new
     /// SQLite file in a temporary directory (on the same disk as PostgreSQL's data).
     pub async fn fresh(sqlite: bool) -> BenchDb {
+        BenchDb::fresh_named(sqlite, "jobhost_bench").await
+    }
+
+    /// [`BenchDb::fresh`], PostgreSQL's under another name, for a benchmark
+    /// that needs two at once.
+    pub async fn fresh_named(sqlite: bool, name: &str) -> BenchDb {
         if !sqlite {
-            let (store, url) = fresh_db().await;
+            let (store, url) = fresh_db_named(name).await;
             return BenchDb::Postgres { store, url };
         }
         let dir = tempfile::tempdir_in(std::env::var("JOBHOST_BENCH_SQLITE_DIR").unwrap_or_else(|_| "target".into()))
