@@ -1053,6 +1053,91 @@ async fn a_bulk_enqueue_waits_for_an_applications_open_transaction_on_one_of_its
     }
 }
 
+/// A bulk enqueue over a thousand keys, all full, one of whose last
+/// holder another transaction is releasing (its job gone, the key's row
+/// deleted with its last slot, not yet committed): the bulk locks the
+/// keys' rows in key order and waits at that one. After a commit the row
+/// is gone, so the bulk gives back what it locked and creates the row
+/// anew in one upsert, and its job of the key takes the free slot; after
+/// a rollback the key is full again and the job is blocked. Every key
+/// ends with exactly its one holder, and no job is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_enqueue_waiting_for_a_key_whose_last_holder_leaves_takes_the_freed_slot() {
+    for commit in [true, false] {
+        let db = TestDb::postgres().await;
+        limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+        let bulk_jobs: Vec<EnqueueParams> = (0..1_000).map(|i| keyed("lim", &format!("k{i}"))).collect();
+        let holders_ids = db.store.job_enqueue(&bulk_jobs).await.unwrap();
+        let mut releasing = db.pool().begin().await.unwrap();
+        let releasing_pid: i32 =
+            sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *releasing).await.unwrap();
+        sqlx::query("DELETE FROM jobhost.jobs WHERE id = $1")
+            .bind(holders_ids[500])
+            .execute(&mut *releasing)
+            .await
+            .unwrap();
+        sqlx::query("SELECT jobhost.release_slots(ARRAY['lim'], ARRAY['k500'])")
+            .execute(&mut *releasing)
+            .await
+            .unwrap();
+        let store = db.dyn_store();
+        let jobs = bulk_jobs.clone();
+        let bulk = tokio::spawn(async move { store.job_enqueue(&jobs).await });
+        let waiting =
+            format!("SELECT count(*) FROM pg_stat_activity WHERE {releasing_pid} = ANY(pg_blocking_pids(pid))");
+        eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+        assert!(!bulk.is_finished(), "the bulk waits for k500's row");
+        if commit {
+            releasing.commit().await.unwrap();
+        } else {
+            releasing.rollback().await.unwrap();
+        }
+        let ids = bulk.await.unwrap().unwrap();
+        assert_eq!(ids.len(), 1_000);
+        let round = format!("commit: {commit}");
+        let expected = if commit { JobState::Available } else { JobState::Blocked };
+        assert_eq!(db.state_of(ids[500]).await, expected, "the bulk's k500 job, {round}");
+        assert_eq!(db.state_of(ids[499]).await, JobState::Blocked, "{round}");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores WHERE holders = 1").await, 1_000, "{round}");
+        assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 1_000, "{round}");
+        let available = db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await;
+        assert_eq!(available, 1_000, "one available job a key, {round}");
+        let blocked = db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await;
+        assert_eq!(blocked, 999 + i64::from(!commit), "{round}");
+    }
+}
+
+/// A bulk enqueue finds its keys' semaphore rows one index probe at a
+/// time, in key order, however many keys are held elsewhere. The planner
+/// used to join a call's keys to the whole semaphores table by hashing it,
+/// so every call of thousands of keys read every row, and its cost grew
+/// with the keys held anywhere. Both ways a call reads its rows are
+/// covered: every key existing (locked as it is read), and some new
+/// (created by an upsert, then read).
+#[tokio::test]
+async fn a_bulk_enqueue_reads_only_its_own_keys_semaphore_rows() {
+    let db = TestDb::postgres().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    let held: Vec<EnqueueParams> = (0..20_000).map(|i| keyed("lim", &format!("k{i}"))).collect();
+    for chunk in held.chunks(5_000) {
+        db.store.job_enqueue(chunk).await.unwrap();
+    }
+    sqlx::query("ANALYZE jobhost.semaphores").execute(db.pool()).await.unwrap();
+    for (round, keys) in [("every key full", 0..1_000), ("half the keys new", 19_500..20_500)] {
+        let mut tx = db.pool().begin().await.unwrap();
+        let jobs: Vec<serde_json::Value> =
+            keys.map(|i| json!({"job": "lim", "payload": {"key": format!("k{i}")}})).collect();
+        assert_eq!(enqueue_many(&mut *tx, json!(jobs)).await.unwrap().len(), 1_000);
+        let scans =
+            "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'jobhost' AND relname = 'semaphores'";
+        let seq_scans: i64 = sqlx::query_scalar(scans).fetch_one(&mut *tx).await.unwrap();
+        assert_eq!(seq_scans, 0, "{round}: the semaphores read by index");
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.semaphores").await, 20_500);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 1_500);
+}
+
 /// A job of type `last`, limited to one per `{key}`, on its last attempt
 /// and running on host `h`: the expiry of its lease ends it, giving back
 /// its key's slot. Returns the run.

@@ -92,7 +92,7 @@ macro_rules! bind_job_columns {
 }
 
 /// Writes the jobs through the gate (with the given ids, or the
-/// sequence's): `jobhost.insert_jobs` (0027_set_gate.sql, as 0043 last
+/// sequence's): `jobhost.insert_jobs` (0027_set_gate.sql, as 0045 last
 /// replaced it), each unique job with its attached key (its claim was
 /// taken by [`super::unique::claim`] first). Returns their ids in input order.
 async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<i64>> {

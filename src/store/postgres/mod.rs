@@ -57,7 +57,7 @@
 //! | `workflow_step_archive` | 0043_claims_found_by_key_functions (first 0023_workflows) | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
 //! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004; `discard_each` then 0043) | the gate for a set of jobs already written; discards with a reason each |
-//! | `take_slots`, `insert_jobs` | 0030_gate_in_fewer_passes (first 0027_set_gate; `insert_jobs` then 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
+//! | `take_slots`, `insert_jobs` | 0045_gate_by_index (first 0027_set_gate, then 0030_gate_in_fewer_passes; `insert_jobs` also 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
 //! | `claim_and_insert_jobs` | 0044_claim_and_insert | a host's unique bulk enqueue in one call: `claim_new_keys` (attached), then `insert_jobs` for the jobs that won their keys |
 //! | `enqueue_many` | 0040_enqueue_many_fewer_passes (first 0028_enqueue_many, then 0031, 0033) | the SQL bulk enqueue |
 //! | `claim_new_keys` | 0043_claims_found_by_key_functions (first 0029, then 0032, 0033, 0038) | a host's bulk enqueue: ids, claims (attached to the rows the host writes) and `while_executing` keys in one call |
