@@ -966,3 +966,52 @@ async fn claims_come_back_from_jobs_a_host_of_the_previous_release_moves() {
     assert_eq!(claims(&db).await, 0, "found by its id when its job was archived");
     assert!(matches!(db.enqueue_outcome(keyed("once", "old")).await, Enqueued::New(_)));
 }
+
+/// A bulk enqueue finds its keys' claims one index probe at a time,
+/// however many claims other jobs hold: the holders of a call's
+/// duplicates are read by key, not by joining the call to the whole
+/// claims table (which the planner did by hashing it, so a call of
+/// thousands of keys read every claim). Both functions that claim a call's
+/// keys are covered: the host's (`claim_new_keys`) and the SQL bulk
+/// enqueue's (`claim_unique`, through `jobhost.enqueue_many`), each over
+/// a call whose keys are half held, half new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_enqueue_reads_only_its_own_keys_claims() {
+    let db = TestDb::postgres().await;
+    unique_type(&db, "once", UniqueStrategy::UntilExecuted, OnDuplicate::Skip).await;
+    let held: Vec<EnqueueParams> = (0..20_000).map(|i| keyed("once", &format!("k{i}"))).collect();
+    for chunk in held.chunks(5_000) {
+        db.store.job_enqueue(chunk).await.unwrap();
+    }
+    db.execute("ANALYZE jobhost.unique_claims").await;
+    let keys: Vec<String> = (19_500..20_500).map(|i| format!("k{i}")).collect();
+    let scans =
+        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'jobhost' AND relname = 'unique_claims'";
+
+    let mut tx = db.pool().begin().await.unwrap();
+    let (_, claimants): (Vec<i64>, Vec<Option<i64>>) =
+        sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys($1, $2, $3, attach => true)")
+            .bind(vec!["once"; keys.len()])
+            .bind(&keys)
+            .bind(vec![false; keys.len()])
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(claimants.len(), 1_000);
+    let seq_scans: i64 = sqlx::query_scalar(scans).fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(seq_scans, 0, "claim_new_keys: the claims read by index");
+    tx.rollback().await.unwrap();
+
+    let mut tx = db.pool().begin().await.unwrap();
+    let jobs: Vec<serde_json::Value> = keys.iter().map(|k| json!({"job": "once", "payload": {"key": k}})).collect();
+    let duplicates: Vec<bool> = sqlx::query_scalar("SELECT duplicate FROM jobhost.enqueue_many($1) ORDER BY ord")
+        .bind(sqlx::types::Json(jobs))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(duplicates.iter().filter(|d| **d).count(), 500, "the held half answered as duplicates");
+    let seq_scans: i64 = sqlx::query_scalar(scans).fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(seq_scans, 0, "enqueue_many: the claims read by index");
+    tx.commit().await.unwrap();
+    assert_eq!(claims(&db).await, 20_500);
+}

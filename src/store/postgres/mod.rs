@@ -42,7 +42,7 @@
 //! | `expiry_charges`, `expiry_ends` | 0017_confirmed_leases | whether an expired lease spends its attempt, and ends its job |
 //! | `lock_for_ending` | 0016_lock_order | a job's row, key and batch locked in the lock order, for paths that wait for them |
 //! | `job_types_forward_only` | 0006_forward_registration | trigger: no older config over a newer |
-//! | `claim_unique` | 0032_plain_claims (first 0007_uniqueness) | uniqueness claims of the SQL enqueue |
+//! | `claim_unique` | 0045_bulk_enqueue_by_index (first 0007_uniqueness, then 0032_plain_claims) | uniqueness claims of the SQL enqueue |
 //! | `replace_waiting` | 0007_uniqueness | `on_duplicate` `replace` |
 //! | `reclaim_unique` | 0033_claims_hold_their_keys (first 0007_uniqueness) | a job retried from the archive takes its key again |
 //! | `release_unique_run` | 0043_claims_found_by_key_functions (first 0007_uniqueness) | trigger: a run's `while_executing` claim given back |
@@ -57,10 +57,10 @@
 //! | `workflow_step_archive` | 0043_claims_found_by_key_functions (first 0023_workflows) | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
 //! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004; `discard_each` then 0043) | the gate for a set of jobs already written; discards with a reason each |
-//! | `take_slots`, `insert_jobs` | 0045_gate_by_index (first 0027_set_gate, then 0030_gate_in_fewer_passes; `insert_jobs` also 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
+//! | `take_slots`, `insert_jobs` | 0045_bulk_enqueue_by_index (first 0027_set_gate, then 0030_gate_in_fewer_passes; `insert_jobs` also 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
 //! | `claim_and_insert_jobs` | 0044_claim_and_insert | a host's unique bulk enqueue in one call: `claim_new_keys` (attached), then `insert_jobs` for the jobs that won their keys |
 //! | `enqueue_many` | 0040_enqueue_many_fewer_passes (first 0028_enqueue_many, then 0031, 0033) | the SQL bulk enqueue |
-//! | `claim_new_keys` | 0043_claims_found_by_key_functions (first 0029, then 0032, 0033, 0038) | a host's bulk enqueue: ids, claims (attached to the rows the host writes) and `while_executing` keys in one call |
+//! | `claim_new_keys` | 0045_bulk_enqueue_by_index (first 0029, then 0032, 0033, 0038, 0043) | a host's bulk enqueue: ids, claims (attached to the rows the host writes) and `while_executing` keys in one call |
 //! | `claims_likely_new` | 0039_likely_new_without_counting (first 0032_plain_claims) | whether to try a call's claims as a plain insert |
 
 mod batch;

@@ -13,7 +13,7 @@ use crate::types::OnDuplicate;
 
 /// Takes the jobs' ids, claims their `until_executed` keys and records
 /// their `while_executing` keys, in one call (`jobhost.claim_new_keys`,
-/// 0029_claim_new_keys.sql as 0043 last replaced it), and decides each
+/// 0029_claim_new_keys.sql as 0045 last replaced it), and decides each
 /// duplicate ([`decide`]). Returns the ids, in input order, and per job
 /// `None` when it is to be written or what became of it as a duplicate.
 /// The claims are attached: each job written must carry its key on its

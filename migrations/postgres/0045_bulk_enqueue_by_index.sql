@@ -1,17 +1,24 @@
--- A bulk enqueue of limited jobs decided in less work, with the same
--- answers, locks and lock order.
+-- A bulk enqueue reads only its own keys' rows, and decides its gate in
+-- less work, with the same answers, locks and lock order.
 --
--- take_slots (0030): the rows of a call's keys are locked one index probe
--- at a time, in key order (a nested loop over the sorted keys), where the
--- planner used to hash the whole semaphores table to join them: a call of
--- 5,000 keys read every semaphore row, so its cost grew with the number of
--- keys held anywhere (100,000 rows: 25 ms for the lock, 12 ms this way).
--- The holders read after an upsert are found the same way, and each job
--- type's limit is read from its config once a call, not once a key.
+-- The planner joined a call's keys to the whole semaphores table, or the
+-- whole claims table, by hashing it: a call of 5,000 keys read every row,
+-- so its cost grew with the number of keys held anywhere (100,000
+-- semaphore rows: 25 ms to lock a call's keys, 12 ms by index). Each of
+-- these reads is now a nested loop of index probes over the call's
+-- sorted keys (a lateral subquery, which the planner cannot turn into a
+-- hash join):
+--   take_slots (0030): the lock of every key's row, in key order, and the
+--     holders read after the upsert;
+--   claim_new_keys (0043): the holders of the keys a call lost;
+--   claim_unique (0032, the SQL bulk enqueue's claims): the holders read
+--     after the claims.
 --
--- insert_jobs (0043): a call's keys are counted after one sort of its
--- jobs, and a call whose jobs all go one way (every limited job admitted,
--- or every job blocked) writes them without deciding each job's place.
+-- take_slots also reads each job type's limit from its config once a
+-- call, not once a key. insert_jobs (0043) counts a call's keys after one
+-- sort of its jobs, and writes a call whose jobs all go one way (every
+-- limited job admitted, or every job blocked) without deciding each
+-- job's place.
 
 CREATE OR REPLACE FUNCTION jobhost.take_slots(
     key_jobs text[], key_names text[], key_counts integer[], enqueuer_waiting boolean,
@@ -277,3 +284,154 @@ BEGIN
     RETURN ids;
 END;
 $function$;
+
+
+CREATE OR REPLACE FUNCTION jobhost.claim_new_keys(job_types text[], unique_keys text[], while_executing boolean[],
+                                       attach boolean DEFAULT false, OUT ids bigint[], OUT claimants bigint[])
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lost_ords bigint[];
+    lost_jobs text[];
+    lost_keys text[];
+    lost_ids bigint[];
+    found_ords bigint[] := '{}';
+    found_claimants bigint[] := '{}';
+    read_ords bigint[];
+    read_claimants bigint[];
+    won bigint[];
+    tries integer := 0;
+    all_won boolean := false;
+BEGIN
+    SELECT coalesce(array_agg(s.id), '{}') INTO ids
+    FROM (SELECT nextval('jobhost.job_ids') AS id FROM generate_series(1, coalesce(cardinality(job_types), 0))
+          ORDER BY 1) s;
+
+    IF jobhost.claims_likely_new(job_types, unique_keys, while_executing) THEN
+        BEGIN
+            INSERT INTO jobhost.unique_claims (job, unique_key, job_id, attached)
+            SELECT u.job, u.unique_key, u.id, attach
+            FROM unnest(job_types, unique_keys, ids, while_executing) AS u(job, unique_key, id, we)
+            WHERE u.unique_key IS NOT NULL AND NOT u.we
+            ORDER BY u.job, u.unique_key, u.id;
+            all_won := true;
+        EXCEPTION WHEN unique_violation THEN
+            all_won := false;
+        END;
+    END IF;
+
+    IF NOT all_won THEN
+        WITH claimed AS (
+            INSERT INTO jobhost.unique_claims (job, unique_key, job_id, attached)
+            SELECT u.job, u.unique_key, u.id, attach
+            FROM unnest(job_types, unique_keys, ids, while_executing) AS u(job, unique_key, id, we)
+            WHERE u.unique_key IS NOT NULL AND NOT u.we
+            ORDER BY u.job, u.unique_key, u.id
+            ON CONFLICT DO NOTHING
+            RETURNING job_id
+        )
+        SELECT coalesce(array_agg(job_id), '{}') INTO won FROM claimed;
+        SELECT array_agg(u.ord), array_agg(u.job), array_agg(u.unique_key), array_agg(u.id)
+        INTO lost_ords, lost_jobs, lost_keys, lost_ids
+        FROM unnest(job_types, unique_keys, ids, while_executing) WITH ORDINALITY AS u(job, unique_key, id, we, ord)
+        WHERE u.unique_key IS NOT NULL AND NOT u.we AND NOT EXISTS (SELECT 1 FROM unnest(won) AS w(id) WHERE w.id = u.id);
+
+        WHILE lost_ords IS NOT NULL LOOP
+            SELECT array_agg(l.ord) FILTER (WHERE c.job_id IS NOT NULL),
+                   array_agg(c.job_id) FILTER (WHERE c.job_id IS NOT NULL),
+                   array_agg(l.ord) FILTER (WHERE c.job_id IS NULL),
+                   array_agg(l.job) FILTER (WHERE c.job_id IS NULL),
+                   array_agg(l.unique_key) FILTER (WHERE c.job_id IS NULL),
+                   array_agg(l.id) FILTER (WHERE c.job_id IS NULL)
+            INTO read_ords, read_claimants, lost_ords, lost_jobs, lost_keys, lost_ids
+            FROM unnest(lost_ords, lost_jobs, lost_keys, lost_ids) AS l(ord, job, unique_key, id)
+            LEFT JOIN LATERAL (
+                SELECT c.job_id FROM jobhost.unique_claims c WHERE c.job = l.job AND c.unique_key = l.unique_key OFFSET 0
+            ) c ON true;
+            found_ords := found_ords || coalesce(read_ords, '{}');
+            found_claimants := found_claimants || coalesce(read_claimants, '{}');
+            EXIT WHEN lost_ords IS NULL;
+            -- Released between the claim and the read: claim them again.
+            tries := tries + 1;
+            IF tries >= 100 THEN
+                RAISE EXCEPTION 'uniqueness keys kept being released while they were claimed' USING ERRCODE = '40001';
+            END IF;
+            WITH claimed AS (
+                INSERT INTO jobhost.unique_claims (job, unique_key, job_id, attached)
+                SELECT l.job, l.unique_key, l.id, attach
+                FROM unnest(lost_jobs, lost_keys, lost_ids) AS l(job, unique_key, id)
+                ORDER BY l.job, l.unique_key, l.id
+                ON CONFLICT DO NOTHING
+                RETURNING job_id
+            )
+            SELECT coalesce(array_agg(job_id), '{}') INTO won FROM claimed;
+            SELECT array_agg(l.ord), array_agg(l.job), array_agg(l.unique_key), array_agg(l.id)
+            INTO lost_ords, lost_jobs, lost_keys, lost_ids
+            FROM unnest(lost_ords, lost_jobs, lost_keys, lost_ids) AS l(ord, job, unique_key, id)
+            WHERE NOT EXISTS (SELECT 1 FROM unnest(won) AS w(id) WHERE w.id = l.id);
+        END LOOP;
+    END IF;
+
+    -- A job with a key is written unless another job holds its key.
+    IF all_won AND array_position(unique_keys, NULL) IS NULL THEN
+        claimants := ids;
+    ELSE
+        SELECT coalesce(array_agg(CASE WHEN u.unique_key IS NULL THEN NULL ELSE coalesce(f.claimant, u.id) END
+                                  ORDER BY u.ord), '{}')
+        INTO claimants
+        FROM unnest(unique_keys, ids) WITH ORDINALITY AS u(unique_key, id, ord)
+        LEFT JOIN unnest(found_ords, found_claimants) AS f(ord, claimant) ON f.ord = u.ord;
+    END IF;
+
+    IF true = ANY(while_executing) THEN
+        INSERT INTO jobhost.unique_keys (job_id, job, unique_key, while_executing)
+        SELECT u.id, u.job, u.unique_key, true
+        FROM unnest(ids, job_types, unique_keys, while_executing) AS u(id, job, unique_key, we)
+        WHERE u.unique_key IS NOT NULL AND u.we;
+    END IF;
+END;
+$function$;
+
+
+CREATE OR REPLACE FUNCTION jobhost.claim_unique(job_types text[], unique_keys text[], job_ids bigint[])
+RETURNS TABLE (ord bigint, claimant bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    holders bigint[];
+    held integer;
+    tries integer := 0;
+BEGIN
+    IF jobhost.claims_likely_new(job_types, unique_keys, NULL) THEN
+        BEGIN
+            INSERT INTO jobhost.unique_claims (job, unique_key, job_id)
+            SELECT u.job, u.unique_key, u.id
+            FROM unnest(job_types, unique_keys, job_ids) AS u(job, unique_key, id)
+            ORDER BY u.job, u.unique_key, u.id;
+            holders := job_ids;
+        EXCEPTION WHEN unique_violation THEN
+            holders := NULL;
+        END;
+    END IF;
+    WHILE holders IS NULL LOOP
+        INSERT INTO jobhost.unique_claims (job, unique_key, job_id)
+        SELECT u.job, u.unique_key, u.id
+        FROM unnest(job_types, unique_keys, job_ids) AS u(job, unique_key, id)
+        ORDER BY u.job, u.unique_key, u.id
+        ON CONFLICT DO NOTHING;
+        SELECT array_agg(c.job_id ORDER BY u.n), count(c.job_id) INTO holders, held
+        FROM unnest(job_types, unique_keys) WITH ORDINALITY AS u(job, unique_key, n)
+        LEFT JOIN LATERAL (
+            SELECT c.job_id FROM jobhost.unique_claims c WHERE c.job = u.job AND c.unique_key = u.unique_key OFFSET 0
+        ) c ON true;
+        EXIT WHEN held = cardinality(job_types);
+        holders := NULL;
+        tries := tries + 1;
+        IF tries >= 100 THEN
+            RAISE EXCEPTION 'uniqueness keys kept being released while they were claimed' USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+    RETURN QUERY SELECT h.n, h.holder FROM unnest(holders) WITH ORDINALITY AS h(holder, n);
+END;
+$$;
