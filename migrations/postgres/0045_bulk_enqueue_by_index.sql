@@ -5,9 +5,9 @@
 -- whole claims table, by hashing it: a call of 5,000 keys read every row,
 -- so its cost grew with the number of keys held anywhere (100,000
 -- semaphore rows: 25 ms to lock a call's keys, 12 ms by index). Each of
--- these reads is now a nested loop of index probes over the call's
--- sorted keys (a lateral subquery, which the planner cannot turn into a
--- hash join):
+-- these reads is now a nested loop of index probes over the call's keys
+-- (a lateral subquery, which the planner cannot turn into a hash join),
+-- each distinct key probed once:
 --   take_slots (0030): the lock of every key's row, in key order, and the
 --     holders read after the upsert;
 --   claim_new_keys (0043): the holders of the keys a call lost;
@@ -346,9 +346,15 @@ BEGIN
                    array_agg(l.id) FILTER (WHERE c.job_id IS NULL)
             INTO read_ords, read_claimants, lost_ords, lost_jobs, lost_keys, lost_ids
             FROM unnest(lost_ords, lost_jobs, lost_keys, lost_ids) AS l(ord, job, unique_key, id)
-            LEFT JOIN LATERAL (
-                SELECT c.job_id FROM jobhost.unique_claims c WHERE c.job = l.job AND c.unique_key = l.unique_key OFFSET 0
-            ) c ON true;
+            LEFT JOIN (
+                -- Each lost key read once (a call of duplicates of one key reads one claim).
+                SELECT k.job, k.unique_key, c.job_id
+                FROM (SELECT DISTINCT u.job, u.unique_key FROM unnest(lost_jobs, lost_keys) AS u(job, unique_key)) k
+                CROSS JOIN LATERAL (
+                    SELECT c.job_id FROM jobhost.unique_claims c
+                    WHERE c.job = k.job AND c.unique_key = k.unique_key OFFSET 0
+                ) c
+            ) c ON c.job = l.job AND c.unique_key = l.unique_key;
             found_ords := found_ords || coalesce(read_ords, '{}');
             found_claimants := found_claimants || coalesce(read_claimants, '{}');
             EXIT WHEN lost_ords IS NULL;
@@ -422,9 +428,15 @@ BEGIN
         ON CONFLICT DO NOTHING;
         SELECT array_agg(c.job_id ORDER BY u.n), count(c.job_id) INTO holders, held
         FROM unnest(job_types, unique_keys) WITH ORDINALITY AS u(job, unique_key, n)
-        LEFT JOIN LATERAL (
-            SELECT c.job_id FROM jobhost.unique_claims c WHERE c.job = u.job AND c.unique_key = u.unique_key OFFSET 0
-        ) c ON true;
+        LEFT JOIN (
+            -- Each key read once (a call of duplicates of one key reads one claim).
+            SELECT k.job, k.unique_key, c.job_id
+            FROM (SELECT DISTINCT d.job, d.unique_key FROM unnest(job_types, unique_keys) AS d(job, unique_key)) k
+            CROSS JOIN LATERAL (
+                SELECT c.job_id FROM jobhost.unique_claims c
+                WHERE c.job = k.job AND c.unique_key = k.unique_key OFFSET 0
+            ) c
+        ) c ON c.job = u.job AND c.unique_key = u.unique_key;
         EXIT WHEN held = cardinality(job_types);
         holders := NULL;
         tries := tries + 1;
