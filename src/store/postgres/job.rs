@@ -45,21 +45,22 @@ pub async fn insert_bulk(
         super::membership::add_members(conn, jobs).await?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
-    let (ids, decided) = if claims.is_some_and(|c| c.one_call(jobs)) {
+    let one_call = claims.is_some_and(|c| c.one_call(jobs));
+    let (ids, decided) = if one_call {
         let (ids, claimants) = claim_and_insert_rows(conn, jobs).await?;
         let decided = super::unique::decide(conn, jobs, &ids, claimants).await?;
         (ids, decided)
     } else {
-        let (ids, decided) = super::unique::claim(conn, jobs).await?;
-        let (fresh_ids, fresh_jobs): (Vec<i64>, Vec<&PreparedJob>) = written(&decided, &ids, jobs).unzip();
-        insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
-        (ids, decided)
+        super::unique::claim(conn, jobs).await?
     };
+    let (fresh_ids, fresh_jobs): (Vec<i64>, Vec<&PreparedJob>) = written(&decided, &ids, jobs).unzip();
+    if !one_call {
+        insert_rows(conn, &fresh_jobs, Some(&fresh_ids)).await?;
+    }
     if let Some(claims) = claims {
         claims.learn(&decided);
     }
-    let fresh_jobs: Vec<&PreparedJob> = written(&decided, &ids, jobs).map(|(_, j)| j).collect();
-    super::trace::record(conn, written(&decided, &ids, jobs)).await?;
+    super::trace::record(conn, fresh_ids.iter().copied().zip(fresh_jobs.iter().copied())).await?;
     super::membership::add_members(conn, &fresh_jobs).await?;
     Ok(decided.into_iter().zip(ids).map(|(decided, id)| decided.unwrap_or(Enqueued::New(id))).collect())
 }
@@ -135,8 +136,8 @@ async fn claim_and_insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob]) -
         jobs
     )
     .bind(jobs.iter().map(|j| j.batch_id).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect::<Vec<_>>())
-    .bind(jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect::<Vec<_>>())
+    .bind(super::unique::keys(jobs))
+    .bind(super::unique::while_executing(jobs))
     .fetch_one(&mut *conn)
     .await
     .map_err(super::concurrency::limit_reached)

@@ -25,12 +25,24 @@ pub async fn claim(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<(Ve
     let (ids, claimants): (Vec<i64>, Vec<Option<i64>>) =
         sqlx::query_as("SELECT ids, claimants FROM jobhost.claim_new_keys($1, $2, $3, attach => true)")
             .bind(jobs.iter().map(|j| j.job.as_str()).collect::<Vec<_>>())
-            .bind(jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect::<Vec<_>>())
-            .bind(jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect::<Vec<_>>())
+            .bind(keys(jobs))
+            .bind(while_executing(jobs))
             .fetch_one(&mut *conn)
             .await?;
     let decided = decide(conn, jobs, &ids, claimants).await?;
     Ok((ids, decided))
+}
+
+/// The jobs' uniqueness keys (None for a job without one), as the calls
+/// that claim them take them.
+pub fn keys<'a>(jobs: &[&'a PreparedJob]) -> Vec<Option<&'a str>> {
+    jobs.iter().map(|j| j.unique.as_ref().map(|u| u.key.as_str())).collect()
+}
+
+/// Whether each job's key is held only while it runs, as the calls that
+/// claim the keys take it.
+pub fn while_executing(jobs: &[&PreparedJob]) -> Vec<bool> {
+    jobs.iter().map(|j| j.unique.as_ref().is_some_and(|u| u.while_executing)).collect()
 }
 
 /// Fewer jobs than this always go in one round trip ([`ClaimPath`]).
