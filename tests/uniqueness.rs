@@ -535,6 +535,51 @@ async fn a_large_bulk_enqueue_waits_for_an_applications_open_claim() {
     }
 }
 
+/// A large bulk enqueue of new keys claims and writes in one call
+/// (`claim_and_insert_jobs`); when its connection is lost while that call
+/// waits for an application's open claim, the enqueue fails and leaves
+/// nothing: no claim, no job, no semaphore slot. Sent again after the
+/// application commits, it answers the application's key as a duplicate
+/// and writes the rest once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_enqueue_whose_connection_is_lost_mid_call_leaves_nothing() {
+    let db = TestDb::new(Backend::Postgres).await;
+    unique_and_limited(&db, "{unique}", OnDuplicate::Skip, OnConflict::Block).await;
+    let mut application = db.pool().begin().await.unwrap();
+    let app_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *application).await.unwrap();
+    let app_job: i64 = sqlx::query_scalar("SELECT jobhost.enqueue('both', '{\"unique\": \"u150\", \"c\": \"a\"}')")
+        .fetch_one(&mut *application)
+        .await
+        .unwrap();
+    let bulk_jobs: Vec<EnqueueParams> = (0..300)
+        .map(|i| EnqueueParams::new("both", json!({ "unique": format!("u{i:03}"), "c": format!("c{i}") })))
+        .collect();
+    let store = db.dyn_store();
+    let jobs = bulk_jobs.clone();
+    let bulk = tokio::spawn(async move { store.job_enqueue_outcomes(&jobs).await });
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE {app_pid} = ANY(pg_blocking_pids(pid)) AND query LIKE '%claim_and_insert_jobs%'"
+    );
+    eventually(WITHIN, || async { db.scalar(&waiting).await > 0 }).await;
+    db.execute(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {app_pid} = ANY(pg_blocking_pids(pid))"
+    ))
+    .await;
+    assert!(bulk.await.unwrap().is_err(), "the enqueue whose connection was lost fails");
+    application.commit().await.unwrap();
+    assert_eq!(live_jobs(&db, "both").await, 1, "only the application's job");
+    assert_eq!(claims(&db).await, 1, "only the application's claim");
+    assert_eq!(db.scalar("SELECT sum(holders) FROM jobhost.semaphores").await, 1, "only the application's slot");
+
+    let outcomes = db.store.job_enqueue_outcomes(&bulk_jobs).await.unwrap();
+    assert_eq!(outcomes[150], Enqueued::Duplicate(app_job));
+    assert_eq!(outcomes.iter().filter(|o| matches!(o, Enqueued::New(_))).count(), 299);
+    assert_eq!(live_jobs(&db, "both").await, 300);
+    assert_eq!(claims(&db).await, 300, "one claim per live job");
+    assert_eq!(db.scalar("SELECT sum(holders) FROM jobhost.semaphores").await, 300, "one slot per live job");
+}
+
 /// The upgrade that stops recording until_executed keys in `unique_keys`
 /// (0033: the claim holds the key) keeps every live key held: the rows of
 /// a database's live jobs go, a duplicate enqueued after the upgrade is
