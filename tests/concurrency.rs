@@ -1138,6 +1138,24 @@ async fn a_bulk_enqueue_reads_only_its_own_keys_semaphore_rows() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 1_500);
 }
 
+/// A bulk enqueue reads the limits of its own job types only: another
+/// type's config, however malformed (a limit that is not a number, left
+/// by a hand edit), neither refuses nor slows it.
+#[tokio::test]
+async fn a_bulk_enqueue_reads_only_its_own_types_limits() {
+    let db = TestDb::postgres().await;
+    limited_type(&db, "lim", 1, OnConflict::Block, "v1").await;
+    limited_type(&db, "other", 1, OnConflict::Block, "v1").await;
+    db.execute(
+        "UPDATE jobhost.job_types SET config = jsonb_set(config, '{concurrency,limit}', '\"lots\"') WHERE name = 'other'",
+    )
+    .await;
+    let jobs: Vec<EnqueueParams> = (0..200).map(|i| keyed("lim", &format!("k{}", i % 100))).collect();
+    assert_eq!(db.store.job_enqueue(&jobs).await.unwrap().len(), 200);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE state = 'available'").await, 100);
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.blocked_jobs").await, 100);
+}
+
 /// A job of type `last`, limited to one per `{key}`, on its last attempt
 /// and running on host `h`: the expiry of its lease ends it, giving back
 /// its key's slot. Returns the run.

@@ -110,11 +110,13 @@ BEGIN
                least(greatest(l.slot_limit - l.held, 0), k.n) AS taken
         FROM unnest(key_jobs, key_names, key_counts, read_holders, fresh)
             WITH ORDINALITY AS k(job, key, n, holders, created, ord)
-        -- Each type's limit read from its config once, not once a key.
+        -- Each of the call's types' limit read from its config once, not
+        -- once a key (and no other type's config read at all).
         LEFT JOIN (
             SELECT t.name, (t.config -> 'concurrency' ->> 'limit')::integer AS slot_limit,
                    t.config -> 'concurrency' ->> 'on_conflict' AS on_conflict
             FROM jobhost.job_types t
+            WHERE t.name IN (SELECT DISTINCT n.name FROM unnest(key_jobs) AS n(name))
             OFFSET 0
         ) t ON t.name = k.job
         CROSS JOIN LATERAL (
