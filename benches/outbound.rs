@@ -169,7 +169,7 @@ async fn swapped_body_cost(secrets: &RunSecrets, allowed: &[String], places: Pla
     const ROUNDS: u32 = 20_000;
     let swapped = secrets.substitute(request(secrets, true), allowed, places);
     let sent = swapped.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(memchr::memmem::find(&sent, SECRET.as_bytes()).is_some(), places.body, "the body carries the secret");
+    assert_eq!(sent.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), places.body, "the body carries the secret");
     let clock = Instant::now();
     for _ in 0..ROUNDS {
         let swapped = secrets.substitute(request(secrets, true), allowed, places);

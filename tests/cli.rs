@@ -637,6 +637,30 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     );
     assert!(granted.status.success(), "{}", stderr(&granted));
     assert!(stdout(&granted).contains("granted: mail may reach https://api.mailgun.net"), "{}", stdout(&granted));
+    // A secret the grant names that no host can open is said at once, and
+    // marked in the list, before any run meets it.
+    let unset = "warning: secret MAILGUN_KEY is not set (`jobhost secret set MAILGUN_KEY`): every run of mail waits";
+    assert!(stderr(&granted).contains(unset), "{}", stderr(&granted));
+    let listed = stdout(&jobhost(&db, &["grants", "--json"]));
+    assert!(listed.contains(r#""secret_problems":["secret MAILGUN_KEY is not set"#), "{listed}");
+    let table = stdout(&jobhost(&db, &["grants"]));
+    assert!(table.contains("  ! secret MAILGUN_KEY is not set"), "{table}");
+    let with_key = |key: &str, args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_jobhost"));
+        command.args(args).env("DATABASE_URL", &db.url).env("RUST_LOG", "error").env("JOBHOST_SECRET_KEY", key);
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let (sealing, other) = ("11".repeat(32), "22".repeat(32));
+    assert!(with_key(&sealing, &["secret", "set", "MAILGUN_KEY"], "key-value").status.success());
+    let args = ["grant", "mail", "https://api.mailgun.net", "--methods", "post", "--secret", "MAILGUN_KEY"];
+    let matching = with_key(&sealing, &args, "");
+    assert!(matching.status.success() && stderr(&matching).is_empty(), "{}", stderr(&matching));
+    let mismatched = with_key(&other, &args, "");
+    assert!(stderr(&mismatched).contains("secret MAILGUN_KEY is sealed with key "), "{}", stderr(&mismatched));
+    assert!(jobhost(&db, &["secret", "delete", "MAILGUN_KEY"]).status.success());
     let local = jobhost(&db, &["grant", "mail", "http://localhost:8025", "--private"]);
     assert!(local.status.success(), "{}", stderr(&local));
     let listed = stdout(&jobhost(&db, &["grants", "--json"]));

@@ -277,7 +277,7 @@ async fn the_dashboard_in_a_real_browser() {
         for shown in [
             "Outbound HTTP",
             "https://api.mailgun.net granted https://api.mailgun.net (any declared method; secrets MAILGUN_KEY) POST MAILGUN_KEY",
-            "not granted\njobhost grant mail https://*.example.com",
+            "not granted\njobhost grant mail 'https://*.example.com'",
             "granted, but allows nothing: the component does not declare it",
         ] {
             assert!(types.contains(shown), "{shown:?} on the job types page: {types}");

@@ -94,6 +94,11 @@ async fn server() -> Server {
                 recorder.0.lock().unwrap().push(format!("authorization: {header}"));
                 return header.into_response();
             }
+            if path == "/mirror" {
+                let header = request.headers().get("authorization").map(|v| v.to_str().unwrap_or_default().to_string());
+                recorder.0.lock().unwrap().push(format!("mirrored authorization: {}", header.unwrap_or_default()));
+                return mirror(request).await;
+            }
             if path == "/hang" {
                 let _guard = Hung(closed_tx);
                 let _ = hung_tx.send(());
@@ -132,6 +137,29 @@ async fn server() -> Server {
     Server { address, seen, hung, closed, waiting, release, accepted }
 }
 
+/// What a debugging endpoint does: every request header back as a
+/// response header (`x-echo-NAME`), and a body holding the headers, the
+/// query and the body as JSON, again as JSON inside a JSON string, and
+/// once more inside that, sent in 7-byte frames so a value falls across
+/// frames.
+async fn mirror(request: Request) -> axum::response::Response {
+    let mut echoed = axum::http::HeaderMap::new();
+    let mut headers = serde_json::Map::new();
+    for (name, value) in request.headers() {
+        headers.insert(name.to_string(), json!(value.to_str().unwrap_or_default()));
+        let echo = axum::http::HeaderName::from_bytes(format!("x-echo-{name}").as_bytes()).unwrap();
+        echoed.append(echo, value.clone());
+    }
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let body = axum::body::to_bytes(request.into_body(), 1 << 20).await.unwrap_or_default();
+    let inner = json!({"headers": headers, "query": query, "body": String::from_utf8_lossy(&body)});
+    let nested = inner.to_string();
+    let document = json!({"inner": inner, "nested": nested, "twice": json!({"nested": nested}).to_string()});
+    let text = document.to_string().into_bytes();
+    let frames: std::collections::VecDeque<bytes::Bytes> = text.chunks(7).map(bytes::Bytes::copy_from_slice).collect();
+    (echoed, axum::body::Body::new(common::bodies::Frames(frames))).into_response()
+}
+
 fn runtime(db: &TestDb) -> (Runtime, tempfile::TempDir) {
     let (runtime, cache) = common::runtime();
     (runtime.with_grants(grants_from(db.dyn_store())), cache)
@@ -162,7 +190,7 @@ async fn requests_go_out_only_when_declared_and_granted(db: TestDb) {
     let refused = fetch(&runtime, &fetcher, json!({"url": url("/one")})).await;
     assert_eq!(completed_output(&refused.outcome), json!({"error": "ErrorCode::HttpRequestDenied"}));
     let hint = format!(
-        "GET http://127.0.0.1:{port} refused: not granted; `jobhost grant fetcher http://127.0.0.1:* --methods GET,POST --secret API_KEY` allows it"
+        "GET http://127.0.0.1:{port} refused: not granted; `jobhost grant fetcher 'http://127.0.0.1:*' --methods GET,POST` allows it"
     );
     assert!(logged(&refused).contains(&hint), "{}", logged(&refused));
 
@@ -389,7 +417,8 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
     let carried =
         fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/echo"), "headers": headers})).await;
     let output = completed_output(&carried.outcome);
-    assert_eq!(output["body"], "Bearer [secret API_KEY]", "echoed back, redacted: {output}");
+    let echoed = output["body"].as_str().unwrap();
+    assert!(echoed.starts_with("Bearer jobhost-secret-"), "echoed back as the placeholder: {output}");
     let placeholder = logged(&carried);
     assert!(placeholder.contains("sending authorization: Bearer jobhost-secret-"), "{placeholder}");
     // The other origin is allowed, but not to carry the secret.
@@ -418,6 +447,306 @@ async fn a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere(db: TestDb
     let jobhost::types::RunOutcome::Retry { reason } = &refused.outcome else { panic!("{:?}", refused.outcome) };
     assert!(reason.contains(&format!("was sealed with key {}", key.fingerprint())), "{reason}");
     assert_eq!(seen.len(), 4, "no request left the refused runs");
+}
+
+/// The command a refusal prints, run as printed in a POSIX shell, makes
+/// the same request go through: for an address the pattern names, and for
+/// `localhost` (loopback by definition, so the command says `--private`).
+async fn a_refusal_hint_run_as_printed_makes_the_request_go_through(db: TestDb) {
+    let Server { address, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_jobhost")).parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    for host in ["127.0.0.1", "localhost"] {
+        let request = json!({"url": format!("http://{host}:{}/hinted", address.port())});
+        let refused = fetch(&runtime, &fetcher, request.clone()).await;
+        let log = logged(&refused);
+        let command = log.split('`').nth(1).unwrap_or_else(|| panic!("no command in {log}"));
+        assert!(command.starts_with("jobhost grant fetcher "), "{log}");
+        let ran = std::process::Command::new("sh")
+            .args(["-c", command])
+            .env("PATH", &path)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(ran.status.success(), "{command}: {}", String::from_utf8_lossy(&ran.stderr));
+        let through = fetch(&runtime, &fetcher, request).await;
+        assert_eq!(completed_output(&through.outcome)["status"], 200, "after `{command}`: {}", logged(&through));
+    }
+}
+
+/// `jobhost exec` with a database runs a handler that calls an API as a
+/// host of that fleet would (its grants, secrets and variables); without
+/// one it says why its requests are refused.
+async fn exec_reads_a_fleets_grants_secrets_and_variables(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let port = address.port();
+    let key = SecretKey::generate().unwrap();
+    let _granted = mirror_granted(&db, port, &key).await;
+    let payload =
+        json!({"url": format!("http://127.0.0.1:{port}/echo"), "headers": {"authorization": "Bearer ${API_KEY}"}});
+    let exec = |database: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"));
+        command.args(["exec", common::guest("fetcher").to_str().unwrap(), "--payload", &payload.to_string()]);
+        command.env_remove("DATABASE_URL").env("JOBHOST_SECRET_KEY", key.to_hex()).env("RUST_LOG", "error");
+        if let Some(url) = database {
+            command.args(["--database-url", url]);
+        }
+        command.output().unwrap()
+    };
+    let ran = exec(Some(&db.url));
+    let output: Value =
+        serde_json::from_slice(&ran.stdout).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&ran.stderr)));
+    assert_eq!(output["status"], 200, "{output}");
+    assert!(seen.all().contains(&format!("authorization: Bearer {AWKWARD}")), "{:?}", seen.all());
+    let alone = exec(None);
+    let said = String::from_utf8_lossy(&alone.stderr);
+    assert!(said.contains("without --database-url (or DATABASE_URL) this run reads no grants"), "{said}");
+}
+
+/// A value with characters every encoding changes: JSON escapes `"` and
+/// `\\`, percent-encoding everything but letters and digits, and `/` is
+/// escaped by some JSON writers.
+const AWKWARD: &str = "sk_live/4eC3\\9\"Hq y&T1zdp";
+
+/// Grants `API_KEY` (valued [`AWKWARD`]) to the mirror's origin in the
+/// headers, the query and the body, and lets `localhost` on the same port
+/// be reached without it: the runtime, and the fetcher loaded on it.
+async fn mirror_granted(
+    db: &TestDb,
+    port: u16,
+    key: &SecretKey,
+) -> (Runtime, jobhost::component::LoadedComponent, tempfile::TempDir) {
+    db.store.secret_set("API_KEY", &key.seal("API_KEY", AWKWARD).unwrap()).await.unwrap();
+    let (granting, cache) = runtime(db);
+    let runtime = granting.with_secrets(secrets_from(db.dyn_store(), Some(key.clone())));
+    let fetcher = load(&runtime, "fetcher").await;
+    let new = NewGrant {
+        job_type: "fetcher".into(),
+        origin: format!("http://127.0.0.1:{port}"),
+        secrets: vec!["API_KEY".into()],
+        secrets_in: vec!["query".into(), "body".into()],
+        ..Default::default()
+    };
+    db.store.grant_set(&new).await.unwrap();
+    grant(db, &format!("http://localhost:{port}"), &[], true).await;
+    (runtime, fetcher, cache)
+}
+
+/// The request that sends the secret everywhere a grant lets it go, to a
+/// server that echoes it everywhere; the guest logs the answer, returns it
+/// reversed and base64-encoded, and posts it on to `localhost`.
+fn leaking_request(port: u16) -> Value {
+    json!({
+        "url": format!("http://127.0.0.1:{port}/mirror?key=${{API_KEY}}"),
+        "method": "POST",
+        "headers": {"authorization": "Bearer ${API_KEY}", "x-request-id": "${API_KEY}"},
+        "body": "{\"key\": \"${API_KEY}\"}",
+        "log_answer": true,
+        "encode": true,
+        "forward": format!("http://localhost:{port}/capture"),
+    })
+}
+
+/// Whether `text` holds the value in any form the tests know: as it is,
+/// JSON-escaped once or twice, or percent-encoded.
+fn holds_value(text: &str) -> bool {
+    jobhost::outbound::redact::forms(AWKWARD).iter().any(|form| text.contains(form.as_str()))
+}
+
+/// A server that echoes the secret back in its headers and its body (as
+/// JSON, JSON in JSON, JSON in JSON in JSON, split across frames) hands the
+/// guest only the placeholder: what the guest computes from the answer
+/// (reversed, base64), logs, returns and sends onward holds no value.
+async fn a_server_echoing_a_secret_hands_the_guest_only_its_placeholder(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let port = address.port();
+    let (runtime, fetcher, _cache) = mirror_granted(&db, port, &SecretKey::generate().unwrap()).await;
+    let report = fetch(&runtime, &fetcher, leaking_request(port)).await;
+    let output = completed_output(&report.outcome);
+    assert_eq!(output["status"], 200, "{output}");
+    assert_eq!(output["forwarded"], 200, "{output}");
+
+    // The value went out to the server the grant names.
+    let seen = seen.all();
+    assert!(seen.contains(&format!("mirrored authorization: Bearer {AWKWARD}")), "{seen:?}");
+    // The guest held placeholders only: the echoed header, the query and
+    // the body came back as the placeholder the guest sent.
+    let echoed = output["headers"]["x-echo-authorization"].as_str().unwrap();
+    assert!(echoed.starts_with("Bearer jobhost-secret-"), "{echoed}");
+    let body: Value = serde_json::from_str(output["body"].as_str().unwrap()).unwrap();
+    let inner = &body["inner"];
+    assert_eq!(inner["headers"]["authorization"].as_str().unwrap(), echoed, "{inner}");
+    assert!(inner["query"].as_str().unwrap().starts_with("key=jobhost-secret-"), "{inner}");
+    assert!(inner["body"].as_str().unwrap().contains("jobhost-secret-"), "{inner}");
+    let twice: Value = serde_json::from_str(body["twice"].as_str().unwrap()).unwrap();
+    let nested: Value = serde_json::from_str(twice["nested"].as_str().unwrap()).unwrap();
+    assert_eq!(nested["headers"]["x-request-id"].as_str().unwrap(), output["headers"]["x-echo-x-request-id"]);
+
+    // Nothing the guest made of it holds the value, in any form it could compute.
+    let reversed: String = output["reversed"].as_str().unwrap().chars().rev().collect();
+    let decoded = String::from_utf8(base64_decode(output["base64"].as_str().unwrap())).unwrap();
+    for (what, text) in [("reversed", reversed), ("base64", decoded), ("report", format!("{report:?}"))] {
+        assert!(text.contains("jobhost-secret-"), "{what}: the answer is in it");
+        assert!(!holds_value(&text), "{what} holds the value: {text}");
+    }
+    let forwarded = seen.iter().find(|line| line.starts_with("body: ")).unwrap();
+    assert!(forwarded.contains("jobhost-secret-") && !holds_value(forwarded), "sent onward: {forwarded}");
+    assert!(logged(&report).contains("answer {"), "the guest logged the answer");
+}
+
+/// The host's own log, in its text and JSON formats, and the spans it
+/// exports hold no form of the value while a guest logs a server's echo of
+/// the secret whole (the line reaches the host's log), returns it and
+/// sends it on.
+async fn the_hosts_log_and_spans_hold_no_secret_a_server_echoes(db: TestDb) {
+    let Server { address, .. } = server().await;
+    let port = address.port();
+    let key = SecretKey::generate().unwrap();
+    let _granted = mirror_granted(&db, port, &key).await;
+    let (spans_url, spans) = span_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let components = dir.path().join("components");
+    std::fs::create_dir(&components).unwrap();
+    std::fs::copy(common::guest("fetcher"), components.join("fetcher.wasm")).unwrap();
+    for format in ["text", "json"] {
+        let log = dir.path().join(format!("{format}.log"));
+        let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_jobhost"))
+            .args(["run", "--components", components.to_str().unwrap(), "--log-format", format])
+            .args(["--otlp-endpoint", &spans_url, "--cache-dir", dir.path().join("cache").to_str().unwrap()])
+            .env("DATABASE_URL", &db.url)
+            .env("JOBHOST_SECRET_KEY", key.to_hex())
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let params = jobhost::store::EnqueueParams::new("fetcher", leaking_request(port));
+        // Accepted once the host has registered the type it loaded.
+        let id = Arc::new(Mutex::new(None));
+        common::eventually(Duration::from_secs(60), || {
+            let (store, params, id) = (db.store.clone(), params.clone(), id.clone());
+            async move {
+                let enqueued = store.job_enqueue(&[params]).await.ok().map(|ids| ids[0]);
+                *id.lock().unwrap() = enqueued;
+                enqueued.is_some()
+            }
+        })
+        .await;
+        let id = id.lock().unwrap().unwrap();
+        common::eventually(Duration::from_secs(60), || async {
+            db.state_of(id).await == jobhost::store::JobState::Completed
+        })
+        .await;
+        // A graceful stop flushes the spans.
+        unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
+        assert!(host.wait().unwrap().success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("answer {") && text.contains("jobhost-secret-"), "{format}: the echo is logged: {text}");
+        assert!(!holds_value(&text), "{format}: the host's log holds the value: {text}");
+    }
+    let exported = spans.lock().unwrap().join("\n");
+    assert!(exported.contains("run fetcher"), "spans were exported");
+    assert!(!holds_value(&exported), "a span holds the value");
+}
+
+/// An OTLP/HTTP receiver on 127.0.0.1 keeping each export's bytes as text
+/// (protobuf strings are UTF-8 as they are): its base URL, and the exports.
+async fn span_receiver() -> (String, Arc<Mutex<Vec<String>>>) {
+    let exports = Arc::new(Mutex::new(Vec::new()));
+    let kept = exports.clone();
+    let app = Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            kept.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
+            async { "" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, exports)
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sextets: Vec<u32> =
+        text.bytes().filter(|b| *b != b'=').map(|b| ALPHABET.iter().position(|a| *a == b).unwrap() as u32).collect();
+    let mut out = Vec::new();
+    for chunk in sextets.chunks(4) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, s)| n | s << (18 - 6 * i));
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+/// A URL with a user name before `@` is refused before anything leaves;
+/// what a server sees as `Host` is the origin the grant judged.
+async fn a_url_with_userinfo_is_refused_and_host_is_the_judged_origin(db: TestDb) {
+    let Server { address, .. } = server().await;
+    let port = address.port();
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    grant(&db, &format!("http://127.0.0.1:{port}"), &[], false).await;
+    let sneaky = format!("http://internal-admin.example:80@127.0.0.1:{port}/mirror");
+    let refused = fetch(&runtime, &fetcher, json!({"url": sneaky})).await;
+    assert_eq!(
+        completed_output(&refused.outcome)["error"],
+        "ErrorCode::HttpRequestUriInvalid",
+        "{:?}",
+        refused.outcome
+    );
+    assert!(logged(&refused).contains("user name or password"), "{}", logged(&refused));
+    let plain = fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/mirror")})).await;
+    let output = completed_output(&plain.outcome);
+    assert_eq!(output["headers"]["x-echo-host"], format!("127.0.0.1:{port}"), "{output}");
+}
+
+/// The run's body budget counts what goes on the wire: a 16 KB secret
+/// swapped into a body many times stops at the budget as sent, not as the
+/// guest wrote it (placeholders of 47 bytes).
+async fn a_body_budget_counts_bytes_as_sent_after_the_swap(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let port = address.port();
+    let key = SecretKey::generate().unwrap();
+    let large = "k".repeat(16 << 10);
+    db.store.secret_set("API_KEY", &key.seal("API_KEY", &large).unwrap()).await.unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let budgeted = RuntimeConfig { outbound_budget_bytes: 1 << 20, ..common::runtime_config(&cache) };
+    let runtime = Runtime::new(budgeted)
+        .unwrap()
+        .with_grants(grants_from(db.dyn_store()))
+        .with_secrets(secrets_from(db.dyn_store(), Some(key)));
+    let fetcher = load(&runtime, "fetcher").await;
+    let new = NewGrant {
+        job_type: "fetcher".into(),
+        origin: format!("http://127.0.0.1:{port}"),
+        secrets: vec!["API_KEY".into()],
+        secrets_in: vec!["body".into()],
+        ..Default::default()
+    };
+    db.store.grant_set(&new).await.unwrap();
+    // 200 placeholders, each with 4,000 bytes beside it: 809 KB as
+    // written, within the budget; 4 MB as sent, past it.
+    let body = format!("${{API_KEY}}{}", " ".repeat(4000)).repeat(200);
+    let report = fetch(
+        &runtime,
+        &fetcher,
+        json!({"url": format!("http://127.0.0.1:{port}/upload"), "method": "POST", "body": body}),
+    )
+    .await;
+    let calls = &report.effects.outbound;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(calls[0].request_bytes <= 1 << 20, "counted as sent, within the budget: {:?}", calls[0]);
+    assert!(calls[0].request_bytes > 900 << 10, "counted as sent, up to the budget: {:?}", calls[0]);
+    let error = calls[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("outbound budget"), "{:?}", calls[0]);
+    assert!(
+        !seen.all().iter().any(|line| line.starts_with("uploaded Ok")),
+        "the upload never completed: {:?}",
+        seen.all()
+    );
 }
 
 /// A server that never answers fails the request at the grant's
@@ -617,11 +946,9 @@ async fn the_fetcher_in_rust_python_and_javascript_carries_a_secret_alike() {
         let headers = json!({"authorization": "Bearer ${API_KEY}"});
         let carried = fetch(&runtime, &component, json!({"url": format!("{origin}/echo"), "headers": headers})).await;
         let output = completed_output(&carried.outcome);
-        assert_eq!(
-            (&output["status"], &output["body"]),
-            (&json!(200), &json!("Bearer [secret API_KEY]")),
-            "{job_type}"
-        );
+        assert_eq!(output["status"], 200, "{job_type}");
+        let echoed = output["body"].as_str().unwrap_or_default();
+        assert!(echoed.starts_with("Bearer jobhost-secret-"), "{job_type}: echoed back as the placeholder: {output}");
         assert_eq!(seen.all().last().unwrap(), &format!("authorization: Bearer {SECRET}"), "{job_type}");
         assert!(!format!("{carried:?}").contains(SECRET), "{job_type}: no value in the report");
 
@@ -670,6 +997,12 @@ async fn a_run_stopped_while_its_variables_are_read_ends_at_once() {
 
 on_both_backends!(
     a_grant_may_let_secrets_go_in_the_query_and_body,
+    a_server_echoing_a_secret_hands_the_guest_only_its_placeholder,
+    a_refusal_hint_run_as_printed_makes_the_request_go_through,
+    exec_reads_a_fleets_grants_secrets_and_variables,
+    the_hosts_log_and_spans_hold_no_secret_a_server_echoes,
+    a_url_with_userinfo_is_refused_and_host_is_the_judged_origin,
+    a_body_budget_counts_bytes_as_sent_after_the_swap,
     a_silent_server_and_a_paused_body_fail_at_the_grants_timeouts,
     a_run_has_at_most_16_requests_in_flight,
     an_upload_past_the_outbound_budget_stops_at_it,

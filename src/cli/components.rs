@@ -1,5 +1,5 @@
 //! Commands that work on component files without a database: `inspect`,
-//! `exec` and `watch`.
+//! `exec` (which may read a fleet's grants, secrets and variables) and `watch`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,12 +46,17 @@ pub struct ExecArgs {
     /// Print the full report (outcome, output, logs, children) as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// A fleet's database whose outbound grants, secrets (opened with
+    /// JOBHOST_SECRET_KEY) and variables the run gets, as a host's runs
+    /// do; without one, a run reads none, and every request is refused.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
     #[command(flatten)]
     runtime: RuntimeArgs,
 }
 
 pub async fn exec(args: ExecArgs) -> ExitCode {
-    let ExecArgs { file, payload, attempt, json, runtime } = args;
+    let ExecArgs { file, payload, attempt, json, database_url, runtime } = args;
     // Refused as an enqueue would refuse it, so `exec` runs only what a worker could.
     match serde_json::from_str::<serde_json::Value>(&payload) {
         Err(error) => return fail(format!("--payload is not valid JSON: {error}")),
@@ -70,6 +75,21 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     let component = match runtime.load_file(&file).await {
         Ok(component) => component,
         Err(error) => return fail(error),
+    };
+    let runtime = match (database_url, component.config.outbound.is_empty()) {
+        (Some(url), _) => match fleet_sources(runtime, &url).await {
+            Ok(runtime) => runtime,
+            Err(code) => return code,
+        },
+        (None, false) => {
+            eprintln!(
+                "note: {} declares outbound HTTP, but without --database-url (or DATABASE_URL) this run reads \
+                 no grants or secrets, so every request is refused",
+                component.config.name
+            );
+            runtime
+        }
+        (None, true) => runtime,
     };
     let context = JobContext {
         job_id: 1,
@@ -97,6 +117,17 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         print_report(&report);
     }
     if report.outcome.is_completed() { ExitCode::SUCCESS } else { Exit::JobFailed.into() }
+}
+
+/// `runtime`, with the grants, secrets and variables of the fleet at `url`
+/// read as a host reads them.
+async fn fleet_sources(runtime: crate::component::Runtime, url: &str) -> Result<crate::component::Runtime, ExitCode> {
+    let store = crate::store::open_existing(url, 2, crate::store::EnqueueLimits::default()).await.map_err(fail)?;
+    let key = crate::outbound::secrets::SecretKey::from_environment().map_err(fail)?;
+    Ok(runtime
+        .with_grants(crate::component::grants_from(store.clone()))
+        .with_secrets(crate::component::secrets_from(store.clone(), key))
+        .with_variables(crate::component::variables_from(store)))
 }
 
 /// The job's output goes to stdout (nothing else does, so it can be piped);

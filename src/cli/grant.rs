@@ -127,10 +127,47 @@ pub async fn grant(args: GrantArgs) -> ExitCode {
         Ok(replaced) => {
             let verb = if replaced { "changed" } else { "granted" };
             println!("{verb}: {} may reach {origin} from its next run", args.job_type);
+            let key = crate::outbound::secrets::SecretKey::from_environment().ok().flatten();
+            for problem in secret_problems(&store, &new.secrets, key.as_ref()).await {
+                eprintln!(
+                    "warning: {problem}: every run of {} waits (retried, saying why) until this host can open it",
+                    args.job_type
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(error) => fail(error),
     }
+}
+
+/// What stops a host from opening the `names` a grant lets requests
+/// carry: a secret not set, or one sealed under another key than `key`
+/// (the key in this environment, when there is one).
+async fn secret_problems(
+    store: &crate::store::Store,
+    names: &[String],
+    key: Option<&crate::outbound::secrets::SecretKey>,
+) -> Vec<String> {
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let sealed = match store.secrets_sealed(names).await {
+        Ok(sealed) => sealed,
+        Err(error) => return vec![format!("cannot read the secrets to check them: {error}")],
+    };
+    names
+        .iter()
+        .filter_map(|name| match sealed.iter().find(|(n, _)| n == name) {
+            None => Some(format!("secret {name} is not set (`jobhost secret set {name}`)")),
+            Some((_, sealed)) => key.filter(|key| key.fingerprint() != sealed.key_id).map(|key| {
+                format!(
+                    "secret {name} is sealed with key {}, not this environment's key {}",
+                    sealed.key_id,
+                    key.fingerprint()
+                )
+            }),
+        })
+        .collect()
 }
 
 pub async fn revoke(args: RevokeArgs) -> ExitCode {
@@ -158,9 +195,13 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         Ok(grants) => grants,
         Err(error) => return fail(error),
     };
+    let key = crate::outbound::secrets::SecretKey::from_environment().ok().flatten();
     for grant in &grants {
+        let problems = secret_problems(&store, &grant.secrets, key.as_ref()).await;
         if args.json {
-            println!("{}", serde_json::to_string(grant).unwrap_or_default());
+            let mut document = serde_json::to_value(grant).unwrap_or_default();
+            document["secret_problems"] = serde_json::json!(problems);
+            println!("{document}");
             continue;
         }
         let methods =
@@ -177,6 +218,9 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         };
         println!("{} {}: {methods}{secrets}{places}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));
+        for problem in &problems {
+            println!("  ! {problem}: its runs wait until a host can open it");
+        }
     }
     if grants.is_empty() && !args.json {
         eprintln!("no grants: runs may send no HTTP requests (see docs/outbound.md)");

@@ -452,8 +452,11 @@ impl bindings::jobhost::job::host::Host for SandboxState {
             self.effects.truncated = true;
             return Ok(());
         }
-        let (message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
+        let (mut message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
         self.effects.truncated |= cut;
+        // Before the line reaches the host's log: its sinks are shipped
+        // elsewhere, and the job's record is redacted only at the run's end.
+        self.outbound.secrets().redact_text(&mut message);
         if !self.budget.try_take(message.len()) {
             self.effects.truncated = true;
             return Ok(());

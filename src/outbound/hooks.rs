@@ -129,6 +129,11 @@ impl OutboundHooks {
         }
     }
 
+    /// The run's secrets: what its own lines are redacted by.
+    pub fn secrets(&self) -> &RunSecrets {
+        &self.secrets
+    }
+
     /// The refusal lines for the job's log.
     pub fn take_refusals(&self) -> Vec<String> {
         self.refusals.lock().map(|mut r| r.take()).unwrap_or_default()
@@ -274,14 +279,16 @@ impl WasiHttpHooks for OutboundHooks {
         };
         let recorded = self.record(&request, &origin_text, sending.allowed.rule.clone(), None);
         sending.meter.1 = recorded.clone();
-        let request = request.map(|body| {
+        // Metered as sent: after the swap, so a long value repeated in a
+        // body counts at its length on the wire, not its placeholder's.
+        let request = self.secrets.substitute(request, &sending.allowed.secrets, sending.allowed.secrets_in);
+        let mut request = request.map(|body| {
             use http_body_util::BodyExt;
             Metered::new(body, self.budget.clone(), Direction::Sent, recorded.clone()).boxed_unsync()
         });
         let started = Instant::now();
-        let mut request = self.secrets.substitute(request, &sending.allowed.secrets, sending.allowed.secrets_in);
         self.add_headers(&mut request, &sending);
-        let refusals = self.refusals.clone();
+        let (refusals, secrets) = (self.refusals.clone(), self.secrets.clone());
         Box::new(async move {
             let sent = send::send(request, sending).await;
             if let Ok(mut call) = recorded.lock() {
@@ -298,7 +305,7 @@ impl WasiHttpHooks for OutboundHooks {
             match sent {
                 // The permit is held until the response's body is read or dropped.
                 Ok((response, driver)) => Ok((
-                    response,
+                    secrets.swap_back(response),
                     Box::new(async move {
                         let _permit = permit;
                         Box::into_pin(driver).await

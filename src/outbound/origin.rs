@@ -85,16 +85,30 @@ impl Origin {
     /// The origin a request URI names.
     ///
     /// # Errors
-    /// A scheme other than http or https, or no host.
+    /// A scheme other than http or https, a user name or password in the
+    /// authority, or no host.
     pub fn of_uri(uri: &http::Uri) -> Result<Origin, String> {
         let scheme = match uri.scheme_str() {
             Some("http") => Scheme::Http,
             Some("https") => Scheme::Https,
             other => return Err(format!("the scheme {other:?} is not http or https")),
         };
+        // `http://internal.example@127.0.0.1/` is judged as 127.0.0.1, but a
+        // server routing on the raw authority would read the name before
+        // `@`: a URL carries no credentials here (send them in a header).
+        if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+            return Err("the URL carries a user name or password before `@`; put credentials in a header".into());
+        }
         let host = uri.host().filter(|h| !h.is_empty()).ok_or("the request names no host")?;
         let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
         Ok(Origin { scheme, host, port: uri.port_u16().unwrap_or(scheme.default_port()) })
+    }
+
+    /// `host[:port]` as a request's `Host` header names it: the port only
+    /// when it is not the scheme's default, an IPv6 address in brackets.
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        if self.port == self.scheme.default_port() { host } else { format!("{host}:{}", self.port) }
     }
 
     /// The host as an address, when it is an IP literal.
@@ -105,12 +119,7 @@ impl Origin {
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        if self.port == self.scheme.default_port() {
-            write!(f, "{}://{host}", self.scheme.as_str())
-        } else {
-            write!(f, "{}://{host}:{}", self.scheme.as_str(), self.port)
-        }
+        write!(f, "{}://{}", self.scheme.as_str(), self.authority())
     }
 }
 
@@ -131,6 +140,16 @@ impl OriginPattern {
             HostPattern::Any => true,
         };
         self.scheme == origin.scheme && port && host
+    }
+
+    /// Whether the pattern's names are loopback by definition: `localhost`
+    /// and the names below it (RFC 6761), which only a `--private` grant reaches.
+    pub fn is_loopback_name(&self) -> bool {
+        match &self.host {
+            HostPattern::Name(name) => name == "localhost" || name.ends_with(".localhost"),
+            HostPattern::Below(domain) => domain == "localhost" || domain.ends_with(".localhost"),
+            HostPattern::Address(_) | HostPattern::Any => false,
+        }
     }
 
     /// Whether some origin falls under both patterns: for showing which
@@ -266,6 +285,17 @@ mod tests {
 
     fn pattern(text: &str) -> OriginPattern {
         text.parse().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_url_with_a_user_name_is_refused_and_the_host_header_is_the_judged_origin() {
+        for url in ["http://internal-admin.example:80@127.0.0.1:8080/echo", "https://user:pw@api.example.com/"] {
+            let refused = Origin::of_uri(&url.parse().unwrap()).unwrap_err();
+            assert!(refused.contains("user name or password"), "{url}: {refused}");
+        }
+        assert_eq!(origin("http://127.0.0.1:8080/x").authority(), "127.0.0.1:8080");
+        assert_eq!(origin("https://API.example.com:443/").authority(), "api.example.com");
+        assert_eq!(origin("http://[::1]:9/").authority(), "[::1]:9");
     }
 
     #[test]

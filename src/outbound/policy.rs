@@ -107,8 +107,9 @@ impl Policy {
             self.granted.iter().filter(|g| g.rule.origin.matches(origin) && g.rule.allows_method(method)).collect();
         if grants.is_empty() {
             return Err(Refusal(format!(
-                "{method} {origin} refused: not granted; `{}` allows it",
-                grant_command(&self.job_type, first)
+                "{method} {origin} refused: not granted; `{}` allows it{}",
+                grant_command(&self.job_type, first),
+                secrets_hint(first)
             )));
         }
         let declared_secrets: Vec<&String> = declared.iter().flat_map(|r| &r.secrets).collect();
@@ -151,22 +152,52 @@ impl Allowed {
         }
         Err(Refusal(format!(
             "{origin} refused: it resolved to {address}, which is {range}; a grant naming the address \
-             (`jobhost grant {job_type} {}`), or `jobhost grant {job_type} {origin} --private`, allows it",
-            with_address(origin, address)
+             (`jobhost grant {} {}`), or `jobhost grant {} {} --private`, allows it",
+            quoted(job_type),
+            quoted(&with_address(origin, address).to_string()),
+            quoted(job_type),
+            quoted(&origin.to_string()),
         )))
     }
 }
 
-/// The `jobhost grant` command that grants exactly what `rule` declares.
+/// The `jobhost grant` command that lets a request under `rule` go
+/// through, quoted for a POSIX shell so it runs as printed: the rule's
+/// origin and methods, `--private` where its names are loopback by
+/// definition (`localhost`). It names no secret: a grant naming one that
+/// is not set stops every run of the type, so [`secrets_hint`] says how to
+/// add them once they are set.
 pub fn grant_command(job_type: &str, rule: &Rule) -> String {
-    let mut command = format!("jobhost grant {job_type} {}", rule.origin);
+    let mut command = format!("jobhost grant {} {}", quoted(job_type), quoted(&rule.origin.to_string()));
     if !rule.methods.is_empty() {
         command.push_str(&format!(" --methods {}", rule.methods.join(",")));
     }
-    for secret in &rule.secrets {
-        command.push_str(&format!(" --secret {secret}"));
+    if rule.origin.is_loopback_name() {
+        command.push_str(" --private");
     }
     command
+}
+
+/// What to add to [`grant_command`] for the secrets `rule` declares, once
+/// they are set; empty when it declares none.
+pub fn secrets_hint(rule: &Rule) -> String {
+    if rule.secrets.is_empty() {
+        return String::new();
+    }
+    let set: Vec<String> = rule.secrets.iter().map(|name| format!("`jobhost secret set {name}`")).collect();
+    let add: Vec<String> = rule.secrets.iter().map(|name| format!("--secret {name}")).collect();
+    format!(
+        " (to carry {}: set it with {}, then grant again adding {})",
+        rule.secrets.join(", "),
+        set.join(" and "),
+        add.join(" ")
+    )
+}
+
+/// `text` as one word of a POSIX shell command: as it is when it has
+/// nothing a shell reads, else in single quotes.
+fn quoted(text: &str) -> String {
+    shlex::try_quote(text).map_or_else(|_| text.to_string(), |quoted| quoted.into_owned())
 }
 
 fn with_address(origin: &Origin, address: IpAddr) -> Origin {
@@ -213,7 +244,9 @@ mod tests {
         let refusal = policy.decide("POST", &origin("https://api.mailgun.net/v3/x")).unwrap_err();
         assert!(
             refusal.0.contains(
-                "not granted; `jobhost grant mail https://api.mailgun.net --methods POST --secret MAILGUN_KEY --secret OTHER`"
+                "not granted; `jobhost grant mail https://api.mailgun.net --methods POST` allows it (to carry \
+                 MAILGUN_KEY, OTHER: set it with `jobhost secret set MAILGUN_KEY` and `jobhost secret set OTHER`, \
+                 then grant again adding --secret MAILGUN_KEY --secret OTHER)"
             ),
             "{}",
             refusal.0
@@ -223,6 +256,18 @@ mod tests {
         assert_eq!(allowed.secrets, ["MAILGUN_KEY"], "only secrets both sides name");
         let refusal = policy.decide("GET", &origin("https://api.mailgun.net/")).unwrap_err();
         assert!(refusal.0.contains("for other methods only"), "{}", refusal.0);
+    }
+
+    #[test]
+    fn hints_are_quoted_for_a_shell_and_loopback_names_are_granted_private() {
+        let fetcher = rule("http://127.0.0.1:*", &["GET", "POST"], &[]);
+        assert_eq!(grant_command("fetcher", &fetcher), "jobhost grant fetcher 'http://127.0.0.1:*' --methods GET,POST");
+        let local = rule("http://localhost:*", &[], &[]);
+        assert_eq!(grant_command("fetcher", &local), "jobhost grant fetcher 'http://localhost:*' --private");
+        let below = rule("https://*.localhost", &[], &[]);
+        assert!(grant_command("fetcher", &below).ends_with(" --private"));
+        let public = rule("https://api.mailgun.net", &[], &[]);
+        assert_eq!(grant_command("mail", &public), "jobhost grant mail https://api.mailgun.net");
     }
 
     #[test]

@@ -1,28 +1,66 @@
 //! The run's secrets as the guest and the host see them: each a random
 //! placeholder in the guest's environment, swapped for its value only in
 //! the headers (and, where a grant says so, the query string and body) of
-//! requests allowed to carry it; and, as defence in depth,
-//! every exact value in what the run leaves behind (log, stdout, stderr,
-//! reasons, output) replaced by `[secret NAME]`.
+//! requests allowed to carry it; swapped back, value to placeholder, in
+//! every response the run reads, so a server echoing it hands the guest
+//! only the placeholder; and, as defence in depth, every form of a value
+//! in what the run leaves behind (log, stdout, stderr, reasons, output,
+//! the lines echoed into the host's own log) replaced by `[secret NAME]`.
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use wasmtime_wasi_http::WasiBody;
 
-use super::substitute::{self, Places};
+use super::substitute::{self, Places, Swaps};
 use crate::types::{Crash, JsonText, RunOutcome, RunReport};
 
 /// The shortest secret value redacted from what a run leaves.
 pub const MIN_REDACTED_BYTES: usize = 6;
 
+/// How many times over a JSON-escaped form of a value is looked for: a
+/// value in a JSON string (once), in JSON carried inside a JSON string
+/// (twice), and once more.
+const JSON_DEPTHS: usize = 3;
+
 /// One run's secrets: placeholders for every declared name, and the values
 /// of those both sides let requests carry.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunSecrets {
     /// By name: the placeholder the guest sees.
     placeholders: HashMap<String, String>,
     /// By name: the value, for the names that may be sent.
     values: HashMap<String, String>,
+    /// Every form of every value worth looking for, each to `[secret NAME]`.
+    redacting: Option<Swaps>,
+    /// Every form of every value worth looking for, each to its placeholder.
+    swapping_back: Option<Swaps>,
+}
+
+impl std::fmt::Debug for RunSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&String> = self.values.keys().collect();
+        f.debug_struct("RunSecrets").field("placeholders", &self.placeholders).field("values_of", &names).finish()
+    }
+}
+
+/// The forms a value takes on its way out and back: as the host sends it
+/// (as it is in a header or a body, percent-encoded in a query) and as a
+/// server echoing it, or a guest printing what came back, commonly writes
+/// it (JSON-escaped, once or more, with `/` escaped or not). Longest first.
+pub fn forms(value: &str) -> Vec<String> {
+    let mut forms = vec![value.to_string()];
+    let mut escaped = value.to_string();
+    for _ in 0..JSON_DEPTHS {
+        escaped = serde_json::to_string(&escaped).unwrap_or_default();
+        escaped = escaped[1..escaped.len() - 1].to_string();
+        forms.push(escaped.clone());
+        forms.push(escaped.replace('/', "\\/"));
+    }
+    forms.push(percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string());
+    forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    forms.dedup();
+    forms
 }
 
 impl RunSecrets {
@@ -38,7 +76,23 @@ impl RunSecrets {
             getrandom::fill(&mut random).map_err(|e| format!("no randomness for a placeholder: {e}"))?;
             placeholders.insert(name.clone(), format!("jobhost-secret-{}", hex::encode(random)));
         }
-        Ok(RunSecrets { placeholders, values: values.into_iter().collect() })
+        let mut secrets =
+            RunSecrets { placeholders, values: values.into_iter().collect(), redacting: None, swapping_back: None };
+        secrets.redacting = secrets.swaps(|name, _| format!("[secret {name}]"));
+        secrets.swapping_back = secrets.swaps(|_, placeholder| placeholder.to_string());
+        Ok(secrets)
+    }
+
+    /// Every form of every value worth looking for, each to what `to`
+    /// makes of its name and placeholder.
+    fn swaps(&self, to: impl Fn(&str, &str) -> String) -> Option<Swaps> {
+        let mut swaps = Vec::new();
+        for (name, value) in self.redactable() {
+            let placeholder = self.placeholders.get(name).map_or("", String::as_str);
+            let replacement = Bytes::from(to(name, placeholder));
+            swaps.extend(forms(value).into_iter().map(|form| (form.into_bytes(), replacement.clone())));
+        }
+        Swaps::new(swaps)
     }
 
     /// The guest's environment: each declared name, its placeholder.
@@ -101,9 +155,30 @@ impl RunSecrets {
         request
     }
 
-    /// Replaces every exact secret value in what the run leaves behind.
+    /// A response as the guest may read it: every form of every value of
+    /// the run swapped back to its placeholder, in the header values and in
+    /// the body as it streams. A body that may change length loses its
+    /// `Content-Length`. A run with no values reads responses untouched.
+    pub fn swap_back(&self, mut response: http::Response<WasiBody>) -> http::Response<WasiBody> {
+        let Some(swaps) = &self.swapping_back else { return response };
+        for value in response.headers_mut().values_mut() {
+            if swaps.found_in(value.as_bytes())
+                && let Ok(swapped) = http::HeaderValue::from_bytes(&swaps.apply(value.as_bytes()))
+            {
+                *value = swapped;
+            }
+        }
+        response.headers_mut().remove(http::header::CONTENT_LENGTH);
+        let swaps = swaps.clone();
+        response.map(|body| {
+            use http_body_util::BodyExt;
+            substitute::Substituted::with(body, swaps).boxed_unsync()
+        })
+    }
+
+    /// Replaces every form of every value in what the run leaves behind.
     pub fn redact(&self, report: &mut RunReport) {
-        if self.values.is_empty() {
+        if self.redacting.is_none() {
             return;
         }
         let effects = &mut report.effects;
@@ -114,10 +189,7 @@ impl RunSecrets {
         self.redact_text(&mut effects.stderr);
         match &mut report.outcome {
             RunOutcome::Completed { output: Some(output) } => {
-                let mut text = output.get().to_string();
-                if self.redact_json(&mut text)
-                    && let Ok(redacted) = JsonText::parse(text)
-                {
+                if let Some(redacted) = self.redact_json(output) {
                     *output = redacted;
                 }
             }
@@ -138,26 +210,44 @@ impl RunSecrets {
         self.values.iter().filter(|(_, value)| value.len() >= MIN_REDACTED_BYTES)
     }
 
-    fn redact_text(&self, text: &mut String) {
-        for (name, value) in self.redactable() {
-            if text.contains(value.as_str()) {
-                *text = text.replace(value.as_str(), &format!("[secret {name}]"));
-            }
+    /// Replaces every form of every value in `text`: a line of the run's
+    /// own, before it reaches the job's record or the host's log.
+    pub fn redact_text(&self, text: &mut String) {
+        let Some(swaps) = &self.redacting else { return };
+        if swaps.found_in(text.as_bytes()) {
+            *text = String::from_utf8_lossy(&swaps.apply(text.as_bytes())).into_owned();
         }
     }
 
-    /// In JSON text a value appears escaped: the escaped form is replaced.
-    fn redact_json(&self, text: &mut String) -> bool {
-        let mut changed = false;
-        for (name, value) in self.redactable() {
-            let escaped = serde_json::to_string(value).unwrap_or_default();
-            let escaped = escaped.trim_matches('"');
-            if !escaped.is_empty() && text.contains(escaped) {
-                *text = text.replace(escaped, &format!("[secret {name}]"));
-                changed = true;
-            }
+    /// `output` with every form of every value replaced in each of its
+    /// strings (keys included), or `None` when it holds none. The document
+    /// is walked, not its text edited, so it stays valid JSON whatever
+    /// characters a value has.
+    fn redact_json(&self, output: &JsonText) -> Option<JsonText> {
+        let swaps = self.redacting.as_ref()?;
+        if !swaps.found_in(output.get().as_bytes()) {
+            return None;
         }
-        changed
+        let mut document: serde_json::Value = serde_json::from_str(output.get()).ok()?;
+        self.redact_value(&mut document);
+        JsonText::parse(document.to_string()).ok()
+    }
+
+    fn redact_value(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::String(text) => self.redact_text(text),
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_value(item)),
+            Value::Object(fields) => {
+                let taken = std::mem::take(fields);
+                for (mut key, mut item) in taken {
+                    self.redact_text(&mut key);
+                    self.redact_value(&mut item);
+                    fields.insert(key, item);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -204,6 +294,75 @@ mod tests {
         assert_eq!(output.get(), r#"{"echo":"[secret API_KEY]"}"#);
         assert_eq!(report.effects.logs[0].message, "got [secret API_KEY] back");
         assert_eq!(report.effects.stderr, "[secret API_KEY]");
+    }
+
+    #[test]
+    fn every_form_the_host_or_an_echo_makes_is_redacted() {
+        let secrets = secrets();
+        let value = "s3cr\"et-value";
+        let escaped_once = serde_json::to_string(value).unwrap();
+        let escaped_twice = serde_json::to_string(&escaped_once).unwrap();
+        let percent = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string();
+        for form in [value.to_string(), escaped_once, escaped_twice, percent] {
+            let mut line = format!("answer 200: {form}");
+            secrets.redact_text(&mut line);
+            assert!(line.contains("[secret API_KEY]") && !line.contains("et-value"), "{form}: {line}");
+        }
+        // A value in JSON carried inside a JSON string, in the output: the
+        // document stays valid JSON.
+        let inner = serde_json::json!({"headers": {"authorization": format!("Bearer {value}")}}).to_string();
+        let output = serde_json::json!({"nested": inner}).to_string();
+        let mut report = RunReport {
+            outcome: RunOutcome::Completed { output: Some(JsonText::parse(output).unwrap()) },
+            effects: Default::default(),
+            elapsed_us: 0,
+            instantiate_us: None,
+        };
+        secrets.redact(&mut report);
+        let RunOutcome::Completed { output: Some(output) } = &report.outcome else { panic!() };
+        assert!(!output.get().contains("et-value") && output.get().contains("[secret API_KEY]"), "{}", output.get());
+    }
+
+    #[tokio::test]
+    async fn a_response_is_swapped_back_to_placeholders_wherever_its_frames_split() {
+        use http_body_util::BodyExt;
+        let secrets = secrets();
+        let placeholder = secrets.placeholders["API_KEY"].clone();
+        let value = "s3cr\"et-value";
+        let body =
+            format!(r#"{{"a": "{value}", "b": {}, "c": "{}"}}"#, serde_json::to_string(value).unwrap(), "x".repeat(40));
+        for split in 0..body.len() {
+            let (one, two) = body.split_at(split);
+            let frames = [one, two].map(|frame| Bytes::copy_from_slice(frame.as_bytes()));
+            let stream = Frames(frames.into_iter().collect());
+            let response = http::Response::builder()
+                .header("x-echo", format!("Bearer {value}"))
+                .header("content-length", body.len())
+                .body(stream.boxed_unsync())
+                .unwrap();
+            let response = secrets.swap_back(response);
+            assert_eq!(response.headers()["x-echo"].to_str().unwrap(), format!("Bearer {placeholder}"));
+            assert!(!response.headers().contains_key("content-length"));
+            let read = response.into_body().collect().await.unwrap().to_bytes();
+            let read = String::from_utf8(read.to_vec()).unwrap();
+            let expected = format!(r#"{{"a": "{placeholder}", "b": "{placeholder}", "c": "{}"}}"#, "x".repeat(40));
+            assert_eq!(read, expected, "split at {split}");
+        }
+    }
+
+    /// A body of the given frames, each ready at once.
+    struct Frames(std::collections::VecDeque<Bytes>);
+
+    impl hyper::body::Body for Frames {
+        type Data = Bytes;
+        type Error = wasmtime_wasi_http::Error;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+        }
     }
 
     #[test]

@@ -125,10 +125,14 @@ pub async fn send(mut request: http::Request<WasiBody>, sending: Sending) -> Res
         tokio::time::timeout(timeouts.connect, connection_for(&job_type, &origin, &allowed, &connections))
             .await
             .map_err(|_| SendError::Failed(Error::ConnectionTimeout))??;
-    // On the wire the request line carries the path only; the authority
-    // went into the Host header when wasi:http built the request.
+    // On the wire the request line carries the path only, and `Host` names
+    // the origin the grant judged: never the guest's own authority text,
+    // whatever wasi:http or the guest put in that header.
     let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
     *request.uri_mut() = http::Uri::try_from(path).map_err(|_| SendError::Failed(Error::HttpRequestUriInvalid))?;
+    let host = http::HeaderValue::from_str(&origin.authority())
+        .map_err(|_| SendError::Failed(Error::HttpRequestUriInvalid))?;
+    request.headers_mut().insert(http::header::HOST, host);
     // Dropped with this future (a timeout, or the run's end), the
     // connection's task is aborted and its socket closed at once.
     let response = tokio::time::timeout(timeouts.first_byte, connection.sender.send_request(request))

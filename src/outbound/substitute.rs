@@ -7,9 +7,9 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
-use memchr::memmem;
 use wasmtime_wasi_http::Error;
 
 /// The places besides headers a grant lets secrets go.
@@ -58,13 +58,59 @@ pub fn swap_in_query(query: &str, swaps: &[(&str, &str)]) -> Option<String> {
     Some(swapped)
 }
 
-/// A request body with placeholders swapped for values as it streams. A
-/// placeholder split across two frames is found: the last bytes of a frame
-/// that could begin one wait for the next frame.
+/// What one swap finds and what it puts in its place: a placeholder and
+/// its value on the way out, a value's forms and the placeholder on the
+/// way back.
+pub type Swap = (Vec<u8>, Bytes);
+
+/// Finds every swap's pattern at once, leftmost first and, of patterns
+/// starting at one place, the longest (a value's escaped form before the
+/// value it contains).
+#[derive(Clone)]
+pub struct Swaps {
+    finder: AhoCorasick,
+    replacements: Vec<Bytes>,
+    longest: usize,
+}
+
+impl Swaps {
+    /// The swaps, or `None` when there is nothing to find.
+    pub fn new(swaps: Vec<Swap>) -> Option<Swaps> {
+        let swaps: Vec<Swap> = swaps.into_iter().filter(|(pattern, _)| !pattern.is_empty()).collect();
+        if swaps.is_empty() {
+            return None;
+        }
+        let longest = swaps.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
+        let finder =
+            AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(swaps.iter().map(|(p, _)| p)).ok()?;
+        Some(Swaps { finder, replacements: swaps.into_iter().map(|(_, r)| r).collect(), longest })
+    }
+
+    /// Whether `text` holds any pattern.
+    pub fn found_in(&self, text: &[u8]) -> bool {
+        self.finder.is_match(text)
+    }
+
+    /// `text` with every pattern swapped.
+    pub fn apply(&self, text: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(text.len());
+        self.finder.replace_all_with_bytes(text, &mut out, |found, _, out| {
+            out.extend_from_slice(&self.replacements[found.pattern().as_usize()]);
+            true
+        });
+        out
+    }
+}
+
+/// A body with patterns swapped as it streams: placeholders for values on
+/// a request's way out, values' forms for placeholders on a response's way
+/// back. A pattern split across two frames is found: the last bytes of a
+/// frame that could begin one wait for the next frame, so the body held
+/// never exceeds a frame and the longest pattern.
 pub struct Substituted<B> {
     body: B,
-    swaps: Vec<(Vec<u8>, Bytes)>,
-    /// Bytes held back: they may begin a placeholder.
+    swaps: Swaps,
+    /// Bytes held back: they may begin a pattern.
     held: Vec<u8>,
     /// Frames ready to go out (a data frame, then a trailers frame after it).
     ready: VecDeque<Frame<Bytes>>,
@@ -75,46 +121,36 @@ impl<B> Substituted<B> {
     /// `body`, with each placeholder of `swaps` replaced by its value.
     pub fn new(body: B, swaps: &[(&str, &str)]) -> Self {
         let swaps = swaps.iter().map(|(p, v)| (p.as_bytes().to_vec(), Bytes::copy_from_slice(v.as_bytes()))).collect();
+        Self::with(body, Swaps::new(swaps).expect("placeholders are never empty"))
+    }
+
+    /// `body`, with `swaps` made as it streams.
+    pub fn with(body: B, swaps: Swaps) -> Self {
         Substituted { body, swaps, held: Vec::new(), ready: VecDeque::new(), ended: false }
     }
 
-    /// The longest placeholder: a tail shorter than it may be the start of one.
-    fn longest(&self) -> usize {
-        self.swaps.iter().map(|(p, _)| p.len()).max().unwrap_or(0)
-    }
-
     /// Swaps what `held` holds, sending all but a tail that may begin a
-    /// placeholder (everything, at the end). Each placeholder is searched
-    /// for with a vectorised substring search: the body is scanned in
-    /// bulk, not tried at every byte.
+    /// pattern (everything, at the end).
     fn swap(&mut self, at_end: bool) -> Option<Bytes> {
-        let tail = self.longest().saturating_sub(1);
-        // A placeholder beginning before `keep_from` would lie wholly in
-        // `held`, so the search finds it; only a tail past it is held back.
+        let tail = self.swaps.longest.saturating_sub(1);
+        // A pattern beginning before `keep_from` lies wholly in `held`, so
+        // the search sees it whole, with any longer one starting there; one
+        // found past it may be the start of a longer one, and waits.
         let keep_from = if at_end { self.held.len() } else { self.held.len().saturating_sub(tail) };
         let mut out = Vec::with_capacity(self.held.len());
         let mut at = 0;
-        while let Some((found, index)) = self.next_placeholder(at) {
-            let (placeholder, value) = &self.swaps[index];
-            out.extend_from_slice(&self.held[at..found]);
-            out.extend_from_slice(value);
-            at = found + placeholder.len();
+        for found in self.swaps.finder.find_iter(&self.held[..]) {
+            if found.start() >= keep_from {
+                break;
+            }
+            out.extend_from_slice(&self.held[at..found.start()]);
+            out.extend_from_slice(&self.swaps.replacements[found.pattern().as_usize()]);
+            at = found.end();
         }
         let sent = at.max(keep_from);
         out.extend_from_slice(&self.held[at..sent]);
         self.held.drain(..sent);
         (!out.is_empty()).then(|| Bytes::from(out))
-    }
-
-    /// The first placeholder in `held` at or after `from`: where it starts,
-    /// and which one it is.
-    fn next_placeholder(&self, from: usize) -> Option<(usize, usize)> {
-        let rest = &self.held[from..];
-        self.swaps
-            .iter()
-            .enumerate()
-            .filter_map(|(index, (placeholder, _))| Some((from + memmem::find(rest, placeholder)?, index)))
-            .min()
     }
 }
 

@@ -1,5 +1,6 @@
 //! Response bodies for outbound tests' servers: one that sends a little and
-//! then pauses for ever, one that streams a gigabyte without holding it.
+//! then pauses for ever, one that streams a gigabyte without holding it,
+//! one of given frames.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -46,5 +47,17 @@ impl Body for Flood {
         let size = (self.total - sent).min(CHUNK.len() as u64);
         self.sent.fetch_add(size, Ordering::Relaxed);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&CHUNK[..size as usize])))))
+    }
+}
+
+/// The given frames, one at a time.
+pub struct Frames(pub std::collections::VecDeque<Bytes>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|bytes| Ok(Frame::data(bytes))))
     }
 }

@@ -64,7 +64,8 @@ impl Guest for Fetcher {
 fn fetch(payload: &Value) -> Result<Value, String> {
     let Some(copies) = payload["parallel"].as_u64() else {
         let pending = send(payload)?;
-        return receive(pending, payload);
+        let answer = receive(pending, payload)?;
+        return Ok(spread(answer, payload));
     };
     // Every copy is sent before any answer is awaited, and progress says
     // so: all are in flight at once.
@@ -78,6 +79,42 @@ fn fetch(payload: &Value) -> Result<Value, String> {
         })
         .collect();
     Ok(Value::Array(answers))
+}
+
+/// What a handler bent on leaking what it read would do with an answer,
+/// as the payload asks: `"log_answer"` logs it whole, `"encode"` returns it
+/// reversed and base64-encoded beside it, `"forward"` posts it to that URL.
+fn spread(mut answer: Value, payload: &Value) -> Value {
+    let text = answer.to_string();
+    if payload["log_answer"].as_bool() == Some(true) {
+        jobhost_guest::host::log(jobhost_guest::host::Level::Info, &format!("answer {text}"));
+    }
+    if payload["encode"].as_bool() == Some(true) {
+        answer["reversed"] = Value::String(text.chars().rev().collect());
+        answer["base64"] = Value::String(base64(text.as_bytes()));
+    }
+    if let Some(url) = payload["forward"].as_str() {
+        let onward = json!({"url": url, "method": "POST", "body": text});
+        answer["forwarded"] = match send(&onward).and_then(|sent| receive(sent, &onward)) {
+            Ok(forwarded) => forwarded["status"].clone(),
+            Err(error) => Value::String(error),
+        };
+    }
+    answer
+}
+
+/// Standard base64 with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            let c = if i <= chunk.len() { ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' };
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Sends the payload's request, its body (`body` text, or `upload_bytes`

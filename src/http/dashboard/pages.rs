@@ -523,9 +523,9 @@ fn outbound_rules(
                             span.warning-text { "not granted" } br;
                             @let command = pattern(&rule.origin).map(|origin| {
                                 let rule = crate::outbound::Rule { origin, methods: rule.methods.clone(), secrets: rule.secrets.clone() };
-                                crate::outbound::policy::grant_command(job_type, &rule)
+                                (crate::outbound::policy::grant_command(job_type, &rule), crate::outbound::policy::secrets_hint(&rule))
                             });
-                            @if let Some(command) = command { code { (command) } }
+                            @if let Some((command, secrets)) = command { code { (command) } (secrets) }
                         }
                         @for (n, grant) in granted.iter().enumerate() {
                             @if n > 0 { br; }
