@@ -146,7 +146,8 @@ fn rule(origin: &str, methods: &[&str], secrets: &[&str]) -> Rule {
 }
 
 fn grant(rule: Rule, secrets_in: Places) -> GrantRule {
-    GrantRule { rule, private: false, idempotency_key: false, timeouts: GrantTimeouts::default(), secrets_in }
+    let timeouts = GrantTimeouts::default();
+    GrantRule { rule, private: false, idempotency_key: false, timeouts, secrets_in, secret_headers: Vec::new() }
 }
 
 /// A request as the guest hands it over: the key's placeholder in a
@@ -167,15 +168,64 @@ fn request(secrets: &RunSecrets, body: bool) -> http::Request<wasmtime_wasi_http
 /// with a 4 KiB body.
 async fn swapped_body_cost(secrets: &RunSecrets, allowed: &[String], places: Places) -> f64 {
     const ROUNDS: u32 = 20_000;
-    let swapped = secrets.substitute(request(secrets, true), allowed, places);
+    let swapped = secrets.substitute(request(secrets, true), allowed, places, None);
     let sent = swapped.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(sent.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), places.body, "the body carries the secret");
     let clock = Instant::now();
     for _ in 0..ROUNDS {
-        let swapped = secrets.substitute(request(secrets, true), allowed, places);
+        let swapped = secrets.substitute(request(secrets, true), allowed, places, None);
         std::hint::black_box(swapped.into_body().collect().await.unwrap().to_bytes());
     }
     clock.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS)
+}
+
+/// A response as a server sends it: `size` bytes in 16 KiB frames (as
+/// hyper reads them), the value echoed once in a header and once in the
+/// body when `echoed`.
+fn response(size: usize, echoed: bool) -> http::Response<wasmtime_wasi_http::WasiBody> {
+    let mut text = "x".repeat(size);
+    if echoed {
+        text.replace_range(size / 2..size / 2 + SECRET.len(), SECRET);
+    }
+    let frames = text.as_bytes().chunks(16 << 10).map(Bytes::copy_from_slice).collect();
+    http::Response::builder()
+        .header("x-echo", if echoed { SECRET } else { "none" })
+        .header("content-length", size)
+        .body(Frames(frames).boxed_unsync())
+        .unwrap()
+}
+
+/// A body of the given frames, each ready at once.
+struct Frames(std::collections::VecDeque<Bytes>);
+
+impl hyper::body::Body for Frames {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+    }
+}
+
+/// Mean µs to read a response of `size` bytes swapped back, less reading
+/// it untouched.
+async fn swap_back_cost(secrets: &RunSecrets, size: usize, rounds: u32) -> (f64, f64) {
+    let read = secrets.swap_back(response(size, true)).into_body().collect().await.unwrap().to_bytes();
+    assert!(!read.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "swapped back");
+    let mut timed = [0.0f64; 2];
+    for (n, swapping) in [false, true].into_iter().enumerate() {
+        let clock = Instant::now();
+        for _ in 0..rounds {
+            let response = response(size, true);
+            let response = if swapping { secrets.swap_back(response) } else { response };
+            std::hint::black_box(response.into_body().collect().await.unwrap().to_bytes());
+        }
+        timed[n] = clock.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
+    }
+    (timed[0], timed[1])
 }
 
 /// The per-request costs, in this process.
@@ -202,19 +252,42 @@ async fn costs() {
     let secrets = RunSecrets::new(&["MAIL_KEY".into()], vec![("MAIL_KEY".into(), SECRET.into())]).unwrap();
     let allowed = vec!["MAIL_KEY".to_string()];
     let header = per_call(100_000, || {
-        std::hint::black_box(secrets.substitute(request(&secrets, false), &allowed, Places::default()));
+        std::hint::black_box(secrets.substitute(request(&secrets, false), &allowed, Places::default(), None));
     });
     let unsubstituted = per_call(100_000, || {
         std::hint::black_box(request(&secrets, true));
     });
     let body = swapped_body_cost(&secrets, &allowed, Places::of(&["body".into()])).await;
     let building = swapped_body_cost(&secrets, &allowed, Places::default()).await;
+    let back_small = swap_back_cost(&secrets, 4 << 10, 20_000).await;
+    let back_large = swap_back_cost(&secrets, 1 << 20, 200).await;
+    let line = format!("answer 200: {{\"headers\": {{\"x-request-id\": \"{}\"}}}}", "r".repeat(160));
+    let redact_line = (
+        per_call(200_000, || {
+            let mut line = std::hint::black_box(line.clone());
+            secrets.redact_text(&mut line);
+            std::hint::black_box(line);
+        }),
+        per_call(200_000, || {
+            std::hint::black_box(std::hint::black_box(line.clone()));
+        }),
+    );
     println!("| step | µs per request |");
     println!("|---|---|");
     println!("| allow-list decision, allowed (3 declared rules, 2 grants) | {decide:.2} |");
     println!("| allow-list decision, refused with its hint | {refuse:.2} |");
     println!("| placeholder swapped in a header | {:.2} |", header - unsubstituted.min(header));
     println!("| placeholder swapped in a 4 KiB body, streamed | {:.2} |", body - building.min(body));
+    let cost = |(untouched, swapped): (f64, f64)| {
+        format!("{:.2} ({untouched:.2} read untouched, {swapped:.2} swapped)", swapped - untouched)
+    };
+    println!("| response swapped back, header and 4 KiB body | {} |", cost(back_small));
+    println!("| response swapped back, header and 1 MiB body | {} |", cost(back_large));
+    println!(
+        "| a 200-byte guest log line redacted (no value in it) | {:.3} ({:.3} copying it alone) |",
+        redact_line.0 - redact_line.1,
+        redact_line.1
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

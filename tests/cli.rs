@@ -684,7 +684,16 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     let table = stdout(&jobhost(&db, &["grants"]));
     assert!(table.contains("mail https://api.mailgun.net: GET,POST"), "{table}");
 
-    let timed = ["--first-byte-timeout", "2m", "--between-bytes-timeout", "1500ms", "--secret-in", "query,body"];
+    let timed = [
+        "--first-byte-timeout",
+        "2m",
+        "--between-bytes-timeout",
+        "1500ms",
+        "--secret-in",
+        "query,body",
+        "--secret-header",
+        "Authorization,x-api-key",
+    ];
     let timed =
         jobhost(&db, &[&["grant", "mail", "https://api.mailgun.net", "--methods", "GET,POST"][..], &timed].concat());
     assert!(timed.status.success(), "{}", stderr(&timed));
@@ -692,8 +701,10 @@ async fn grants_are_stored_listed_replaced_and_revoked(db: TestDb) {
     let one: Value = serde_json::from_str(listed.lines().nth(1).unwrap()).unwrap();
     assert_eq!(one["timeouts"], json!({"connect_ms": null, "first_byte_ms": 120000, "between_bytes_ms": 1500}));
     assert_eq!(one["secrets_in"], json!(["query", "body"]));
+    assert_eq!(one["secret_headers"], json!(["authorization", "x-api-key"]));
     let table = stdout(&jobhost(&db, &["grants"]));
-    assert!(table.contains("GET,POST (also in the query and body), timeouts: first byte 2m, between"), "{table}");
+    let line = "GET,POST (also in the query and body) (headers authorization,x-api-key only), timeouts: first byte 2m";
+    assert!(table.contains(line), "{table}");
 
     for (args, message) in [
         (vec!["grant", "mail", "api.mailgun.net"], "is not an origin pattern"),

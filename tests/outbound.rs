@@ -506,6 +506,37 @@ async fn exec_reads_a_fleets_grants_secrets_and_variables(db: TestDb) {
     assert!(said.contains("without --database-url (or DATABASE_URL) this run reads no grants"), "{said}");
 }
 
+/// A grant naming the headers its secrets may go in swaps them into those
+/// only: a placeholder in a header the server echoes goes out as it is.
+async fn a_grant_naming_headers_keeps_a_secret_out_of_the_others(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let port = address.port();
+    let key = SecretKey::generate().unwrap();
+    db.store.secret_set("API_KEY", &key.seal("API_KEY", SECRET).unwrap()).await.unwrap();
+    let (granting, _cache) = runtime(&db);
+    let runtime = granting.with_secrets(secrets_from(db.dyn_store(), Some(key)));
+    let fetcher = load(&runtime, "fetcher").await;
+    let new = NewGrant {
+        job_type: "fetcher".into(),
+        origin: format!("http://127.0.0.1:{port}"),
+        secrets: vec!["API_KEY".into()],
+        secret_headers: vec!["authorization".into()],
+        ..Default::default()
+    };
+    db.store.grant_set(&new).await.unwrap();
+    let listed = db.store.grants(Some("fetcher")).await.unwrap();
+    assert_eq!(listed[0].secret_headers, ["authorization"], "stored and read back");
+    let headers = json!({"authorization": "Bearer ${API_KEY}", "x-request-id": "${API_KEY}"});
+    let report =
+        fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/mirror"), "headers": headers})).await;
+    let output = completed_output(&report.outcome);
+    assert_eq!(output["status"], 200, "{output}");
+    assert!(seen.all().contains(&format!("mirrored authorization: Bearer {SECRET}")), "{:?}", seen.all());
+    let body: Value = serde_json::from_str(output["body"].as_str().unwrap()).unwrap();
+    let request_id = body["inner"]["headers"]["x-request-id"].as_str().unwrap();
+    assert!(request_id.starts_with("jobhost-secret-"), "the server got the placeholder there: {request_id}");
+}
+
 /// A value with characters every encoding changes: JSON escapes `"` and
 /// `\\`, percent-encoding everything but letters and digits, and `/` is
 /// escaped by some JSON writers.
@@ -999,6 +1030,7 @@ on_both_backends!(
     a_grant_may_let_secrets_go_in_the_query_and_body,
     a_server_echoing_a_secret_hands_the_guest_only_its_placeholder,
     a_refusal_hint_run_as_printed_makes_the_request_go_through,
+    a_grant_naming_headers_keeps_a_secret_out_of_the_others,
     exec_reads_a_fleets_grants_secrets_and_variables,
     the_hosts_log_and_spans_hold_no_secret_a_server_echoes,
     a_url_with_userinfo_is_refused_and_host_is_the_judged_origin,

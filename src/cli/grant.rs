@@ -52,6 +52,11 @@ pub struct GrantArgs {
     /// out chunked).
     #[arg(long, value_delimiter = ',', value_parser = crate::outbound::substitute::place_name)]
     secret_in: Vec<String>,
+    /// The headers the secrets may be swapped into, comma-separated (e.g.
+    /// authorization) [default: any header]: a value never goes into a
+    /// header the server is known to echo.
+    #[arg(long, value_delimiter = ',', value_parser = crate::outbound::substitute::header_name)]
+    secret_header: Vec<String>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -122,6 +127,7 @@ pub async fn grant(args: GrantArgs) -> ExitCode {
             between_bytes_ms: args.between_bytes_timeout,
         },
         secrets_in: args.secret_in,
+        secret_headers: args.secret_header,
     };
     match store.grant_set(&new).await {
         Ok(replaced) => {
@@ -215,6 +221,11 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
             String::new()
         } else {
             format!(" (also in the {})", grant.secrets_in.join(" and "))
+        };
+        let places = if grant.secret_headers.is_empty() {
+            places
+        } else {
+            format!("{places} (headers {} only)", grant.secret_headers.join(","))
         };
         println!("{} {}: {methods}{secrets}{places}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));

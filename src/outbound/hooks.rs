@@ -281,7 +281,9 @@ impl WasiHttpHooks for OutboundHooks {
         sending.meter.1 = recorded.clone();
         // Metered as sent: after the swap, so a long value repeated in a
         // body counts at its length on the wire, not its placeholder's.
-        let request = self.secrets.substitute(request, &sending.allowed.secrets, sending.allowed.secrets_in);
+        let allowed = &sending.allowed;
+        let request =
+            self.secrets.substitute(request, &allowed.secrets, allowed.secrets_in, allowed.secret_headers.as_deref());
         let mut request = request.map(|body| {
             use http_body_util::BodyExt;
             Metered::new(body, self.budget.clone(), Direction::Sent, recorded.clone()).boxed_unsync()

@@ -43,6 +43,8 @@ pub struct GrantRule {
     pub timeouts: GrantTimeouts,
     /// Where besides headers its secrets may be swapped in.
     pub secrets_in: Places,
+    /// The headers its secrets may be swapped into, lower case; empty: any.
+    pub secret_headers: Vec<String>,
 }
 
 /// What one job type's runs may reach: its declared rules and its grants,
@@ -74,6 +76,10 @@ pub struct Allowed {
     /// Where besides headers the secrets may be swapped in: the places
     /// of the matching grants that name a secret the request may carry.
     pub secrets_in: Places,
+    /// The headers the secrets may be swapped into, lower case, or `None`
+    /// for any: the names the matching grants that carry a secret list,
+    /// and any header where one of them lists none.
+    pub secret_headers: Option<Vec<String>>,
     /// The first declared rule it matched, printed: what metrics label it by.
     pub rule: String,
 }
@@ -121,10 +127,17 @@ impl Policy {
             .collect();
         secrets.sort();
         secrets.dedup();
-        let secrets_in = grants
-            .iter()
-            .filter(|g| g.rule.secrets.iter().any(|name| secrets.contains(name)))
-            .fold(Places::default(), |places, g| places.with(g.secrets_in));
+        let carrying: Vec<&&GrantRule> =
+            grants.iter().filter(|g| g.rule.secrets.iter().any(|name| secrets.contains(name))).collect();
+        let secrets_in = carrying.iter().fold(Places::default(), |places, g| places.with(g.secrets_in));
+        let secret_headers = if carrying.iter().any(|g| g.secret_headers.is_empty()) {
+            None
+        } else {
+            let mut names: Vec<String> = carrying.iter().flat_map(|g| g.secret_headers.clone()).collect();
+            names.sort();
+            names.dedup();
+            Some(names)
+        };
         Ok(Allowed {
             secrets,
             private: grants.iter().any(|g| g.private),
@@ -132,6 +145,7 @@ impl Policy {
             idempotency_key: grants.iter().any(|g| g.idempotency_key),
             timeouts: grants.iter().fold(GrantTimeouts::default(), |widest, g| widest.widest(g.timeouts)),
             secrets_in,
+            secret_headers,
             rule: first.origin.to_string(),
         })
     }
@@ -223,6 +237,7 @@ mod tests {
             idempotency_key: false,
             timeouts: Default::default(),
             secrets_in: Default::default(),
+            secret_headers: Vec::new(),
         }
     }
 

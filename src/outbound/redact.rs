@@ -35,6 +35,9 @@ pub struct RunSecrets {
     redacting: Option<Swaps>,
     /// Every form of every value worth looking for, each to its placeholder.
     swapping_back: Option<Swaps>,
+    /// Each placeholder with a value, to its value, and the names in the
+    /// same order: a request body's swaps, kept to the names it may carry.
+    sending: Option<(Swaps, Vec<String>)>,
 }
 
 impl std::fmt::Debug for RunSecrets {
@@ -76,10 +79,25 @@ impl RunSecrets {
             getrandom::fill(&mut random).map_err(|e| format!("no randomness for a placeholder: {e}"))?;
             placeholders.insert(name.clone(), format!("jobhost-secret-{}", hex::encode(random)));
         }
-        let mut secrets =
-            RunSecrets { placeholders, values: values.into_iter().collect(), redacting: None, swapping_back: None };
+        let mut secrets = RunSecrets {
+            placeholders,
+            values: values.into_iter().collect(),
+            redacting: None,
+            swapping_back: None,
+            sending: None,
+        };
         secrets.redacting = secrets.swaps(|name, _| format!("[secret {name}]"));
         secrets.swapping_back = secrets.swaps(|_, placeholder| placeholder.to_string());
+        let sent: Vec<(String, Vec<u8>, Bytes)> = secrets
+            .values
+            .iter()
+            .filter_map(|(name, value)| {
+                let placeholder = secrets.placeholders.get(name)?;
+                Some((name.clone(), placeholder.clone().into_bytes(), Bytes::from(value.clone())))
+            })
+            .collect();
+        let names = sent.iter().map(|(name, ..)| name.clone()).collect();
+        secrets.sending = Swaps::new(sent.into_iter().map(|(_, p, v)| (p, v)).collect()).map(|swaps| (swaps, names));
         Ok(secrets)
     }
 
@@ -103,14 +121,16 @@ impl RunSecrets {
     }
 
     /// Swaps the placeholders of `allowed` for their values in the header
-    /// values of `request`, and in its query string and body where `places`
-    /// allow; any other placeholder goes out as it is. A body that may
-    /// change length loses its `Content-Length` and goes out chunked.
+    /// values of `request` (only the `headers` named, lower case, where
+    /// the grants name some), and in its query string and body where
+    /// `places` allow; any other placeholder goes out as it is. A body that
+    /// may change length loses its `Content-Length` and goes out chunked.
     pub fn substitute(
         &self,
         mut request: http::Request<WasiBody>,
         allowed: &[String],
         places: Places,
+        headers: Option<&[String]>,
     ) -> http::Request<WasiBody> {
         let swaps: Vec<(&str, &str)> = allowed
             .iter()
@@ -119,7 +139,10 @@ impl RunSecrets {
         if swaps.is_empty() {
             return request;
         }
-        for value in request.headers_mut().values_mut() {
+        for (name, value) in request.headers_mut().iter_mut() {
+            if headers.is_some_and(|names| !names.iter().any(|n| n == name.as_str())) {
+                continue;
+            }
             let Ok(text) = value.to_str() else { continue };
             if !swaps.iter().any(|(placeholder, _)| text.contains(placeholder)) {
                 continue;
@@ -145,11 +168,14 @@ impl RunSecrets {
                 }
             }
         }
-        if places.body {
+        if places.body
+            && let Some((sending, names)) = &self.sending
+        {
+            let swaps = sending.keeping(|n| allowed.contains(&names[n]));
             request.headers_mut().remove(http::header::CONTENT_LENGTH);
             return request.map(|body| {
                 use http_body_util::BodyExt;
-                substitute::Substituted::new(body, &swaps).boxed_unsync()
+                substitute::Substituted::with(body, swaps).boxed_unsync()
             });
         }
         request
@@ -271,10 +297,13 @@ mod tests {
                 .body(wasmtime_wasi_http::WasiBody::default())
                 .unwrap()
         };
-        let allowed = one.substitute(request(), &["API_KEY".into()], Places::default());
+        let allowed = one.substitute(request(), &["API_KEY".into()], Places::default(), None);
         assert_eq!(allowed.headers()["authorization"], "Bearer s3cr\"et-value");
-        let elsewhere = one.substitute(request(), &[], Places::default());
+        let elsewhere = one.substitute(request(), &[], Places::default(), None);
         assert_eq!(elsewhere.headers()["authorization"].to_str().unwrap(), format!("Bearer {placeholder}"));
+        let named = ["x-api-key".to_string()];
+        let other_header = one.substitute(request(), &["API_KEY".into()], Places::default(), Some(&named));
+        assert_eq!(other_header.headers()["authorization"].to_str().unwrap(), format!("Bearer {placeholder}"));
     }
 
     #[test]

@@ -135,5 +135,6 @@ fn grant_rule(grant: &OutboundGrant) -> Option<GrantRule> {
         idempotency_key: grant.idempotency_key,
         timeouts: grant.timeouts,
         secrets_in: Places::of(&grant.secrets_in),
+        secret_headers: grant.secret_headers.clone(),
     })
 }

@@ -58,6 +58,17 @@ pub fn swap_in_query(query: &str, swaps: &[(&str, &str)]) -> Option<String> {
     Some(swapped)
 }
 
+/// A header name as `jobhost grant --secret-header` takes it, lower case.
+///
+/// # Errors
+/// Anything that is not an HTTP header name, with the reason.
+pub fn header_name(text: &str) -> Result<String, String> {
+    let name = text.trim().to_ascii_lowercase();
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map(|_| name)
+        .map_err(|_| format!("{text:?} is not a header name like authorization or x-api-key"))
+}
+
 /// What one swap finds and what it puts in its place: a placeholder and
 /// its value on the way out, a value's forms and the placeholder on the
 /// way back.
@@ -69,6 +80,7 @@ pub type Swap = (Vec<u8>, Bytes);
 #[derive(Clone)]
 pub struct Swaps {
     finder: AhoCorasick,
+    patterns: Vec<Bytes>,
     replacements: Vec<Bytes>,
     longest: usize,
 }
@@ -83,7 +95,19 @@ impl Swaps {
         let longest = swaps.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
         let finder =
             AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(swaps.iter().map(|(p, _)| p)).ok()?;
-        Some(Swaps { finder, replacements: swaps.into_iter().map(|(_, r)| r).collect(), longest })
+        let (patterns, replacements) = swaps.into_iter().map(|(p, r)| (Bytes::from(p), r)).unzip();
+        Some(Swaps { finder, patterns, replacements, longest })
+    }
+
+    /// These swaps, with the `n`th made only where `keep(n)`: a pattern
+    /// not kept is found (so it is never mistaken for part of another)
+    /// and left as it is. Shares the search with `self`, so a run builds
+    /// its searches once, not once a request.
+    pub fn keeping(&self, keep: impl Fn(usize) -> bool) -> Swaps {
+        let replacements = (0..self.patterns.len())
+            .map(|n| if keep(n) { self.replacements[n].clone() } else { self.patterns[n].clone() })
+            .collect();
+        Swaps { replacements, ..self.clone() }
     }
 
     /// Whether `text` holds any pattern.
@@ -118,12 +142,6 @@ pub struct Substituted<B> {
 }
 
 impl<B> Substituted<B> {
-    /// `body`, with each placeholder of `swaps` replaced by its value.
-    pub fn new(body: B, swaps: &[(&str, &str)]) -> Self {
-        let swaps = swaps.iter().map(|(p, v)| (p.as_bytes().to_vec(), Bytes::copy_from_slice(v.as_bytes()))).collect();
-        Self::with(body, Swaps::new(swaps).expect("placeholders are never empty"))
-    }
-
     /// `body`, with `swaps` made as it streams.
     pub fn with(body: B, swaps: Swaps) -> Self {
         Substituted { body, swaps, held: Vec::new(), ready: VecDeque::new(), ended: false }
@@ -227,7 +245,8 @@ mod tests {
 
     async fn through(frames: &[&str], swaps: &[(&str, &str)]) -> String {
         let frames = Frames(frames.iter().map(|f| Bytes::copy_from_slice(f.as_bytes())).collect());
-        let body = Substituted::new(frames, swaps);
+        let swaps = swaps.iter().map(|(p, v)| (p.as_bytes().to_vec(), Bytes::copy_from_slice(v.as_bytes()))).collect();
+        let body = Substituted::with(frames, Swaps::new(swaps).unwrap());
         String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap()
     }
 

@@ -30,6 +30,9 @@ pub struct OutboundGrant {
     /// Where besides header values its secrets may be swapped in:
     /// `query`, `body`.
     pub secrets_in: Vec<String>,
+    /// The headers its secrets may be swapped into, lower case; empty:
+    /// any header.
+    pub secret_headers: Vec<String>,
     /// When it was granted, or last changed.
     pub granted_at: DateTime<Utc>,
 }
@@ -53,6 +56,8 @@ pub struct NewGrant {
     pub timeouts: GrantTimeouts,
     /// Where besides header values its secrets may be swapped in.
     pub secrets_in: Vec<String>,
+    /// The headers its secrets may be swapped into, lower case; empty: any.
+    pub secret_headers: Vec<String>,
 }
 
 /// A grant's own step timeouts, in milliseconds; each one not set keeps the

@@ -558,6 +558,9 @@ fn grant_terms(grant: &crate::store::grant::OutboundGrant) -> String {
     if grant.private {
         terms.push("private addresses".into());
     }
+    if !grant.secret_headers.is_empty() {
+        terms.push(format!("secrets in headers {} only", grant.secret_headers.join(", ")));
+    }
     if !grant.secrets_in.is_empty() {
         terms.push(format!("secrets also in the {}", grant.secrets_in.join(" and ")));
     }

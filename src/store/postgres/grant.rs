@@ -13,14 +13,14 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     let replaced: bool = sqlx::query_scalar(
         "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key,
                                                connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms,
-                                               secrets_in)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                               secrets_in, secret_headers)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          ON CONFLICT (job_type, origin) DO UPDATE
             SET methods = EXCLUDED.methods, secrets = EXCLUDED.secrets, private = EXCLUDED.private,
                 idempotency_key = EXCLUDED.idempotency_key, connect_timeout_ms = EXCLUDED.connect_timeout_ms,
                 first_byte_timeout_ms = EXCLUDED.first_byte_timeout_ms,
                 between_bytes_timeout_ms = EXCLUDED.between_bytes_timeout_ms, secrets_in = EXCLUDED.secrets_in,
-                granted_at = now()
+                secret_headers = EXCLUDED.secret_headers, granted_at = now()
          RETURNING xmax <> 0",
     )
     .bind(&grant.job_type)
@@ -33,6 +33,7 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     .bind(grant.timeouts.first_byte_ms.map(ms_column))
     .bind(grant.timeouts.between_bytes_ms.map(ms_column))
     .bind(&grant.secrets_in)
+    .bind(&grant.secret_headers)
     .fetch_one(pool)
     .await?;
     Ok(replaced)
@@ -50,7 +51,7 @@ pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool>
 pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
     let rows: Vec<GrantRow> = sqlx::query_as(
         "SELECT job_type, origin, methods, secrets, private, idempotency_key, connect_timeout_ms,
-                first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in, granted_at
+                first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in, secret_headers, granted_at
          FROM jobhost.outbound_grants
          WHERE $1::text IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
@@ -72,6 +73,7 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundG
                 between_bytes_ms: row.between_bytes_timeout_ms.map(|ms| ms as u64),
             },
             secrets_in: row.secrets_in,
+            secret_headers: row.secret_headers,
             granted_at: row.granted_at,
         })
         .collect())
@@ -89,6 +91,7 @@ struct GrantRow {
     first_byte_timeout_ms: Option<i64>,
     between_bytes_timeout_ms: Option<i64>,
     secrets_in: Vec<String>,
+    secret_headers: Vec<String>,
     granted_at: chrono::DateTime<chrono::Utc>,
 }
 

@@ -30,14 +30,16 @@ pub async fn set(conn: &mut SqliteConnection, grant: &NewGrant, now: i64) -> Res
         .await?;
     sqlx::query(
         "INSERT INTO outbound_grants (job_type, origin, methods, secrets, private, idempotency_key, granted_at,
-                                      connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                      connect_timeout_ms, first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in,
+                                      secret_headers)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (job_type, origin) DO UPDATE
             SET methods = excluded.methods, secrets = excluded.secrets, private = excluded.private,
                 idempotency_key = excluded.idempotency_key, granted_at = excluded.granted_at,
                 connect_timeout_ms = excluded.connect_timeout_ms,
                 first_byte_timeout_ms = excluded.first_byte_timeout_ms,
-                between_bytes_timeout_ms = excluded.between_bytes_timeout_ms, secrets_in = excluded.secrets_in",
+                between_bytes_timeout_ms = excluded.between_bytes_timeout_ms, secrets_in = excluded.secrets_in,
+                secret_headers = excluded.secret_headers",
     )
     .bind(&grant.job_type)
     .bind(&grant.origin)
@@ -50,6 +52,7 @@ pub async fn set(conn: &mut SqliteConnection, grant: &NewGrant, now: i64) -> Res
     .bind(grant.timeouts.first_byte_ms.map(ms_column))
     .bind(grant.timeouts.between_bytes_ms.map(ms_column))
     .bind(json_list(&grant.secrets_in))
+    .bind(json_list(&grant.secret_headers))
     .execute(conn)
     .await?;
     Ok(existed.is_some())
@@ -67,7 +70,7 @@ pub async fn revoke(conn: &mut SqliteConnection, job_type: &str, origin: &str) -
 pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<OutboundGrant>> {
     let rows: Vec<GrantRow> = sqlx::query_as(
         "SELECT job_type, origin, methods, secrets, private, idempotency_key, connect_timeout_ms,
-                first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in, granted_at
+                first_byte_timeout_ms, between_bytes_timeout_ms, secrets_in, secret_headers, granted_at
          FROM outbound_grants
          WHERE $1 IS NULL OR job_type = $1 ORDER BY job_type, origin",
     )
@@ -89,6 +92,7 @@ pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<Outbo
                     between_bytes_ms: row.between_bytes_timeout_ms.map(|ms| ms as u64),
                 },
                 secrets_in: parse_list(&row.secrets_in)?,
+                secret_headers: parse_list(&row.secret_headers)?,
                 granted_at: super::time_of(row.granted_at),
             })
         })
@@ -107,6 +111,7 @@ struct GrantRow {
     first_byte_timeout_ms: Option<i64>,
     between_bytes_timeout_ms: Option<i64>,
     secrets_in: String,
+    secret_headers: String,
     granted_at: i64,
 }
 
