@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{BenchDb, start_host_with, stop};
 use http_body_util::{BodyExt, Full};
+use jobhost::outbound::policy::SecretRoute;
 use jobhost::outbound::redact::RunSecrets;
 use jobhost::outbound::substitute::Places;
 use jobhost::outbound::{GrantRule, Origin, Policy, Rule};
@@ -167,13 +168,15 @@ fn request(secrets: &RunSecrets, body: bool) -> http::Request<wasmtime_wasi_http
 /// Mean µs to build, substitute (where `places` allow) and read a request
 /// with a 4 KiB body.
 async fn swapped_body_cost(secrets: &RunSecrets, allowed: &[String], places: Places) -> f64 {
+    let routes: Vec<SecretRoute> =
+        allowed.iter().map(|name| SecretRoute { name: name.clone(), places, headers: None }).collect();
     const ROUNDS: u32 = 20_000;
-    let swapped = secrets.substitute(request(secrets, true), allowed, places, None);
+    let swapped = secrets.substitute(request(secrets, true), &routes);
     let sent = swapped.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(sent.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), places.body, "the body carries the secret");
     let clock = Instant::now();
     for _ in 0..ROUNDS {
-        let swapped = secrets.substitute(request(secrets, true), allowed, places, None);
+        let swapped = secrets.substitute(request(secrets, true), &routes);
         std::hint::black_box(swapped.into_body().collect().await.unwrap().to_bytes());
     }
     clock.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS)
@@ -213,14 +216,14 @@ impl hyper::body::Body for Frames {
 /// Mean µs to read a response of `size` bytes swapped back, less reading
 /// it untouched.
 async fn swap_back_cost(secrets: &RunSecrets, size: usize, rounds: u32) -> (f64, f64) {
-    let read = secrets.swap_back(response(size, true)).into_body().collect().await.unwrap().to_bytes();
+    let read = secrets.swap_back(response(size, true), false).unwrap().into_body().collect().await.unwrap().to_bytes();
     assert!(!read.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "swapped back");
     let mut timed = [0.0f64; 2];
     for (n, swapping) in [false, true].into_iter().enumerate() {
         let clock = Instant::now();
         for _ in 0..rounds {
             let response = response(size, true);
-            let response = if swapping { secrets.swap_back(response) } else { response };
+            let response = if swapping { secrets.swap_back(response, false).unwrap() } else { response };
             std::hint::black_box(response.into_body().collect().await.unwrap().to_bytes());
         }
         timed[n] = clock.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
@@ -251,8 +254,9 @@ async fn costs() {
     });
     let secrets = RunSecrets::new(&["MAIL_KEY".into()], vec![("MAIL_KEY".into(), SECRET.into())]).unwrap();
     let allowed = vec!["MAIL_KEY".to_string()];
+    let header_routes = [SecretRoute { name: "MAIL_KEY".into(), places: Places::default(), headers: None }];
     let header = per_call(100_000, || {
-        std::hint::black_box(secrets.substitute(request(&secrets, false), &allowed, Places::default(), None));
+        std::hint::black_box(secrets.substitute(request(&secrets, false), &header_routes));
     });
     let unsubstituted = per_call(100_000, || {
         std::hint::black_box(request(&secrets, true));

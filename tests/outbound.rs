@@ -95,9 +95,15 @@ async fn server() -> Server {
                 return header.into_response();
             }
             if path == "/mirror" {
-                let header = request.headers().get("authorization").map(|v| v.to_str().unwrap_or_default().to_string());
-                recorder.0.lock().unwrap().push(format!("mirrored authorization: {}", header.unwrap_or_default()));
+                for name in ["authorization", "x-request-id"] {
+                    let header = request.headers().get(name).map(|v| v.to_str().unwrap_or_default().to_string());
+                    recorder.0.lock().unwrap().push(format!("mirrored {name}: {}", header.unwrap_or_default()));
+                }
                 return mirror(request).await;
+            }
+            if path == "/gzipped" {
+                let gzipped = [("content-encoding", "gzip")];
+                return (gzipped, "not really gzip, but the host may not look").into_response();
             }
             if path == "/hang" {
                 let _guard = Hung(closed_tx);
@@ -534,7 +540,12 @@ async fn a_grant_naming_headers_keeps_a_secret_out_of_the_others(db: TestDb) {
     assert!(seen.all().contains(&format!("mirrored authorization: Bearer {SECRET}")), "{:?}", seen.all());
     let body: Value = serde_json::from_str(output["body"].as_str().unwrap()).unwrap();
     let request_id = body["inner"]["headers"]["x-request-id"].as_str().unwrap();
-    assert!(request_id.starts_with("jobhost-secret-"), "the server got the placeholder there: {request_id}");
+    assert!(request_id.starts_with("jobhost-secret-"), "echoed as the placeholder: {request_id}");
+    let received = seen.all().into_iter().find(|line| line.starts_with("mirrored x-request-id: ")).unwrap();
+    assert!(
+        received.starts_with("mirrored x-request-id: jobhost-secret-"),
+        "the server got the placeholder: {received}"
+    );
 }
 
 /// A value with characters every encoding changes: JSON escapes `"` and
@@ -573,7 +584,7 @@ fn leaking_request(port: u16) -> Value {
     json!({
         "url": format!("http://127.0.0.1:{port}/mirror?key=${{API_KEY}}"),
         "method": "POST",
-        "headers": {"authorization": "Bearer ${API_KEY}", "x-request-id": "${API_KEY}"},
+        "headers": {"authorization": "Bearer ${API_KEY}", "x-request-id": "${API_KEY}", "accept-encoding": "gzip"},
         "body": "{\"key\": \"${API_KEY}\"}",
         "log_answer": true,
         "encode": true,
@@ -612,6 +623,7 @@ async fn a_server_echoing_a_secret_hands_the_guest_only_its_placeholder(db: Test
     assert_eq!(inner["headers"]["authorization"].as_str().unwrap(), echoed, "{inner}");
     assert!(inner["query"].as_str().unwrap().starts_with("key=jobhost-secret-"), "{inner}");
     assert!(inner["body"].as_str().unwrap().contains("jobhost-secret-"), "{inner}");
+    assert_eq!(inner["headers"]["accept-encoding"], "identity", "an echo comes back searchable: {inner}");
     let twice: Value = serde_json::from_str(body["twice"].as_str().unwrap()).unwrap();
     let nested: Value = serde_json::from_str(twice["nested"].as_str().unwrap()).unwrap();
     assert_eq!(nested["headers"]["x-request-id"].as_str().unwrap(), output["headers"]["x-echo-x-request-id"]);
@@ -626,6 +638,12 @@ async fn a_server_echoing_a_secret_hands_the_guest_only_its_placeholder(db: Test
     let forwarded = seen.iter().find(|line| line.starts_with("body: ")).unwrap();
     assert!(forwarded.contains("jobhost-secret-") && !holds_value(forwarded), "sent onward: {forwarded}");
     assert!(logged(&report).contains("answer {"), "the guest logged the answer");
+
+    // A body encoded although the request asked for none cannot be
+    // searched: the guest gets an error, not the bytes.
+    let encoded = fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/gzipped")})).await;
+    let error = completed_output(&encoded.outcome)["error"].clone();
+    assert!(error.as_str().unwrap_or_default().contains("HttpResponseContentCoding"), "{error}");
 }
 
 /// The host's own log, in its text and JSON formats, and the spans it
@@ -653,7 +671,11 @@ async fn the_hosts_log_and_spans_hold_no_secret_a_server_echoes(db: TestDb) {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let params = jobhost::store::EnqueueParams::new("fetcher", leaking_request(port));
+        // The guest logs each header it sends: one carries the value itself,
+        // from the payload, so only the redaction keeps it out of the log.
+        let mut payload = leaking_request(port);
+        payload["headers"]["x-literal"] = json!(AWKWARD);
+        let params = jobhost::store::EnqueueParams::new("fetcher", payload);
         // Accepted once the host has registered the type it loaded.
         let id = Arc::new(Mutex::new(None));
         common::eventually(Duration::from_secs(60), || {
@@ -675,6 +697,7 @@ async fn the_hosts_log_and_spans_hold_no_secret_a_server_echoes(db: TestDb) {
         assert!(host.wait().unwrap().success());
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.contains("answer {") && text.contains("jobhost-secret-"), "{format}: the echo is logged: {text}");
+        assert!(text.contains("sending x-literal: [secret API_KEY]"), "{format}: the guest's line, redacted: {text}");
         assert!(!holds_value(&text), "{format}: the host's log holds the value: {text}");
     }
     let exported = spans.lock().unwrap().join("\n");
@@ -729,9 +752,12 @@ async fn a_url_with_userinfo_is_refused_and_host_is_the_judged_origin(db: TestDb
         refused.outcome
     );
     assert!(logged(&refused).contains("user name or password"), "{}", logged(&refused));
-    let plain = fetch(&runtime, &fetcher, json!({"url": format!("http://127.0.0.1:{port}/mirror")})).await;
+    // The guest writes the name in capitals; the server sees the origin
+    // as judged.
+    grant(&db, &format!("http://localhost:{port}"), &[], true).await;
+    let plain = fetch(&runtime, &fetcher, json!({"url": format!("http://LOCALHOST:{port}/mirror")})).await;
     let output = completed_output(&plain.outcome);
-    assert_eq!(output["headers"]["x-echo-host"], format!("127.0.0.1:{port}"), "{output}");
+    assert_eq!(output["headers"]["x-echo-host"], format!("localhost:{port}"), "{output}");
 }
 
 /// The run's body budget counts what goes on the wire: a 16 KB secret

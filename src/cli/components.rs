@@ -77,7 +77,14 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         Err(error) => return fail(error),
     };
     let runtime = match (database_url, component.config.outbound.is_empty()) {
-        (Some(url), _) => match fleet_sources(runtime, &url).await {
+        (Some(url), false) => match fleet_sources(runtime, &url).await {
+            Ok(runtime) => {
+                eprintln!("note: the run gets the grants, secrets and variables of the fleet at --database-url");
+                runtime
+            }
+            Err(code) => return code,
+        },
+        (Some(url), true) => match fleet_sources(runtime, &url).await {
             Ok(runtime) => runtime,
             Err(code) => return code,
         },

@@ -452,11 +452,13 @@ impl bindings::jobhost::job::host::Host for SandboxState {
             self.effects.truncated = true;
             return Ok(());
         }
-        let (mut message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
-        self.effects.truncated |= cut;
-        // Before the line reaches the host's log: its sinks are shipped
-        // elsewhere, and the job's record is redacted only at the run's end.
+        // Before the line reaches the host's log (its sinks are shipped
+        // elsewhere; the job's record is redacted only at the run's end), and
+        // before it is cut, so a value at the cut is not left half shown.
+        let mut message = message;
         self.outbound.secrets().redact_text(&mut message);
+        let (message, cut) = truncate(message, LOG_MESSAGE_LIMIT);
+        self.effects.truncated |= cut;
         if !self.budget.try_take(message.len()) {
             self.effects.truncated = true;
             return Ok(());

@@ -213,6 +213,10 @@ impl OutboundHooks {
         let ordinal = self.sent_to.entry(origin.clone()).or_insert(0);
         *ordinal += 1;
         let headers = request.headers_mut();
+        // The judged origin is the only host a request names: headers that
+        // tell a proxy of another one are the guest's to set nowhere.
+        headers.remove(http::header::FORWARDED);
+        headers.remove("x-forwarded-host");
         if sending.allowed.idempotency_key && !headers.contains_key("idempotency-key") {
             let origin_digest = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(origin.as_bytes())[..4]);
             let key = format!("jobhost-{}-{origin_digest}-{ordinal}", self.job_id);
@@ -281,15 +285,14 @@ impl WasiHttpHooks for OutboundHooks {
         sending.meter.1 = recorded.clone();
         // Metered as sent: after the swap, so a long value repeated in a
         // body counts at its length on the wire, not its placeholder's.
-        let allowed = &sending.allowed;
-        let request =
-            self.secrets.substitute(request, &allowed.secrets, allowed.secrets_in, allowed.secret_headers.as_deref());
+        let request = self.secrets.substitute(request, &sending.allowed.routes);
         let mut request = request.map(|body| {
             use http_body_util::BodyExt;
             Metered::new(body, self.budget.clone(), Direction::Sent, recorded.clone()).boxed_unsync()
         });
         let started = Instant::now();
         self.add_headers(&mut request, &sending);
+        let head = request.method() == http::Method::HEAD;
         let (refusals, secrets) = (self.refusals.clone(), self.secrets.clone());
         Box::new(async move {
             let sent = send::send(request, sending).await;
@@ -306,13 +309,21 @@ impl WasiHttpHooks for OutboundHooks {
             }
             match sent {
                 // The permit is held until the response's body is read or dropped.
-                Ok((response, driver)) => Ok((
-                    secrets.swap_back(response),
-                    Box::new(async move {
-                        let _permit = permit;
-                        Box::into_pin(driver).await
-                    }) as Box<dyn Future<Output = _> + Send>,
-                )),
+                Ok((response, driver)) => match secrets.swap_back(response, head) {
+                    Ok(response) => Ok((
+                        response,
+                        Box::new(async move {
+                            let _permit = permit;
+                            Box::into_pin(driver).await
+                        }) as Box<dyn Future<Output = _> + Send>,
+                    )),
+                    Err(error) => {
+                        if let Ok(mut call) = recorded.lock() {
+                            call.error = Some(format!("{error:?}: an encoded body cannot be searched for secrets"));
+                        }
+                        Err(error)
+                    }
+                },
                 Err(SendError::Refused(refusal)) => {
                     if let Ok(mut refusals) = refusals.lock() {
                         refusals.push(refusal);

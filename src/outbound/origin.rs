@@ -101,6 +101,10 @@ impl Origin {
         }
         let host = uri.host().filter(|h| !h.is_empty()).ok_or("the request names no host")?;
         let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        // An IPv6 zone (`fe80::1%25eth0`) names an interface, not a host.
+        if host.contains('%') {
+            return Err(format!("the host {host:?} names a network interface (a zone after `%`); no request may"));
+        }
         Ok(Origin { scheme, host, port: uri.port_u16().unwrap_or(scheme.default_port()) })
     }
 
@@ -296,6 +300,7 @@ mod tests {
         assert_eq!(origin("http://127.0.0.1:8080/x").authority(), "127.0.0.1:8080");
         assert_eq!(origin("https://API.example.com:443/").authority(), "api.example.com");
         assert_eq!(origin("http://[::1]:9/").authority(), "[::1]:9");
+        assert!(Origin::of_uri(&"http://[fe80::1%25eth0]/".parse().unwrap()).is_err(), "a zone is refused");
     }
 
     #[test]

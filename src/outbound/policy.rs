@@ -73,15 +73,46 @@ pub struct Allowed {
     pub idempotency_key: bool,
     /// The step timeouts the matching grants set, the widest of each.
     pub timeouts: GrantTimeouts,
-    /// Where besides headers the secrets may be swapped in: the places
-    /// of the matching grants that name a secret the request may carry.
-    pub secrets_in: Places,
-    /// The headers the secrets may be swapped into, lower case, or `None`
-    /// for any: the names the matching grants that carry a secret list,
-    /// and any header where one of them lists none.
-    pub secret_headers: Option<Vec<String>>,
+    /// Where each of those secrets may go, by the matching grants that
+    /// name it (not those naming another).
+    pub routes: Vec<SecretRoute>,
     /// The first declared rule it matched, printed: what metrics label it by.
     pub rule: String,
+}
+
+/// Where one secret may be swapped into a request: the places and the
+/// headers of the matching grants that name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRoute {
+    /// The secret.
+    pub name: String,
+    /// Where besides headers: any place one of those grants names.
+    pub places: Places,
+    /// The headers, lower case, or `None` for any: the names those grants
+    /// list, and any header where one of them lists none.
+    pub headers: Option<Vec<String>>,
+}
+
+impl SecretRoute {
+    /// The route of `name` through the `grants` matching a request.
+    fn of(name: &str, grants: &[&GrantRule]) -> SecretRoute {
+        let naming: Vec<&&GrantRule> = grants.iter().filter(|g| g.rule.secrets.iter().any(|n| n == name)).collect();
+        let places = naming.iter().fold(Places::default(), |places, g| places.with(g.secrets_in));
+        let headers = if naming.iter().any(|g| g.secret_headers.is_empty()) {
+            None
+        } else {
+            let mut headers: Vec<String> = naming.iter().flat_map(|g| g.secret_headers.clone()).collect();
+            headers.sort();
+            headers.dedup();
+            Some(headers)
+        };
+        SecretRoute { name: name.to_string(), places, headers }
+    }
+
+    /// Whether the secret may go into the header `name` (lower case).
+    pub fn allows_header(&self, name: &str) -> bool {
+        self.headers.as_ref().is_none_or(|headers| headers.iter().any(|h| h == name))
+    }
 }
 
 /// Why a request was refused: one line for the job's log.
@@ -127,25 +158,14 @@ impl Policy {
             .collect();
         secrets.sort();
         secrets.dedup();
-        let carrying: Vec<&&GrantRule> =
-            grants.iter().filter(|g| g.rule.secrets.iter().any(|name| secrets.contains(name))).collect();
-        let secrets_in = carrying.iter().fold(Places::default(), |places, g| places.with(g.secrets_in));
-        let secret_headers = if carrying.iter().any(|g| g.secret_headers.is_empty()) {
-            None
-        } else {
-            let mut names: Vec<String> = carrying.iter().flat_map(|g| g.secret_headers.clone()).collect();
-            names.sort();
-            names.dedup();
-            Some(names)
-        };
+        let routes = secrets.iter().map(|name| SecretRoute::of(name, &grants)).collect();
         Ok(Allowed {
             secrets,
             private: grants.iter().any(|g| g.private),
             named_addresses: grants.iter().filter_map(|g| g.rule.origin.names_an_address()).collect(),
             idempotency_key: grants.iter().any(|g| g.idempotency_key),
             timeouts: grants.iter().fold(GrantTimeouts::default(), |widest, g| widest.widest(g.timeouts)),
-            secrets_in,
-            secret_headers,
+            routes,
             rule: first.origin.to_string(),
         })
     }
@@ -283,6 +303,27 @@ mod tests {
         assert!(grant_command("fetcher", &below).ends_with(" --private"));
         let public = rule("https://api.mailgun.net", &[], &[]);
         assert_eq!(grant_command("mail", &public), "jobhost grant mail https://api.mailgun.net");
+    }
+
+    #[test]
+    fn each_secret_goes_only_where_the_grants_naming_it_let_it() {
+        let policy = Policy {
+            job_type: "crm".into(),
+            declared: vec![rule("https://*", &[], &["A", "B"])],
+            granted: vec![
+                GrantRule {
+                    secret_headers: vec!["authorization".into()],
+                    ..grant("https://api.example.com", &[], &["A"])
+                },
+                GrantRule { secrets_in: Places::of(&["body".into()]), ..grant("https://*", &[], &["B"]) },
+            ],
+        };
+        let allowed = policy.decide("POST", &origin("https://api.example.com/")).unwrap();
+        let route = |name: &str| allowed.routes.iter().find(|r| r.name == name).unwrap().clone();
+        let (a, b) = (route("A"), route("B"));
+        assert_eq!((a.places.body, a.allows_header("x-other")), (false, false), "A keeps to its own grant");
+        assert!(a.allows_header("authorization"));
+        assert_eq!((b.places.body, b.allows_header("x-other")), (true, true));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use wasmtime_wasi_http::WasiBody;
 
-use super::substitute::{self, Places, Swaps};
+use super::policy::SecretRoute;
+use super::substitute::{self, Swaps};
 use crate::types::{Crash, JsonText, RunOutcome, RunReport};
 
 /// The shortest secret value redacted from what a run leaves.
@@ -59,11 +60,53 @@ pub fn forms(value: &str) -> Vec<String> {
         escaped = escaped[1..escaped.len() - 1].to_string();
         forms.push(escaped.clone());
         forms.push(escaped.replace('/', "\\/"));
+        // JSON writers that escape markup (Go's `<>&` as `\u003c`) or
+        // every non-ASCII character (Python's default).
+        forms.push(escaped.chars().map(unicode_escaped).collect());
     }
-    forms.push(percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string());
+    let percent = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string();
+    forms.push(percent.replace("%20", "+"));
+    forms.push(lower_hex_escapes(&percent));
+    forms.push(percent);
+    // An HTML page quoting the request (an error page).
+    forms.push(
+        value
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+            .replace('\'', "&#39;"),
+    );
     forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     forms.dedup();
     forms
+}
+
+/// A character as a JSON writer that escapes markup and non-ASCII writes it.
+fn unicode_escaped(c: char) -> String {
+    match c {
+        '<' | '>' | '&' | '\'' => format!("\\u{:04x}", c as u32),
+        c if c.is_ascii() => c.to_string(),
+        c => c.encode_utf16(&mut [0; 2]).iter().map(|unit| format!("\\u{unit:04x}")).collect(),
+    }
+}
+
+/// Percent-encoded text with its hex digits in lower case.
+fn lower_hex_escapes(percent: &str) -> String {
+    let mut out = String::with_capacity(percent.len());
+    let mut digits = 0;
+    for c in percent.chars() {
+        if c == '%' {
+            digits = 2;
+            out.push(c);
+        } else if digits > 0 {
+            digits -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl RunSecrets {
@@ -88,6 +131,10 @@ impl RunSecrets {
         };
         secrets.redacting = secrets.swaps(|name, _| format!("[secret {name}]"));
         secrets.swapping_back = secrets.swaps(|_, placeholder| placeholder.to_string());
+        // Fail closed: values to hide and no search to hide them with.
+        if secrets.redactable().next().is_some() && (secrets.redacting.is_none() || secrets.swapping_back.is_none()) {
+            return Err("the secrets' values could not be made searchable".into());
+        }
         let sent: Vec<(String, Vec<u8>, Bytes)> = secrets
             .values
             .iter()
@@ -120,35 +167,43 @@ impl RunSecrets {
         env
     }
 
-    /// Swaps the placeholders of `allowed` for their values in the header
-    /// values of `request` (only the `headers` named, lower case, where
-    /// the grants name some), and in its query string and body where
-    /// `places` allow; any other placeholder goes out as it is. A body that
-    /// may change length loses its `Content-Length` and goes out chunked.
-    pub fn substitute(
-        &self,
-        mut request: http::Request<WasiBody>,
-        allowed: &[String],
-        places: Places,
-        headers: Option<&[String]>,
-    ) -> http::Request<WasiBody> {
-        let swaps: Vec<(&str, &str)> = allowed
+    /// Swaps each placeholder a route allows for its value: in the header
+    /// values its route allows, and in the query string and body where its
+    /// route names them; any other placeholder goes out as it is. On a run
+    /// with values, the guest's `Accept-Encoding` becomes `identity` and a
+    /// `Range` goes (what comes back must be searchable whole: a compressed
+    /// echo, or one cut into ranges, would carry a value past the swap
+    /// back). A body that may change length loses its `Content-Length` and
+    /// goes out chunked.
+    pub fn substitute(&self, mut request: http::Request<WasiBody>, routes: &[SecretRoute]) -> http::Request<WasiBody> {
+        if self.swapping_back.is_some() {
+            let headers = request.headers_mut();
+            headers.insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+            headers.remove(http::header::RANGE);
+            headers.remove(http::header::IF_RANGE);
+        }
+        let swaps: Vec<(&SecretRoute, &str, &str)> = routes
             .iter()
-            .filter_map(|name| Some((self.placeholders.get(name)?.as_str(), self.values.get(name)?.as_str())))
+            .filter_map(|route| {
+                let name = &route.name;
+                Some((route, self.placeholders.get(name)?.as_str(), self.values.get(name)?.as_str()))
+            })
             .collect();
         if swaps.is_empty() {
             return request;
         }
         for (name, value) in request.headers_mut().iter_mut() {
-            if headers.is_some_and(|names| !names.iter().any(|n| n == name.as_str())) {
-                continue;
-            }
             let Ok(text) = value.to_str() else { continue };
-            if !swaps.iter().any(|(placeholder, _)| text.contains(placeholder)) {
+            let here: Vec<(&str, &str)> = swaps
+                .iter()
+                .filter(|(route, placeholder, _)| text.contains(placeholder) && route.allows_header(name.as_str()))
+                .map(|(_, placeholder, secret)| (*placeholder, *secret))
+                .collect();
+            if here.is_empty() {
                 continue;
             }
             let mut swapped = text.to_string();
-            for (placeholder, secret) in &swaps {
+            for (placeholder, secret) in here {
                 swapped = swapped.replace(placeholder, secret);
             }
             if let Ok(mut header) = http::HeaderValue::from_str(&swapped) {
@@ -156,9 +211,9 @@ impl RunSecrets {
                 *value = header;
             }
         }
-        if places.query
-            && let Some(query) = request.uri().query().and_then(|q| substitute::swap_in_query(q, &swaps))
-        {
+        let in_query: Vec<(&str, &str)> =
+            swaps.iter().filter(|(route, ..)| route.places.query).map(|(_, p, v)| (*p, *v)).collect();
+        if let Some(query) = request.uri().query().and_then(|q| substitute::swap_in_query(q, &in_query)) {
             let path_and_query = format!("{}?{query}", request.uri().path());
             let mut parts = request.uri().clone().into_parts();
             if let Ok(swapped) = path_and_query.parse() {
@@ -168,10 +223,12 @@ impl RunSecrets {
                 }
             }
         }
-        if places.body
+        let in_body: Vec<&str> =
+            swaps.iter().filter(|(route, ..)| route.places.body).map(|(route, ..)| route.name.as_str()).collect();
+        if !in_body.is_empty()
             && let Some((sending, names)) = &self.sending
         {
-            let swaps = sending.keeping(|n| allowed.contains(&names[n]));
+            let swaps = sending.keeping(|n| in_body.contains(&names[n].as_str()));
             request.headers_mut().remove(http::header::CONTENT_LENGTH);
             return request.map(|body| {
                 use http_body_util::BodyExt;
@@ -182,24 +239,38 @@ impl RunSecrets {
     }
 
     /// A response as the guest may read it: every form of every value of
-    /// the run swapped back to its placeholder, in the header values and in
-    /// the body as it streams. A body that may change length loses its
-    /// `Content-Length`. A run with no values reads responses untouched.
-    pub fn swap_back(&self, mut response: http::Response<WasiBody>) -> http::Response<WasiBody> {
-        let Some(swaps) = &self.swapping_back else { return response };
-        for value in response.headers_mut().values_mut() {
-            if swaps.found_in(value.as_bytes())
-                && let Ok(swapped) = http::HeaderValue::from_bytes(&swaps.apply(value.as_bytes()))
-            {
-                *value = swapped;
-            }
+    /// the run swapped back to its placeholder, in the header values, in
+    /// the body as it streams and in its trailers. A body that may change
+    /// length loses its `Content-Length`; a response with no body (to a
+    /// `HEAD`, a 204 or a 304) keeps it. A run with no values reads
+    /// responses untouched.
+    ///
+    /// # Errors
+    /// A body encoded (`Content-Encoding` other than `identity`) although
+    /// the request asked for `identity`: its bytes cannot be searched, so
+    /// the guest gets wasi:http's content-coding error instead.
+    pub fn swap_back(
+        &self,
+        mut response: http::Response<WasiBody>,
+        head: bool,
+    ) -> Result<http::Response<WasiBody>, wasmtime_wasi_http::Error> {
+        let Some(swaps) = &self.swapping_back else { return Ok(response) };
+        let coding = response.headers().get(http::header::CONTENT_ENCODING);
+        if let Some(coding) = coding.filter(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity")) {
+            let coding = String::from_utf8_lossy(coding.as_bytes()).into_owned();
+            return Err(wasmtime_wasi_http::Error::HttpResponseContentCoding(Some(coding)));
+        }
+        swaps.apply_to_headers(response.headers_mut());
+        let status = response.status();
+        if head || status == http::StatusCode::NO_CONTENT || status == http::StatusCode::NOT_MODIFIED {
+            return Ok(response);
         }
         response.headers_mut().remove(http::header::CONTENT_LENGTH);
         let swaps = swaps.clone();
-        response.map(|body| {
+        Ok(response.map(|body| {
             use http_body_util::BodyExt;
-            substitute::Substituted::with(body, swaps).boxed_unsync()
-        })
+            substitute::Substituted::with(body, swaps).swapping_trailers().boxed_unsync()
+        }))
     }
 
     /// Replaces every form of every value in what the run leaves behind.
@@ -297,12 +368,14 @@ mod tests {
                 .body(wasmtime_wasi_http::WasiBody::default())
                 .unwrap()
         };
-        let allowed = one.substitute(request(), &["API_KEY".into()], Places::default(), None);
+        let route =
+            |headers: Option<Vec<String>>| SecretRoute { name: "API_KEY".into(), places: Default::default(), headers };
+        let allowed = one.substitute(request(), &[route(None)]);
         assert_eq!(allowed.headers()["authorization"], "Bearer s3cr\"et-value");
-        let elsewhere = one.substitute(request(), &[], Places::default(), None);
+        assert_eq!(allowed.headers()["accept-encoding"], "identity", "an echo must come back searchable");
+        let elsewhere = one.substitute(request(), &[]);
         assert_eq!(elsewhere.headers()["authorization"].to_str().unwrap(), format!("Bearer {placeholder}"));
-        let named = ["x-api-key".to_string()];
-        let other_header = one.substitute(request(), &["API_KEY".into()], Places::default(), Some(&named));
+        let other_header = one.substitute(request(), &[route(Some(vec!["x-api-key".into()]))]);
         assert_eq!(other_header.headers()["authorization"].to_str().unwrap(), format!("Bearer {placeholder}"));
     }
 
@@ -332,7 +405,10 @@ mod tests {
         let escaped_once = serde_json::to_string(value).unwrap();
         let escaped_twice = serde_json::to_string(&escaped_once).unwrap();
         let percent = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string();
-        for form in [value.to_string(), escaped_once, escaped_twice, percent] {
+        let html = "s3cr&quot;et-value".to_string();
+        let lower = percent.to_ascii_lowercase().replace("et-value", "");
+        assert!(forms(value).iter().any(|form| form.starts_with(&lower) && form != &percent), "lower-case hex");
+        for form in [value.to_string(), escaped_once, escaped_twice, percent, html] {
             let mut line = format!("answer 200: {form}");
             secrets.redact_text(&mut line);
             assert!(line.contains("[secret API_KEY]") && !line.contains("et-value"), "{form}: {line}");
@@ -369,7 +445,7 @@ mod tests {
                 .header("content-length", body.len())
                 .body(stream.boxed_unsync())
                 .unwrap();
-            let response = secrets.swap_back(response);
+            let response = secrets.swap_back(response, false).unwrap();
             assert_eq!(response.headers()["x-echo"].to_str().unwrap(), format!("Bearer {placeholder}"));
             assert!(!response.headers().contains_key("content-length"));
             let read = response.into_body().collect().await.unwrap().to_bytes();

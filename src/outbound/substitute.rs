@@ -115,6 +115,24 @@ impl Swaps {
         self.finder.is_match(text)
     }
 
+    /// `headers` with every pattern swapped in their values; a value that
+    /// no longer makes a header is dropped rather than kept unswapped.
+    pub fn apply_to_headers(&self, headers: &mut http::HeaderMap) {
+        let mut dropped = Vec::new();
+        for (name, value) in headers.iter_mut() {
+            if !self.found_in(value.as_bytes()) {
+                continue;
+            }
+            match http::HeaderValue::from_bytes(&self.apply(value.as_bytes())) {
+                Ok(swapped) => *value = swapped,
+                Err(_) => dropped.push(name.clone()),
+            }
+        }
+        for name in dropped {
+            headers.remove(name);
+        }
+    }
+
     /// `text` with every pattern swapped.
     pub fn apply(&self, text: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(text.len());
@@ -128,12 +146,17 @@ impl Swaps {
 
 /// A body with patterns swapped as it streams: placeholders for values on
 /// a request's way out, values' forms for placeholders on a response's way
-/// back. A pattern split across two frames is found: the last bytes of a
-/// frame that could begin one wait for the next frame, so the body held
-/// never exceeds a frame and the longest pattern.
+/// back. A pattern split across two frames is found: the last bytes that
+/// could begin one wait for the next frame. Small frames are gathered until
+/// twice the longest pattern is held before they are searched, so a server
+/// trickling bytes one at a time costs a search of each byte a bounded
+/// number of times, never the whole held tail again per byte; the body held
+/// never exceeds a frame and twice the longest pattern.
 pub struct Substituted<B> {
     body: B,
     swaps: Swaps,
+    /// Whether a trailers frame has its values swapped too (a response's).
+    trailers: bool,
     /// Bytes held back: they may begin a pattern.
     held: Vec<u8>,
     /// Frames ready to go out (a data frame, then a trailers frame after it).
@@ -144,7 +167,12 @@ pub struct Substituted<B> {
 impl<B> Substituted<B> {
     /// `body`, with `swaps` made as it streams.
     pub fn with(body: B, swaps: Swaps) -> Self {
-        Substituted { body, swaps, held: Vec::new(), ready: VecDeque::new(), ended: false }
+        Substituted { body, swaps, trailers: false, held: Vec::new(), ready: VecDeque::new(), ended: false }
+    }
+
+    /// This body, with a trailers frame's values swapped too.
+    pub fn swapping_trailers(self) -> Self {
+        Substituted { trailers: true, ..self }
     }
 
     /// Swaps what `held` holds, sending all but a tail that may begin a
@@ -191,15 +219,25 @@ where
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         self.held.extend_from_slice(&data);
-                        if let Some(out) = self.swap(false) {
+                        if self.held.len() >= 2 * self.swaps.longest
+                            && let Some(out) = self.swap(false)
+                        {
                             self.ready.push_back(Frame::data(out));
                         }
                     }
-                    Err(trailers) => {
+                    Err(frame) => {
                         if let Some(out) = self.swap(true) {
                             self.ready.push_back(Frame::data(out));
                         }
-                        self.ready.push_back(trailers);
+                        let frame = match frame.into_trailers() {
+                            Ok(mut trailers) if self.trailers => {
+                                self.swaps.apply_to_headers(&mut trailers);
+                                Frame::trailers(trailers)
+                            }
+                            Ok(trailers) => Frame::trailers(trailers),
+                            Err(other) => other,
+                        };
+                        self.ready.push_back(frame);
                     }
                 },
                 Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
