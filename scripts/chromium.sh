@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure Debian's chromium and chromedriver are installed, for the
-# dashboard's browser tests (tests/dashboard.rs), installing them if needed
+# dashboard's browser tests (tests/all/dashboard.rs), installing them if needed
 # (Debian/Ubuntu, as root). Used by the tests (scripts/test.sh) and CI.
 set -euo pipefail
 

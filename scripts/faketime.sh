@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure Debian's libfaketime is installed, for the test that runs hosts
-# whose clocks disagree with the database's (tests/rate_fleet.rs),
+# whose clocks disagree with the database's (tests/all/rate_fleet.rs),
 # installing it if needed (Debian/Ubuntu, as root). Used by the tests
 # (scripts/test.sh) and CI.
 set -euo pipefail

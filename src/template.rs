@@ -2,7 +2,7 @@
 //! top-level fields. Concurrency and uniqueness keys both use them, and every
 //! enqueuer must render them identically: every Rust enqueuer goes through
 //! this renderer, and the SQL enqueue's `jobhost.render_key` gives the same
-//! text for every value (the canonical forms below; `tests/keys.rs` holds
+//! text for every value (the canonical forms below; `tests/all/keys.rs` holds
 //! the two to it).
 
 use std::fmt;
@@ -209,7 +209,7 @@ impl KeyTemplate {
 /// rather than with `bigdecimal`: its plain text differs from `numeric`'s
 /// (`0e5` becomes `000000`), and a key needs the length known before the
 /// digits are written out; PostgreSQL's own output pins this one (the tests
-/// below, and `tests/keys.rs` against a live server).
+/// below, and `tests/all/keys.rs` against a live server).
 ///
 /// # Errors
 /// The text would be longer than any key may be ([`MAX_KEY_BYTES`]); the

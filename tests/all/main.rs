@@ -1,0 +1,49 @@
+//! Every integration suite in one test binary, each a module, sharing
+//! `tests/common` as their harness: one link of wasmtime, sqlx, axum and
+//! the OpenTelemetry stack instead of one per suite. A new suite is a
+//! module here, not a file of its own under `tests/`. `cargo test --test
+//! all outbound::` runs one suite; `cargo test --test all NAME` one test.
+//!
+//! Two suites stay binaries of their own, since they measure their own
+//! process and must run alone in it: `tests/embedded.rs` (the bytes the
+//! process reads) and `tests/outbound_flood.rs` (its peak resident size).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod attempts;
+mod batch_cli;
+mod batch_fleet;
+mod batches;
+mod cli;
+mod concurrency;
+mod dashboard;
+mod deploy;
+mod docs;
+mod faults;
+mod faults_sqlite;
+mod fleet;
+mod handler_languages;
+mod history;
+mod host_health;
+mod http;
+mod http_hostile;
+mod keys;
+mod loading;
+mod logs;
+mod maintenance;
+mod migrations;
+mod new_project;
+mod operations;
+mod outbound;
+mod queue;
+mod rate_fleet;
+mod rate_limits;
+mod sandbox;
+mod schedules;
+mod traces;
+mod uniqueness;
+mod watcher;
+mod workflow_fleet;
+mod workflow_growth;
+mod workflows;
