@@ -518,14 +518,26 @@ fn outbound_rules(
                 @let granted: Vec<_> = grants.iter().filter(|g| meets(rule, g)).collect();
                 tr {
                     td { code { (rule.origin) } }
-                    td {
+                    td.wrap {
                         @if granted.is_empty() {
                             span.warning-text { "not granted" } br;
                             @let command = pattern(&rule.origin).map(|origin| {
                                 let rule = crate::outbound::Rule { origin, methods: rule.methods.clone(), secrets: rule.secrets.clone() };
-                                (crate::outbound::policy::grant_command(job_type, &rule), crate::outbound::policy::secrets_hint(&rule))
+                                crate::outbound::policy::grant_command(job_type, &rule)
                             });
-                            @if let Some((command, secrets)) = command { code { (command) } (secrets) }
+                            @if let Some(command) = command { code { (command) } }
+                            @if !rule.secrets.is_empty() {
+                                br;
+                                span.muted {
+                                    "to carry " (rule.secrets.join(", ")) ": set "
+                                    @for (n, name) in rule.secrets.iter().enumerate() {
+                                        @if n > 0 { " and " }
+                                        code { "jobhost secret set " (name) }
+                                    }
+                                    ", then grant again adding "
+                                    code { @for name in &rule.secrets { "--secret " (name) " " } }
+                                }
+                            }
                         }
                         @for (n, grant) in granted.iter().enumerate() {
                             @if n > 0 { br; }
