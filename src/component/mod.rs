@@ -7,6 +7,7 @@ mod bindings;
 mod budget;
 mod cache;
 mod capture;
+mod children;
 mod clock;
 mod engine;
 pub mod metadata;
@@ -34,9 +35,9 @@ use crate::outbound::run;
 use crate::types::{Crash, JobConfig, JobContext, RunOutcome, RunReport};
 
 pub use crate::outbound::run::{GrantSource, SecretSource, grants_from, secrets_from};
+pub use children::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use progress::LiveProgress;
 pub use registry::{Registry, RegistryEvent};
-pub use sandbox::{ChildCheck, ChildKeyCounts, ChildProbe};
 pub use stop::StopSignal;
 pub use variables::variables_from;
 pub use watcher::{DirectoryWatcher, WatcherConfig};

@@ -2,8 +2,6 @@
 //! with nothing of the host's, the host imports, and the classification of
 //! how the run ended. Nothing survives a run but its [`RunReport`].
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -16,10 +14,11 @@ use crate::component::bindings::{
 };
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
+use crate::component::children::{ChildCheck, ChildKeyCounts, ChildProbe};
 use crate::component::metadata;
 use crate::component::progress::LiveProgress;
 use crate::component::stop::StopSignal;
-use crate::component::workflows::{RunWorkflows, StepLookup};
+use crate::component::workflows::{self, RunWorkflows, StepLookup, WorkflowParts, WorkflowRun};
 use crate::outbound::hooks::OutboundHooks;
 use crate::types::{
     BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
@@ -100,59 +99,37 @@ pub struct SandboxState {
     instantiated_at: Option<std::time::Instant>,
 }
 
-/// A child job a guest asks to enqueue, as the [`ChildCheck`] sees it.
-#[derive(Debug, Clone)]
-pub struct ChildProbe {
-    /// The child, with its options: the check applies the same rules as
-    /// the completion that will enqueue it.
-    pub child: ChildJob,
-    /// How many children of each (type, key) this run enqueued before.
-    pub earlier: ChildKeyCounts,
-    /// A workflow step's job, enqueued when the step is released: its
-    /// limit's room is the gate's to decide then, not the check's now.
-    pub at_release: bool,
-}
-
-/// How many children a run has enqueued per (job type, rendered key): what a
-/// check needs to know of the earlier ones, at a constant cost per call
-/// however many there were. Clones share the map until it changes, and it
-/// changes only between calls, when the probe holding it has been dropped.
-#[derive(Debug, Clone, Default)]
-pub struct ChildKeyCounts(Arc<HashMap<(String, String), u32>>);
-
-impl ChildKeyCounts {
-    /// The children of type `job` and key `key` enqueued so far.
-    pub fn count(&self, job: &str, key: &str) -> u32 {
-        // A tuple of `String`s cannot be looked up by `&str`s; a key is short.
-        self.0.get(&(job.to_string(), key.to_string())).copied().unwrap_or(0)
+impl bindings::jobhost::job::workflows::Host for SandboxState {
+    async fn current_step(&mut self) -> wasmtime::Result<Result<Option<bindings::StepOf>, String>> {
+        Ok(workflows::current_step(self).await)
     }
 
-    /// How many (type, key) pairs are counted: what a probe carries.
-    pub fn len(&self) -> usize {
-        self.0.len()
+    fn open(&mut self, label: Option<String>) -> wasmtime::Result<Result<u32, String>> {
+        Ok(workflows::open_workflow(self, label))
     }
 
-    /// True before any limited child was enqueued.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn add(&mut self, job: String, key: String) {
-        *Arc::make_mut(&mut self.0).entry((job, key)).or_insert(0) += 1;
+    async fn add_step(
+        &mut self,
+        workflow: bindings::WorkflowRef,
+        step: bindings::NewStep,
+    ) -> wasmtime::Result<Result<(), String>> {
+        Ok(workflows::add_step(self, workflow, step).await)
     }
 }
 
-/// Checks a child against the fleet when the guest enqueues it (its type
-/// exists, its payload and options pass the enqueue rules, a `raise` limit
-/// has room for it), so the guest gets the error at the call instead of its
-/// run failing at completion. `Ok` carries the
-/// child's rendered concurrency key, if its type has one, for the counts
-/// later probes carry; an `Err` is the message the guest receives.
-pub type ChildCheck = std::sync::Arc<
-    dyn Fn(ChildProbe) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send>>
-        + Send
-        + Sync,
->;
+impl WorkflowRun for SandboxState {
+    fn workflow_parts(&mut self) -> WorkflowParts<'_> {
+        WorkflowParts { state: &mut self.workflows, held: &mut self.effects.workflows, budget: &self.budget }
+    }
+
+    fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String> {
+        SandboxState::child_of(self, job, payload, options)
+    }
+
+    fn child_check(&self) -> Option<ChildCheck> {
+        self.child_check.clone()
+    }
+}
 
 impl WasiView for SandboxState {
     fn ctx(&mut self) -> WasiCtxView<'_> {

@@ -11,13 +11,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::component::bindings::{self, EnqueueOptions, NewStep as WitStep, StepOf, WitIfFailed, WorkflowRef};
-use crate::component::sandbox::{ChildProbe, SandboxState};
+use crate::component::bindings::{EnqueueOptions, NewStep as WitStep, StepOf, WitIfFailed, WorkflowRef};
+use crate::component::budget::RunBudget;
+use crate::component::children::{ChildCheck, ChildProbe};
 use crate::step::{
     DEPS_FAILED_KEY, DEPS_KEY, Dependency, IfFailed, MAX_GROWN_STEP_NAME_BYTES, MAX_WORKFLOW_LABEL_BYTES,
     MAX_WORKFLOW_STEPS, NewStep, check_step_name,
 };
-use crate::types::{ChildJob, StepRequest, StepTarget, WorkflowRequest};
+use crate::types::{ChildJob, StepRequest, StepTarget, WorkflowEffects, WorkflowRequest};
 
 /// Most workflows one run may open.
 const WORKFLOW_LIMIT: usize = 16;
@@ -79,24 +80,43 @@ impl From<WitIfFailed> for IfFailed {
     }
 }
 
-impl bindings::jobhost::job::workflows::Host for SandboxState {
-    async fn current_step(&mut self) -> wasmtime::Result<Result<Option<StepOf>, String>> {
-        let step = self.workflows.step().await;
-        Ok(step.map(|s| s.map(|s| StepOf { workflow_id: s.workflow_id as u64, name: s.name })))
-    }
-
-    fn open(&mut self, label: Option<String>) -> wasmtime::Result<Result<u32, String>> {
-        Ok(self.open_workflow(label))
-    }
-
-    async fn add_step(&mut self, workflow: WorkflowRef, step: WitStep) -> wasmtime::Result<Result<(), String>> {
-        Ok(self.add_step(workflow, step).await)
-    }
+/// What the workflow imports reach of a run, and no more (a narrow view,
+/// as wasi:http's `WasiHttpView` is of a store's data): the run's workflow
+/// state, the requests held for its completion, its byte budget, and the
+/// rules every child of the run passes.
+pub trait WorkflowRun: Send {
+    /// The parts of the run the imports change.
+    fn workflow_parts(&mut self) -> WorkflowParts<'_>;
+    /// A child from a guest's call, checked on the run's own terms.
+    ///
+    /// # Errors
+    /// The message the guest receives.
+    fn child_of(&self, job: String, payload: String, options: EnqueueOptions) -> Result<ChildJob, String>;
+    /// The fleet's check of a child, where the run has one.
+    fn child_check(&self) -> Option<ChildCheck>;
 }
 
-impl SandboxState {
-    fn open_workflow(&mut self, label: Option<String>) -> Result<u32, String> {
-        let opened = &self.effects.workflows.opened;
+/// The parts of a run the workflow imports change.
+pub struct WorkflowParts<'a> {
+    /// What the run knows of its workflows.
+    pub state: &'a mut RunWorkflows,
+    /// The workflows and steps held for the completion transaction.
+    pub held: &'a mut WorkflowEffects,
+    /// What the run may still make the host hold.
+    pub budget: &'a RunBudget,
+}
+
+/// `workflows.current-step`: the workflow step the run's job is, if any.
+pub async fn current_step(run: &mut impl WorkflowRun) -> Result<Option<StepOf>, String> {
+    let step = run.workflow_parts().state.step().await;
+    step.map(|s| s.map(|s| StepOf { workflow_id: s.workflow_id as u64, name: s.name }))
+}
+
+/// `workflows.open`: a workflow held for the completion, by its number.
+pub fn open_workflow(run: &mut impl WorkflowRun, label: Option<String>) -> Result<u32, String> {
+    let parts = run.workflow_parts();
+    {
+        let opened = &parts.held.opened;
         if opened.len() >= WORKFLOW_LIMIT {
             return Err(format!("a run may open at most {WORKFLOW_LIMIT} workflows"));
         }
@@ -104,18 +124,21 @@ impl SandboxState {
             return Err(format!("a workflow's label is at most {MAX_WORKFLOW_LABEL_BYTES} bytes"));
         }
         let held = label.as_ref().map_or(0, String::len);
-        if !self.budget.try_take(held) {
-            return Err(self.budget.refusal("this workflow", held));
+        if !parts.budget.try_take(held) {
+            return Err(parts.budget.refusal("this workflow", held));
         }
-        self.effects.workflows.opened.push(WorkflowRequest { label });
-        Ok((self.effects.workflows.opened.len() - 1) as u32)
+        parts.held.opened.push(WorkflowRequest { label });
+        Ok((parts.held.opened.len() - 1) as u32)
     }
+}
 
-    /// A step, checked on the run's terms and the fleet's, held for the completion.
-    async fn add_step(&mut self, workflow: WorkflowRef, step: WitStep) -> Result<(), String> {
+/// `workflows.add-step`: a step, checked on the run's terms and the
+/// fleet's, held for the completion.
+pub async fn add_step(run: &mut impl WorkflowRun, workflow: WorkflowRef, step: WitStep) -> Result<(), String> {
+    {
         let target = match workflow {
             WorkflowRef::Current => {
-                let Some(own) = self.workflows.step().await? else {
+                let Some(own) = run.workflow_parts().state.step().await? else {
                     return Err("this job is not a workflow step".to_string());
                 };
                 let stored = own.name.len() + 1 + step.name.len();
@@ -127,14 +150,15 @@ impl SandboxState {
                 }
                 StepTarget::Current
             }
-            WorkflowRef::Opened(n) if (n as usize) < self.effects.workflows.opened.len() => StepTarget::Opened(n),
+            WorkflowRef::Opened(n) if (n as usize) < run.workflow_parts().held.opened.len() => StepTarget::Opened(n),
             WorkflowRef::Opened(n) => return Err(format!("this run opened no workflow {n}")),
         };
-        if self.effects.workflows.steps.len() >= MAX_WORKFLOW_STEPS {
+        if run.workflow_parts().held.steps.len() >= MAX_WORKFLOW_STEPS {
             return Err(format!("a run may add at most {MAX_WORKFLOW_STEPS} steps"));
         }
         check_step_name(&step.name)?;
-        let names = self.workflows.names.get(&target);
+        let parts = run.workflow_parts();
+        let names = parts.state.names.get(&target);
         if names.is_some_and(|n| n.contains(&step.name)) {
             return Err(format!("this run added a step named {:?} to that workflow already", step.name));
         }
@@ -153,14 +177,15 @@ impl SandboxState {
         }
         let held = step.name.len() + step.job.len() + step.payload.len();
         let EnqueueOptions { queue, priority, delay_ms } = step.options;
-        let child = self.child_of(step.job, step.payload, EnqueueOptions { queue, priority, delay_ms })?;
+        let child = run.child_of(step.job, step.payload, EnqueueOptions { queue, priority, delay_ms })?;
         if child.payload.get(DEPS_KEY).is_some() || child.payload.get(DEPS_FAILED_KEY).is_some() {
             return Err(format!("its payload has {DEPS_KEY:?} or {DEPS_FAILED_KEY:?}, which its release writes"));
         }
-        self.check_step_job(&child).await?;
+        check_step_job(run.child_check(), &child).await?;
         // Held for the completion transaction; `child_of` checked the budget.
-        self.budget.try_take(held);
-        self.workflows.names.entry(target).or_default().insert(step.name.clone());
+        let parts = run.workflow_parts();
+        parts.budget.try_take(held);
+        parts.state.names.entry(target).or_default().insert(step.name.clone());
         let ChildJob { job, payload, queue, priority, delay_ms, .. } = child;
         let new = NewStep {
             queue,
@@ -170,17 +195,17 @@ impl SandboxState {
             if_failed: step.if_failed.map(IfFailed::from),
             ..NewStep::new(step.name, job, payload)
         };
-        self.effects.workflows.steps.push(StepRequest { target, step: new });
+        run.workflow_parts().held.steps.push(StepRequest { target, step: new });
         Ok(())
     }
+}
 
-    /// The fleet's enqueue rules for a step's job (its type exists, its
-    /// payload and options pass), without a limit's room.
-    async fn check_step_job(&mut self, child: &ChildJob) -> Result<(), String> {
-        let Some(check) = self.child_check.clone() else {
-            return Ok(());
-        };
-        let probe = ChildProbe { child: child.clone(), earlier: Default::default(), at_release: true };
-        check(probe).await.map(|_| ())
-    }
+/// The fleet's enqueue rules for a step's job (its type exists, its
+/// payload and options pass), without a limit's room.
+async fn check_step_job(check: Option<ChildCheck>, child: &ChildJob) -> Result<(), String> {
+    let Some(check) = check else {
+        return Ok(());
+    };
+    let probe = ChildProbe { child: child.clone(), earlier: Default::default(), at_release: true };
+    check(probe).await.map(|_| ())
 }

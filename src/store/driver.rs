@@ -208,6 +208,11 @@ pub trait BatchDriver: Send + Sync {
 /// ends a job.
 #[async_trait]
 pub trait WorkflowDriver: Send + Sync {
+    /// Deletes workflows whose every step ended more than `retention_secs`
+    /// before `now` (the database's clock by default), at most `limit`:
+    /// the archive's retention, applied to workflows.
+    async fn workflow_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<()>;
+
     /// Stores a checked workflow and releases its steps that wait for nothing.
     async fn workflow_write(&self, workflow: workflow::PreparedWorkflow) -> Result<workflow::CreatedWorkflow>;
 

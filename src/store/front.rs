@@ -306,9 +306,11 @@ impl Store {
         self.driver.semaphore_free_slots(job, key).await
     }
 
-    /// Deletes archived jobs that finished more than `retention_secs` before
-    /// `now` (the database's clock by default), at most `limit`.
+    /// Deletes archived jobs (with their batches) that finished more than
+    /// `retention_secs` before `now` (the database's clock by default), at
+    /// most `limit`, and as many finished workflows.
     pub async fn archive_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        self.driver.workflow_prune(now, retention_secs, limit).await?;
         self.driver.archive_prune(now, retention_secs, limit).await
     }
 

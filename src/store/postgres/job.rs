@@ -255,8 +255,8 @@ pub async fn quarantine(pool: &PgPool, id: i64, reason: &str, keep_errors: bool)
 }
 
 pub async fn archive_prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-    // Finished batches and workflows go with the archive's retention, in bounded batches too.
-    super::workflow::prune(pool, now, retention_secs, limit).await?;
+    // Finished batches go with the archive's retention, in bounded batches
+    // too (workflows: `workflow_prune`).
     sqlx::query(
         "DELETE FROM jobhost.batches WHERE id IN (
              SELECT id FROM jobhost.batches

@@ -294,6 +294,10 @@ pub async fn prune(pool: &PgPool, now: Option<DateTime<Utc>>, retention_secs: f6
 
 #[async_trait]
 impl WorkflowDriver for PgStore {
+    async fn workflow_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<()> {
+        prune(&self.sweeps, now, retention_secs, limit).await.map(|_| ())
+    }
+
     async fn workflow_write(&self, workflow: PreparedWorkflow) -> Result<CreatedWorkflow> {
         write(&self.pool, workflow).await
     }

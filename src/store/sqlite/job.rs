@@ -337,8 +337,9 @@ pub async fn quarantine(
     Ok(moved == 1)
 }
 
-/// Deletes archived jobs, batches and workflows that finished before the retention
-/// began, at most `limit` of each. Returns how many jobs.
+/// Deletes archived jobs and batches that finished before the retention
+/// began, at most `limit` of each (workflows: `workflow_prune`). Returns how
+/// many jobs.
 pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs: f64, limit: i64) -> Result<u64> {
     let cutoff = now - (retention_secs * 1000.0) as i64;
     // Each job's trace context goes with it (the same rows: the oldest first).
@@ -367,7 +368,6 @@ pub async fn archive_prune(conn: &mut SqliteConnection, now: i64, retention_secs
     .bind(limit)
     .execute(&mut *conn)
     .await?;
-    super::workflow::prune(conn, cutoff, limit).await?;
     Ok(pruned)
 }
 

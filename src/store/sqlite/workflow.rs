@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::types::Json;
 use sqlx::{Row, SqliteConnection, SqlitePool};
@@ -532,6 +533,11 @@ pub async fn prune(conn: &mut SqliteConnection, cutoff: i64, limit: i64) -> Resu
 
 #[async_trait]
 impl WorkflowDriver for SqliteStore {
+    async fn workflow_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<()> {
+        let cutoff = super::encode::ms_or_now(now) - (retention_secs * 1000.0) as i64;
+        self.write_with(async |tx| prune(tx, cutoff, limit).await).await
+    }
+
     async fn workflow_write(&self, workflow: PreparedWorkflow) -> Result<CreatedWorkflow> {
         let mut tx = self.write().await?;
         let id = write(&mut tx, workflow, now_ms()).await?;
