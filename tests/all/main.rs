@@ -41,6 +41,7 @@ mod rate_fleet;
 mod rate_limits;
 mod sandbox;
 mod schedules;
+mod schema;
 mod traces;
 mod uniqueness;
 mod watcher;

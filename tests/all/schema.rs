@@ -1,0 +1,102 @@
+//! The schema a fresh database ends with is kept in the repository, one
+//! file per backend (`src/store/postgres/schema.sql`, every table, index,
+//! trigger and function body as `pg_dump` prints them;
+//! `src/store/sqlite/schema.sql`). A migration that changes a table or a
+//! function changes that file in the same commit, so review reads the
+//! change as a diff of the current definition, not as a new copy in a
+//! migration. This suite fails when the file and the migrations disagree,
+//! and when upgrading from the schema before the newest migration ends
+//! anywhere else than a fresh database does.
+//!
+//! After changing a migration: `JOBHOST_WRITE_SCHEMA=1 cargo test --test
+//! all schema::` rewrites the files; review their diff.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+
+use common::db::TestDb;
+
+/// The kept file, from the repository's root.
+fn kept(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Compares `dumped` with the kept file, or rewrites it when asked to.
+fn agrees_with_kept(dumped: &str, path: &str) {
+    let kept = kept(path);
+    if std::env::var_os("JOBHOST_WRITE_SCHEMA").is_some() {
+        std::fs::write(&kept, dumped).expect("write the kept schema");
+        return;
+    }
+    let text = std::fs::read_to_string(&kept).unwrap_or_default();
+    if text != dumped {
+        let fresh = Path::new(env!("CARGO_TARGET_TMPDIR")).join(path.replace('/', "-"));
+        std::fs::write(&fresh, dumped).expect("write the migrated schema");
+        let first = text.lines().zip(dumped.lines()).position(|(a, b)| a != b);
+        panic!(
+            "{path} is not the schema migrating a fresh database produces (first difference at line {}): \
+             diff it against {}, or run `JOBHOST_WRITE_SCHEMA=1 cargo test --test all schema::` and review the diff",
+            first.map_or_else(|| "the end".to_string(), |n| (n + 1).to_string()),
+            fresh.display()
+        );
+    }
+}
+
+/// The `jobhost` schema of the database at `url` as `pg_dump` prints it,
+/// less the lines that name the dump's versions or its session's token.
+fn pg_schema(url: &str) -> String {
+    let dumped = std::process::Command::new("pg_dump")
+        .args(["--schema-only", "--no-owner", "--no-privileges", "--schema=jobhost", "--dbname", url])
+        .output()
+        .expect("run pg_dump (it comes with PostgreSQL's client)");
+    assert!(dumped.status.success(), "pg_dump: {}", String::from_utf8_lossy(&dumped.stderr));
+    String::from_utf8(dumped.stdout)
+        .expect("a UTF-8 dump")
+        .lines()
+        .filter(|line| {
+            let noise = ["-- Dumped from", "-- Dumped by", "\\restrict", "\\unrestrict"];
+            !noise.iter().any(|start| line.starts_with(start))
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// The newest PostgreSQL migration's version.
+fn newest_postgres_migration() -> i64 {
+    std::fs::read_dir(kept("migrations/postgres"))
+        .expect("the migrations folder")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.split('_').next()?.parse().ok())
+        .max()
+        .expect("a migration")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_schema_is_the_one_kept_and_an_upgrade_ends_there_too() {
+    let fresh = TestDb::postgres().await;
+    let version = fresh.texts("SHOW server_version_num").await.remove(0);
+    assert!(
+        version.starts_with("15"),
+        "the kept schema is PostgreSQL 15's dump (scripts/postgres.sh); this server is {version}"
+    );
+    let dumped = pg_schema(&fresh.url);
+    assert!(dumped.contains("CREATE FUNCTION jobhost.finish_runs"), "functions are in the dump");
+    agrees_with_kept(&dumped, "src/store/postgres/schema.sql");
+    let upgraded = TestDb::postgres_at(newest_postgres_migration() - 1).await;
+    upgraded.store.schema_migrate().await.unwrap();
+    assert!(pg_schema(&upgraded.url) == dumped, "upgrading from the schema before the newest migration ends elsewhere");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_schema_is_the_one_kept() {
+    let fresh = TestDb::sqlite().await;
+    let definitions = fresh
+        .texts(
+            "SELECT sql FROM sqlite_master
+             WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'
+             ORDER BY type, name",
+        )
+        .await;
+    let dumped: String = definitions.iter().map(|sql| format!("{sql};\n\n")).collect();
+    agrees_with_kept(&dumped, "src/store/sqlite/schema.sql");
+}
