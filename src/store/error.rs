@@ -21,6 +21,14 @@ pub enum Error {
     /// Migrations could not be applied.
     #[error("cannot apply migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A SQL function's living file that the database refused.
+    #[error("cannot apply src/store/postgres/functions/{name}.sql: {reason}")]
+    FunctionRefused {
+        /// The function's name (its file's).
+        name: String,
+        /// What the database said.
+        reason: String,
+    },
     /// An enqueue named a job type no host has registered.
     #[error("unknown job type {0:?}: no host has loaded a component for it")]
     UnknownJobType(String),

@@ -10,7 +10,7 @@
 //! workflow may be (names, dependencies, no cycle, a bounded size), and how
 //! a released step is decided and what its payload carries. PostgreSQL
 //! applies the same decision in `jobhost.workflow_release`
-//! (migrations/postgres/0023_workflows.sql); the tests hold both to it.
+//! (src/store/postgres/functions/workflow_release.sql); the tests hold both to it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 

@@ -100,3 +100,52 @@ async fn the_sqlite_schema_is_the_one_kept() {
     let dumped: String = definitions.iter().map(|sql| format!("{sql};\n\n")).collect();
     agrees_with_kept(&dumped, "src/store/sqlite/schema.sql");
 }
+
+/// Every file in `src/store/postgres/functions/` is one the hosts apply,
+/// and the generation names the files as they are: a change to any of them
+/// without the next generation fails here, so an older host can never put
+/// a newer body back.
+#[test]
+fn the_functions_generation_stands_for_their_files() {
+    use jobhost::store::postgres::functions::{GENERATION, SOURCES, sources_digest};
+    let mut files: Vec<String> = std::fs::read_dir(kept("src/store/postgres/functions"))
+        .expect("the functions folder")
+        .filter_map(|entry| Some(entry.ok()?.file_name().to_str()?.strip_suffix(".sql")?.to_string()))
+        .collect();
+    files.sort();
+    let listed: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
+    assert_eq!(files, listed, "SOURCES in src/store/postgres/functions.rs lists every file, in name order");
+    assert!(
+        sources_digest() == GENERATION.1,
+        "the function files changed: set GENERATION in src/store/postgres/functions.rs to ({}, \"{}\")",
+        GENERATION.0 + 1,
+        sources_digest()
+    );
+}
+
+/// A host applies a function file whose content the database has not
+/// recorded, putting its body back whatever was there; it leaves one that
+/// a later generation applied, so a host of the previous version started
+/// beside a newer one never puts the older body back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_function_is_applied_from_its_file_and_a_newer_generation_is_left_alone() {
+    let db = TestDb::postgres().await;
+    let body = || async { db.texts("SELECT prosrc FROM pg_proc WHERE proname = 'render_key'").await.remove(0) };
+    let original = body().await;
+    let stand_in = "CREATE OR REPLACE FUNCTION jobhost.render_key(template text, payload jsonb) RETURNS text
+                    LANGUAGE sql IMMUTABLE AS $$ SELECT 'stand-in' $$";
+    db.execute(stand_in).await;
+    // Recorded by a later generation: left alone.
+    db.execute(
+        "UPDATE jobhost.function_sources SET sha256 = 'newer', generation = generation + 1 WHERE name = 'render_key'",
+    )
+    .await;
+    db.store.schema_migrate().await.unwrap();
+    assert!(body().await.contains("'stand-in'"), "a newer generation's body stays");
+    // Recorded by this generation or an older one with other content: applied.
+    db.execute("UPDATE jobhost.function_sources SET sha256 = 'older', generation = 0 WHERE name = 'render_key'").await;
+    db.store.schema_migrate().await.unwrap();
+    assert_eq!(body().await, original, "the file's body is back");
+    let recorded = db.texts("SELECT sha256 FROM jobhost.function_sources WHERE name = 'render_key'").await;
+    assert_ne!(recorded[0], "older", "and recorded");
+}

@@ -1,6 +1,7 @@
 //! Per-key concurrency in PostgreSQL: the calls into the gate, release,
-//! sweep and repair functions of 0004_concurrency.sql and
-//! 0011_paged_sweeps.sql (where the locking is explained), and the
+//! sweep and repair functions in `functions/` (`take_slot`,
+//! `release_slots`, `promotable_keys`, `repair_semaphores`; 0004_concurrency.sql
+//! and 0011_paged_sweeps.sql explain the locking), and the
 //! operator's view of keys.
 
 use async_trait::async_trait;
@@ -109,7 +110,7 @@ pub async fn repair(pool: &PgPool, after: Option<&KeyCursor>, max_keys: i64) -> 
     }
     let (jobs, keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
     // Locks the page's semaphore rows, SKIP LOCKED, until this statement
-    // commits: see repair_semaphores in 0011_paged_sweeps.sql.
+    // commits: see `functions/repair_semaphores.sql`.
     let fixes: Vec<(String, String, i32, i32)> =
         sqlx::query_as("SELECT job, key, recorded, actual FROM jobhost.repair_semaphores($1::text[], $2::text[])")
             .bind(jobs)

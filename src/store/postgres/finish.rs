@@ -20,7 +20,7 @@ pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&Fet
     // Children and opened batches must commit with their parent's
     // completion (guarantee 9), so a plan with them is one transaction; so
     // is a plan that waits for its runs' keys and batches, which it takes
-    // first, in the lock order (jobhost.lock_for_ending in 0016_lock_order).
+    // first, in the lock order (`functions/lock_for_ending.sql`).
     // Otherwise the plan is one statement.
     if !plan.has_children() && plan.lock_first.is_empty() {
         return rows.write(conn, next).await;

@@ -93,8 +93,8 @@ macro_rules! bind_job_columns {
 }
 
 /// Writes the jobs through the gate (with the given ids, or the
-/// sequence's): `jobhost.insert_jobs` (0027_set_gate.sql, as 0045 last
-/// replaced it), each unique job with its attached key (its claim was
+/// sequence's): `jobhost.insert_jobs`
+/// (`functions/insert_jobs.sql`), each unique job with its attached key (its claim was
 /// taken by [`super::unique::claim`] first). Returns their ids in input order.
 async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option<&[i64]>) -> Result<Vec<i64>> {
     if jobs.is_empty() {
@@ -123,7 +123,7 @@ async fn insert_rows(conn: &mut PgConnection, jobs: &[&PreparedJob], ids: Option
 
 /// Claims the jobs' keys and writes those that won theirs, or have none to
 /// win, in one round trip: `jobhost.claim_and_insert_jobs`
-/// (0044_claim_and_insert.sql), the two calls of the other path in one,
+/// (`functions/claim_and_insert_jobs.sql`), the two calls of the other path in one,
 /// each written job with its attached key. Returns the ids and the
 /// claimants as [`super::unique::claim`]'s call answers them. No job may be
 /// rate-limited (none is planned here).
@@ -148,7 +148,7 @@ pub async fn fetch(executor: impl sqlx::PgExecutor<'_>, params: &FetchParams) ->
         return Ok(Vec::new());
     }
     let (names, leases): (Vec<&str>, Vec<i32>) = params.job_types.iter().map(|(n, l)| (n.as_str(), *l)).unzip();
-    // The statement lives in the migration 0003_fetch_function.sql, which
+    // The statement lives in `functions/fetch.sql`; 0003_fetch_function.sql
     // says why it is a function (a pinned plan).
     let rows = sqlx::query(
         "SELECT id, lease_token, job, queue, payload, attempt, max_attempts, enqueued_at, batch_id,
@@ -184,7 +184,7 @@ pub fn leased_job(row: &sqlx::postgres::PgRow) -> Result<FetchedJob> {
 
 pub async fn promote_due(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<u64> {
     // The gate, for jobs that have waited out a delay or a backoff; see
-    // jobhost.promote_due in 0004_concurrency.sql. In a transaction of its
+    // jobhost.promote_due (`functions/promote_due.sql`). In a transaction of its
     // own: a failed single statement is answered before the server lets go
     // of its row locks, and the isolating sweep that follows a refusal
     // (SKIP LOCKED, on another connection) would pass over the very rows it

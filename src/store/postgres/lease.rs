@@ -79,7 +79,7 @@ pub async fn renew(pool: &PgPool, renew: &LeaseRenew<'_>) -> Result<LeaseRenewal
 }
 
 /// Rescues expired leases, of every job or only of `only`: see
-/// jobhost.expire_leases in 0016_lock_order.sql, which locks in the order
+/// jobhost.expire_leases (`functions/expire_leases.sql`), which locks in the order
 /// every path that ends a job does and never waits while it holds a job
 /// row. In a transaction of its own, rolled back before a failure returns
 /// (see [`super::commit_or_roll_back`]).

@@ -72,7 +72,15 @@ pub async fn run(options: &PgConnectOptions, migrator: &Migrator, target: Option
         sqlx::query("CREATE SCHEMA IF NOT EXISTS jobhost").execute(&mut conn).await?;
     }
     take_turn(&mut conn).await?;
-    let migrated = migrate_holding_turn(&mut conn, migrator, target).await;
+    let mut migrated = migrate_holding_turn(&mut conn, migrator, target).await;
+    // The functions' living files, once the schema is whole.
+    if migrated.is_ok() && target.is_none() {
+        migrated = super::functions::apply(&mut conn).await.map(|applied| {
+            if applied > 0 {
+                tracing::debug!(applied, "SQL functions applied from their files");
+            }
+        });
+    }
     let released = sqlx::query("SELECT pg_advisory_unlock($1)").bind(MIGRATING).execute(&mut conn).await;
     let _ = conn.close().await;
     migrated?;

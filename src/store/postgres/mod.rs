@@ -11,9 +11,10 @@
 //! Queries over ~15 lines are in `sql/`.
 //!
 //! Much of the work runs in PL/pgSQL functions, so that a hot-path step is
-//! one round trip and so applications can enqueue from SQL. Where each is
-//! defined now (`migrations/postgres/`; a later migration replaces an
-//! earlier definition). The schema's own names keep the older word "park"
+//! one round trip and so applications can enqueue from SQL. Each lives in
+//! one file, `functions/NAME.sql`, applied after the migrations when it
+//! changes (see [`functions`]); the migrations that first defined them keep
+//! their earlier bodies as history. The schema's own names keep the older word "park"
 //! for a blocked job (`park`, `promote_parked`, `blocked_jobs.parked_at`):
 //! renaming a function every enqueue from SQL calls is not worth a
 //! migration. A helper called once per statement is PL/pgSQL, not SQL,
@@ -21,7 +22,7 @@
 //! for every statement that calls it (0034_hot_helpers_in_plpgsql); on the
 //! result write's path such a lookup is a join instead (0035).
 //!
-//! | Function | Migration | Does |
+//! | Function | Its history in migrations | Does |
 //! |---|---|---|
 //! | `notify_available` | 0012_quiet_promotions (first 0001_queue) | trigger: wakes idle hosts on insert |
 //! | `render_key` | 0002_sql_enqueue | a key template over a payload |
@@ -68,6 +69,7 @@ mod concurrency;
 mod deploy;
 mod finish;
 mod fleet;
+pub mod functions;
 mod grant;
 mod history;
 mod job;

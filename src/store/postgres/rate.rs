@@ -116,7 +116,7 @@ pub async fn plan(conn: &mut PgConnection, jobs: &[&PreparedJob]) -> Result<Vec<
     Ok(planned)
 }
 
-/// See jobhost.rate_throttle in 0024_rate_limits.sql.
+/// See `functions/rate_throttle.sql`.
 pub async fn throttle(pool: &PgPool, run: RunId, delay_ms: u64) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT jobhost.rate_throttle($1, $2, $3)")
         .bind(run.job_id)

@@ -3314,6 +3314,18 @@ ALTER TABLE jobhost.deployments ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
 
 
 --
+-- Name: function_sources; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.function_sources (
+    name text NOT NULL,
+    sha256 text NOT NULL,
+    generation bigint NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
 -- Name: history; Type: TABLE; Schema: jobhost; Owner: -
 --
 
@@ -3747,6 +3759,14 @@ ALTER TABLE jobhost.jobs
 
 ALTER TABLE ONLY jobhost.deployments
     ADD CONSTRAINT deployments_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: function_sources function_sources_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.function_sources
+    ADD CONSTRAINT function_sources_pkey PRIMARY KEY (name);
 
 
 --

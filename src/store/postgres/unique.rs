@@ -1,5 +1,5 @@
 //! Uniqueness claims in PostgreSQL, taken in the enqueuer's transaction
-//! (see `jobhost.claim_unique` in 0007_uniqueness.sql, which also says how
+//! (see `functions/claim_unique.sql`; 0007_uniqueness.sql says how
 //! claims are released and why a stale run cannot release one).
 
 use std::sync::atomic::{AtomicBool, Ordering};

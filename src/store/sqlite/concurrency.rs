@@ -1,6 +1,7 @@
 //! Per-key concurrency in SQLite: the gate, the release, the sweep and the
-//! repair, with the same rules as the PostgreSQL functions of
-//! 0004_concurrency.sql and 0011_paged_sweeps.sql.
+//! repair, with the same rules as the PostgreSQL functions in
+//! src/store/postgres/functions/ (`take_slot`, `release_slots`,
+//! `promotable_keys`, `repair_semaphores`).
 //!
 //! The invariant: a job with a concurrency key holds one slot of its
 //! (job, key) semaphore exactly while it is in `jobs` as available or

@@ -1,0 +1,160 @@
+//! The SQL functions, one living file each (`functions/NAME.sql`, every
+//! signature of that name), applied by a host after the migrations when a
+//! file's content differs from what the database records: a change to a
+//! function is an ordinary diff of its file, and migrations keep tables,
+//! indexes and data moves. Earlier copies of the bodies stay in the
+//! migrations that first defined them, as history: a fresh database runs
+//! them, then the files.
+//!
+//! A rolling upgrade: the files carry a generation ([`GENERATION`]), raised
+//! with every change to any of them, and the database records which
+//! generation applied each function. A host applies a file only when its
+//! own generation is at least the recorded one, so a host of the previous
+//! version starting beside a newer one never puts the older bodies back;
+//! a function change must keep working for the previous version's callers
+//! (the same arguments and results), as a migration's must.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sqlx::{Connection, PgConnection};
+
+use crate::store::{Error, Result};
+
+/// Every function file, by name.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("admit", include_str!("functions/admit.sql")),
+    ("archive_ended", include_str!("functions/archive_ended.sql")),
+    ("batch_add_members", include_str!("functions/batch_add_members.sql")),
+    ("batch_callback_payload", include_str!("functions/batch_callback_payload.sql")),
+    ("batch_close", include_str!("functions/batch_close.sql")),
+    ("batch_open", include_str!("functions/batch_open.sql")),
+    ("batch_retry_member", include_str!("functions/batch_retry_member.sql")),
+    ("batch_settle", include_str!("functions/batch_settle.sql")),
+    ("calendar_of", include_str!("functions/calendar_of.sql")),
+    ("claim_and_insert_jobs", include_str!("functions/claim_and_insert_jobs.sql")),
+    ("claim_new_keys", include_str!("functions/claim_new_keys.sql")),
+    ("claim_unique", include_str!("functions/claim_unique.sql")),
+    ("claims_likely_new", include_str!("functions/claims_likely_new.sql")),
+    ("discard", include_str!("functions/discard.sql")),
+    ("discard_each", include_str!("functions/discard_each.sql")),
+    ("enqueue", include_str!("functions/enqueue.sql")),
+    ("enqueue_as", include_str!("functions/enqueue_as.sql")),
+    ("enqueue_many", include_str!("functions/enqueue_many.sql")),
+    ("expire_leases", include_str!("functions/expire_leases.sql")),
+    ("expiry_charges", include_str!("functions/expiry_charges.sql")),
+    ("expiry_ends", include_str!("functions/expiry_ends.sql")),
+    ("fetch", include_str!("functions/fetch.sql")),
+    ("fetch_ahead", include_str!("functions/fetch_ahead.sql")),
+    ("finish_runs", include_str!("functions/finish_runs.sql")),
+    ("finish_runs_unless_locked", include_str!("functions/finish_runs_unless_locked.sql")),
+    ("insert_jobs", include_str!("functions/insert_jobs.sql")),
+    ("job_types_forward_only", include_str!("functions/job_types_forward_only.sql")),
+    ("keep_newest_errors", include_str!("functions/keep_newest_errors.sql")),
+    ("key_renders", include_str!("functions/key_renders.sql")),
+    ("lock_for_ending", include_str!("functions/lock_for_ending.sql")),
+    ("notify_available", include_str!("functions/notify_available.sql")),
+    ("park", include_str!("functions/park.sql")),
+    ("promotable_keys", include_str!("functions/promotable_keys.sql")),
+    ("promote_due", include_str!("functions/promote_due.sql")),
+    ("promote_parked", include_str!("functions/promote_parked.sql")),
+    ("rate_governed", include_str!("functions/rate_governed.sql")),
+    ("rate_key", include_str!("functions/rate_key.sql")),
+    ("rate_start", include_str!("functions/rate_start.sql")),
+    ("rate_throttle", include_str!("functions/rate_throttle.sql")),
+    ("reclaim_unique", include_str!("functions/reclaim_unique.sql")),
+    ("release_slots", include_str!("functions/release_slots.sql")),
+    ("release_slots_leasing", include_str!("functions/release_slots_leasing.sql")),
+    ("release_unique_run", include_str!("functions/release_unique_run.sql")),
+    ("render_key", include_str!("functions/render_key.sql")),
+    ("repair_semaphores", include_str!("functions/repair_semaphores.sql")),
+    ("replace_waiting", include_str!("functions/replace_waiting.sql")),
+    ("schedules_follow_registration", include_str!("functions/schedules_follow_registration.sql")),
+    ("semaphore_page", include_str!("functions/semaphore_page.sql")),
+    ("slot_limit", include_str!("functions/slot_limit.sql")),
+    ("take_slot", include_str!("functions/take_slot.sql")),
+    ("take_slots", include_str!("functions/take_slots.sql")),
+    ("unpaused", include_str!("functions/unpaused.sql")),
+    ("workflow_cancel", include_str!("functions/workflow_cancel.sql")),
+    ("workflow_create", include_str!("functions/workflow_create.sql")),
+    ("workflow_release", include_str!("functions/workflow_release.sql")),
+    ("workflow_step_archive", include_str!("functions/workflow_step_archive.sql")),
+    ("workflow_steps_ended", include_str!("functions/workflow_steps_ended.sql")),
+];
+
+/// The functions' generation, and the digest of every file in name order
+/// that it stands for: a test fails when the files change and this does
+/// not, asking for the next generation.
+pub const GENERATION: (i64, &str) = (1, "5a9bd144074e594adb837ef624b51444e233e273671cc7f5b2a3f1c43a72e966");
+
+/// The digest of every file in name order, as [`GENERATION`] records it.
+pub fn sources_digest() -> String {
+    let mut hasher = Sha256::new();
+    for (_, source) in SOURCES {
+        hasher.update(source.as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// How long the step may keep waiting for a lock before it gives up.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+
+/// Applies each function file whose content the database has not recorded
+/// under this generation or a later one, in one transaction (bodies are not
+/// checked against each other while they are replaced, so the order does
+/// not matter). Returns how many it applied. Runs while the caller holds
+/// the migrating turn, with its short lock timeout: a lock wait is retried.
+///
+/// # Errors
+/// A file the database refuses, or a lock held past [`GIVE_UP_AFTER`].
+pub async fn apply(conn: &mut PgConnection) -> Result<usize> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match apply_once(conn).await {
+            Err(error) if error.is_lock_timeout() && started.elapsed() < GIVE_UP_AFTER => {
+                tracing::warn!(%error, "applying the SQL functions waited for a lock; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn apply_once(conn: &mut PgConnection) -> Result<usize> {
+    let mut tx = conn.begin().await?;
+    sqlx::query("SET LOCAL check_function_bodies = off").execute(&mut *tx).await?;
+    let recorded: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT name, sha256, generation FROM jobhost.function_sources").fetch_all(&mut *tx).await?;
+    let recorded: HashMap<String, (String, i64)> =
+        recorded.into_iter().map(|(name, sha, generation)| (name, (sha, generation))).collect();
+    let mut applied = 0;
+    for (name, source) in SOURCES {
+        let digest = hex::encode(Sha256::digest(source.as_bytes()));
+        match recorded.get(*name) {
+            Some((sha, _)) if *sha == digest => continue,
+            // A newer host applied it: its body stays.
+            Some((_, generation)) if *generation > GENERATION.0 => continue,
+            _ => {}
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(*source)).execute(&mut *tx).await.map_err(|e| match Error::from(e) {
+            lock @ Error::Database(_) if lock.is_lock_timeout() => lock,
+            refused => Error::FunctionRefused { name: name.to_string(), reason: refused.to_string() },
+        })?;
+        sqlx::query(
+            "INSERT INTO jobhost.function_sources (name, sha256, generation) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE
+                SET sha256 = EXCLUDED.sha256, generation = EXCLUDED.generation, applied_at = now()",
+        )
+        .bind(name)
+        .bind(&digest)
+        .bind(GENERATION.0)
+        .execute(&mut *tx)
+        .await?;
+        applied += 1;
+    }
+    tx.commit().await?;
+    Ok(applied)
+}

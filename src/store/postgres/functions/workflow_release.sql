@@ -1,0 +1,140 @@
+-- jobhost.workflow_release: its current definition.
+-- Hosts apply this file when its content changes (see
+-- src/store/postgres/functions.rs): edit it here, not in a new migration.
+-- Migrations up to 0043_claims_found_by_key_functions.sql hold its earlier copies as history.
+
+CREATE OR REPLACE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+    -- Arrays, not a table: a step discarded by its gate ends inside this
+    -- call, and its dependents are released by a nested call.
+    releasing jobhost.step_release[];
+    gated jobhost.step_release;
+    changed_ids bigint[] := '{}';
+    changed_verdicts text[] := '{}';
+    changed_reasons text[] := '{}';
+    claimant bigint;
+    ended bigint[];
+BEGIN
+    WITH candidates AS (
+        SELECT s.* FROM jobhost.workflow_steps s
+        WHERE s.id = ANY(ready) AND s.pending = 0 AND s.job_id IS NULL
+        ORDER BY s.id
+        FOR UPDATE
+    ),
+    judged AS (
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
+               c.payload || CASE WHEN count(d.id) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
+                   jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
+                                    ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)
+                   FILTER (WHERE d.id IS NOT NULL)) END
+               || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
+                   jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
+                   AS payload,
+               CASE
+                   WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
+                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
+                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
+                   ELSE 'run'
+               END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE
+               string_agg(format('dependency "%s" %s%s', d.name,
+                                 CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
+                                                    ELSE 'was cancelled' END,
+                                 CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
+                                      THEN ': ' || (d.result #>> '{}') ELSE '' END),
+                          '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
+               END AS reason
+        FROM candidates c
+        JOIN jobhost.workflows w ON w.id = c.workflow_id
+        LEFT JOIN jobhost.job_types t ON t.name = c.job
+        LEFT JOIN jobhost.workflow_edges e ON e.step_id = c.id
+        LEFT JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+        GROUP BY c.id, c.job, c.queue, c.priority, c.delay_ms, c.payload, t.config, w.cancelled_at
+    ),
+    checked AS (
+        SELECT j.id, j.job, j.queue, j.priority, j.delay_ms, j.payload, j.config,
+               CASE WHEN j.verdict <> 'run' THEN j.verdict
+                    WHEN j.config IS NULL OR octet_length(j.payload::text) > max_payload_bytes THEN 'fail'
+                    ELSE 'run' END AS verdict,
+               CASE WHEN j.verdict <> 'run' THEN j.reason
+                    WHEN j.config IS NULL
+                        THEN format('unknown job type "%s": no host has loaded a component for it', j.job)
+                    WHEN octet_length(j.payload::text) > max_payload_bytes
+                        THEN format('payload of job "%s" is %s bytes of JSON with its _deps, more than the largest '
+                                    'accepted, %s bytes', j.job, octet_length(j.payload::text), max_payload_bytes)
+               END AS reason
+        FROM judged j
+    )
+    SELECT coalesce(array_agg(ROW(c.id, nextval('jobhost.job_ids'), c.job, c.queue, c.priority, c.delay_ms,
+                                  c.payload, c.verdict, c.reason, c.config)::jobhost.step_release ORDER BY c.id), '{}')
+    INTO releasing
+    FROM checked c;
+    IF cardinality(releasing) = 0 THEN
+        RETURN '{}';
+    END IF;
+    UPDATE jobhost.workflow_steps s SET job_id = r.job_id, released_at = now()
+    FROM unnest(releasing) r WHERE s.id = r.id;
+    -- Plain types: one insert, no gate to pass, nothing to claim.
+    INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
+    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue'),
+           coalesce(r.priority, (r.config ->> 'priority')::smallint), r.payload,
+           CASE WHEN r.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+           (r.config ->> 'max_attempts')::integer, now() + r.delay_ms * interval '1 millisecond'
+    FROM unnest(releasing) r
+    WHERE r.verdict = 'run'
+      AND jsonb_typeof(r.config -> 'concurrency') IS DISTINCT FROM 'object'
+      AND jsonb_typeof(r.config -> 'unique') IS DISTINCT FROM 'object'
+    ORDER BY r.id;
+    -- Limited or unique types: the gate and the claim, one step at a time.
+    FOREACH gated IN ARRAY releasing LOOP
+        CONTINUE WHEN gated.verdict <> 'run'
+            OR (jsonb_typeof(gated.config -> 'concurrency') IS DISTINCT FROM 'object'
+                AND jsonb_typeof(gated.config -> 'unique') IS DISTINCT FROM 'object');
+        BEGIN
+            claimant := jobhost.enqueue_as(gated.job_id, gated.job, gated.payload, gated.queue, gated.priority,
+                                           now() + gated.delay_ms * interval '1 millisecond');
+            IF claimant IS DISTINCT FROM gated.job_id THEN
+                changed_ids := changed_ids || gated.id;
+                changed_verdicts := changed_verdicts || 'discard'::text;
+                changed_reasons := changed_reasons || format('a duplicate of unique job %s', claimant);
+            END IF;
+        EXCEPTION
+            WHEN serialization_failure OR deadlock_detected OR lock_not_available OR query_canceled THEN
+                RAISE;
+            WHEN OTHERS THEN
+                changed_ids := changed_ids || gated.id;
+                changed_verdicts := changed_verdicts || 'fail'::text;
+                changed_reasons := changed_reasons || SQLERRM;
+        END;
+    END LOOP;
+    IF cardinality(changed_ids) > 0 THEN
+        SELECT array_agg(ROW(r.id, r.job_id, r.job, r.queue, r.priority, r.delay_ms, r.payload,
+                             coalesce(c.verdict, r.verdict), coalesce(c.reason, r.reason), r.config)::jobhost.step_release
+                         ORDER BY r.id)
+        INTO releasing
+        FROM unnest(releasing) r
+        LEFT JOIN unnest(changed_ids, changed_verdicts, changed_reasons) AS c(id, verdict, reason) ON c.id = r.id;
+    END IF;
+    -- The steps that will not run end now, straight into the archive.
+    UPDATE jobhost.workflow_steps s
+    SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
+        result = to_jsonb(r.reason), ended_at = now()
+    FROM unnest(releasing) r
+    WHERE s.id = r.id AND r.verdict <> 'run';
+    INSERT INTO jobhost.archive (id, job, queue, priority, payload, state, attempt, max_attempts, errors,
+                                 enqueued_at, finished_at, key_carried)
+    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue', 'default'),
+           coalesce(r.priority, (r.config ->> 'priority')::smallint, 0), s.payload, s.ended_state, 0,
+           coalesce((r.config ->> 'max_attempts')::integer, 1),
+           jsonb_build_array(jsonb_build_object('attempt', 0, 'at', now(), 'error', r.reason)), now(), now(), true
+    FROM unnest(releasing) r JOIN jobhost.workflow_steps s ON s.id = r.id
+    WHERE r.verdict <> 'run'
+    ORDER BY r.id;
+    SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') INTO ended FROM unnest(releasing) r WHERE r.verdict <> 'run';
+    RETURN ended;
+END;
+$$;

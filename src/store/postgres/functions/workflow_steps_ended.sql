@@ -1,0 +1,36 @@
+-- jobhost.workflow_steps_ended: its current definition.
+-- Hosts apply this file when its content changes (see
+-- src/store/postgres/functions.rs): edit it here, not in a new migration.
+-- Migrations up to 0023_workflows.sql hold its earlier copies as history.
+
+CREATE OR REPLACE FUNCTION jobhost.workflow_steps_ended(ended bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    ready bigint[];
+BEGIN
+    WHILE cardinality(ended) > 0 LOOP
+        PERFORM 1 FROM jobhost.workflow_steps s
+        WHERE s.id IN (SELECT e.step_id FROM jobhost.workflow_edges e WHERE e.dep_id = ANY(ended))
+        ORDER BY s.id
+        FOR UPDATE;
+        WITH counted AS (
+            SELECT e.step_id, count(*) AS n
+            FROM jobhost.workflow_edges e
+            WHERE e.dep_id = ANY(ended)
+            GROUP BY e.step_id
+        ),
+        counted_down AS (
+            UPDATE jobhost.workflow_steps s SET pending = s.pending - c.n
+            FROM counted c
+            WHERE s.id = c.step_id
+            RETURNING s.id, s.pending, s.job_id
+        )
+        SELECT coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.pending = 0 AND d.job_id IS NULL), '{}')
+        INTO ready
+        FROM counted_down d;
+        ended := jobhost.workflow_release(ready);
+    END LOOP;
+END;
+$$;
