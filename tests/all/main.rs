@@ -4,9 +4,12 @@
 //! module here, not a file of its own under `tests/`. `cargo test --test
 //! all outbound::` runs one suite; `cargo test --test all NAME` one test.
 //!
-//! Two suites stay binaries of their own, since they measure their own
-//! process and must run alone in it: `tests/embedded.rs` (the bytes the
-//! process reads) and `tests/outbound_flood.rs` (its peak resident size).
+//! Three suites stay binaries of their own, since they measure a process's
+//! reads or memory and must not share the machine with the other suites:
+//! `tests/embedded.rs` (the bytes this process reads),
+//! `tests/outbound_flood.rs` (its peak resident size) and
+//! `tests/http_hostile.rs` (a server's peak resident size under ten
+//! listings at once, which the other suites' load makes overlap more).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -27,7 +30,6 @@ mod handler_languages;
 mod history;
 mod host_health;
 mod http;
-mod http_hostile;
 mod keys;
 mod loading;
 mod logs;

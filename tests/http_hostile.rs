@@ -1,7 +1,7 @@
 //! The HTTP server against a hostile client (issue 33), with real sockets
 //! and a real `jobhost serve` process where its own memory is measured.
 
-use crate::common;
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
