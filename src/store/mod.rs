@@ -24,6 +24,20 @@
 //! wait for other steps), [`deploy`] (components deployed through the
 //! database and their history).
 
+/// `sqlx::FromRow` for a struct read by column name, each field from the
+/// column of its name: what sqlx's derive does, without building sqlx's
+/// macro crate (and both database drivers again for it) into every build.
+macro_rules! from_row {
+    ($database_row:ty, $name:ident { $($field:ident),* $(,)? }) => {
+        impl<'r> sqlx::FromRow<'r, $database_row> for $name {
+            fn from_row(row: &'r $database_row) -> Result<Self, sqlx::Error> {
+                use sqlx::Row;
+                Ok($name { $($field: row.try_get(stringify!($field))?),* })
+            }
+        }
+    };
+}
+
 mod backend;
 pub mod batch;
 pub mod concurrency;
@@ -38,6 +52,7 @@ pub mod grant;
 pub mod history;
 pub mod job;
 pub mod lease;
+mod migrations;
 pub mod postgres;
 pub mod rate;
 pub mod schedule;

@@ -28,6 +28,7 @@ pub struct RateKeyStatus {
     /// Starts within the window now.
     pub starts_in_window: i64,
     /// No run of the key starts before this, when it is in the future.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub throttled_until: Option<DateTime<Utc>>,
     /// Seconds until the throttle ends.
     pub throttled_secs: Option<f64>,
@@ -38,7 +39,7 @@ pub struct RateKeyStatus {
 }
 
 /// A job type's rate counts, summed over its keys, for `/metrics`.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateTotals {
     /// The job type.
     pub job: String,
@@ -47,6 +48,9 @@ pub struct RateTotals {
     /// Throttles.
     pub throttles: i64,
 }
+
+from_row!(sqlx::postgres::PgRow, RateTotals { job, sent_back, throttles });
+from_row!(sqlx::sqlite::SqliteRow, RateTotals { job, sent_back, throttles });
 
 /// The most keys a listing shows: the busiest first would need a sort of
 /// every key; these are the first in (type, key) order.

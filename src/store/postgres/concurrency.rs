@@ -142,7 +142,6 @@ pub async fn status(pool: &PgPool) -> Result<Vec<KeyStatus>> {
         .collect())
 }
 
-#[derive(sqlx::FromRow)]
 struct KeyRow {
     job: String,
     key: String,
@@ -152,6 +151,8 @@ struct KeyRow {
     blocked: i64,
     oldest_blocked_secs: Option<f64>,
 }
+
+from_row!(sqlx::postgres::PgRow, KeyRow { job, key, limit, holders, holding, blocked, oldest_blocked_secs });
 
 #[async_trait]
 impl SemaphoreDriver for PgStore {

@@ -79,7 +79,6 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<OutboundG
         .collect())
 }
 
-#[derive(sqlx::FromRow)]
 struct GrantRow {
     job_type: String,
     origin: String,
@@ -94,6 +93,24 @@ struct GrantRow {
     secret_headers: Vec<String>,
     granted_at: chrono::DateTime<chrono::Utc>,
 }
+
+from_row!(
+    sqlx::postgres::PgRow,
+    GrantRow {
+        job_type,
+        origin,
+        methods,
+        secrets,
+        private,
+        idempotency_key,
+        connect_timeout_ms,
+        first_byte_timeout_ms,
+        between_bytes_timeout_ms,
+        secrets_in,
+        secret_headers,
+        granted_at
+    }
+);
 
 /// Milliseconds as the column keeps them (checked at most an hour when granted).
 fn ms_column(ms: u64) -> i64 {

@@ -190,7 +190,7 @@ impl PgStore {
     /// # Errors
     /// As [`Store::schema_migrate`].
     pub async fn schema_migrate_to(&self, target: Option<i64>) -> Result<()> {
-        migrate::run(&self.options, &sqlx::migrate!("./migrations/postgres"), target).await
+        migrate::run(&self.options, crate::store::migrations::postgres(), target).await
     }
 
     /// The pool, for tests that check invariants with their own SQL.

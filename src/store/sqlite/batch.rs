@@ -96,7 +96,7 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
         on_finish,
         on_success,
         on_failure,
-        base,
+        callback_payload: base,
     } in done
     {
         let callbacks = Callbacks { on_finish, on_success, on_failure };
@@ -153,7 +153,6 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
 }
 
 /// A batch [`settle`] found finished.
-#[derive(sqlx::FromRow)]
 struct Finished {
     id: i64,
     label: Option<String>,
@@ -165,9 +164,25 @@ struct Finished {
     on_finish: Option<String>,
     on_success: Option<String>,
     on_failure: Option<String>,
-    #[sqlx(rename = "callback_payload")]
-    base: Json<serde_json::Value>,
+    callback_payload: Json<serde_json::Value>,
 }
+
+from_row!(
+    sqlx::sqlite::SqliteRow,
+    Finished {
+        id,
+        label,
+        total,
+        completed,
+        failed,
+        discarded,
+        cancelled,
+        on_finish,
+        on_success,
+        on_failure,
+        callback_payload
+    }
+);
 
 /// Inserts one job (a callback, a released workflow step) under a
 /// savepoint, so that its refusal (a `raise` limit, a duplicate that

@@ -46,7 +46,6 @@ async fn key_state(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<
 /// A key as the gate reads it (`sql/gate_states.sql`): its holders, its
 /// type's limit (none when the type no longer declares one: unlimited) and
 /// `on_conflict` (none: block).
-#[derive(sqlx::FromRow)]
 struct GateKey {
     job: String,
     key: String,
@@ -54,6 +53,8 @@ struct GateKey {
     limit: Option<i64>,
     on_conflict: Option<String>,
 }
+
+from_row!(sqlx::sqlite::SqliteRow, GateKey { job, key, holders, limit, on_conflict });
 
 /// Records a key's holder count, deleting the row when none is left.
 async fn set_holders(conn: &mut SqliteConnection, job: &str, key: &str, holders: i64, now: i64) -> Result<()> {
@@ -443,7 +444,6 @@ pub async fn status(pool: &SqlitePool, now: i64) -> Result<Vec<KeyStatus>> {
 }
 
 /// One row of [`status`].
-#[derive(sqlx::FromRow)]
 struct KeyRow {
     job: String,
     key: String,
@@ -453,6 +453,8 @@ struct KeyRow {
     blocked: i64,
     oldest: Option<f64>,
 }
+
+from_row!(sqlx::sqlite::SqliteRow, KeyRow { job, key, limit, holders, holding, blocked, oldest });
 
 #[async_trait]
 impl SemaphoreDriver for SqliteStore {

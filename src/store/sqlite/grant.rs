@@ -99,7 +99,6 @@ pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<Outbo
         .collect()
 }
 
-#[derive(sqlx::FromRow)]
 struct GrantRow {
     job_type: String,
     origin: String,
@@ -114,6 +113,24 @@ struct GrantRow {
     secret_headers: String,
     granted_at: i64,
 }
+
+from_row!(
+    sqlx::sqlite::SqliteRow,
+    GrantRow {
+        job_type,
+        origin,
+        methods,
+        secrets,
+        private,
+        idempotency_key,
+        connect_timeout_ms,
+        first_byte_timeout_ms,
+        between_bytes_timeout_ms,
+        secrets_in,
+        secret_headers,
+        granted_at
+    }
+);
 
 #[async_trait]
 impl GrantDriver for SqliteStore {

@@ -256,14 +256,14 @@ impl SchemaDriver for SqliteStore {
         // finds it recorded as applied. Each migration can be lost once, so
         // one run more than there are migrations always gets through.
         // Any of them may also find the file locked by another.
-        let migrator = sqlx::migrate!("./migrations/sqlite");
+        let migrator = crate::store::migrations::sqlite();
         let pool = while_locked(|| async {
             Ok(SqlitePoolOptions::new().max_connections(1).connect_with(self.options.clone()).await?)
         })
         .await?;
         let runs = migrator.iter().count() + 1;
         let migrated = while_locked(|| async {
-            super::schema::check_known(&applied_migrations(&pool).await?, &migrator)?;
+            super::schema::check_known(&applied_migrations(&pool).await?, migrator)?;
             for _ in 1..runs {
                 if migrator.run(&pool).await.is_ok() {
                     return Ok(());

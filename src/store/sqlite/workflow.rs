@@ -176,7 +176,6 @@ pub async fn released(conn: &mut SqliteConnection, id: i64) -> Result<BTreeMap<S
 }
 
 /// A step due for release.
-#[derive(sqlx::FromRow)]
 struct Ready {
     id: i64,
     job: String,
@@ -186,6 +185,8 @@ struct Ready {
     delay_ms: i64,
     cancelled: bool,
 }
+
+from_row!(sqlx::sqlite::SqliteRow, Ready { id, job, payload, queue, priority, delay_ms, cancelled });
 
 /// Releases every step whose dependencies have all ended, in the caller's
 /// transaction, wave by wave: a step its policy ends without running
