@@ -288,7 +288,8 @@ pub const MINUTES_PER_PASS: i64 = 60;
 
 /// Minutes this close to now are computed again at each pass: a result
 /// written in a transaction that began in a minute already computed still
-/// counts in it.
+/// counts in it. One that commits later still is flagged at its commit
+/// (PostgreSQL's `history_late`) and its minute computed again.
 pub const SETTLE_MINUTES: i64 = 2;
 
 /// The attempts a host scheduled again, per minute, queue and type, kept

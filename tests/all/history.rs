@@ -221,6 +221,70 @@ async fn a_held_mark_makes_a_computation_pass_instead_of_waiting() {
     assert_eq!(total(&hour(&db, Some("flaky")).await, |p| p.retried), 3);
 }
 
+/// A result that commits after its minute was computed and passed still
+/// counts in it: the write's transaction began in minute m (its
+/// `finished_at`), waited on an application's lock on the job's row until
+/// the mark had moved past m (as it does once m is older than the settle
+/// window; set here rather than waited for), then committed. The archive's
+/// commit-time trigger flags m, and the next pass computes it again.
+/// (SQLite takes `finished_at` under its write lock, after any wait, so its
+/// rows are never late.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_committed_after_its_minute_was_passed_still_counts() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(common::job_config("hello"), "v1".into())]).await.unwrap();
+    let id = db.enqueue_new("hello", json!({})).await;
+    let leased = db.store.job_fetch(&common::fetch_params("h-1", &["hello"], 1)).await.unwrap();
+    db.store.history_roll(WEEK_SECS).await.unwrap();
+
+    let mut application = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.jobs WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *application)
+        .await
+        .unwrap();
+    let store = db.dyn_store();
+    let done = common::finish(&leased[0], common::completed());
+    let writing = tokio::spawn(async move { store.job_finish(vec![done]).await });
+    // The write waits on the row; its transaction began in minute m.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%finish%'";
+    eventually(WITHIN, || async { db.scalar(waiting).await == 1 }).await;
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT date_trunc('minute', xact_start) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%finish%'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    // Minute m ends, and a pass moves the mark past it, counting it empty.
+    let ended = "SELECT count(*) FROM (SELECT date_trunc('minute', now()) AS now) n WHERE n.now > '{m}'::timestamptz";
+    let ended = ended.replace("{m}", &started.to_rfc3339());
+    eventually(Duration::from_secs(70), || async { db.scalar(&ended).await == 1 }).await;
+    sqlx::query("UPDATE jobhost.history_marks SET upto = date_trunc('minute', now())")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.store.history_roll(WEEK_SECS).await.unwrap();
+    let in_minute =
+        |points: &[HistoryPoint]| points.iter().filter(|p| p.at == started).map(|p| p.completed).sum::<i64>();
+    assert_eq!(in_minute(&hour(&db, Some("hello")).await), 0, "nothing had committed in minute {started}");
+
+    application.commit().await.unwrap();
+    writing.await.unwrap().unwrap();
+    let finished: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT finished_at FROM jobhost.archive WHERE id = $1")
+            .bind(id)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(finished.timestamp() / 60 * 60, started.timestamp(), "the result is dated by its transaction's start");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.history_late").await, 1, "the late minute is flagged");
+    db.store.history_roll(WEEK_SECS).await.unwrap();
+    assert_eq!(in_minute(&hour(&db, Some("hello")).await), 1, "the late result counts in its minute");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.history_late").await, 0, "the flag is taken");
+}
+
 on_both_backends!(
     finished_jobs_retries_and_times_are_counted_as_the_archive_says,
     retries_from_many_hosts_add_up_while_minutes_are_computed,

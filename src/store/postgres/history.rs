@@ -42,9 +42,40 @@ async fn roll(pool: &PgPool, retention_secs: f64) -> Result<u64> {
     };
     let (from, until, settled): (DateTime<Utc>, DateTime<Utc>, DateTime<Utc>) =
         (row.try_get("upto")?, row.try_get("until")?, row.try_get("settled")?);
-    // Set, not added: a minute computed again (a late result, a second
-    // pass) ends with the same figures. A minute whose rows left the
-    // archive (a retried job) is cleared first.
+    let mut computed = compute(&mut tx, from, until).await?;
+    // Minutes behind the mark that a late commit added to (the archive's
+    // deferred trigger flagged them): taken first, so a flag committed
+    // after this statement stays for the next pass, which sees its row.
+    let late: Vec<DateTime<Utc>> =
+        sqlx::query_scalar("DELETE FROM jobhost.history_late WHERE minute < $1 RETURNING minute")
+            .bind(from)
+            .fetch_all(&mut *tx)
+            .await?;
+    for minute in late {
+        computed += compute(&mut tx, minute, minute + chrono::Duration::minutes(1)).await?;
+    }
+    sqlx::query("UPDATE jobhost.history_marks SET upto = greatest(upto, least(date_trunc('minute', $1), $2)) WHERE name = 'archive'")
+        .bind(until)
+        .bind(settled)
+        .execute(&mut *tx)
+        .await?;
+    sample_depth(&mut tx).await?;
+    sqlx::query(
+        "WITH old AS (DELETE FROM jobhost.history_retries WHERE minute < now() - make_interval(secs => $1))
+         DELETE FROM jobhost.history WHERE minute < now() - make_interval(secs => $1)",
+    )
+    .bind(retention_secs)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(computed)
+}
+
+/// Computes the archive's minutes in `[from, until)` from its rows. Set,
+/// not added: a minute computed again (a late result, a second pass) ends
+/// with the same figures. A minute whose rows left the archive (a retried
+/// job) is cleared first. Returns the rows of minutes computed.
+async fn compute(tx: &mut sqlx::PgConnection, from: DateTime<Utc>, until: DateTime<Utc>) -> Result<u64> {
     sqlx::query(
         "UPDATE jobhost.history SET completed = 0, failed = 0, discarded = 0, cancelled = 0, runs = 0,
                 run_p50_ms = NULL, run_p95_ms = NULL, run_max_ms = NULL,
@@ -82,20 +113,6 @@ async fn roll(pool: &PgPool, retention_secs: f64) -> Result<u64> {
     .bind(until)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE jobhost.history_marks SET upto = greatest(upto, least(date_trunc('minute', $1), $2)) WHERE name = 'archive'")
-        .bind(until)
-        .bind(settled)
-        .execute(&mut *tx)
-        .await?;
-    sample_depth(&mut tx).await?;
-    sqlx::query(
-        "WITH old AS (DELETE FROM jobhost.history_retries WHERE minute < now() - make_interval(secs => $1))
-         DELETE FROM jobhost.history WHERE minute < now() - make_interval(secs => $1)",
-    )
-    .bind(retention_secs)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
     Ok(computed.rows_affected())
 }
 

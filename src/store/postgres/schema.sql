@@ -222,6 +222,23 @@ $$;
 
 
 --
+-- Name: archive_flag_late(); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.archive_flag_late() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.finished_at < date_trunc('minute', clock_timestamp()) THEN
+        INSERT INTO jobhost.history_late (minute) VALUES (date_trunc('minute', NEW.finished_at))
+        ON CONFLICT (minute) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+
+--
 -- Name: batch_add_members(bigint[], boolean[]); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
@@ -3351,6 +3368,15 @@ CREATE TABLE jobhost.history (
 
 
 --
+-- Name: history_late; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.history_late (
+    minute timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: history_marks; Type: TABLE; Schema: jobhost; Owner: -
 --
 
@@ -3770,6 +3796,14 @@ ALTER TABLE ONLY jobhost.function_sources
 
 
 --
+-- Name: history_late history_late_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.history_late
+    ADD CONSTRAINT history_late_pkey PRIMARY KEY (minute);
+
+
+--
 -- Name: history_marks history_marks_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
 --
 
@@ -4113,6 +4147,13 @@ CREATE INDEX workflows_created ON jobhost.workflows USING btree (created_at);
 --
 
 CREATE TRIGGER archive_ended AFTER INSERT ON jobhost.archive REFERENCING NEW TABLE AS archived FOR EACH STATEMENT EXECUTE FUNCTION jobhost.archive_ended();
+
+
+--
+-- Name: archive archive_flag_late; Type: TRIGGER; Schema: jobhost; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER archive_flag_late AFTER INSERT ON jobhost.archive DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION jobhost.archive_flag_late();
 
 
 --
