@@ -105,7 +105,7 @@ page_job=$("$jobhost" workflow show 1 --json | python3 -c 'import json,sys; prin
 
 # A job's progress shows while it runs (sent with the host's heartbeat).
 progressing=$("$jobhost" enqueue batcher --payload '{"steps": 4, "step_ms": 800}')
-until "$jobhost" job "$progressing" | grep -q '"done"'; do sleep 0.2; done
+until "$jobhost" job "$progressing" --json | grep -q '"done"'; do sleep 0.2; done
 step "$jobhost" job "$progressing"
 
 # Enqueue and wait for the result: the output, and the exit code says how it ended.
@@ -178,7 +178,7 @@ PY
   echo "(the API received the real key; the job's output and log hold [secret API_KEY] and the placeholder:)"
   tail -n 1 "$components/api.log"
   refused=$("$jobhost" enqueue fetcher --payload '{"url": "https://api.example.com/v1/things"}')
-  until "$jobhost" job "$refused" | grep -q '"state": "completed"'; do sleep 0.2; done
+  until "$jobhost" job "$refused" --json | grep -q '"state": "completed"'; do sleep 0.2; done
   step "$jobhost" job "$refused"
 fi
 kill -TERM "$host" && wait "$host"

@@ -36,7 +36,6 @@ pub struct Attempt {
     pub outbound: usize,
     /// Its log (lines, stdout, stderr, outbound requests), bounded per
     /// attempt by the host.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<serde_json::Value>,
     /// How long the job waited after the previous attempt ended before
     /// this one started (a backoff, a wait at the gate, a snooze).

@@ -215,7 +215,7 @@ pub async fn run(config: HostConfig, shutdown: CancellationToken) -> Result<(), 
                     return Err(error);
                 }
             };
-            tracing::info!(address = %server.local_addr(), "serving the HTTP API, dashboard and metrics");
+            tracing::info!("{}", http.announcement(server.local_addr()));
             Some(supervisor.spawn("http", server.serve(background.clone())))
         }
         None => None,

@@ -90,7 +90,7 @@ impl Default for Metrics {
         let runs = Family::<RunLabels, Counter>::default();
         registry.register(
             "jobhost_runs",
-            "Runs this host ended, by job type and outcome (completed, retry, failed, snooze, crashed, interrupted)",
+            "Runs this host ended, by job type and outcome (completed, retried, failed, snoozed, throttled, crashed, interrupted)",
             runs.clone(),
         );
         let run_seconds: Histograms = Family::new_with_constructor(run_buckets);

@@ -31,6 +31,12 @@ pub fn wrap_list(head: &str, items: &[String], width: usize) -> Vec<String> {
     lines
 }
 
+/// `n` and the noun that goes with it: `1 throttle`, `2 throttles`.
+pub fn count(n: impl Into<i64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A declared duration in milliseconds, exactly, in its largest whole
 /// unit: `1 s`, `2 min`, but `1500 ms`.
 pub fn millis(ms: i64) -> String {
@@ -47,6 +53,8 @@ mod tests {
     #[test]
     fn a_duration_is_written_in_its_largest_whole_unit() {
         assert_eq!(super::millis(1_000), "1 s");
+        assert_eq!(super::count(1, "throttle", "throttles"), "1 throttle");
+        assert_eq!(super::count(0, "throttle", "throttles"), "0 throttles");
         assert_eq!(super::millis(1_500), "1500 ms");
         assert_eq!(super::millis(120_000), "2 min");
         assert_eq!(super::millis(7_200_000), "2 h");

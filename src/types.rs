@@ -162,6 +162,30 @@ pub struct JobConfig {
     pub rate_limit: Option<RateLimitConfig>,
 }
 
+impl JobConfig {
+    /// The configuration as operators read it (`jobhost inspect`, the
+    /// API's job types): every field present, `null` or `[]` where nothing
+    /// is declared (docs/cli.md, "JSON output"). The stored form leaves the
+    /// newer fields out instead, so hosts of earlier versions read it as
+    /// before.
+    pub fn document(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(fields) = value.as_object_mut() {
+            fields.entry("outbound").or_insert_with(|| serde_json::json!([]));
+            fields.entry("rate_limit").or_insert(serde_json::Value::Null);
+        }
+        value
+    }
+}
+
+/// Serializes a configuration as its [`JobConfig::document`].
+pub fn serialize_config_document<S: serde::Serializer>(
+    config: &Option<JobConfig>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&config.as_ref().map(JobConfig::document), serializer)
+}
+
 /// One origin a job type's runs may send HTTP requests to, as declared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundRule {
@@ -452,14 +476,16 @@ pub enum RunOutcome {
 }
 
 impl RunOutcome {
-    /// How the run ended, in a word, for logs: never the output or a reason,
+    /// How the run ended, in a word, for logs and the `outcome` label of
+    /// `jobhost_runs_total`, in the words the dashboard, the CLI and the
+    /// traces use (`retried`, `snoozed`): never the output or a reason,
     /// which a guest makes as large as it likes.
     pub fn kind(&self) -> &'static str {
         match self {
             RunOutcome::Completed { .. } => "completed",
-            RunOutcome::Retry { .. } => "retry",
+            RunOutcome::Retry { .. } => "retried",
             RunOutcome::Failed { .. } => "failed",
-            RunOutcome::Snooze { .. } => "snooze",
+            RunOutcome::Snooze { .. } => "snoozed",
             RunOutcome::Throttled { .. } => "throttled",
             RunOutcome::Crashed { crash: Crash::Interrupted { .. } } => "interrupted",
             RunOutcome::Crashed { .. } => "crashed",

@@ -266,6 +266,11 @@ async fn list(limit: i64, json: bool, db: &DbArgs) -> ExitCode {
             println!("{}", list_line(batch));
         }
     }
+    super::say_if_none(
+        batches.len(),
+        json,
+        "no batches: `jobhost batch create --file FILE` makes one (see docs/batches.md)",
+    );
     ExitCode::SUCCESS
 }
 
@@ -323,7 +328,9 @@ fn details(batch: &Batch) -> String {
     let room = 80usize.saturating_sub(head.chars().count() + state.chars().count() + 5);
     let label = batch.label.as_deref().map(|l| format!(" {:?}", crate::text::clip(l, room))).unwrap_or_default();
     let mut text = format!("{head}{label}: {state}\n");
-    text += &format!("  {} {}  {} of {} ended\n", bar(batch.progress, 40), percent(batch.progress), c.ended(), c.total);
+    // The percentage right-aligned, as the list's, so the figures line up.
+    text +=
+        &format!("  {} {:>4}  {} of {} ended\n", bar(batch.progress, 40), percent(batch.progress), c.ended(), c.total);
     text += &format!(
         "  pending {}  running {}  completed {}  failed {}  discarded {}  cancelled {}\n",
         c.pending, c.running, c.completed, c.failed, c.discarded, c.cancelled

@@ -24,7 +24,8 @@ pub async fn inspect(files: Vec<PathBuf>, pretty: bool, args: &RuntimeArgs) -> E
         match runtime.load_file(&file).await {
             Ok(component) => {
                 let config = &component.config;
-                let text = if pretty { serde_json::to_string_pretty(config) } else { serde_json::to_string(config) };
+                let config = config.document();
+                let text = if pretty { serde_json::to_string_pretty(&config) } else { serde_json::to_string(&config) };
                 println!("{}", text.unwrap_or_default());
             }
             Err(error) => code = fail(error),

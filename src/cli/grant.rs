@@ -212,35 +212,41 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         }
         let methods =
             if grant.methods.is_empty() { "any declared method".to_string() } else { grant.methods.join(",") };
-        let secrets =
-            if grant.secrets.is_empty() { String::new() } else { format!(", secrets {}", grant.secrets.join(",")) };
-        let private = if grant.private { ", private addresses allowed" } else { "" };
-        let idempotent = if grant.idempotency_key { ", Idempotency-Key" } else { "" };
-        let timeouts = describe_timeouts(grant.timeouts);
-        let places = if grant.secrets_in.is_empty() {
-            String::new()
-        } else {
-            format!(" (also in the {})", grant.secrets_in.join(" and "))
-        };
-        let places = if grant.secret_headers.is_empty() {
-            places
-        } else {
-            format!("{places} (headers {} only)", grant.secret_headers.join(","))
-        };
-        println!("{} {}: {methods}{secrets}{places}{private}{idempotent}{timeouts}", grant.job_type, grant.origin);
+        let mut facts = vec![methods];
+        if !grant.secrets.is_empty() {
+            facts.push(format!("secrets {}", grant.secrets.join(",")));
+        }
+        if !grant.secrets_in.is_empty() {
+            facts.push(format!("secrets also in the {}", grant.secrets_in.join(" and ")));
+        }
+        if !grant.secret_headers.is_empty() {
+            facts.push(format!("secrets in headers {} only", grant.secret_headers.join(",")));
+        }
+        if grant.private {
+            facts.push("private addresses allowed".into());
+        }
+        if grant.idempotency_key {
+            facts.push("Idempotency-Key".into());
+        }
+        facts.extend(describe_timeouts(grant.timeouts));
+        // Within 80 columns: what does not fit goes on the next line.
+        let head = format!("{} {}:", grant.job_type, grant.origin);
+        for line in crate::text::wrap_list(&head, &facts, 80) {
+            println!("{}", crate::text::clip(&line, 80));
+        }
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));
         for problem in &problems {
-            println!("  ! {problem}: its runs wait until a host can open it");
+            println!("{}", crate::text::clip(&format!("  ! {problem}"), 80));
+            println!("    its runs wait until a host can open it");
         }
     }
-    if grants.is_empty() && !args.json {
-        eprintln!("no grants: runs may send no HTTP requests (see docs/outbound.md)");
-    }
+    super::say_if_none(grants.len(), args.json, "no grants: runs may send no HTTP requests (see docs/outbound.md)");
     ExitCode::SUCCESS
 }
 
-/// The steps a grant times differently from the defaults, for its line.
-fn describe_timeouts(timeouts: GrantTimeouts) -> String {
+/// The steps a grant times differently from the defaults, for its line:
+/// one item, or none.
+fn describe_timeouts(timeouts: GrantTimeouts) -> Option<String> {
     let steps = [
         ("connect", timeouts.connect_ms),
         ("first byte", timeouts.first_byte_ms),
@@ -253,5 +259,5 @@ fn describe_timeouts(timeouts: GrantTimeouts) -> String {
             Some(format!("{step} {}", humantime::format_duration(duration)))
         })
         .collect();
-    if set.is_empty() { String::new() } else { format!(", timeouts: {}", set.join(", ")) }
+    if set.is_empty() { None } else { Some(format!("timeouts: {}", set.join(", "))) }
 }

@@ -12,6 +12,7 @@ mod batch;
 mod components;
 mod deploy;
 mod grant;
+mod job_view;
 mod new;
 mod operator;
 mod run;
@@ -120,9 +121,12 @@ enum Command {
         /// The job's id.
         id: i64,
         /// Print its attempts as a timeline (host, start, run time, how
-        /// each ended, its error, the wait before the next), not its JSON.
-        #[arg(long, conflicts_with = "wait")]
+        /// each ended, its error, the wait before the next), and nothing else.
+        #[arg(long, conflicts_with_all = ["wait", "json"])]
         attempts: bool,
+        /// The whole document `GET /api/jobs/ID` answers, as JSON.
+        #[arg(long, conflicts_with = "wait")]
+        json: bool,
         #[command(flatten)]
         wait: operator::WaitArgs,
         #[command(flatten)]
@@ -422,7 +426,14 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Migrate(db) => operator::migrate(&db).await,
             Command::Enqueue(args) => operator::enqueue(args).await,
             Command::Jobs(args) => operator::jobs(args).await,
-            Command::Job { id, attempts, wait, db } => operator::job(id, attempts, &wait, &db).await,
+            Command::Job { id, attempts, json, wait, db } => {
+                let view = match (attempts, json) {
+                    (true, _) => operator::JobView::Attempts,
+                    (_, true) => operator::JobView::Json,
+                    _ => operator::JobView::Text,
+                };
+                operator::job(id, view, &wait, &db).await
+            }
             Command::Batch { action } => batch::run(action).await,
             Command::Workflow { action } => workflow::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
@@ -453,6 +464,15 @@ pub fn main(cli: Cli) -> ExitCode {
     // the command is done, so it is not waited for.
     runtime.shutdown_background();
     code
+}
+
+/// A listing that found nothing says so, and what would put something
+/// there, on stderr, so a script reading stdout sees no line (and `--json`
+/// prints nothing at all).
+fn say_if_none(shown: usize, json: bool, explanation: &str) {
+    if shown == 0 && !json {
+        eprintln!("{explanation}");
+    }
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {

@@ -43,6 +43,18 @@ impl Language {
             Language::Js => "JavaScript",
         }
     }
+
+    /// The README's words for the world its build names: the Rust SDK
+    /// builds against `job` (see its `http` module), the
+    /// others against `job-http`, which their SDKs' HTTP helpers need.
+    fn world(self) -> &'static str {
+        match self {
+            Language::Rust => "`job` world of `wit/job.wit`",
+            Language::Python | Language::Js => {
+                "`job-http` world of `wit/job-http.wit` (the `job` world of `wit/job.wit` with outbound HTTP)"
+            }
+        }
+    }
 }
 
 const WIT: &str = include_str!("../../wit/job.wit");
@@ -84,6 +96,7 @@ fn files(name: &str, lang: Language) -> Vec<(&'static str, String, bool)> {
             .replace("{{name}}", name)
             .replace("{{crate}}", &package_name(name))
             .replace("{{language}}", lang.name())
+            .replace("{{world}}", lang.world())
     };
     let mut files = vec![
         ("wit/job.wit", WIT.to_string(), false),

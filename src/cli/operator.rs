@@ -258,6 +258,12 @@ pub struct JobsArgs {
     /// Only jobs of this type.
     #[arg(long)]
     job: Option<String>,
+    /// Only jobs of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Only jobs with this rendered concurrency key.
+    #[arg(long)]
+    key: Option<String>,
     /// Only members of this batch.
     #[arg(long)]
     batch: Option<i64>,
@@ -267,9 +273,17 @@ pub struct JobsArgs {
     /// One JSON object per job, per line.
     #[arg(long)]
     json: bool,
+    /// With --json: each job's whole document (payload, output, log,
+    /// attempts), as `jobhost job ID --json` prints it, one per line as it
+    /// is read; at most 1000 (--limit).
+    #[arg(long, requires = "json")]
+    full: bool,
     #[command(flatten)]
     db: DbArgs,
 }
+
+/// The most jobs `jobs --json --full` prints: each is read whole, one at a time.
+const MAX_FULL_JOBS: i64 = 1000;
 
 fn parse_state(name: &str) -> Result<JobState, String> {
     JobState::parse(name).ok_or_else(|| {
@@ -279,38 +293,80 @@ fn parse_state(name: &str) -> Result<JobState, String> {
 }
 
 pub async fn jobs(args: JobsArgs) -> ExitCode {
+    if args.full && args.limit > MAX_FULL_JOBS {
+        return fail(format!(
+            "--full reads each job whole: at most {MAX_FULL_JOBS} at once (--limit), then the next page with \
+             --state/--job filters or the API's cursor"
+        ));
+    }
     let store = match open_existing(&args.db).await {
         Ok(store) => store,
         Err(code) => return code,
     };
-    let filter =
-        JobFilter { state: args.state, job: args.job, batch_id: args.batch, limit: args.limit, ..JobFilter::default() };
+    let filter = JobFilter {
+        state: args.state,
+        job: args.job,
+        queue: args.queue,
+        concurrency_key: args.key,
+        batch_id: args.batch,
+        limit: args.limit,
+        ..JobFilter::default()
+    };
     let rows = match store.job_list(&filter).await {
         Ok(rows) => rows,
         Err(error) => return fail(error),
     };
-    for row in rows {
-        if args.json {
-            println!("{}", serde_json::to_string(&row).unwrap_or_default());
+    for row in &rows {
+        if args.full {
+            match store.job_get(row.id).await {
+                Ok(Some(detail)) => println!("{}", job_document(&detail)),
+                // Archived and pruned since the listing: nothing to print.
+                Ok(None) => {}
+                Err(error) => return fail(error),
+            }
+        } else if args.json {
+            println!("{}", serde_json::to_string(row).unwrap_or_default());
         } else {
-            // One line per job: a trap's message carries the guest's stderr.
-            let error = row
-                .error
-                .as_deref()
-                .map(|e| format!("  {}", e.split_whitespace().collect::<Vec<_>>().join(" ")))
-                .unwrap_or_default();
-            // Within 80 columns: `jobhost job ID` shows the whole error.
-            let line = format!(
-                "{:>8}  {:<10} {:<20} {:<12} attempt {}{error}",
-                row.id, row.state, row.job, row.queue, row.attempts
-            );
-            println!("{}", crate::text::clip(&line, 80));
+            for line in job_lines(row) {
+                println!("{line}");
+            }
         }
     }
+    super::say_if_none(rows.len(), args.json, "no jobs match");
     ExitCode::SUCCESS
 }
 
-pub async fn job(id: i64, attempts: bool, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
+/// A job in a listing within 80 columns: id, state, type, queue and
+/// attempts; then its error, if any, on an indented line of its own, on
+/// one line however many the error has (`jobhost job ID` shows it whole).
+fn job_lines(row: &crate::store::JobRow) -> Vec<String> {
+    let line = format!("{:>8}  {:<10} {:<20} {:<12} attempt {}", row.id, row.state, row.job, row.queue, row.attempts);
+    let mut lines = vec![crate::text::clip(&line, 80)];
+    if let Some(error) = &row.error {
+        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
+        lines.push(crate::text::clip(&format!("{:10}{error}", ""), 80));
+    }
+    lines
+}
+
+/// A job's whole document on one line, with its attempts: what `GET
+/// /api/jobs/ID` answers.
+fn job_document(detail: &crate::store::JobDetail) -> String {
+    serde_json::to_string(&crate::attempts::with_attempts(detail)).unwrap_or_default()
+}
+
+/// How `jobhost job ID` shows the job.
+#[derive(Debug, Clone, Copy)]
+pub enum JobView {
+    /// For a person, within 80 columns.
+    Text,
+    /// Its attempts as a timeline.
+    Attempts,
+    /// The API's document, pretty-printed.
+    Json,
+}
+
+pub async fn job(id: i64, view: JobView, wait: &WaitArgs, db: &DbArgs) -> ExitCode {
     let store = match open_existing(db).await {
         Ok(store) => store,
         Err(code) => return code,
@@ -320,13 +376,17 @@ pub async fn job(id: i64, attempts: bool, wait: &WaitArgs, db: &DbArgs) -> ExitC
     }
     match store.job_get(id).await {
         Ok(Some(detail)) => {
-            if attempts {
-                print!("{}", crate::attempts::lines(&crate::attempts::of(&detail)));
-            } else {
-                println!(
+            match view {
+                JobView::Attempts => print!("{}", crate::attempts::lines(&crate::attempts::of(&detail))),
+                JobView::Json => println!(
                     "{}",
                     serde_json::to_string_pretty(&crate::attempts::with_attempts(&detail)).unwrap_or_default()
-                );
+                ),
+                JobView::Text => {
+                    for line in super::job_view::lines(&detail) {
+                        println!("{line}");
+                    }
+                }
             }
             ExitCode::SUCCESS
         }
@@ -475,9 +535,16 @@ pub async fn concurrency(json: bool, db: &DbArgs) -> ExitCode {
         if json {
             println!("{}", serde_json::to_string(key).unwrap_or_default());
         } else {
-            println!("{}", rate_key_line(key));
+            for line in rate_key_lines(key) {
+                println!("{line}");
+            }
         }
     }
+    super::say_if_none(
+        keys.len() + rate_keys.len(),
+        json,
+        "no keys in use: no concurrency key has holders or blocked jobs, and no rate key counts starts or a throttle",
+    );
     ExitCode::SUCCESS
 }
 
@@ -488,9 +555,8 @@ fn key_lines(key: &crate::store::concurrency::KeyStatus) -> Vec<String> {
     const WIDTH: usize = 80;
     let limit = key.limit.map_or("none".to_string(), |l| l.to_string());
     let oldest = key.oldest_blocked_secs.map_or(String::new(), |secs| format!(", oldest waited {secs:.1} s"));
-    let rest = format!(": {}/{limit} slots, {} blocked{oldest}", key.holders, key.blocked);
-    let room = WIDTH.saturating_sub(key.job.chars().count() + 3 + rest.chars().count()).max(8);
-    let mut lines = vec![format!("{} {:?}{rest}", key.job, crate::text::clip(&key.key, room))];
+    let rest = format!("{}/{limit} slots, {} blocked{oldest}", key.holders, key.blocked);
+    let mut lines = key_head(&key.job, &key.key, &rest);
     for holder in &key.holding {
         let line = match &holder.host_id {
             Some(host) => format!("  {} on {host}", holder.id),
@@ -501,21 +567,41 @@ fn key_lines(key: &crate::store::concurrency::KeyStatus) -> Vec<String> {
     lines
 }
 
-/// A rate key in one line: its starts in the window against its limit,
-/// and a throttle in force.
-fn rate_key_line(key: &crate::store::rate::RateKeyStatus) -> String {
-    let mut line = format!("{} {:?}: ", key.job, key.key);
-    match (key.limit, key.period_ms) {
+/// A rate key within 80 columns: its starts in the window against its
+/// limit on the first line (the key shortened if it must be), then its
+/// throttle in force and what it sent back on a second, indented line.
+fn rate_key_lines(key: &crate::store::rate::RateKeyStatus) -> Vec<String> {
+    const WIDTH: usize = 80;
+    let rest = match (key.limit, key.period_ms) {
         (Some(limit), Some(period_ms)) => {
-            line += &format!("{}/{limit} starts in {}", key.starts_in_window, crate::text::millis(period_ms))
+            format!("{}/{limit} starts in {}", key.starts_in_window, crate::text::millis(period_ms))
         }
-        _ => line += "no rate limit",
-    }
-    // The throttle's end is in `--json`; the line stays within 80 columns.
+        _ => "no rate limit".to_string(),
+    };
+    let mut lines = key_head(&key.job, &key.key, &rest);
+    // The throttle's end is in `--json`.
+    let mut facts = Vec::new();
     if let Some(secs) = key.throttled_secs {
-        line += &format!(", throttled {secs:.1} s more");
+        facts.push(format!("throttled {secs:.1} s more"));
     }
-    line + &format!(", {} sent back, {} throttles", key.sent_back, key.throttles)
+    facts.push(format!("{} sent back", key.sent_back));
+    facts.push(crate::text::count(key.throttles, "throttle", "throttles"));
+    lines.push(crate::text::clip(&format!("  {}", facts.join(", ")), WIDTH));
+    lines
+}
+
+/// A key's first line, `TYPE "KEY": REST`, with the key shortened to fit
+/// 80 columns; when the type's name leaves too little room for the key,
+/// the type and key take a line and `REST` the next, indented.
+fn key_head(job: &str, key: &str, rest: &str) -> Vec<String> {
+    const WIDTH: usize = 80;
+    const MIN_KEY: usize = 12;
+    let room = WIDTH.saturating_sub(job.chars().count() + 5 + rest.chars().count());
+    if room >= MIN_KEY || room >= key.chars().count() {
+        return vec![format!("{job} {:?}: {rest}", crate::text::clip(key, room))];
+    }
+    let room = WIDTH.saturating_sub(job.chars().count() + 3).max(MIN_KEY);
+    vec![crate::text::clip(&format!("{job} {:?}", crate::text::clip(key, room)), WIDTH), format!("  {rest}")]
 }
 
 pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
@@ -533,12 +619,25 @@ pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
             println!("{}", serde_json::to_string(&status).unwrap_or_default());
             continue;
         }
-        // Two lines per job type, so the times line up within 80 columns.
+        // The times on a line of their own, so they line up; the rest
+        // wraps to fit 80 columns (a long type name or zone).
         let served = if status.served { "served" } else { "not served (no ticks)" };
-        println!("{} {:?} in {}, backfill {}, {served}", status.job, status.cron, status.time_zone, status.backfill);
+        let head = format!("{} {:?}", status.job, status.cron);
+        let rest = format!("in {}, backfill {}, {served}", status.time_zone, status.backfill);
+        if head.chars().count() + 1 + rest.chars().count() <= 80 {
+            println!("{head} {rest}");
+        } else {
+            println!("{}", crate::text::clip(&head, 80));
+            println!("{}", crate::text::clip(&format!("  {rest}"), 80));
+        }
         let time = |t: Option<DateTime<Utc>>| t.map_or("none".into(), |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
         println!("  last tick {:<20}  next tick {}", time(status.last_tick), time(status.next_tick));
     }
+    super::say_if_none(
+        listing.schedules.len(),
+        json,
+        "no schedules: no registered job type declares one (see docs/schedules.md)",
+    );
     ExitCode::SUCCESS
 }
 

@@ -150,6 +150,7 @@ async fn list(json: bool, db: &DbArgs) -> ExitCode {
             println!("{}  key {}  updated {updated}", secret.name, secret.key_id);
         }
     }
+    super::say_if_none(secrets.len(), json, "no secrets: `jobhost secret set NAME` seals one (see docs/outbound.md)");
     ExitCode::SUCCESS
 }
 

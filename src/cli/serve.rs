@@ -99,13 +99,8 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         Ok(server) => server,
         Err(error) => return fail(error),
     };
-    let access = match (config.token.is_some(), config.public_read) {
-        (true, false) => "reads and changes need the token",
-        (true, true) => "changes need the token; reads are public",
-        (false, _) => "read-only: no --token",
-    };
     // On stdout, so scripts starting it on port 0 can read the address.
-    println!("dashboard and API on http://{} ({access}); database {}", server.local_addr(), store.location());
+    println!("{}; database {}", config.announcement(server.local_addr()), store.location());
     server.serve(shutdown).await;
     ExitCode::SUCCESS
 }

@@ -108,12 +108,22 @@ async fn list(job_type: Option<&str>, json: bool, db: &DbArgs) -> ExitCode {
         if json {
             println!("{}", serde_json::to_string(variable).unwrap_or_default());
         } else {
-            let updated = variable.updated_at.to_rfc3339_opts(SecondsFormat::Secs, true);
-            println!("{} {}={}  updated {updated}", variable.job_type, variable.name, variable.value);
+            let updated = format!("updated {}", variable.updated_at.to_rfc3339_opts(SecondsFormat::Secs, true));
+            let setting = format!("{} {}={}", variable.job_type, variable.name, variable.value);
+            // Within 80 columns: a long value is cut (`--json` has it whole),
+            // and the time goes on a line of its own when it does not fit.
+            if setting.chars().count() + 2 + updated.chars().count() <= 80 {
+                println!("{setting}  {updated}");
+            } else {
+                println!("{}", crate::text::clip(&setting, 80));
+                println!("  {updated}");
+            }
         }
     }
-    if variables.is_empty() && !json {
-        eprintln!("no variables");
-    }
+    super::say_if_none(
+        variables.len(),
+        json,
+        "no variables: `jobhost var set TYPE NAME VALUE` sets one (see docs/outbound.md)",
+    );
     ExitCode::SUCCESS
 }

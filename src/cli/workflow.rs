@@ -121,6 +121,11 @@ async fn list(limit: i64, json: bool, db: &DbArgs) -> ExitCode {
             println!("{}", list_line(workflow));
         }
     }
+    super::say_if_none(
+        workflows.len(),
+        json,
+        "no workflows: `jobhost workflow create --file FILE` makes one (see docs/workflows.md)",
+    );
     ExitCode::SUCCESS
 }
 
@@ -179,7 +184,7 @@ fn details(workflow: &Workflow) -> String {
     let label = workflow.label.as_deref().map(|l| format!(" {:?}", clip(l, 40))).unwrap_or_default();
     let mut text = format!("workflow {}{label}: {}\n", workflow.id, workflow.state.as_str());
     text += &format!(
-        "  {} {}  {} of {} steps ended\n",
+        "  {} {:>4}  {} of {} steps ended\n",
         bar(progress(workflow), 40),
         percent(progress(workflow)),
         c.ended(),

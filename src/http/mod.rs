@@ -85,6 +85,19 @@ impl HttpConfig {
     }
 }
 
+impl HttpConfig {
+    /// What `serve` prints and `run --http` logs once bound: the address
+    /// to open, and who may read and change.
+    pub fn announcement(&self, bound: SocketAddr) -> String {
+        let access = match (self.token.is_some(), self.public_read) {
+            (true, false) => "reads and changes need the token",
+            (true, true) => "changes need the token; reads are public",
+            (false, _) => "read-only: no --token",
+        };
+        format!("dashboard and API on http://{bound} ({access})")
+    }
+}
+
 /// The default address: this machine only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 

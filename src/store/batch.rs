@@ -35,13 +35,10 @@ pub struct NewBatch {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Callbacks {
     /// Always.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub on_finish: Option<String>,
     /// When no member failed or was discarded (cancelled members do not count against it).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub on_success: Option<String>,
     /// When a member failed after its last attempt or was discarded.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<String>,
 }
 

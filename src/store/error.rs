@@ -30,7 +30,10 @@ pub enum Error {
         reason: String,
     },
     /// An enqueue named a job type no host has registered.
-    #[error("unknown job type {0:?}: no host has loaded a component for it")]
+    #[error(
+        "unknown job type {0:?}: no host has loaded a component for it (start a host whose components include it, \
+         or register it without running jobs: `jobhost deploy COMPONENT.wasm`)"
+    )]
     UnknownJobType(String),
     /// An enqueue's payload is not a JSON object.
     #[error("payload of job {job:?} must be a JSON object, got {kind}")]

@@ -205,6 +205,7 @@ pub struct JobTypeRow {
     pub name: String,
     /// The declared configuration; `None` when the stored one cannot be
     /// read (see `config_error`).
+    #[serde(serialize_with = "crate::types::serialize_config_document")]
     pub config: Option<crate::types::JobConfig>,
     /// Why the stored configuration cannot be read: enqueues of this type
     /// are refused until a component registers it again.

@@ -34,6 +34,7 @@ pub struct OutboundGrant {
     /// any header.
     pub secret_headers: Vec<String>,
     /// When it was granted, or last changed.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub granted_at: DateTime<Utc>,
 }
 

@@ -424,7 +424,6 @@ pub struct JobDetail {
     /// The batch it belongs to.
     pub batch_id: Option<i64>,
     /// The workflow step it is, if it is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub workflow: Option<StepOf>,
 }
 

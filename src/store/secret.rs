@@ -15,7 +15,9 @@ pub struct SecretInfo {
     /// The fingerprint of the key that sealed it.
     pub key_id: String,
     /// When it was first set.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub created_at: DateTime<Utc>,
     /// When its value last changed.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub updated_at: DateTime<Utc>,
 }

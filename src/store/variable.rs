@@ -16,6 +16,7 @@ pub struct TypeVariable {
     /// Its value, in clear.
     pub value: String,
     /// When it was last set.
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub updated_at: DateTime<Utc>,
 }
 

@@ -463,7 +463,6 @@ pub struct WorkflowStep {
     /// The steps it waits for, with their policies.
     pub after: Vec<StepDependency>,
     /// Why it did not complete (its last error, or its policy's reason).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// When it ended.
     #[serde(serialize_with = "super::timestamp::serialize_option")]

@@ -47,7 +47,7 @@ async fn a_retried_job_reads_as_its_attempts_and_the_waits_between(db: TestDb) {
     assert!(lines[2].starts_with("   waited "), "{text}");
     assert!(lines.iter().any(|l| l.starts_with("#3 completed")), "{text}");
     assert!(lines.iter().all(|l| l.chars().count() <= 80), "{text}");
-    let json = jobhost(&db, &["job", &id.to_string()]);
+    let json = jobhost(&db, &["job", &id.to_string(), "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(json["attempts"].as_array().map(Vec::len), Some(3), "the JSON carries them too");
 }

@@ -36,7 +36,7 @@ fn departed(types: &[&str], limit: i64) -> jobhost::store::FetchParams {
 /// What the pages show: one job of every state, a held key with a blocked
 /// job, a batch a quarter done, a workflow part done. Returns (the failed
 /// hello job, the batch, the workflow).
-async fn populate(db: &TestDb) -> (i64, i64, i64) {
+pub(crate) async fn populate(db: &TestDb) -> (i64, i64, i64) {
     let limited = |name: &str, on_conflict| {
         let mut config = job_config(name);
         config.concurrency = Some(ConcurrencyConfig {
@@ -170,7 +170,7 @@ fn pages(failed: i64, batch: i64, workflow: i64) -> Vec<(&'static str, String, &
         ("jobs", "/jobs".into(), "Jobs"),
         ("failed", "/jobs?state=failed".into(), "Jobs: failed"),
         ("job", format!("/jobs/{failed}"), "Job"),
-        ("keys", "/keys".into(), "Concurrency keys"),
+        ("keys", "/keys".into(), "Keys"),
         ("batches", "/batches".into(), "Batches"),
         ("batch", format!("/batches/{batch}"), "Batch"),
         ("workflows", "/workflows".into(), "Workflows"),
@@ -362,6 +362,13 @@ async fn the_dashboard_in_a_real_browser() {
     let (bar, fill) = (widths[0].as_f64().unwrap(), widths[1].as_f64().unwrap());
     assert!(bar > 100.0 && (fill / bar - 0.25).abs() < 0.01, "fill {fill} of {bar}");
     assert_eq!(text(&browser, "main .progress .value").await, "25%");
+
+    // A workflow with a failed step shows it in red beside the completed
+    // part: never a solid green bar.
+    browser.goto(&format!("{}/workflows/{workflow}", server.url())).await.unwrap();
+    let parts =
+        script(&browser, "return [...document.querySelectorAll('main .progress .fill')].map(f => f.className)").await;
+    assert_eq!(parts, json!(["fill state-completed", "fill state-failed"]), "{parts}");
 
     // Pause a queue from the overview, and resume it.
     browser.goto(&server.url()).await.unwrap();

@@ -12,6 +12,51 @@
 use std::path::Path;
 use std::time::Duration;
 
+/// The docs whose console sessions run here: each has a test below.
+const WITH_SESSIONS: &[&str] = &[
+    "docs/batches.md",
+    "docs/concurrency.md",
+    "docs/deploy.md",
+    "docs/queue.md",
+    "docs/schedules.md",
+    "docs/uniqueness.md",
+    "docs/workflows.md",
+];
+
+/// Every fenced block of the README and docs/ that shows a `$ jobhost`
+/// session is a `console` block of a doc listed in [`WITH_SESSIONS`]: a
+/// session written as plain text, or in a doc no test runs, would drift
+/// from the binary unseen.
+#[test]
+fn every_session_in_the_docs_is_run() {
+    let mut docs = vec!["README.md".to_string(), "guests/README.md".to_string()];
+    for entry in std::fs::read_dir("docs").unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            docs.push(path.to_string_lossy().into_owned());
+        }
+    }
+    let mut unrun = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let mut fence: Option<&str> = None;
+        for (number, line) in text.lines().enumerate() {
+            match (fence, line.trim_start().strip_prefix("```")) {
+                (None, Some(info)) => fence = Some(info.trim()),
+                (Some(_), Some(_)) => fence = None,
+                (Some(info), None)
+                    if line.starts_with("$ jobhost")
+                        && (info != "console" || !WITH_SESSIONS.contains(&doc.as_str())) =>
+                {
+                    unrun.push(format!("{doc}:{}: {line} (in a `{info}` block)", number + 1));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(unrun.is_empty(), "sessions no test runs:\n{}", unrun.join("\n"));
+}
+
 /// Runs the console blocks of `doc` (a path from the repository's root).
 fn transcripts_of(doc: &str) {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -55,4 +100,9 @@ fn deploy() {
 #[test]
 fn schedules() {
     transcripts_of("docs/schedules.md");
+}
+
+#[test]
+fn workflows() {
+    transcripts_of("docs/workflows.md");
 }

@@ -607,8 +607,10 @@ async fn serving_host(command: &mut std::process::Command) -> (common::fleet::Ho
         .env("RUST_LOG", "warn,jobhost::host=info")
         .stderr(std::process::Stdio::piped());
     let mut host = common::fleet::Host::start(command);
-    let line = line_with(host.take_stderr(), "serving the HTTP API").recv().expect("the host logs its address");
-    let server = client_for(address_in(&line, "address="), Some(TOKEN)).await;
+    // The words `serve` prints, so both read alike.
+    let line = line_with(host.take_stderr(), "dashboard and API on http://").recv().expect("the host logs its address");
+    assert!(line.contains("(reads and changes need the token)"), "{line}");
+    let server = client_for(address_in(&line, "http://"), Some(TOKEN)).await;
     common::eventually(Duration::from_secs(60), || async {
         server.get("/api/job-types").await.json().as_array().is_some_and(|types| !types.is_empty())
     })

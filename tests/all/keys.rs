@@ -197,7 +197,7 @@ async fn numbers_reach_the_guest_and_come_back_unchanged(db: TestDb) {
         assert_eq!(exact(&job.payload["echo"]), sent, "the stored payload");
         assert_eq!(exact(&job.output.unwrap()["echo"]), sent, "what the guest saw, echoed");
 
-        let shown = jobhost(&db, &["job", &id.to_string()]);
+        let shown = jobhost(&db, &["job", &id.to_string(), "--json"]);
         let shown: Value = serde_json::from_slice(&shown.stdout).expect("jobhost job prints JSON");
         assert_eq!(exact(&shown["payload"]["echo"]), sent, "jobhost job's payload");
         assert_eq!(exact(&shown["output"]["echo"]), sent, "jobhost job's output");

@@ -19,6 +19,7 @@ mod batch_cli;
 mod batch_fleet;
 mod batches;
 mod cli;
+mod cli_tables;
 mod concurrency;
 mod dashboard;
 mod deploy;

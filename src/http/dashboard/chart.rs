@@ -47,6 +47,9 @@ pub struct Chart<'a> {
 /// The plot's height in its own units; its width is one unit per point.
 const HEIGHT: f64 = 100.0;
 
+/// The thinnest a stacked segment with a value is drawn, in plot units.
+const MIN_SEGMENT: f64 = 2.5;
+
 /// A series of `points`, read by `value`.
 pub fn series(
     name: &'static str,
@@ -84,18 +87,23 @@ pub fn render(chart: &Chart) -> Markup {
     match chart.shape {
         Shape::Stacked => {
             for i in 0..chart.times.len() {
-                let mut base = 0.0;
+                // Stacked from the bottom up. A few failures among hundreds
+                // of completions stay visible: a segment with a value is
+                // never thinner than MIN_SEGMENT (the readout has the
+                // exact figure).
+                let mut bottom = HEIGHT;
                 for series in &chart.series {
                     let value = series.values[i].unwrap_or(0.0);
                     if value > 0.0 {
-                        let (y, height) = (scale(base + value), value / top * HEIGHT);
+                        let height = (value / top * HEIGHT).max(MIN_SEGMENT).min(bottom);
+                        let y = bottom - height;
                         plot.push_str(&format!(
                             r#"<rect class="{}" x="{:.2}" y="{y:.3}" width="0.8" height="{height:.3}"/>"#,
                             series.class,
                             i as f64 + 0.1
                         ));
+                        bottom = y;
                     }
-                    base += value;
                 }
             }
         }
@@ -104,14 +112,21 @@ pub fn render(chart: &Chart) -> Markup {
                 for run in runs(&series.values) {
                     let points: Vec<String> =
                         run.iter().map(|(i, v)| format!("{:.2},{:.3}", *i as f64 + 0.5, scale(*v))).collect();
-                    let points = if points.len() == 1 {
-                        // A lone value still shows, as a short dash.
-                        let (i, v) = run[0];
-                        format!("{:.2},{:.3} {:.2},{:.3}", i as f64 + 0.2, scale(v), i as f64 + 0.8, scale(v))
+                    if points.len() == 1 {
+                        // A lone value shows as a dot: a line of no length
+                        // with round caps, which the stretched plot cannot
+                        // widen into a dash.
+                        plot.push_str(&format!(
+                            r#"<polyline class="{} dot" points="{} {}"/>"#,
+                            series.class, points[0], points[0]
+                        ));
                     } else {
-                        points.join(" ")
-                    };
-                    plot.push_str(&format!(r#"<polyline class="{}" points="{points}"/>"#, series.class));
+                        plot.push_str(&format!(
+                            r#"<polyline class="{}" points="{}"/>"#,
+                            series.class,
+                            points.join(" ")
+                        ));
+                    }
                 }
             }
         }

@@ -66,7 +66,7 @@ pub fn page_with(
                                 button.link type="submit" { "Sign out" }
                             }
                         } @else if context.writable {
-                            a href={ "/login?return_to=" (super::super::query::encode(&context.here)) } { "Sign in" }
+                            a href=(sign_in_link(&context.here)) { "Sign in" }
                         } @else {
                             span.badge.muted title="Started without --token: nothing can be changed here" { "read-only" }
                         }
@@ -125,6 +125,24 @@ pub fn time(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Markup {
     html! { time datetime=(exact) title=(exact) { (relative) } }
 }
 
+/// A time to the millisecond beside how long ago it was, so attempts a
+/// few hundred milliseconds apart read apart (the date too when it is
+/// not today's).
+pub fn clock_time(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Markup {
+    let Some(at) = at else {
+        return html! { span.muted { "–" } };
+    };
+    let exact = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let clock = if at.date_naive() == now.date_naive() {
+        at.format("%H:%M:%S%.3f").to_string()
+    } else {
+        at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+    };
+    let secs = (now - at).num_milliseconds() as f64 / 1000.0;
+    let relative = if secs >= 0.0 { format!("{} ago", span(secs)) } else { format!("in {}", span(-secs)) };
+    html! { time datetime=(exact) title=(exact) { (clock) " UTC (" (relative) ")" } }
+}
+
 /// Seconds as a short span: 4 s, 3 min, 2 h, 5 d.
 pub fn span(secs: f64) -> String {
     match secs {
@@ -137,12 +155,40 @@ pub fn span(secs: f64) -> String {
 }
 
 /// A bar filled to `fraction` (0 to 1), labelled with the percentage.
-pub fn progress_bar(fraction: f64, label: &str) -> Markup {
+/// Its filled part is `parts`, each a share of the whole in its colour
+/// (what completed in green, what failed in red, what was cancelled in
+/// grey), so a failed workflow's full bar never reads as a success.
+pub fn progress_bar(fraction: f64, label: &str, parts: &[(f64, Tone)]) -> Markup {
     let percent = (fraction.clamp(0.0, 1.0) * 100.0).floor();
     html! {
         div.progress role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow=(percent) aria-label=(label) {
-            div.fill style={ "width: " (percent) "%" } {}
-            span.value { (percent) "%" }
+            div.fills {
+                @for (share, tone) in parts.iter().filter(|(share, _)| *share > 0.0) {
+                    div class={ "fill state-" (tone.state()) } style={ "width: " (format!("{:.2}", share.clamp(0.0, 1.0) * 100.0)) "%" } {}
+                }
+            }
+            span.value { span { (percent) "%" } }
+        }
+    }
+}
+
+/// What a part of a progress bar counts, by its colour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    /// Ended well (green).
+    Good,
+    /// Failed or discarded (red).
+    Failures,
+    /// Cancelled by an operator (grey).
+    Cancelled,
+}
+
+impl Tone {
+    fn state(self) -> &'static str {
+        match self {
+            Tone::Good => "completed",
+            Tone::Failures => "failed",
+            Tone::Cancelled => "cancelled",
         }
     }
 }
@@ -206,4 +252,27 @@ pub fn problem(context: &Context, title: &str, message: &str) -> Markup {
         p { a href="/" { "Back to the overview" } }
     };
     page_with(context, title, "", None, main, false)
+}
+
+/// The "Sign in" link of a page: back to the page once signed in. On the
+/// sign-in form itself it is the form as it is, keeping where the form
+/// returns to, so signing in from it never lands on the form again.
+fn sign_in_link(here: &str) -> String {
+    if here == "/login" || here.starts_with("/login?") {
+        here.to_string()
+    } else {
+        format!("/login?return_to={}", super::super::query::encode(here))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sign_in_link;
+
+    #[test]
+    fn the_sign_in_link_returns_to_the_page_and_the_form_keeps_its_own() {
+        assert_eq!(sign_in_link("/jobs?state=failed"), "/login?return_to=%2Fjobs%3Fstate%3Dfailed");
+        assert_eq!(sign_in_link("/login"), "/login");
+        assert_eq!(sign_in_link("/login?return_to=%2Fkeys"), "/login?return_to=%2Fkeys");
+    }
 }

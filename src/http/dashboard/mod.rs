@@ -439,7 +439,9 @@ async fn schedules(
 fn return_path(return_to: &str) -> &str {
     let allowed = |c: char| c.is_ascii_alphanumeric() || "/?&=%-_.~+:,".contains(c);
     let safe = return_to.starts_with('/') && !return_to.starts_with("//") && return_to.chars().all(allowed);
-    if safe { return_to } else { "/" }
+    // Signing in to land on the sign-in form again would look like a failure.
+    let sign_in = return_to == "/login" || return_to.starts_with("/login?");
+    if safe && !sign_in { return_to } else { "/" }
 }
 
 #[derive(Debug, Deserialize)]
@@ -761,4 +763,18 @@ async fn queue_act(
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::return_path;
+
+    #[test]
+    fn a_form_returns_to_a_page_of_this_server_other_than_the_sign_in_form() {
+        assert_eq!(return_path("/jobs?state=failed"), "/jobs?state=failed");
+        assert_eq!(return_path("/login"), "/");
+        assert_eq!(return_path("/login?return_to=%2Flogin"), "/");
+        assert_eq!(return_path("//evil.example"), "/");
+        assert_eq!(return_path("/\t/evil.example"), "/");
+    }
 }

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 
 use super::layout::{
-    Context, Head, action_button, bytes, digest, hidden_fields, job_state, json_block, progress_bar, span, state_badge,
-    table, time,
+    Context, Head, Tone, action_button, bytes, clock_time, digest, hidden_fields, job_state, json_block, progress_bar,
+    span, state_badge, table, time,
 };
 use crate::http::query::{JobQuery, encode};
 use crate::http::views::{JobTypeView, QueueView, Throughput};
@@ -230,7 +230,7 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
         }
         @if let Some(progress) = &job.progress {
             @if let Some(fraction) = fraction_of(progress) {
-                section { h2 { "Progress" } (progress_bar(fraction, "job progress")) }
+                section { h2 { "Progress" } (progress_bar(fraction, "job progress", &[(fraction, Tone::Good)])) }
             }
         }
         dl.facts {
@@ -272,14 +272,20 @@ fn attempt_timeline(attempts: &[crate::attempts::Attempt], now: DateTime<Utc>) -
                 ol.attempts {
                     @for (i, attempt) in attempts.iter().enumerate() {
                         @if let Some(waited) = attempt.waited_ms {
-                            li.wait { "waited " (span(waited / 1000.0)) @if i > 0 && attempts[i - 1].ending == "retried" { " (backoff)" } }
+                            @if i > 0 && attempts[i - 1].ending == "retried" {
+                                li.wait title="A retry waits out its backoff, then is made available by the next maintenance pass, at most --maintenance-interval (1 s by default) later" {
+                                    "waited " (span(waited / 1000.0)) " (its backoff, then the next maintenance pass)"
+                                }
+                            } @else {
+                                li.wait { "waited " (span(waited / 1000.0)) }
+                            }
                         }
                         li.attempt {
                             div.attempt-head {
                                 strong { @if attempt.attempt == 0 { "Before any attempt" } @else { "Attempt " (attempt.attempt) } }
                                 " " (state_badge(&attempt.ending))
                                 @if let Some(host) = &attempt.host { " on " code { (host) } }
-                                @if attempt.started_at.is_some() { " · started " (time(attempt.started_at, now)) }
+                                @if attempt.started_at.is_some() { " · started " (clock_time(attempt.started_at, now)) }
                                 @if let Some(ms) = attempt.ran_ms { " · ran " (span(ms / 1000.0)) }
                                 @if attempt.outbound > 0 { " · " (attempt.outbound) " outbound request" @if attempt.outbound > 1 { "s" } }
                             }
@@ -319,22 +325,26 @@ fn run_log(log: &serde_json::Value) -> Markup {
         }
         @if let Some(calls) = log.get("outbound").and_then(|c| c.as_array()).filter(|c| !c.is_empty()) {
             h3 { "Outbound requests" }
-            (table(&[Head::Text("Request, under the declared rule"), Head::Text("Result"), Head::Number("Sent"), Head::Number("Received"), Head::Number("Time")], html! {
+            // Sizes and time share a column; on a phone each request is a
+            // block of lines (the `stacked` style), so every figure shows.
+            div.stacked { (table(&[Head::Text("Request, under the declared rule"), Head::Text("Result"), Head::Number("Sent, received, time")], html! {
                 @for call in calls {
                     @let text = |name: &str| call.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
                     @let number = |name: &str| call.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
                     tr {
                         td.wrap { code { (text("method")) " " (text("origin")) (text("path")) } br; span.muted { (text("rule")) } }
-                        td {
+                        td.wrap {
                             @if let Some(status) = call.get("status").and_then(|s| s.as_u64()) { (status) " " }
                             @if let Some(error) = call.get("error").and_then(|e| e.as_str()) { span.warning-text { (one_line(error)) } }
                         }
-                        td.num { (bytes(number("request_bytes"))) }
-                        td.num { (bytes(number("response_bytes"))) }
-                        td.num { (number("ms")) " ms" }
+                        td.num {
+                            (bytes(number("request_bytes"))) " sent" br;
+                            (bytes(number("response_bytes"))) " received" br;
+                            (number("ms")) " ms"
+                        }
                     }
                 }
-            }))
+            })) }
         }
         @if let Some(elapsed) = log.get("elapsed_us").and_then(|e| e.as_f64()) {
             p.muted { "Ran for " (span(elapsed / 1e6)) "." }
@@ -353,6 +363,7 @@ fn fraction_of(progress: &serde_json::Value) -> Option<f64> {
 /// with starts in their window or a throttle in force.
 pub fn keys(keys: &[KeyStatus], rate_keys: &[RateKeyStatus]) -> Markup {
     html! {
+        h1 { "Keys" }
         (concurrency_keys(keys))
         (rate_key_table(rate_keys))
     }
@@ -390,7 +401,7 @@ fn rate_key_table(keys: &[RateKeyStatus]) -> Markup {
 /// The concurrency keys with holders or blocked jobs.
 fn concurrency_keys(keys: &[KeyStatus]) -> Markup {
     html! {
-        h1 { "Concurrency keys" }
+        h2 { "Concurrency keys" }
         @if keys.is_empty() {
             p.muted { "No key has holders or blocked jobs." }
         } @else {
@@ -416,6 +427,14 @@ fn concurrency_keys(keys: &[KeyStatus]) -> Markup {
             }))
         }
     }
+}
+
+/// A batch callback's name as a label: `on_finish` reads "On finish", as
+/// the other facts' labels are written.
+fn callback_label(kind: &str) -> String {
+    let words = kind.replace('_', " ");
+    let mut chars = words.chars();
+    chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
 }
 
 /// The hosts, alive or presumed dead.
@@ -641,7 +660,7 @@ pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
                         td.num { a href={ "/batches/" (batch.id) } { (batch.id) } }
                         td { (batch.label.as_deref().unwrap_or("")) }
                         td { (state_badge(batch.state.as_str())) }
-                        td.bar { (progress_bar(batch.progress, &format!("batch {} progress", batch.id))) }
+                        td.bar { (progress_bar(batch.progress, &format!("batch {} progress", batch.id), &batch_parts(batch))) }
                         td.num { (batch.counts.ended()) " / " (batch.counts.total) }
                         td.num { (batch.counts.failed + batch.counts.discarded) }
                         td { (time(Some(batch.created_at), now)) }
@@ -653,13 +672,24 @@ pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
     }
 }
 
+/// A batch's ended members by how they ended, as shares of all of them.
+fn batch_parts(batch: &Batch) -> [(f64, Tone); 3] {
+    let c = &batch.counts;
+    let share = |n: i64| if c.total == 0 { 0.0 } else { n as f64 / c.total as f64 };
+    [
+        (share(c.completed), Tone::Good),
+        (share(c.failed + c.discarded), Tone::Failures),
+        (share(c.cancelled), Tone::Cancelled),
+    ]
+}
+
 /// One batch: its counts, callbacks and times.
 pub fn batch(batch: &Batch, now: DateTime<Utc>) -> Markup {
     let counts = &batch.counts;
     html! {
         h1 { "Batch " (batch.id) " " (state_badge(batch.state.as_str())) }
         @if let Some(label) = &batch.label { p.lead { (label) } }
-        (progress_bar(batch.progress, "batch progress"))
+        (progress_bar(batch.progress, "batch progress", &batch_parts(batch)))
         section.cards aria-label="Members by state" {
             @for (label, count) in [("total", counts.total), ("pending", counts.pending), ("running", counts.running), ("completed", counts.completed), ("failed", counts.failed), ("discarded", counts.discarded), ("cancelled", counts.cancelled)] {
                 div class={ "card state-" (label) } { span.count { (count) } span.label { (label) } }
@@ -671,7 +701,7 @@ pub fn batch(batch: &Batch, now: DateTime<Utc>) -> Markup {
             dt { "Closed" } dd { (time(batch.closed_at, now)) }
             dt { "Finished" } dd { (time(batch.finished_at, now)) }
             @for (kind, job) in batch.callbacks.named() {
-                dt { (kind.replace('_', " ")) }
+                dt { (callback_label(kind)) }
                 dd {
                     (job)
                     @if let Some(id) = batch.callback_jobs.get(kind) { ": " a href={ "/jobs/" (id) } { "job " (id) } }

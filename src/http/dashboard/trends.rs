@@ -37,9 +37,20 @@ fn throughput(range: HistoryRange, points: &[HistoryPoint], marks: &[Mark], all_
     })
 }
 
-/// Live jobs at each step's last sample.
+/// Live jobs at each step's last sample. A step with no sample after the
+/// first one had no live jobs (a sample writes rows only for queues with
+/// some), so it is drawn at zero: a spike rises from the axis, not from
+/// mid-air. Before the first sample nothing is known, and nothing drawn.
 fn depth(range: HistoryRange, points: &[HistoryPoint], marks: &[Mark]) -> Markup {
-    let sampled = |value: fn(&HistoryPoint) -> Option<i64>| move |p: &HistoryPoint| value(p).map(|n| n as f64);
+    let first_sample =
+        points.iter().position(|p| p.available.is_some() || p.scheduled.is_some() || p.blocked.is_some());
+    let sampled = |value: fn(&HistoryPoint) -> Option<i64>| {
+        move |p: &HistoryPoint| match value(p) {
+            Some(n) => Some(n as f64),
+            None if first_sample.is_some_and(|first| points[first].at <= p.at) => Some(0.0),
+            None => None,
+        }
+    };
     chart::render(&Chart {
         title: "Queue depth",
         unit: "jobs",
@@ -60,6 +71,7 @@ pub fn overview(range: HistoryRange, points: &[HistoryPoint]) -> Markup {
     html! {
         section.trends aria-label="Over time" {
             div.trends-head { h2 { "Over time" } (chart::range_switch(range, "/")) }
+            (extent(range, points))
             div.charts {
                 (throughput(range, points, &[], false))
                 (depth(range, points, &[]))
@@ -93,6 +105,7 @@ pub fn job_type(
         h1 { (name) }
         (super::pages::type_card(view, now))
         div.trends-head { h2 { "Over time" } (chart::range_switch(range, &format!("/types/{}", encode(name)))) }
+        (extent(range, points))
         div.charts {
             (throughput(range, points, &marks, true))
             (chart::render(&Chart {
@@ -146,6 +159,31 @@ pub fn job_type(
                     }
                 }
             }))
+        }
+    }
+}
+
+/// How much history the range holds, and how long a bar is: an hour of
+/// data in the week's view is one bar, which reads as a chart broken
+/// unless it says so.
+fn extent(range: HistoryRange, points: &[HistoryPoint]) -> Markup {
+    let has_data = |p: &&HistoryPoint| {
+        p.completed + p.failed + p.discarded + p.cancelled + p.retried + p.runs > 0
+            || p.available.is_some()
+            || p.scheduled.is_some()
+            || p.blocked.is_some()
+    };
+    let step = crate::text::millis(range.step_minutes() * 60_000);
+    html! {
+        p.history-extent {
+            @match points.iter().find(has_data) {
+                None => { "No history in this range yet." }
+                Some(first) => {
+                    "History from " (first.at.format("%b %d %H:%M")) " UTC"
+                    @if range.step_minutes() > 1 { "; each bar is " (step) }
+                    "."
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 
-use super::layout::{Head, progress_bar, state_badge, table, time};
+use super::layout::{Head, Tone, progress_bar, state_badge, table, time};
 use crate::store::{IfFailed, Workflow, WorkflowStep};
 use crate::text::clip;
 
@@ -20,6 +20,19 @@ const BOX_W: f64 = 184.0;
 const BOX_H: f64 = 40.0;
 const GAP_X: f64 = 56.0;
 const GAP_Y: f64 = 14.0;
+
+/// A workflow's ended steps by how they ended, as shares of all of them.
+fn parts(workflow: &Workflow) -> [(f64, Tone); 3] {
+    let c = &workflow.counts;
+    let count = |state: &str| c.by_state.get(state).copied().unwrap_or(0);
+    let share = |n: i64| if c.total == 0 { 0.0 } else { n as f64 / c.total as f64 };
+    let cancelled = count("cancelled");
+    [
+        (share(count("completed")), Tone::Good),
+        (share(c.unsuccessful() - cancelled), Tone::Failures),
+        (share(cancelled), Tone::Cancelled),
+    ]
+}
 
 fn fraction_ended(workflow: &Workflow) -> f64 {
     let c = &workflow.counts;
@@ -39,7 +52,7 @@ pub fn workflows(workflows: &[Workflow], now: DateTime<Utc>) -> Markup {
                         td.num { a href={ "/workflows/" (workflow.id) } { (workflow.id) } }
                         td { (workflow.label.as_deref().unwrap_or("")) }
                         td { (state_badge(workflow.state.as_str())) }
-                        td.bar { (progress_bar(fraction_ended(workflow), &format!("workflow {} progress", workflow.id))) }
+                        td.bar { (progress_bar(fraction_ended(workflow), &format!("workflow {} progress", workflow.id), &parts(workflow))) }
                         td.num { (workflow.counts.ended()) " / " (workflow.counts.total) }
                         td.num { (workflow.counts.unsuccessful()) }
                         td { (time(Some(workflow.created_at), now)) }
@@ -56,7 +69,7 @@ pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
     html! {
         h1 { "Workflow " (workflow.id) " " (state_badge(workflow.state.as_str())) }
         @if let Some(label) = &workflow.label { p.lead { (label) } }
-        (progress_bar(fraction_ended(workflow), "workflow progress"))
+        (progress_bar(fraction_ended(workflow), "workflow progress", &parts(workflow)))
         section.cards aria-label="Steps by state" {
             div class="card state-total" { span.count { (workflow.counts.total) } span.label { "steps" } }
             @for (state, count) in &workflow.counts.by_state {
@@ -64,6 +77,9 @@ pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
             }
         }
         section aria-label="Graph" { div.graph { (graph(&workflow.steps)) } }
+        @if layers(&workflow.steps) > 1 {
+            p.scroll-hint { "The graph is wider than the screen: scroll it sideways." }
+        }
         dl.facts {
             dt { "Created" } dd { (time(Some(workflow.created_at), now)) }
             @if workflow.cancelled_at.is_some() { dt { "Cancelled" } dd { (time(workflow.cancelled_at, now)) } }
@@ -80,7 +96,7 @@ pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
                     }
                     td { (step.job) }
                     td.num { @match step.job_id { Some(id) => a href={ "/jobs/" (id) } { (id) }, None => span.muted { "–" } } }
-                    td { (after_text(step)) }
+                    td.wrap { (after_text(step)) }
                     td { (time(step.ended_at, now)) }
                 }
             }
@@ -146,17 +162,29 @@ fn boxes_of(steps: &[WorkflowStep], members: &[usize]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// The graph as an SVG: each step in the layer after its deepest
-/// dependency, edges from each dependency to its dependent, each box
-/// linking to its job once released.
-fn graph(steps: &[WorkflowStep]) -> Markup {
-    // Steps come in dependency order: each layer is known when reached.
+/// Each step's layer: one after its deepest dependency (steps come in
+/// dependency order, so each is known when reached).
+fn layer_of(steps: &[WorkflowStep]) -> Vec<usize> {
     let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
     let mut layer_of = vec![0usize; steps.len()];
     for (i, step) in steps.iter().enumerate() {
         layer_of[i] =
             step.after.iter().filter_map(|d| index.get(d.step.as_str())).map(|&d| layer_of[d] + 1).max().unwrap_or(0);
     }
+    layer_of
+}
+
+/// How many layers the graph draws.
+fn layers(steps: &[WorkflowStep]) -> usize {
+    layer_of(steps).into_iter().max().map_or(0, |deepest| deepest + 1)
+}
+
+/// The graph as an SVG: each step in the layer after its deepest
+/// dependency, edges from each dependency to its dependent, each box
+/// linking to its job once released.
+fn graph(steps: &[WorkflowStep]) -> Markup {
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let layer_of = layer_of(steps);
     let mut layers: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, &layer) in layer_of.iter().enumerate() {
         layers.entry(layer).or_default().push(i);

@@ -114,6 +114,9 @@ const TABLE: &str = "_sqlx_migrations";
 async fn migrate_holding_turn(conn: &mut PgConnection, migrator: &Migrator, target: Option<i64>) -> Result<()> {
     let applied = super::applied_migrations(conn).await?;
     crate::store::schema::check_known(&applied, migrator)?;
+    // A database with no migration applied has no fleet on it: building
+    // online is then a detail, not news for the operator.
+    let fleet_may_run = !applied.is_empty();
     conn.ensure_migrations_table(TABLE).await?;
     if let Some(version) = conn.dirty_version(TABLE).await? {
         return Err(MigrateError::Dirty(version).into());
@@ -142,7 +145,7 @@ async fn migrate_holding_turn(conn: &mut PgConnection, migrator: &Migrator, targ
             continue;
         }
         for (_, name, statement) in &indexes {
-            build_concurrently(conn, name, statement).await?;
+            build_concurrently(conn, name, statement, fleet_may_run).await?;
         }
         let mut sql = migration.sql.as_str().to_string();
         for (_, name, statement) in &indexes {
@@ -155,7 +158,9 @@ async fn migrate_holding_turn(conn: &mut PgConnection, migrator: &Migrator, targ
         // Recorded with the file's own checksum, as if applied as written.
         let without_indexes = Migration { sql: sqlx::AssertSqlSafe(sql).into_sql_str(), ..migration.clone() };
         retrying(conn, &without_indexes).await?;
-        tracing::info!(version, "applied a migration, its indexes built concurrently");
+        if fleet_may_run {
+            tracing::info!(version, "applied a migration, its indexes built concurrently");
+        }
     }
     Ok(())
 }
@@ -163,7 +168,7 @@ async fn migrate_holding_turn(conn: &mut PgConnection, migrator: &Migrator, targ
 /// Builds one of [`ONLINE_INDEXES`] concurrently, unless it is there and
 /// valid; a build that failed half-way (it leaves an invalid index) is
 /// dropped and done again.
-async fn build_concurrently(conn: &mut PgConnection, name: &str, statement: &str) -> Result<()> {
+async fn build_concurrently(conn: &mut PgConnection, name: &str, statement: &str, fleet_may_run: bool) -> Result<()> {
     let valid: Option<bool> = sqlx::query_scalar(
         "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobhost' AND c.relname = $1",
@@ -182,7 +187,9 @@ async fn build_concurrently(conn: &mut PgConnection, name: &str, statement: &str
         sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut *conn).await?;
     }
     let concurrent = statement.replacen("CREATE INDEX", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1);
-    tracing::info!(index = name, "building an index concurrently; the fleet runs on meanwhile");
+    if fleet_may_run {
+        tracing::info!(index = name, "building an index concurrently; the fleet runs on meanwhile");
+    }
     sqlx::raw_sql(sqlx::AssertSqlSafe(concurrent)).execute(&mut *conn).await?;
     set_lock_timeout(conn, LOCK_WAIT).await
 }
