@@ -15,7 +15,7 @@ CREATE FUNCTION jobhost.archive_flag_late() RETURNS trigger
 BEGIN
     IF NEW.finished_at < date_trunc('minute', clock_timestamp()) THEN
         INSERT INTO jobhost.history_late (minute) VALUES (date_trunc('minute', NEW.finished_at))
-        ON CONFLICT (minute) DO NOTHING;
+        ON CONFLICT (minute) DO UPDATE SET minute = EXCLUDED.minute;
     END IF;
     RETURN NULL;
 END;

@@ -231,7 +231,16 @@ pub async fn grants(args: GrantsArgs) -> ExitCode {
         facts.extend(describe_timeouts(grant.timeouts));
         // Within 80 columns: what does not fit goes on the next line.
         let head = format!("{} {}:", grant.job_type, grant.origin);
-        for line in crate::text::wrap_list(&head, &facts, 80) {
+        // A head too long for its first fact beside it stands on its own
+        // line (cut only past 80 columns), the facts on the next ones.
+        let lines = if head.chars().count() + 1 + facts[0].chars().count() <= 80 {
+            crate::text::wrap_list(&head, &facts, 80)
+        } else {
+            let mut lines = vec![crate::text::clip(&head, 80)];
+            lines.extend(crate::text::wrap_list("  ", &facts, 80));
+            lines
+        };
+        for line in lines {
             println!("{}", crate::text::clip(&line, 80));
         }
         println!("  granted {}", grant.granted_at.to_rfc3339_opts(SecondsFormat::Secs, true));

@@ -12,8 +12,15 @@ const WIDTH: usize = 80;
 /// The lines of `job`'s view.
 pub fn lines(job: &JobDetail) -> Vec<String> {
     let row = &job.row;
-    let mut out =
-        vec![format!("job {} {}: {}, attempt {} of {}", row.id, row.job, row.state, row.attempts, job.max_attempts)];
+    let head = format!("job {} {}:", row.id, row.job);
+    let standing = format!("{}, attempt {} of {}", row.state, row.attempts, job.max_attempts);
+    // One line when it fits; a long type name puts where the job stands
+    // on the next line rather than cut it off.
+    let mut out = if head.chars().count() + 1 + standing.chars().count() <= WIDTH {
+        vec![format!("{head} {standing}")]
+    } else {
+        vec![crate::text::clip(&head, WIDTH), format!("  {standing}")]
+    };
     let mut facts = vec![format!("queue {}", row.queue), format!("priority {}", job.priority)];
     if let Some(key) = &row.concurrency_key {
         facts.push(format!("key {key:?}"));
@@ -32,7 +39,7 @@ pub fn lines(job: &JobDetail) -> Vec<String> {
     }
     // A fact longer than a line (a long key) is cut; `--json` has it whole.
     let facts: Vec<String> = facts.iter().map(|fact| crate::text::clip(fact, WIDTH - 3)).collect();
-    out.extend(crate::text::wrap_list(" ", &facts, WIDTH));
+    out.extend(crate::text::wrap_list("  ", &facts, WIDTH));
     let times = [
         ("enqueued", Some(row.enqueued_at)),
         ("due", job.run_at.filter(|_| !row.state.is_final())),
@@ -41,7 +48,7 @@ pub fn lines(job: &JobDetail) -> Vec<String> {
     ];
     let times: Vec<String> =
         times.iter().filter_map(|(what, at)| at.map(|at| format!("{what} {}", stamp(at)))).collect();
-    out.extend(crate::text::wrap_list(" ", &times, WIDTH));
+    out.extend(crate::text::wrap_list("  ", &times, WIDTH));
     if let Some(error) = &row.error {
         out.push("error:".into());
         out.extend(indented(error));

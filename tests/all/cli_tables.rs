@@ -97,6 +97,11 @@ async fn every_listing_fits(db: TestDb) {
     // The long error is on a line of its own, cut, not wrapped.
     let jobs = fits(&db, &["jobs", "--state", "failed"]);
     assert!(jobs.lines().any(|line| line.starts_with("          the ledger service answered 503")), "{jobs}");
+    // A long head moves the facts to the next line rather than cut them.
+    let grants = fits(&db, &["grants"]);
+    assert!(grants.lines().any(|line| line.trim_start().starts_with("GET,POST,PUT")), "{grants}");
+    let long_job = fits(&db, &["job", &long_failed]);
+    assert!(long_job.lines().take(2).any(|line| line.contains("failed, attempt 1 of 3")), "never cut: {long_job}");
     let keys = fits(&db, &["concurrency"]);
     assert!(keys.lines().any(|line| line.starts_with("  throttled ") && line.ends_with("1 throttle")), "{keys}");
 }

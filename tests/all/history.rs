@@ -285,6 +285,51 @@ async fn a_result_committed_after_its_minute_was_passed_still_counts() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.history_late").await, 0, "the flag is taken");
 }
 
+/// Two late results for one minute: the second's flag finds the first's
+/// and takes its row (not `DO NOTHING`), so a pass taking the flags waits
+/// for the second's commit and then counts it. The second's trigger is
+/// fired early (`SET CONSTRAINTS … IMMEDIATE`) and its transaction held
+/// open, standing for the moment between a commit's trigger and its
+/// visibility; a late row is a copy of an archived job dated ten minutes
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_waits_for_a_late_result_whose_flag_it_takes() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(common::job_config("hello"), "v1".into())]).await.unwrap();
+    let id = db.enqueue_new("hello", json!({})).await;
+    let leased = db.store.job_fetch(&common::fetch_params("h-1", &["hello"], 1)).await.unwrap();
+    db.store.job_finish(vec![common::finish(&leased[0], common::completed())]).await.unwrap();
+    let late_copy = |copy: i64| {
+        format!(
+            "INSERT INTO jobhost.archive SELECT * FROM jsonb_populate_record(NULL::jobhost.archive,
+                 (SELECT to_jsonb(a) || jsonb_build_object('id', {copy},
+                     'finished_at', date_trunc('minute', now()) - interval '10 minutes')
+                  FROM jobhost.archive a WHERE id = {id}))"
+        )
+    };
+    sqlx::query(sqlx::AssertSqlSafe(late_copy(id + 1000))).execute(db.pool()).await.unwrap();
+    db.store.history_roll(WEEK_SECS).await.unwrap();
+    sqlx::query("UPDATE jobhost.history_marks SET upto = date_trunc('minute', now())")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(late_copy(id + 1001))).execute(db.pool()).await.unwrap();
+
+    let mut second = db.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(late_copy(id + 1002))).execute(&mut *second).await.unwrap();
+    sqlx::query("SET CONSTRAINTS jobhost.archive_flag_late IMMEDIATE").execute(&mut *second).await.unwrap();
+    let store = db.dyn_store();
+    let pass = tokio::spawn(async move { store.history_roll(WEEK_SECS).await });
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%history_late%'";
+    eventually(WITHIN, || async { db.scalar(waiting).await == 1 }).await;
+    second.commit().await.unwrap();
+    pass.await.unwrap().unwrap();
+    let minute = "SELECT CAST(sum(completed) AS BIGINT) FROM jobhost.history
+                  WHERE minute = date_trunc('minute', now()) - interval '10 minutes'";
+    assert_eq!(db.scalar(minute).await, 3, "the three late copies count in their minute");
+}
+
 on_both_backends!(
     finished_jobs_retries_and_times_are_counted_as_the_archive_says,
     retries_from_many_hosts_add_up_while_minutes_are_computed,

@@ -91,11 +91,10 @@ pub fn render(chart: &Chart) -> Markup {
                 // of completions stay visible: a segment with a value is
                 // never thinner than MIN_SEGMENT (the readout has the
                 // exact figure).
+                let heights = stacked_heights(chart.series.iter().map(|s| s.values[i].unwrap_or(0.0)), top);
                 let mut bottom = HEIGHT;
-                for series in &chart.series {
-                    let value = series.values[i].unwrap_or(0.0);
-                    if value > 0.0 {
-                        let height = (value / top * HEIGHT).max(MIN_SEGMENT).min(bottom);
+                for (series, height) in chart.series.iter().zip(heights) {
+                    if height > 0.0 {
                         let y = bottom - height;
                         plot.push_str(&format!(
                             r#"<rect class="{}" x="{:.2}" y="{y:.3}" width="0.8" height="{height:.3}"/>"#,
@@ -172,6 +171,22 @@ pub fn render(chart: &Chart) -> Markup {
             p.readout aria-live="polite" { "Point at or tap the chart for its values." }
         }
     }
+}
+
+/// The heights of one bar's segments, bottom up: each to scale, but a
+/// segment with a value at least MIN_SEGMENT tall; what that adds past the
+/// plot's top is taken from the tallest segment, so the bar stays within
+/// the plot and the small ones stay visible.
+fn stacked_heights(values: impl Iterator<Item = f64>, top: f64) -> Vec<f64> {
+    let mut heights: Vec<f64> =
+        values.map(|value| if value > 0.0 { (value / top * HEIGHT).max(MIN_SEGMENT) } else { 0.0 }).collect();
+    let excess = heights.iter().sum::<f64>() - HEIGHT;
+    if excess > 0.0
+        && let Some(tallest) = heights.iter_mut().max_by(|a, b| a.total_cmp(b))
+    {
+        *tallest = (*tallest - excess).max(0.0);
+    }
+    heights
 }
 
 /// The values of point `i`, as the readout shows them.
@@ -284,6 +299,14 @@ mod tests {
         assert_eq!(nice_ceiling(10.0), 10.0);
         assert_eq!(nice_ceiling(120.0), 200.0);
         assert_eq!(nice_ceiling(5001.0), 10_000.0);
+    }
+
+    #[test]
+    fn a_few_failures_stay_visible_on_the_tallest_bar() {
+        let heights = stacked_heights([996.0, 2.0, 1.0, 1.0].into_iter(), 1000.0);
+        assert!(heights[1..].iter().all(|h| *h >= MIN_SEGMENT), "{heights:?}");
+        assert!((heights.iter().sum::<f64>() - HEIGHT).abs() < 1e-9, "within the plot: {heights:?}");
+        assert_eq!(stacked_heights([0.0, 50.0].into_iter(), 100.0), [0.0, 50.0]);
     }
 
     #[test]

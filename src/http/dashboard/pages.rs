@@ -672,14 +672,18 @@ pub fn batches(batches: &[Batch], now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// A batch's ended members by how they ended, as shares of all of them.
+/// A batch's progress by how its members ended: the failed and discarded
+/// share in red, the cancelled in grey, and the rest of its progress (the
+/// completed members and the running ones' own progress) in green, so
+/// the fill matches the figure.
 fn batch_parts(batch: &Batch) -> [(f64, Tone); 3] {
     let c = &batch.counts;
     let share = |n: i64| if c.total == 0 { 0.0 } else { n as f64 / c.total as f64 };
+    let (failures, cancelled) = (share(c.failed + c.discarded), share(c.cancelled));
     [
-        (share(c.completed), Tone::Good),
-        (share(c.failed + c.discarded), Tone::Failures),
-        (share(c.cancelled), Tone::Cancelled),
+        ((batch.progress - failures - cancelled).max(0.0), Tone::Good),
+        (failures, Tone::Failures),
+        (cancelled, Tone::Cancelled),
     ]
 }
 

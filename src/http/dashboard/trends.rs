@@ -37,17 +37,21 @@ fn throughput(range: HistoryRange, points: &[HistoryPoint], marks: &[Mark], all_
     })
 }
 
-/// Live jobs at each step's last sample. A step with no sample after the
-/// first one had no live jobs (a sample writes rows only for queues with
-/// some), so it is drawn at zero: a spike rises from the axis, not from
-/// mid-air. Before the first sample nothing is known, and nothing drawn.
+/// Live jobs at each step's last sample. A step with no sample between
+/// two sampled ones had no live jobs (a sample writes rows only for
+/// queues with some), so it is drawn at zero: a spike rises from the axis,
+/// not from mid-air. Before the first sample and after the last (the
+/// current minute, until its first sample) nothing is known, and nothing
+/// is drawn.
 fn depth(range: HistoryRange, points: &[HistoryPoint], marks: &[Mark]) -> Markup {
-    let first_sample =
-        points.iter().position(|p| p.available.is_some() || p.scheduled.is_some() || p.blocked.is_some());
+    let is_sampled = |p: &HistoryPoint| p.available.is_some() || p.scheduled.is_some() || p.blocked.is_some();
+    let known = points.iter().position(is_sampled).zip(points.iter().rposition(is_sampled));
     let sampled = |value: fn(&HistoryPoint) -> Option<i64>| {
         move |p: &HistoryPoint| match value(p) {
             Some(n) => Some(n as f64),
-            None if first_sample.is_some_and(|first| points[first].at <= p.at) => Some(0.0),
+            None if known.is_some_and(|(first, last)| (points[first].at..=points[last].at).contains(&p.at)) => {
+                Some(0.0)
+            }
             None => None,
         }
     };

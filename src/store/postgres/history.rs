@@ -44,8 +44,9 @@ async fn roll(pool: &PgPool, retention_secs: f64) -> Result<u64> {
         (row.try_get("upto")?, row.try_get("until")?, row.try_get("settled")?);
     let mut computed = compute(&mut tx, from, until).await?;
     // Minutes behind the mark that a late commit added to (the archive's
-    // deferred trigger flagged them): taken first, so a flag committed
-    // after this statement stays for the next pass, which sees its row.
+    // deferred trigger flagged them), taken before they are computed
+    // again: a flag committed after this statement stays for the next
+    // pass, and one a committing writer holds makes this wait for it.
     let late: Vec<DateTime<Utc>> =
         sqlx::query_scalar("DELETE FROM jobhost.history_late WHERE minute < $1 RETURNING minute")
             .bind(from)

@@ -9,14 +9,16 @@
 -- may have computed that minute without it, so the minute is flagged for
 -- the next pass to compute again (src/store/postgres/history.rs). Checked
 -- at the commit, not at the insert, so no lock wait after the insert can
--- slip a row past the check.
+-- slip a row past the check. A flag already there is updated, not left
+-- alone: the update holds its row until this commit, so a pass taking the
+-- flags (DELETE) waits for this transaction and then sees its row.
 CREATE OR REPLACE FUNCTION jobhost.archive_flag_late() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     IF NEW.finished_at < date_trunc('minute', clock_timestamp()) THEN
         INSERT INTO jobhost.history_late (minute) VALUES (date_trunc('minute', NEW.finished_at))
-        ON CONFLICT (minute) DO NOTHING;
+        ON CONFLICT (minute) DO UPDATE SET minute = EXCLUDED.minute;
     END IF;
     RETURN NULL;
 END;
