@@ -180,6 +180,14 @@ impl Error {
         matches!(self.database_code(), Some(DatabaseCode::Sqlstate(code)) if code == LOCK_NOT_AVAILABLE)
     }
 
+    /// True when another transaction changed the same catalog row (a
+    /// function's definition) while this statement waited for it, as an
+    /// operator's `CREATE OR REPLACE` committing does: PostgreSQL reports
+    /// it as an internal error, and the same statement tried again passes.
+    pub fn is_concurrent_definition(&self) -> bool {
+        matches!(self, Error::Database(sqlx::Error::Database(db)) if db.message() == "tuple concurrently updated")
+    }
+
     /// True when the database answered and refused the statement (bad data,
     /// a violated constraint, a full concurrency key): retrying the same
     /// statement will fail the same way. Neither a transient failure nor the

@@ -59,4 +59,16 @@ mod tests {
             assert_eq!(*versions.last().unwrap() as usize, versions.len(), "no gap");
         }
     }
+
+    /// A migration's `-- functions:` header names files that exist, and
+    /// only a migration after the one that made `function_sources` (0047),
+    /// where they are recorded, names any.
+    #[test]
+    fn functions_a_migration_names_are_files_it_can_record() {
+        for migration in super::postgres().iter() {
+            let named = crate::store::postgres::functions::needed_by(migration.sql.as_str())
+                .unwrap_or_else(|why| panic!("migration {}: {why}", migration.version));
+            assert!(named.is_empty() || migration.version > 47, "migration {}", migration.version);
+        }
+    }
 }

@@ -36,6 +36,7 @@ mod loading;
 mod logs;
 mod maintenance;
 mod migrations;
+mod modules;
 mod new_project;
 mod operations;
 mod outbound;

@@ -6,6 +6,7 @@
 //! renewal may wait behind a migration's lock for longer than a moment. A renewal
 //! that waits past the fence margin stops every guest of every host, and
 //! before, migration 0009 held `jobs` while it indexed the whole archive.
+//! Last, every function file is applied again the same way.
 
 use crate::common;
 
@@ -28,6 +29,13 @@ const BACKLOG: i64 = 200_000;
 const RUNNING: i64 = 200;
 /// How long an application's transaction reading `jobs` stays open.
 const APPLICATION_HOLDS: Duration = Duration::from_millis(400);
+
+/// Stands for the pass that applies the function files, among versions.
+const FUNCTIONS: i64 = i64::MAX;
+
+fn step_name(version: i64) -> String {
+    if version == FUNCTIONS { "the functions".to_string() } else { format!("migration {version:>4}") }
+}
 
 /// The rows of a fleet that has run for a while, written in the first
 /// migration's columns (every later one keeps them).
@@ -124,7 +132,13 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
         .collect();
     let sampler_pool = PgPoolOptions::new().max_connections(1).connect_with(options.clone()).await.unwrap();
     let mut waits: BTreeMap<i64, (f64, Duration)> = BTreeMap::new();
-    for version in 2..=latest {
+    // Then, with every function file's record removed, the pass that
+    // applies them all again (`None`).
+    for step in (2..=latest).map(Some).chain([None]) {
+        if step.is_none() {
+            sqlx::query("DELETE FROM jobhost.function_sources").execute(&pool).await.unwrap();
+        }
+        let version = step.unwrap_or(FUNCTIONS);
         // An application's transaction that has read the jobs table is open
         // as each migration starts: a migration that queued behind it for a
         // lock the fleet's renewals conflict with would hold them as long.
@@ -141,7 +155,7 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
         });
         read.await.unwrap();
         let started = tokio::time::Instant::now();
-        let migrating = store.schema_migrate_to(Some(version));
+        let migrating = store.schema_migrate_to(step);
         tokio::pin!(migrating);
         let mut longest: f64 = 0.0;
         loop {
@@ -165,12 +179,13 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
     }
 
     for (version, (longest, took)) in &waits {
-        eprintln!("migration {version:>4}: applied in {took:>10.1?}, longest renewal wait {longest:6.1} ms");
+        eprintln!("{:>14}: applied in {took:>10.1?}, longest renewal wait {longest:6.1} ms", step_name(*version));
     }
     for (version, (longest, _)) in &waits {
         assert!(
             *longest < LONGEST_WAIT_MS,
-            "migration {version} held a renewal for {longest:.1} ms, more than {LONGEST_WAIT_MS} ms"
+            "{} held a renewal for {longest:.1} ms, more than {LONGEST_WAIT_MS} ms",
+            step_name(*version)
         );
     }
     // The indexes built concurrently are there and valid, as on a database
@@ -196,6 +211,10 @@ async fn every_migration_runs_under_a_renewing_fleet_without_stopping_it() {
     let here: Vec<(i64, Vec<u8>)> = sqlx::query_as(recorded).fetch_all(&pool).await.unwrap();
     let there: Vec<(i64, Vec<u8>)> = sqlx::query_as(recorded).fetch_all(fresh.pool()).await.unwrap();
     assert_eq!(here, there, "recorded as applied, with the files' own checksums");
+    let functions = "SELECT name, sha256 FROM jobhost.function_sources ORDER BY name";
+    let here: Vec<(String, String)> = sqlx::query_as(functions).fetch_all(&pool).await.unwrap();
+    let there: Vec<(String, String)> = sqlx::query_as(functions).fetch_all(fresh.pool()).await.unwrap();
+    assert_eq!(here, there, "every function file applied again and recorded");
 }
 
 /// The helpers a fetch and a result write call once per statement are

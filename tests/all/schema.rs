@@ -149,3 +149,99 @@ async fn a_changed_function_is_applied_from_its_file_and_a_newer_generation_is_l
     let recorded = db.texts("SELECT sha256 FROM jobhost.function_sources WHERE name = 'render_key'").await;
     assert_ne!(recorded[0], "older", "and recorded");
 }
+
+/// A migration that names function files in its header (`-- functions:`)
+/// runs with those files applied first, in its own transaction: it sees
+/// the bodies as the files have them, and when it fails, the bodies and
+/// what `function_sources` records roll back with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_runs_with_the_functions_it_names_and_they_roll_back_with_it() {
+    use jobhost::store::postgres::{PgStore, carried_migrations};
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let db = TestDb::postgres().await;
+    let body = || async { db.texts("SELECT prosrc FROM pg_proc WHERE proname = 'render_key'").await.remove(0) };
+    let recorded = || async { db.texts("SELECT sha256 FROM jobhost.function_sources WHERE name = 'render_key'").await };
+    let original = body().await;
+    db.execute(
+        "CREATE OR REPLACE FUNCTION jobhost.render_key(template text, payload jsonb) RETURNS text
+         LANGUAGE sql IMMUTABLE AS $$ SELECT 'stand-in' $$",
+    )
+    .await;
+    db.execute("UPDATE jobhost.function_sources SET sha256 = 'older' WHERE name = 'render_key'").await;
+    // The migration fails if it runs before the file's body is back.
+    let needs_the_file = "-- A migration of a later release.\n-- functions: render_key\n\
+        DO $$ BEGIN
+            IF jobhost.render_key('a-{x}', '{\"x\": 7}') = 'stand-in' THEN
+                RAISE EXCEPTION 'ran before render_key''s file was applied';
+            END IF;
+        END $$;\n";
+    let next = newest_postgres_migration() + 1;
+    let with = |later: &[String]| {
+        let mut migrations: Vec<Migration> = carried_migrations().iter().cloned().collect();
+        for (version, sql) in (next..).zip(later) {
+            let sql = sqlx::AssertSqlSafe(sql.clone()).into_sql_str();
+            migrations.push(Migration::new(version, "later".into(), MigrationType::Simple, sql, false));
+        }
+        Migrator::with_migrations(migrations)
+    };
+    let store = PgStore::connect(&db.url, 2).await.unwrap();
+    let applied = || async {
+        db.texts(format!("SELECT count(*)::text FROM jobhost._sqlx_migrations WHERE version = {next}")).await
+    };
+
+    let failing = with(&[format!("{needs_the_file}SELECT 1 / 0;")]);
+    let error = store.schema_migrate_by(&failing).await.unwrap_err();
+    assert!(error.to_string().contains("division by zero"), "{error}");
+    assert!(body().await.contains("'stand-in'"), "the body rolled back with the migration");
+    assert_eq!(recorded().await, ["older"], "and what is recorded");
+    assert_eq!(applied().await, ["0"]);
+
+    store.schema_migrate_by(&with(&[needs_the_file.to_string()])).await.unwrap();
+    assert_eq!(body().await, original, "the file's body, in place before the migration ran");
+    assert_ne!(recorded().await, ["older"], "recorded in the migration's transaction");
+    assert_eq!(applied().await, ["1"]);
+
+    let naming_none = with(&[needs_the_file.to_string(), "-- functions: no_such_function\nSELECT 1;".to_string()]);
+    let error = store.schema_migrate_by(&naming_none).await.unwrap_err();
+    assert!(error.to_string().contains("no_such_function"), "{error}");
+}
+
+/// Applying the function files waits out a lock on a function (an
+/// operator's `CREATE OR REPLACE` in a transaction left open) by giving up
+/// and trying again, never failing, and never holding a lock the fleet's
+/// statements would queue behind meanwhile; once that transaction ends,
+/// the file's body is put back over what it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_functions_waits_out_a_function_locked_by_another_transaction() {
+    let db = TestDb::postgres().await;
+    let body = || async { db.texts("SELECT prosrc FROM pg_proc WHERE proname = 'render_key'").await.remove(0) };
+    let original = body().await;
+    db.execute("UPDATE jobhost.function_sources SET sha256 = 'older' WHERE name = 'render_key'").await;
+    let mut operator = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION jobhost.render_key(template text, payload jsonb) RETURNS text
+         LANGUAGE sql IMMUTABLE AS $$ SELECT 'hotfix' $$",
+    )
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    let migrating = tokio::spawn({
+        let store = db.store.clone();
+        async move { store.schema_migrate().await }
+    });
+    // The pass reaches the locked function and waits on it (briefly, then
+    // again: its lock timeout is short).
+    let waiting = "SELECT count(*)::text FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%render_key%'";
+    while db.texts(waiting).await != ["1"] {
+        assert!(!migrating.is_finished(), "the pass ended while the function was locked: {:?}", migrating.await);
+        tokio::task::yield_now().await;
+    }
+    // A caller of the function is not held meanwhile.
+    let rendered = db.texts("SELECT jobhost.render_key('k-{x}', '{\"x\": 1}')").await;
+    assert_ne!(rendered, ["hotfix"], "the operator's body is not committed yet");
+    operator.commit().await.unwrap();
+    migrating.await.unwrap().expect("the pass finished once the lock was gone");
+    assert_eq!(body().await, original, "the file's body over the operator's");
+}

@@ -6,6 +6,13 @@
 //! migrations that first defined them, as history: a fresh database runs
 //! them, then the files.
 //!
+//! A migration that needs a function as its file has it (a trigger that
+//! calls a new function, a data move through one) names it in a header
+//! line, `-- functions: NAME, NAME`: those files are applied and recorded
+//! first, in the migration's own transaction ([`for_migration`]), so the
+//! migration never carries a copy of a body and commits or rolls back with
+//! the functions it needs.
+//!
 //! A rolling upgrade: the files carry a generation ([`GENERATION`]), raised
 //! with every change to any of them, and the database records which
 //! generation applied each function. A host applies a file only when its
@@ -98,6 +105,54 @@ pub fn sources_digest() -> String {
     hex::encode(hasher.finalize())
 }
 
+/// Records a file as applied (with `VALUES (name, digest, generation)`).
+const RECORD_INTO: &str = "INSERT INTO jobhost.function_sources (name, sha256, generation)";
+const RECORD_OVER: &str = "ON CONFLICT (name) DO UPDATE
+    SET sha256 = EXCLUDED.sha256, generation = EXCLUDED.generation, applied_at = now()";
+
+/// The header line by which a migration names the files it needs.
+const NEEDS: &str = "-- functions:";
+
+/// The function files a migration names in its header (the comment lines
+/// it opens with), in the order named.
+///
+/// # Errors
+/// A name no file has.
+pub fn needed_by(sql: &str) -> std::result::Result<Vec<&'static str>, String> {
+    let header = sql.lines().take_while(|line| line.starts_with("--"));
+    let named = header.filter_map(|line| line.strip_prefix(NEEDS)).flat_map(|names| names.split(','));
+    named
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            SOURCES
+                .iter()
+                .find(|(file, _)| *file == name)
+                .map(|(file, _)| *file)
+                .ok_or_else(|| format!("names function {name}, which has no file in src/store/postgres/functions/"))
+        })
+        .collect()
+}
+
+/// The statements that apply and record the named files, to run at the
+/// start of a migration's transaction: each body as its file has it, and
+/// its digest under this generation, so the pass after the migrations
+/// finds it current. Bodies are not checked while they are created (a
+/// body may call a function the next file creates); the check is back on
+/// for the migration's own statements.
+pub fn for_migration(names: &[&str]) -> String {
+    let mut sql = String::from("SET LOCAL check_function_bodies = off;\n");
+    for name in names {
+        let (_, source) = SOURCES.iter().find(|(file, _)| file == name).expect("a name from needed_by");
+        let digest = hex::encode(Sha256::digest(source.as_bytes()));
+        sql.push_str(source);
+        // Names and digests are the binary's own (a file name, hex): safe as literals.
+        sql.push_str(&format!("\n;\n{RECORD_INTO} VALUES ('{name}', '{digest}', {}) {RECORD_OVER};\n", GENERATION.0));
+    }
+    sql.push_str("SET LOCAL check_function_bodies = on;\n");
+    sql
+}
+
 /// How long the step may keep waiting for a lock before it gives up.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 
@@ -105,7 +160,9 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 /// under this generation or a later one, in one transaction (bodies are not
 /// checked against each other while they are replaced, so the order does
 /// not matter). Returns how many it applied. Runs while the caller holds
-/// the migrating turn, with its short lock timeout: a lock wait is retried.
+/// the migrating turn, with its short lock timeout: a lock wait is retried,
+/// and so is a function another transaction replaced meanwhile (the pass
+/// then puts the file's body over it).
 ///
 /// # Errors
 /// A file the database refuses, or a lock held past [`GIVE_UP_AFTER`].
@@ -114,6 +171,9 @@ pub async fn apply(conn: &mut PgConnection) -> Result<usize> {
     let mut pause = Duration::from_millis(100);
     loop {
         match apply_once(conn).await {
+            Err(error) if error.is_concurrent_definition() && started.elapsed() < GIVE_UP_AFTER => {
+                tracing::warn!(%error, "a SQL function changed while it was applied; applying again");
+            }
             Err(error) if error.is_lock_timeout() && started.elapsed() < GIVE_UP_AFTER => {
                 tracing::warn!(%error, "applying the SQL functions waited for a lock; trying again");
                 tokio::time::sleep(pause).await;
@@ -141,21 +201,41 @@ async fn apply_once(conn: &mut PgConnection) -> Result<usize> {
             _ => {}
         }
         sqlx::raw_sql(sqlx::AssertSqlSafe(*source)).execute(&mut *tx).await.map_err(|e| match Error::from(e) {
-            lock @ Error::Database(_) if lock.is_lock_timeout() => lock,
+            again @ Error::Database(_) if again.is_lock_timeout() || again.is_concurrent_definition() => again,
             refused => Error::FunctionRefused { name: name.to_string(), reason: refused.to_string() },
         })?;
-        sqlx::query(
-            "INSERT INTO jobhost.function_sources (name, sha256, generation) VALUES ($1, $2, $3)
-             ON CONFLICT (name) DO UPDATE
-                SET sha256 = EXCLUDED.sha256, generation = EXCLUDED.generation, applied_at = now()",
-        )
-        .bind(name)
-        .bind(&digest)
-        .bind(GENERATION.0)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("{RECORD_INTO} VALUES ($1, $2, $3) {RECORD_OVER}")))
+            .bind(name)
+            .bind(&digest)
+            .bind(GENERATION.0)
+            .execute(&mut *tx)
+            .await?;
         applied += 1;
     }
     tx.commit().await?;
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_names_files_in_order_and_a_body_line_names_none() {
+        let sql = "-- Why this migration.\n-- functions: render_key, park\n--functions: nope\nCREATE TABLE t ();\n-- functions: fetch\n";
+        assert_eq!(needed_by(sql).unwrap(), ["render_key", "park"]);
+        assert!(needed_by("-- functions: render_key, no_such\n").unwrap_err().contains("no_such"));
+        assert!(needed_by("CREATE TABLE t ();").unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_statements_apply_each_body_then_record_it_under_this_generation() {
+        let sql = for_migration(&["park", "render_key"]);
+        let park = sql.find("FUNCTION jobhost.park").unwrap();
+        let render = sql.find("FUNCTION jobhost.render_key").unwrap();
+        assert!(sql.starts_with("SET LOCAL check_function_bodies = off;") && park < render);
+        let digest = hex::encode(Sha256::digest(SOURCES.iter().find(|(n, _)| *n == "park").unwrap().1.as_bytes()));
+        assert!(sql.contains(&format!("VALUES ('park', '{digest}', {})", GENERATION.0)));
+        assert!(sql.trim_end().ends_with("SET LOCAL check_function_bodies = on;"));
+    }
 }

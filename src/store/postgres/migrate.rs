@@ -135,34 +135,49 @@ async fn migrate_holding_turn(conn: &mut PgConnection, migrator: &Migrator, targ
     for migration in pending {
         let version = migration.version;
         let indexes: Vec<_> = ONLINE_INDEXES.iter().filter(|(v, _, _)| *v == version).collect();
-        if indexes.is_empty() {
-            // A `-- no-transaction` migration builds an index concurrently,
-            // and such a build waits for every older transaction: no timeout.
-            let lock_wait = if migration.no_tx { "0" } else { LOCK_WAIT };
-            set_lock_timeout(conn, lock_wait).await?;
-            retrying(conn, migration).await?;
-            set_lock_timeout(conn, LOCK_WAIT).await?;
-            continue;
-        }
         for (_, name, statement) in &indexes {
             build_concurrently(conn, name, statement, fleet_may_run).await?;
         }
-        let mut sql = migration.sql.as_str().to_string();
-        for (_, name, statement) in &indexes {
-            if !sql.contains(statement) {
-                let changed = format!("migration {version} no longer creates index {name} as jobhost expects");
-                return Err(MigrateError::Source(changed.into()).into());
-            }
-            sql = sql.replace(statement, &format!("-- {name}: built concurrently before this migration"));
-        }
-        // Recorded with the file's own checksum, as if applied as written.
-        let without_indexes = Migration { sql: sqlx::AssertSqlSafe(sql).into_sql_str(), ..migration.clone() };
-        retrying(conn, &without_indexes).await?;
-        if fleet_may_run {
+        let as_run = as_run(migration, &indexes)?;
+        // A `-- no-transaction` migration builds an index concurrently,
+        // and such a build waits for every older transaction: no timeout.
+        let lock_wait = if migration.no_tx { "0" } else { LOCK_WAIT };
+        set_lock_timeout(conn, lock_wait).await?;
+        retrying(conn, as_run.as_ref().unwrap_or(migration)).await?;
+        set_lock_timeout(conn, LOCK_WAIT).await?;
+        if fleet_may_run && !indexes.is_empty() {
             tracing::info!(version, "applied a migration, its indexes built concurrently");
         }
     }
     Ok(())
+}
+
+/// The migration as it is run, when that is not as written: without the
+/// [`ONLINE_INDEXES`] built before it, and preceded by the function files
+/// its header names (`-- functions: NAME, ...`, [`super::functions`]), in
+/// its own transaction. It is recorded with the file's own checksum, as if
+/// applied as written. `None` when it runs as written.
+fn as_run(migration: &Migration, indexes: &[&(i64, &str, &str)]) -> Result<Option<Migration>> {
+    let version = migration.version;
+    let refused = |why: String| -> Error { MigrateError::Source(format!("migration {version} {why}").into()).into() };
+    let needs = super::functions::needed_by(migration.sql.as_str()).map_err(refused)?;
+    if indexes.is_empty() && needs.is_empty() {
+        return Ok(None);
+    }
+    if migration.no_tx && !needs.is_empty() {
+        return Err(refused("names functions but runs outside a transaction (-- no-transaction)".into()));
+    }
+    let mut sql = migration.sql.as_str().to_string();
+    for (_, name, statement) in indexes {
+        if !sql.contains(statement) {
+            return Err(refused(format!("no longer creates index {name} as jobhost expects")));
+        }
+        sql = sql.replace(statement, &format!("-- {name}: built concurrently before this migration"));
+    }
+    if !needs.is_empty() {
+        sql = super::functions::for_migration(&needs) + &sql;
+    }
+    Ok(Some(Migration { sql: sqlx::AssertSqlSafe(sql).into_sql_str(), ..migration.clone() }))
 }
 
 /// Builds one of [`ONLINE_INDEXES`] concurrently, unless it is there and
@@ -208,6 +223,10 @@ async fn retrying(conn: &mut PgConnection, migration: &Migration) -> Result<()> 
     let mut pause = Duration::from_millis(100);
     loop {
         match conn.apply(TABLE, migration).await.map(|_| ()).map_err(Error::from) {
+            // A function it applies was replaced meanwhile (`-- functions:`).
+            Err(error) if error.is_concurrent_definition() && started.elapsed() < GIVE_UP_AFTER => {
+                tracing::warn!(version, %error, "a function changed while a migration applied it; trying again");
+            }
             Err(error) if error.is_lock_timeout() && started.elapsed() < GIVE_UP_AFTER => {
                 tracing::warn!(version, %error, "a migration waited for a table another transaction holds; trying again");
                 tokio::time::sleep(pause).await;

@@ -104,6 +104,11 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::TickWrite;
 use super::{Backend, EnqueueLimits, Enqueued, FetchParams, Result};
 
+/// The PostgreSQL migrations this binary carries.
+pub fn carried_migrations() -> &'static sqlx::migrate::Migrator {
+    crate::store::migrations::postgres()
+}
+
 /// The channel on which inserts and requeues announce available jobs.
 const CHANNEL: &str = "jobhost_available";
 
@@ -190,7 +195,15 @@ impl PgStore {
     /// # Errors
     /// As [`Store::schema_migrate`].
     pub async fn schema_migrate_to(&self, target: Option<i64>) -> Result<()> {
-        migrate::run(&self.options, crate::store::migrations::postgres(), target).await
+        migrate::run(&self.options, carried_migrations(), target).await
+    }
+
+    /// Applies `migrator`'s migrations rather than the ones this binary
+    /// carries ([`carried_migrations`]), as `migrate` does: for tests of
+    /// migrating itself, with a migration no release carries.
+    #[doc(hidden)]
+    pub async fn schema_migrate_by(&self, migrator: &sqlx::migrate::Migrator) -> Result<()> {
+        migrate::run(&self.options, migrator, None).await
     }
 
     /// The pool, for tests that check invariants with their own SQL.
