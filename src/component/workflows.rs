@@ -44,8 +44,9 @@ pub struct RunWorkflows {
     job_id: i64,
     /// How to find the job's step; `current` is refused without one.
     lookup: Option<StepLookup>,
-    /// The job's step, once asked.
-    step: Option<Option<JobStep>>,
+    /// The store's answer for the job's step, once asked: an error too, so
+    /// a guest asking in a loop while the database fails sends one query.
+    step: Option<Result<Option<JobStep>, String>>,
     /// The names added so far, per workflow.
     names: HashMap<StepTarget, HashSet<String>>,
 }
@@ -56,17 +57,17 @@ impl RunWorkflows {
         RunWorkflows { job_id, lookup, ..RunWorkflows::default() }
     }
 
-    /// The job's step, asked of the store once per run.
+    /// The job's step, asked of the store once per run, whatever it answers.
     async fn step(&mut self) -> Result<Option<JobStep>, String> {
         if let Some(step) = &self.step {
-            return Ok(step.clone());
+            return step.clone();
         }
         let Some(lookup) = self.lookup.clone() else {
             return Err("this host cannot tell which workflow step a job is (it runs without a queue)".to_string());
         };
-        let step = lookup(self.job_id).await?;
+        let step = lookup(self.job_id).await;
         self.step = Some(step.clone());
-        Ok(step)
+        step
     }
 }
 
@@ -208,4 +209,30 @@ async fn check_step_job(check: Option<ChildCheck>, child: &ChildJob) -> Result<(
     };
     let probe = ChildProbe { child: child.clone(), earlier: Default::default(), at_release: true };
     check(probe).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A guest asking for its step in a loop while the database fails
+    /// costs one query, and reads the same error each time.
+    #[tokio::test]
+    async fn a_failed_lookup_is_asked_once_per_run() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let lookup: StepLookup = Arc::new({
+            let asked = asked.clone();
+            move |_| {
+                asked.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Err("the database is unreachable".to_string()) })
+            }
+        });
+        let mut run = RunWorkflows::new(7, Some(lookup));
+        for _ in 0..100 {
+            assert_eq!(run.step().await.unwrap_err(), "the database is unreachable");
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+    }
 }
