@@ -185,7 +185,9 @@ impl Error {
     /// operator's `CREATE OR REPLACE` committing does: PostgreSQL reports
     /// it as an internal error, and the same statement tried again passes.
     pub fn is_concurrent_definition(&self) -> bool {
-        matches!(self, Error::Database(sqlx::Error::Database(db)) if db.message() == "tuple concurrently updated")
+        self.database_error().is_some_and(|db| {
+            db.code().as_deref() == Some(INTERNAL_ERROR) && db.message() == "tuple concurrently updated"
+        })
     }
 
     /// True when the database answered and refused the statement (bad data,
@@ -251,16 +253,21 @@ impl Error {
     }
 
     /// The database's own error code, where the database answered.
-    fn database_code(&self) -> Option<DatabaseCode> {
+    /// The database's own error, whether a statement or a migration met it.
+    fn database_error(&self) -> Option<&dyn sqlx::error::DatabaseError> {
         use sqlx::migrate::MigrateError;
-        let db = match self {
+        match self {
             Error::Database(sqlx::Error::Database(db))
             | Error::Migrate(
                 MigrateError::Execute(sqlx::Error::Database(db))
                 | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
-            ) => db,
-            _ => return None,
-        };
+            ) => Some(db.as_ref()),
+            _ => None,
+        }
+    }
+
+    fn database_code(&self) -> Option<DatabaseCode> {
+        let db = self.database_error()?;
         if let Some(sqlite) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
             // The primary result code, without the extended code's high bits.
             let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i32>().ok())?;
@@ -269,6 +276,10 @@ impl Error {
         db.code().map(|code| DatabaseCode::Sqlstate(code.into_owned()))
     }
 }
+
+/// PostgreSQL's SQLSTATE for an error it raises from inside (`elog`), as
+/// for a catalog row another transaction changed meanwhile.
+const INTERNAL_ERROR: &str = "XX000";
 
 /// A database error's code: SQLite's primary result code, or PostgreSQL's SQLSTATE.
 enum DatabaseCode {

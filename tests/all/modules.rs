@@ -4,8 +4,10 @@
 //! read, changed or tested without the other; this suite fails when one
 //! appears. It reads `src/` as a reader would: each file is a module, and
 //! each `crate::`, `super::` or `self::` path outside comments and tests
-//! is an edge to the deepest module it names. A module's own parents and
-//! children are not edges: a parent declaring its children is not a cycle.
+//! is an edge to the module that defines what it names, through the
+//! parents' re-exports (`pub use`). A module's own parents and children
+//! are not edges: a parent declaring its children is not a cycle. Two
+//! groups in the store were cycles when this was written ([`KNOWN`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -33,28 +35,33 @@ fn modules() -> BTreeMap<String, (bool, String)> {
                 parts.pop();
             }
             let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            let code: String =
-                code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+            // Up to the test module; without comments (a URL in a string
+            // is cut too, which names no module either).
+            let code = text.split("#[cfg(test)]\nmod ").next().unwrap();
+            let code: String = code.lines().map(|l| l.split("//").next().unwrap()).collect::<Vec<_>>().join("\n");
             found.insert(parts.join("::"), (folder_module, code));
         }
     }
     found
 }
 
-/// The module a path used in `module` names: the deepest known prefix.
-fn named(module: &str, folder_module: bool, path: &str, known: &BTreeMap<String, (bool, String)>) -> Option<String> {
+/// The module a path used in `module` names (the deepest known prefix),
+/// and the segments after it.
+fn named<'p>(
+    module: &str,
+    folder_module: bool,
+    path: &'p str,
+    known: &BTreeMap<String, (bool, String)>,
+) -> Option<(String, Vec<&'p str>)> {
     let mut segments = path.split("::").peekable();
     let mut base: Vec<&str> = match segments.peek() {
         Some(&"crate") => Vec::new(),
         Some(&"self" | &"super") => {
             let mut here: Vec<&str> = module.split("::").filter(|s| !s.is_empty()).collect();
-            if !folder_module {
-                // A file's `self` is its own module, `super` its folder's.
-                if segments.peek() == Some(&"super") {
-                    here.pop();
-                    segments.next();
-                }
+            // A file's `self` is its own module, `super` its folder's.
+            if !folder_module && segments.peek() == Some(&"super") {
+                here.pop();
+                segments.next();
             }
             here
         }
@@ -68,10 +75,63 @@ fn named(module: &str, folder_module: bool, path: &str, known: &BTreeMap<String,
         segments.next();
     }
     let rest: Vec<&str> = segments.collect();
-    (0..=rest.len())
-        .rev()
-        .map(|n| base.iter().chain(&rest[..n]).copied().collect::<Vec<_>>().join("::"))
-        .find(|candidate| known.contains_key(candidate))
+    (0..=rest.len()).rev().find_map(|n| {
+        let candidate = base.iter().chain(&rest[..n]).copied().collect::<Vec<_>>().join("::");
+        known.contains_key(&candidate).then(|| (candidate, rest[n..].to_vec()))
+    })
+}
+
+/// What each module re-exports (`pub use`), by (module, name): the module
+/// that defines it. `crate::store::Error` is `store::error`'s, not the
+/// parent's, so an import through a re-export is an edge to its home.
+fn reexports(known: &BTreeMap<String, (bool, String)>) -> BTreeMap<(String, String), String> {
+    let mut found = BTreeMap::new();
+    for (module, (folder_module, code)) in known {
+        for statement in code.split(';') {
+            let Some(used) = statement.trim_start().strip_prefix("pub use ").or_else(|| {
+                let restricted = statement.trim_start().strip_prefix("pub(")?;
+                restricted.split_once(") use ").map(|(_, used)| used)
+            }) else {
+                continue;
+            };
+            let used = used.trim();
+            let rooted = if ["crate::", "self::", "super::"].iter().any(|root| used.starts_with(root)) {
+                used.to_string()
+            } else {
+                format!("self::{used}")
+            };
+            let mut spelled = Vec::new();
+            spell_out(&rooted, String::new(), &mut spelled);
+            for path in spelled {
+                let item = path.rsplit("::").next().unwrap().to_string();
+                if let Some((home, _)) = named(module, *folder_module, &path, known) {
+                    found.insert((module.clone(), item), home);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The module a path used in `module` reaches, through re-exports.
+fn reached(
+    module: &str,
+    folder_module: bool,
+    path: &str,
+    known: &BTreeMap<String, (bool, String)>,
+    reexported: &BTreeMap<(String, String), String>,
+) -> Option<String> {
+    let (mut home, rest) = named(module, folder_module, path, known)?;
+    if let Some(first) = rest.first() {
+        // A chain of re-exports is followed a few steps at most.
+        for _ in 0..4 {
+            match reexported.get(&(home.clone(), first.to_string())) {
+                Some(next) if *next != home => home = next.clone(),
+                _ => break,
+            }
+        }
+    }
+    Some(home)
 }
 
 /// The paths in `code` that start at `crate`, `super` or `self`, a
@@ -127,6 +187,7 @@ fn spell_out(code: &str, prefix: String, found: &mut Vec<String>) {
 /// Each module's edges to modules neither its parent nor its child.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let known = modules();
+    let reexported = reexports(&known);
     let related =
         |a: &str, b: &str| a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::")) || b.is_empty();
     known
@@ -134,7 +195,7 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         .map(|(module, (folder_module, code))| {
             let edges = paths(code)
                 .into_iter()
-                .filter_map(|used| named(module, *folder_module, &used, &known))
+                .filter_map(|used| reached(module, *folder_module, &used, &known, &reexported))
                 .filter(|target| target != module && !related(module, target))
                 .collect();
             (module.clone(), edges)
@@ -186,24 +247,56 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     walk.found
 }
 
+/// Cycles that were there when this suite was written, through the store's
+/// re-exported types (`store::Error`, `store::JobState`, the enqueue's and
+/// finish's plans): listed to be taken apart, not to grow. A group found
+/// must lie inside one of these.
+const KNOWN: &[&[&str]] = &[
+    &["store::error", "store::fleet", "store::job"],
+    &[
+        "store::backend",
+        "store::batch",
+        "store::enqueue",
+        "store::finish",
+        "store::rate",
+        "store::schedule",
+        "store::workflow",
+    ],
+];
+
+/// The groups found that no known cycle holds.
+fn new_cycles(found: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    found
+        .into_iter()
+        .filter(|group| !KNOWN.iter().any(|known| group.iter().all(|m| known.contains(&m.as_str()))))
+        .collect()
+}
+
 #[test]
 fn no_two_modules_import_each_other() {
     let graph = imports();
     assert!(graph.len() > 100, "read every module: {}", graph.len());
-    // The reader sees the edges the product has (a known one-way import).
+    // The reader sees the edges the product has: a one-way import, and
+    // one through a re-export (`super::Error` is `store::error`'s).
     assert!(graph["store::sqlite::batch"].contains("store::sqlite::job"), "{:?}", graph["store::sqlite::batch"]);
-    let found = cycles(&graph);
+    assert!(graph["store::job"].contains("store::error"), "{:?}", graph["store::job"]);
+    let found = new_cycles(cycles(&graph));
     assert!(found.is_empty(), "modules that import each other: {found:?}");
 }
 
-/// The reader finds a cycle when there is one.
+/// The reader finds a cycle when there is one, and a known group that
+/// grows is a new cycle.
 #[test]
 fn a_cycle_is_found() {
     let mut graph = imports();
     graph.get_mut("store::sqlite::job").unwrap().insert("store::sqlite::batch".into());
-    let found = cycles(&graph);
+    let found = new_cycles(cycles(&graph));
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].contains(&"store::sqlite::job".to_string()) && found[0].contains(&"store::sqlite::batch".to_string())
     );
+    let mut graph = imports();
+    graph.get_mut("store::error").unwrap().insert("store::lease".into());
+    graph.get_mut("store::lease").unwrap().insert("store::job".into());
+    assert_eq!(new_cycles(cycles(&graph)).len(), 1, "a module joining a known cycle");
 }

@@ -245,3 +245,40 @@ async fn applying_the_functions_waits_out_a_function_locked_by_another_transacti
     migrating.await.unwrap().expect("the pass finished once the lock was gone");
     assert_eq!(body().await, original, "the file's body over the operator's");
 }
+
+/// PostgreSQL's answer to a function another transaction replaced while
+/// this one waited for it is what the function pass and the migrator try
+/// again on, whether a statement met it or a migration did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_replaced_meanwhile_is_told_apart_from_other_errors() {
+    use jobhost::store::Error;
+    use sqlx::migrate::MigrateError;
+    let db = TestDb::postgres().await;
+    let replace = |body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION jobhost.render_key(template text, payload jsonb) RETURNS text
+             LANGUAGE sql IMMUTABLE AS $$ SELECT '{body}' $$"
+        )
+    };
+    let mut first = db.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(replace("first"))).execute(&mut *first).await.unwrap();
+    let second = tokio::spawn({
+        let pool = db.pool().clone();
+        let sql = replace("second");
+        async move { sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await }
+    });
+    let waiting = "SELECT count(*)::text FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%''second''%'";
+    while db.texts(waiting).await != ["1"] {
+        tokio::task::yield_now().await;
+    }
+    first.commit().await.unwrap();
+    let met = Error::from(second.await.unwrap().expect_err("the second replacement fails once the first commits"));
+    assert!(met.is_concurrent_definition(), "{met}");
+    assert!(!met.is_lock_timeout());
+    let Error::Database(inner) = met else { unreachable!() };
+    let in_a_migration = Error::from(MigrateError::ExecuteMigration(inner, 49));
+    assert!(in_a_migration.is_concurrent_definition(), "{in_a_migration}");
+    let refused = Error::from(sqlx::query("SELECT 1 / 0").execute(db.pool()).await.unwrap_err());
+    assert!(!refused.is_concurrent_definition(), "{refused}");
+}

@@ -105,25 +105,37 @@ pub fn sources_digest() -> String {
     hex::encode(hasher.finalize())
 }
 
-/// Records a file as applied (with `VALUES (name, digest, generation)`).
+/// Records a file as applied (with `VALUES (name, digest, generation)`
+/// between the two), by the pass and by a migration alike, so both leave
+/// the same record.
 const RECORD_INTO: &str = "INSERT INTO jobhost.function_sources (name, sha256, generation)";
 const RECORD_OVER: &str = "ON CONFLICT (name) DO UPDATE
     SET sha256 = EXCLUDED.sha256, generation = EXCLUDED.generation, applied_at = now()";
 
-/// The header line by which a migration names the files it needs.
-const NEEDS: &str = "-- functions:";
+/// The word of the header line by which a migration names the files it
+/// needs (`-- functions: NAME, NAME`).
+const NEEDS: &str = "functions";
 
-/// The function files a migration names in its header (the comment lines
-/// it opens with), in the order named.
+/// The function files a migration names in its header (the comment and
+/// blank lines it opens with), in the order named. A line naming functions
+/// anywhere else is refused rather than ignored: the migration would run
+/// on the bodies the database happens to have.
 ///
 /// # Errors
-/// A name no file has.
+/// A name no file has, or a `functions:` line after the header.
 pub fn needed_by(sql: &str) -> std::result::Result<Vec<&'static str>, String> {
-    let header = sql.lines().take_while(|line| line.starts_with("--"));
-    let named = header.filter_map(|line| line.strip_prefix(NEEDS)).flat_map(|names| names.split(','));
+    let mut in_header = true;
+    let mut named = Vec::new();
+    for line in sql.lines().map(str::trim) {
+        in_header &= line.is_empty() || line.starts_with("--");
+        let Some(names) = naming(line) else { continue };
+        if !in_header {
+            return Err(format!("names functions after its header, where they would not be applied: {line}"));
+        }
+        named.extend(names.split(',').map(str::trim).filter(|name| !name.is_empty()));
+    }
     named
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
+        .into_iter()
         .map(|name| {
             SOURCES
                 .iter()
@@ -134,12 +146,22 @@ pub fn needed_by(sql: &str) -> std::result::Result<Vec<&'static str>, String> {
         .collect()
 }
 
+/// The names a `-- functions: NAME, ...` line lists (however spaced or cased).
+fn naming(line: &str) -> Option<&str> {
+    let comment = line.strip_prefix("--")?.trim_start();
+    let (word, names) = comment.split_once(':')?;
+    word.trim().eq_ignore_ascii_case(NEEDS).then_some(names)
+}
+
 /// The statements that apply and record the named files, to run at the
 /// start of a migration's transaction: each body as its file has it, and
 /// its digest under this generation, so the pass after the migrations
 /// finds it current. Bodies are not checked while they are created (a
 /// body may call a function the next file creates); the check is back on
-/// for the migration's own statements.
+/// for the migration's own statements. The record overwrites any other:
+/// a migration not yet applied means no newer host has migrated this
+/// database (hosts migrate in version order, one at a time), so no newer
+/// generation's body can be there.
 pub fn for_migration(names: &[&str]) -> String {
     let mut sql = String::from("SET LOCAL check_function_bodies = off;\n");
     for name in names {
@@ -149,7 +171,7 @@ pub fn for_migration(names: &[&str]) -> String {
         // Names and digests are the binary's own (a file name, hex): safe as literals.
         sql.push_str(&format!("\n;\n{RECORD_INTO} VALUES ('{name}', '{digest}', {}) {RECORD_OVER};\n", GENERATION.0));
     }
-    sql.push_str("SET LOCAL check_function_bodies = on;\n");
+    sql.push_str("SET LOCAL check_function_bodies TO DEFAULT;\n");
     sql
 }
 
@@ -171,11 +193,11 @@ pub async fn apply(conn: &mut PgConnection) -> Result<usize> {
     let mut pause = Duration::from_millis(100);
     loop {
         match apply_once(conn).await {
-            Err(error) if error.is_concurrent_definition() && started.elapsed() < GIVE_UP_AFTER => {
-                tracing::warn!(%error, "a SQL function changed while it was applied; applying again");
-            }
-            Err(error) if error.is_lock_timeout() && started.elapsed() < GIVE_UP_AFTER => {
-                tracing::warn!(%error, "applying the SQL functions waited for a lock; trying again");
+            Err(error)
+                if (error.is_lock_timeout() || error.is_concurrent_definition())
+                    && started.elapsed() < GIVE_UP_AFTER =>
+            {
+                tracing::warn!(%error, "applying the SQL functions met another transaction's change; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
@@ -222,8 +244,11 @@ mod tests {
 
     #[test]
     fn a_header_names_files_in_order_and_a_body_line_names_none() {
-        let sql = "-- Why this migration.\n-- functions: render_key, park\n--functions: nope\nCREATE TABLE t ();\n-- functions: fetch\n";
-        assert_eq!(needed_by(sql).unwrap(), ["render_key", "park"]);
+        let sql = "\n-- Why this migration.\n\n-- functions: render_key, park\n--Functions:fetch\nCREATE TABLE t ();\n";
+        assert_eq!(needed_by(sql).unwrap(), ["render_key", "park", "fetch"]);
+        let late = "CREATE TABLE t ();\n-- functions: fetch\n";
+        assert!(needed_by(late).unwrap_err().contains("after its header"));
+        assert!(needed_by("-- Whose functions: none of ours.\n").unwrap().is_empty());
         assert!(needed_by("-- functions: render_key, no_such\n").unwrap_err().contains("no_such"));
         assert!(needed_by("CREATE TABLE t ();").unwrap().is_empty());
     }
@@ -236,6 +261,6 @@ mod tests {
         assert!(sql.starts_with("SET LOCAL check_function_bodies = off;") && park < render);
         let digest = hex::encode(Sha256::digest(SOURCES.iter().find(|(n, _)| *n == "park").unwrap().1.as_bytes()));
         assert!(sql.contains(&format!("VALUES ('park', '{digest}', {})", GENERATION.0)));
-        assert!(sql.trim_end().ends_with("SET LOCAL check_function_bodies = on;"));
+        assert!(sql.trim_end().ends_with("SET LOCAL check_function_bodies TO DEFAULT;"));
     }
 }

@@ -223,12 +223,14 @@ async fn retrying(conn: &mut PgConnection, migration: &Migration) -> Result<()> 
     let mut pause = Duration::from_millis(100);
     loop {
         match conn.apply(TABLE, migration).await.map(|_| ()).map_err(Error::from) {
-            // A function it applies was replaced meanwhile (`-- functions:`).
-            Err(error) if error.is_concurrent_definition() && started.elapsed() < GIVE_UP_AFTER => {
-                tracing::warn!(version, %error, "a function changed while a migration applied it; trying again");
-            }
-            Err(error) if error.is_lock_timeout() && started.elapsed() < GIVE_UP_AFTER => {
-                tracing::warn!(version, %error, "a migration waited for a table another transaction holds; trying again");
+            // Or a function it applies (`-- functions:`) was replaced
+            // meanwhile: its transaction rolled back whole, so it is tried
+            // again as a whole.
+            Err(error)
+                if (error.is_lock_timeout() || (error.is_concurrent_definition() && !migration.no_tx))
+                    && started.elapsed() < GIVE_UP_AFTER =>
+            {
+                tracing::warn!(version, %error, "a migration met another transaction's change; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }

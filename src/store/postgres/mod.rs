@@ -104,7 +104,8 @@ use super::finish::{FinishPlan, Written};
 use super::schedule::TickWrite;
 use super::{Backend, EnqueueLimits, Enqueued, FetchParams, Result};
 
-/// The PostgreSQL migrations this binary carries.
+/// The PostgreSQL migrations this binary carries, for a test that runs
+/// them with one more ([`PgStore::schema_migrate_by`]).
 pub fn carried_migrations() -> &'static sqlx::migrate::Migrator {
     crate::store::migrations::postgres()
 }
