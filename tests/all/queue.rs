@@ -969,26 +969,3 @@ async fn a_database_error_reads_as_the_servers_message() {
     assert!(!error.contains("Failing row contains"), "no row, which may hold a payload, in the text: {error}");
     assert!(!error.contains(" at line "), "{error}");
 }
-
-/// A run starts after the job became available, even when the fetch's
-/// transaction began before the transaction that made it available
-/// committed (its functions' later statements see that commit): the
-/// recorded start is the clock's, not the transaction's first instant, so
-/// a workflow step never reads as started before its dependency ended.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fetch_begun_before_a_job_was_enqueued_records_its_start_after() {
-    let db = with_types(TestDb::postgres().await, &["mail"]).await;
-    let mut fetching = db.pool().begin().await.unwrap();
-    sqlx::query("SELECT now()").execute(&mut *fetching).await.unwrap();
-    let id = db.enqueue_new("mail", json!({})).await;
-    let (fetched, started_after_enqueued): (i64, bool) = sqlx::query_as(
-        "SELECT f.id, f.started_at >= f.enqueued_at
-         FROM jobhost.fetch(ARRAY['default'], ARRAY['mail'], ARRAY[30], 1, 'h') f",
-    )
-    .fetch_one(&mut *fetching)
-    .await
-    .unwrap();
-    fetching.commit().await.unwrap();
-    assert_eq!(fetched, id);
-    assert!(started_after_enqueued, "the start reads as before the job existed");
-}

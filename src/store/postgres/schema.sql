@@ -1345,10 +1345,7 @@ BEGIN
         lease_secs = l.lease_secs,
         lease_expires_at = now() + l.lease_secs * interval '1 second',
         host_id = host,
-        -- The clock, not the transaction's start: a job released by a
-        -- transaction that committed while this one began (a workflow
-        -- step whose dependency just ended) starts after that end.
-        started_at = clock_timestamp()
+        started_at = now()
     FROM leases l
     WHERE j.id = l.id
     RETURNING j.*;
