@@ -147,7 +147,11 @@ BEGIN
     )
     SELECT a.ids, a.batches, a.keyed, a.carried,
            EXISTS (SELECT 1 FROM jobhost.job_waits w WHERE w.job_id = ANY(a.ids)),
-           EXISTS (SELECT 1 FROM jobhost.workflow_steps s WHERE s.job_id = ANY(a.ids) AND s.ended_state IS NULL),
+           -- Probes of the steps' unique job index, one an id (`IS TRUE`
+           -- keeps the partial index of live steps out of the plan: it
+           -- would read every live step for every write, plain ones too).
+           EXISTS (SELECT 1 FROM jobhost.workflow_steps s
+                   WHERE s.job_id = ANY(a.ids) AND (s.ended_state IS NULL) IS TRUE),
            a.keyed OR NOT a.carried
                OR EXISTS (SELECT 1 FROM jobhost.unique_keys k WHERE k.job_id = ANY(a.ids))
                OR EXISTS (SELECT 1 FROM jobhost.unique_claims c WHERE c.job_id = ANY(a.ids) AND NOT c.attached)
@@ -193,7 +197,10 @@ BEGIN
                               ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END,
                 ended_at = a.finished_at
             FROM archived a
-            WHERE s.job_id = ANY(ids) AND s.job_id = a.id AND s.ended_state IS NULL
+            -- `IS TRUE`: the partial index of live steps is no path here (a
+            -- plan made while it looked small would read every live step);
+            -- the steps are found by their jobs' unique index.
+            WHERE s.job_id = ANY(ids) AND s.job_id = a.id AND (s.ended_state IS NULL) IS TRUE
             RETURNING s.id
         )
         SELECT coalesce(array_agg(id), '{}') INTO ended_steps FROM done;
@@ -3004,7 +3011,9 @@ DECLARE
 BEGIN
     WITH candidates AS (
         SELECT s.* FROM jobhost.workflow_steps s
-        WHERE s.id = ANY(ready) AND s.pending = 0 AND s.job_id IS NULL
+        -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
+        -- step not yet released) out of the plan.
+        WHERE s.id = ANY(ready) AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE
         ORDER BY s.id
         FOR UPDATE
     ),
@@ -3102,7 +3111,11 @@ BEGIN
         FROM unnest(releasing) r
         LEFT JOIN unnest(changed_ids, changed_verdicts, changed_reasons) AS c(id, verdict, reason) ON c.id = r.id;
     END IF;
-    -- The steps that will not run end now, straight into the archive.
+    -- The steps that will not run end now, straight into the archive
+    -- (rarely: an insert of no rows would still run the archive's trigger).
+    IF NOT EXISTS (SELECT 1 FROM unnest(releasing) r WHERE r.verdict <> 'run') THEN
+        RETURN '{}';
+    END IF;
     UPDATE jobhost.workflow_steps s
     SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
         result = to_jsonb(r.reason), ended_at = now()
@@ -3174,6 +3187,7 @@ $$;
 CREATE FUNCTION jobhost.workflow_steps_ended(ended bigint[]) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     ready bigint[];

@@ -21,7 +21,9 @@ DECLARE
 BEGIN
     WITH candidates AS (
         SELECT s.* FROM jobhost.workflow_steps s
-        WHERE s.id = ANY(ready) AND s.pending = 0 AND s.job_id IS NULL
+        -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
+        -- step not yet released) out of the plan.
+        WHERE s.id = ANY(ready) AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE
         ORDER BY s.id
         FOR UPDATE
     ),
@@ -119,7 +121,11 @@ BEGIN
         FROM unnest(releasing) r
         LEFT JOIN unnest(changed_ids, changed_verdicts, changed_reasons) AS c(id, verdict, reason) ON c.id = r.id;
     END IF;
-    -- The steps that will not run end now, straight into the archive.
+    -- The steps that will not run end now, straight into the archive
+    -- (rarely: an insert of no rows would still run the archive's trigger).
+    IF NOT EXISTS (SELECT 1 FROM unnest(releasing) r WHERE r.verdict <> 'run') THEN
+        RETURN '{}';
+    END IF;
     UPDATE jobhost.workflow_steps s
     SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
         result = to_jsonb(r.reason), ended_at = now()

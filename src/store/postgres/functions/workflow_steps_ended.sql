@@ -2,10 +2,18 @@
 -- Hosts apply this file when its content changes (see
 -- src/store/postgres/functions.rs): edit it here, not in a new migration.
 -- Migrations up to 0023_workflows.sql hold its earlier copies as history.
+--
+-- Counts ended steps down in their dependents and releases each dependent
+-- whose count reaches zero (workflow_release), wave by wave. Each statement
+-- here and in the release is planned for the call's own ids, and never
+-- with a sequential scan: the steps table is rewritten row by row as
+-- steps run, so its statistics lag and its pages hold dead rows; a plan
+-- that thought it small read all of it for every result write.
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_steps_ended(ended bigint[]) RETURNS void
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     ready bigint[];
