@@ -2995,6 +2995,7 @@ $_$;
 
 CREATE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     max_payload_bytes bigint :=

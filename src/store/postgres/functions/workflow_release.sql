@@ -2,9 +2,13 @@
 -- Hosts apply this file when its content changes (see
 -- src/store/postgres/functions.rs): edit it here, not in a new migration.
 -- Migrations up to 0043_claims_found_by_key_functions.sql hold its earlier copies as history.
+--
+-- No sequential scan, as in workflow_steps_ended (which calls it for each
+-- wave): a workflow's creation calls it directly for its first steps.
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     max_payload_bytes bigint :=

@@ -5,7 +5,7 @@
 --
 -- Counts ended steps down in their dependents and releases each dependent
 -- whose count reaches zero (workflow_release), wave by wave. Each statement
--- here and in the release is planned for the call's own ids, and never
+-- here is planned for the call's own ids, and here and in the release never
 -- with a sequential scan: the steps table is rewritten row by row as
 -- steps run, so its statistics lag and its pages hold dead rows; a plan
 -- that thought it small read all of it for every result write.
