@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{BenchDb, start_host_with, stop};
+use common::{BenchDb, cpu_seconds, start_host_with, stop};
 use http_body_util::{BodyExt, Full};
 use jobhost::outbound::policy::SecretRoute;
 use jobhost::outbound::redact::RunSecrets;
@@ -67,15 +67,6 @@ fn slow_server(address: SocketAddr, delay: Duration) -> SocketAddr {
         });
     });
     bound.recv().unwrap()
-}
-
-/// CPU seconds a process has used, user and system, from `/proc/PID/stat`.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    // SAFETY: sysconf reads a constant of the system.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks
 }
 
 /// A `/proc/PID/status` field in MB (`VmRSS`, `VmHWM`).

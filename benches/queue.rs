@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{BenchDb, percentile, start_host, stop};
+use common::{BenchDb, cpu_seconds, percentile, start_host, stop};
 use jobhost::store::EnqueueParams;
 
 const A_JOBS: usize = 20_000;
@@ -50,16 +50,20 @@ const LATENCIES_MS: (&str, &str) = (
 );
 
 /// Starts `hosts` hosts, enqueues A_JOBS in one statement, and returns jobs/s
-/// from the first start to the last finish.
-async fn process(sqlite: bool, hosts: usize, components: &Path, cache: &Path) -> f64 {
+/// from the first start to the last finish, and the hosts' CPU time per job
+/// in µs (user and system, `/proc/PID/stat`).
+async fn process(sqlite: bool, hosts: usize, components: &Path, cache: &Path) -> (f64, f64) {
     let db = BenchDb::fresh(sqlite).await;
     let children: Vec<Child> = (0..hosts).map(|_| start_host(db.url(), components, cache)).collect();
     db.wait_for(HOSTS.0, HOSTS.1, hosts as f64).await;
+    let cpu = || children.iter().map(|c| cpu_seconds(c.id())).sum::<f64>();
+    let cpu_before = cpu();
     db.store().job_enqueue(&hello_jobs(A_JOBS)).await.unwrap();
     db.wait_for(ARCHIVED.0, ARCHIVED.1, A_JOBS as f64).await;
+    let cpu_us = (cpu() - cpu_before) * 1e6 / A_JOBS as f64;
     let secs = db.float(SPAN_SECS.0, SPAN_SECS.1).await;
     children.into_iter().for_each(stop);
-    A_JOBS as f64 / secs
+    (A_JOBS as f64 / secs, cpu_us)
 }
 
 const GUEST_STARTS_US: (&str, &str) = (
@@ -71,9 +75,10 @@ fn micros_since_epoch() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as f64
 }
 
-/// Every workload on one backend: (bulk enqueue/s, one host/s, two hosts/s,
-/// sorted latencies in ms by the database, and by the clocks).
-async fn workloads(sqlite: bool, components: &Path, cache: &Path) -> (f64, f64, f64, Vec<f64>, Vec<f64>) {
+/// Every workload on one backend: (bulk enqueue/s, one host's jobs/s and
+/// CPU µs per job, two hosts', sorted latencies in ms by the database, and
+/// by the clocks).
+async fn workloads(sqlite: bool, components: &Path, cache: &Path) -> (f64, (f64, f64), (f64, f64), Vec<f64>, Vec<f64>) {
     // A: bulk enqueue, no host running.
     let db = BenchDb::fresh(sqlite).await;
     let mut probe = start_host(db.url(), components, cache);
@@ -137,11 +142,9 @@ async fn main() {
     println!("| measurement | PostgreSQL | SQLite (embedded) |");
     println!("|---|---|---|");
     println!("| A: bulk enqueue ({A_JOBS} jobs, {A_CHUNK} per call) | {:.0} jobs/s | {:.0} jobs/s |", pg.0, lite.0);
-    println!("| A: process {A_JOBS} `hello`, one host, concurrency 10 | {:.0} jobs/s | {:.0} jobs/s |", pg.1, lite.1);
-    println!(
-        "| A: process {A_JOBS} `hello`, two hosts, concurrency 10 each | {:.0} jobs/s | {:.0} jobs/s |",
-        pg.2, lite.2
-    );
+    let rate = |(jobs_per_sec, cpu_us): (f64, f64)| format!("{jobs_per_sec:.0} jobs/s, host CPU {cpu_us:.0} µs a job");
+    println!("| A: process {A_JOBS} `hello`, one host, concurrency 10 | {} | {} |", rate(pg.1), rate(lite.1));
+    println!("| A: process {A_JOBS} `hello`, two hosts, concurrency 10 each | {} | {} |", rate(pg.2), rate(lite.2));
     println!("| B: enqueue→start latency, idle host ({B_JOBS} jobs) | {} | {} |", latency(&pg.3), latency(&lite.3));
     println!(
         "| B: enqueue call → guest's first instruction, by the clocks | {} | {} |",

@@ -118,7 +118,7 @@ impl OutboundHooks {
             policy,
             secrets,
             job_id,
-            trace: RequestTrace::Unexported { trace_id: random_hex::<16>() },
+            trace: RequestTrace::Unexported { trace_id: std::sync::OnceLock::new() },
             sent_to: Default::default(),
             calls: Arc::default(),
             refusals: Arc::default(),
@@ -227,7 +227,9 @@ impl OutboundHooks {
         if !headers.contains_key("traceparent") {
             let parent = match &self.trace {
                 RequestTrace::Run { traceparent } => traceparent.clone(),
-                RequestTrace::Unexported { trace_id } => format!("00-{trace_id}-{}-01", random_hex::<8>()),
+                RequestTrace::Unexported { trace_id } => {
+                    format!("00-{}-{}-01", trace_id.get_or_init(random_hex::<16>), random_hex::<8>())
+                }
             };
             if let Ok(value) = http::HeaderValue::from_str(&parent) {
                 headers.insert("traceparent", value);
@@ -241,7 +243,8 @@ enum RequestTrace {
     /// The run's exported span.
     Run { traceparent: String },
     /// No span is exported: a trace id for the run, a span id per request.
-    Unexported { trace_id: String },
+    /// The id is drawn at the first request (most runs send none).
+    Unexported { trace_id: std::sync::OnceLock<String> },
 }
 
 /// `N` random bytes in hex; all ones if the system has no randomness (a

@@ -82,16 +82,24 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport, host: 
 }
 
 /// PostgreSQL's `jsonb` cannot hold U+0000; a guest that prints one must not
-/// make its result unstorable, so it becomes U+FFFD.
-fn without_nul(value: serde_json::Value) -> serde_json::Value {
+/// make its result unstorable, so it becomes U+FFFD. Rewritten in place:
+/// every run's log passes here, and almost none holds one.
+fn without_nul(mut value: serde_json::Value) -> serde_json::Value {
+    strip_nul(&mut value);
+    value
+}
+
+fn strip_nul(value: &mut serde_json::Value) {
     use serde_json::Value;
     match value {
-        Value::String(text) => Value::String(without_nul_text(text)),
-        Value::Array(items) => Value::Array(items.into_iter().map(without_nul).collect()),
-        Value::Object(map) => {
-            Value::Object(map.into_iter().map(|(k, v)| (without_nul_text(k), without_nul(v))).collect())
+        Value::String(text) if text.contains('\0') => *text = text.replace('\0', "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(strip_nul),
+        Value::Object(map) if map.keys().any(|k| k.contains('\0')) => {
+            let entries = std::mem::take(map);
+            *map = entries.into_iter().map(|(k, v)| (without_nul_text(k), without_nul(v))).collect();
         }
-        other => other,
+        Value::Object(map) => map.values_mut().for_each(strip_nul),
+        _ => {}
     }
 }
 

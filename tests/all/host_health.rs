@@ -175,3 +175,20 @@ async fn a_host_waits_for_its_database_and_registers_what_it_loaded_during_an_ou
     logged(&log, "job type registered after retrying").await;
     host.stop().await;
 }
+
+/// A host asks for no transparent huge pages: with the machine's setting at
+/// `always`, each pooled memory and allocator page a run touches would take
+/// 2 MiB (the memory figures in BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_takes_no_transparent_huge_pages() {
+    let _one = ONE_FLEET.lock().await;
+    let db = TestDb::new(common::db::Backend::Postgres).await;
+    let components = components(&["hello"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut host = common::fleet::start_host(&db, components.path(), cache.path());
+    wait_serving(&db, &[&host], 1).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", host.pid())).unwrap();
+    let thp = status.lines().find(|l| l.starts_with("THP_enabled:")).expect("a kernel that reports THP_enabled");
+    assert_eq!(thp.split_whitespace().nth(1), Some("0"), "{thp}");
+    host.stop().await;
+}
