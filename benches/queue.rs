@@ -3,7 +3,9 @@
 //! (the same workloads as the peer benchmarks):
 //!
 //! - A: bulk-enqueue 20,000 `hello` jobs (1,000 per call); then 20,000 more
-//!   processed by one host at concurrency 10, and by two hosts.
+//!   processed by one host at concurrency 10, and by two hosts, with the
+//!   hosts' CPU time per job (`/proc/PID/stat`; on SQLite it includes the
+//!   embedded database's work, on PostgreSQL not the server's).
 //! - B: an idle host; 500 single enqueues 10 ms apart; enqueue→start
 //!   latency, by the database's timestamps and by the clocks themselves:
 //!   from just before the enqueue call to the guest's first instruction

@@ -13,7 +13,6 @@ fn main() -> std::process::ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    small_pages_only();
     let args = jobhost::cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.log_filter()));
@@ -25,18 +24,4 @@ fn main() -> std::process::ExitCode {
         jobhost::cli::LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
     }
     jobhost::cli::main(args)
-}
-
-/// Asks the kernel for no transparent huge pages in this process. A host at
-/// `--concurrency 1000` keeps a pooled linear memory and allocator pages per
-/// run in flight, each using kilobytes; where the machine's setting is
-/// `always`, every one of them took a 2 MiB page, zeroed on its first touch
-/// (peak RSS 211-274 MB against 160-185 MB without, BENCHMARKS.md). A
-/// kernel that refuses changes nothing but the memory used.
-fn small_pages_only() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: prctl(2) with PR_SET_THP_DISABLE reads no pointers.
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-    }
 }

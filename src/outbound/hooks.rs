@@ -118,7 +118,7 @@ impl OutboundHooks {
             policy,
             secrets,
             job_id,
-            trace: RequestTrace::Unexported { trace_id: std::sync::OnceLock::new() },
+            trace: RequestTrace::Unexported { trace_id: None },
             sent_to: Default::default(),
             calls: Arc::default(),
             refusals: Arc::default(),
@@ -225,10 +225,10 @@ impl OutboundHooks {
             }
         }
         if !headers.contains_key("traceparent") {
-            let parent = match &self.trace {
+            let parent = match &mut self.trace {
                 RequestTrace::Run { traceparent } => traceparent.clone(),
                 RequestTrace::Unexported { trace_id } => {
-                    format!("00-{}-{}-01", trace_id.get_or_init(random_hex::<16>), random_hex::<8>())
+                    format!("00-{}-{}-01", trace_id.get_or_insert_with(random_hex::<16>), random_hex::<8>())
                 }
             };
             if let Ok(value) = http::HeaderValue::from_str(&parent) {
@@ -244,7 +244,7 @@ enum RequestTrace {
     Run { traceparent: String },
     /// No span is exported: a trace id for the run, a span id per request.
     /// The id is drawn at the first request (most runs send none).
-    Unexported { trace_id: std::sync::OnceLock<String> },
+    Unexported { trace_id: Option<String> },
 }
 
 /// `N` random bytes in hex; all ones if the system has no randomness (a
