@@ -2,10 +2,14 @@
 //!
 //! - creation: a 10,000-step workflow (a root, a fan-out of 9,998, a
 //!   fan-in after all of them) stored in one call;
-//! - completion: 20,000 `hello` jobs processed by one `jobhost run` at
-//!   concurrency 10, plainly and as two workflows of 500 chains of 20 steps
-//!   (every completion but the last layer's releases its dependent, with
-//!   the output under `_deps`), by the database's own timestamps;
+//! - completion: `hello` jobs processed by one `jobhost run` at concurrency
+//!   10, plainly and as chains of steps (every completion but a chain's
+//!   last releases its dependent, with the output under `_deps`), by the
+//!   database's own timestamps, in the shapes `WORKFLOW_SHAPES` lists
+//!   (default `200x10,1000x20`: chains x steps), medians of
+//!   `WORKFLOW_ROUNDS` (default 3) interleaved rounds; each as the runs
+//!   alone and with each job charged its enqueue (the plain jobs' bulk
+//!   enqueue, the steps' workflow creation) into an idle host;
 //! - the fan-in's wait: from its last dependency's end to its start, with
 //!   an idle host, over 200 small diamonds run one after another;
 //! - a 999-way fan-in: its `_deps` size, and its wait.
@@ -23,8 +27,6 @@ use jobhost::store::{EnqueueParams, NewStep, NewWorkflow, Store, WorkflowState};
 use serde_json::json;
 
 const CREATE_STEPS: usize = 10_000;
-const PROCESS_JOBS: usize = 20_000;
-const CHAINS: usize = 1_000;
 const DIAMONDS: usize = 200;
 const FAN_IN: usize = 999;
 
@@ -64,39 +66,119 @@ async fn creation(sqlite: bool, components: &Path, cache: &Path) -> f64 {
     CREATE_STEPS as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Jobs/s processing PROCESS_JOBS `hello` jobs on one host, as chained
+/// A shape of chained steps: `chains` chains of `length` `hello` steps.
+#[derive(Clone, Copy)]
+struct Shape {
+    chains: usize,
+    length: usize,
+}
+
+impl Shape {
+    fn jobs(self) -> usize {
+        self.chains * self.length
+    }
+
+    /// The shapes measured: `WORKFLOW_SHAPES` (`CHAINSxLENGTH,...`), else
+    /// issue 69's 200 x 10 and the longer 1,000 x 20.
+    fn from_env() -> Vec<Shape> {
+        let listed = std::env::var("WORKFLOW_SHAPES").unwrap_or_else(|_| "200x10,1000x20".into());
+        listed
+            .split(',')
+            .map(|shape| {
+                let (chains, length) = shape.trim().split_once('x').expect("WORKFLOW_SHAPES: CHAINSxLENGTH,...");
+                Shape { chains: chains.parse().expect("chains"), length: length.parse().expect("length") }
+            })
+            .collect()
+    }
+
+    /// The steps, as workflows of whole chains of at most 10,000 steps.
+    fn workflows(self) -> Vec<NewWorkflow> {
+        let per_workflow = (10_000 / self.length).max(1);
+        (0..self.chains)
+            .step_by(per_workflow)
+            .map(|first| {
+                let chains = first..(first + per_workflow).min(self.chains);
+                let steps = chains
+                    .flat_map(|c| {
+                        (0..self.length).map(move |s| {
+                            let step = hello(&format!("c{c}-{s}"));
+                            if s == 0 { step } else { step.after([format!("c{c}-{}", s - 1)]) }
+                        })
+                    })
+                    .collect();
+                NewWorkflow { label: None, steps }
+            })
+            .collect()
+    }
+}
+
+/// One run's jobs/s by the database's clock: from the first start to the
+/// last end (the runs alone), and from the first enqueue to the last end
+/// (each job charged its enqueue: the plain jobs' bulk enqueue, the steps'
+/// workflow creation), with the host already started and idle.
+struct Processed {
+    runs: f64,
+    charged: f64,
+}
+
+/// `shape.jobs()` `hello` jobs on one host at concurrency 10, as chained
 /// workflow steps or plainly.
-async fn processing(sqlite: bool, as_workflow: bool, components: &Path, cache: &Path) -> f64 {
+async fn processing(sqlite: bool, as_workflow: bool, shape: Shape, components: &Path, cache: &Path) -> Processed {
     let db = registered(sqlite, components, cache).await;
+    let host = start_host(db.url(), components, cache);
+    db.wait_for(HOSTS.0, HOSTS.1, 1.0).await;
     if as_workflow {
-        // Two workflows (one may hold 10,000 steps), each of CHAINS / 2 chains.
-        let per_workflow = PROCESS_JOBS / 2;
-        let chains = CHAINS / 2;
-        for _ in 0..2 {
-            let steps = (0..per_workflow)
-                .map(|i| {
-                    let step = hello(&format!("s{i}"));
-                    if i < chains { step } else { step.after([format!("s{}", i - chains)]) }
-                })
-                .collect();
-            db.store().workflow_create(&NewWorkflow { label: None, steps }).await.unwrap();
+        for workflow in shape.workflows() {
+            db.store().workflow_create(&workflow).await.unwrap();
         }
     } else {
         let jobs: Vec<_> =
-            (0..PROCESS_JOBS).map(|i| EnqueueParams::new("hello", json!({ "name": format!("s{i}") }))).collect();
+            (0..shape.jobs()).map(|i| EnqueueParams::new("hello", json!({ "name": format!("s{i}") }))).collect();
         db.store().job_enqueue(&jobs).await.unwrap();
     }
-    let host = start_host(db.url(), components, cache);
-    db.wait_for(HOSTS.0, HOSTS.1, 1.0).await;
-    db.wait_for(ARCHIVED.0, ARCHIVED.1, PROCESS_JOBS as f64).await;
+    db.wait_for(ARCHIVED.0, ARCHIVED.1, shape.jobs() as f64).await;
     stop(host);
-    let span = db
-        .float(
-            "SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM jobhost.archive",
-            "SELECT (max(finished_at) - min(started_at)) / 1000.0 FROM archive",
+    let span = |from: &str| {
+        (
+            format!("SELECT extract(epoch FROM max(finished_at) - min({from}))::float8 FROM jobhost.archive"),
+            format!("SELECT (max(finished_at) - min({from})) / 1000.0 FROM archive"),
         )
-        .await;
-    PROCESS_JOBS as f64 / span
+    };
+    let (runs, charged) = (span("started_at"), span("enqueued_at"));
+    let jobs = shape.jobs() as f64;
+    Processed { runs: jobs / db.float(&runs.0, &runs.1).await, charged: jobs / db.float(&charged.0, &charged.1).await }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let half = values.len() / 2;
+    if values.len() % 2 == 0 { (values[half - 1] + values[half]) / 2.0 } else { values[half] }
+}
+
+/// Plain jobs against chained steps of `shape`, `rounds` interleaved
+/// rounds (a drift of the shared machine falls on both): the medians.
+async fn chained_against_plain(sqlite: bool, shape: Shape, rounds: usize, components: &Path, cache: &Path) -> String {
+    let (mut plain, mut chained) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        plain.push(processing(sqlite, false, shape, components, cache).await);
+        chained.push(processing(sqlite, true, shape, components, cache).await);
+    }
+    let rate = |of: &[Processed], pick: fn(&Processed) -> f64| median(of.iter().map(pick).collect());
+    let (plain_runs, chained_runs) = (rate(&plain, |p| p.runs), rate(&chained, |p| p.runs));
+    let (plain_charged, chained_charged) = (rate(&plain, |p| p.charged), rate(&chained, |p| p.charged));
+    let ratios = |pick: fn(&Processed) -> f64| {
+        let each: Vec<String> = plain.iter().zip(&chained).map(|(p, c)| format!("{:.2}", pick(c) / pick(p))).collect();
+        each.join(", ")
+    };
+    format!(
+        "runs: {plain_runs:.0} / {chained_runs:.0} jobs/s, {:.2} (rounds {}; {:+.0} µs a completion); \
+         with their enqueue: {plain_charged:.0} / {chained_charged:.0} jobs/s, {:.2} (rounds {})",
+        chained_runs / plain_runs,
+        ratios(|p| p.runs),
+        (1.0 / chained_runs - 1.0 / plain_runs) * 1e6,
+        chained_charged / plain_charged,
+        ratios(|p| p.charged),
+    )
 }
 
 /// Milliseconds from the latest end among a step's dependencies to its start.
@@ -166,24 +248,21 @@ async fn main() {
     println!("|---|---|---|");
     // `BENCH_BACKEND=postgres` or `sqlite` measures one backend only.
     let only = std::env::var("BENCH_BACKEND").ok();
+    let rounds: usize = std::env::var("WORKFLOW_ROUNDS").map_or(3, |r| r.parse().expect("WORKFLOW_ROUNDS: a number"));
     for (sqlite, backend) in [(false, "PostgreSQL"), (true, "SQLite")] {
         if only.as_deref().is_some_and(|b| b != if sqlite { "sqlite" } else { "postgres" }) {
             continue;
         }
         let rate = creation(sqlite, components, cache).await;
         println!("| {backend} | create a {CREATE_STEPS}-step workflow in one call | {rate:.0} steps/s |");
-        // Alternating, so a drift of the shared machine falls on both.
-        let plain = processing(sqlite, false, components, cache).await;
-        let chained = processing(sqlite, true, components, cache).await;
-        let plain_again = processing(sqlite, false, components, cache).await;
-        let chained_again = processing(sqlite, true, components, cache).await;
-        let (plain, chained) = ((plain + plain_again) / 2.0, (chained + chained_again) / 2.0);
-        println!(
-            "| {backend} | process {PROCESS_JOBS} `hello`, one host, concurrency 10: plain / as {CHAINS} chains \
-             | {plain:.0} / {chained:.0} jobs/s: {:.2} ({:+.1} µs a completion) |",
-            chained / plain,
-            (1.0 / chained - 1.0 / plain) * 1e6
-        );
+        for shape in Shape::from_env() {
+            let (chains, length, jobs) = (shape.chains, shape.length, shape.jobs());
+            let measured = chained_against_plain(sqlite, shape, rounds, components, cache).await;
+            println!(
+                "| {backend} | {jobs} `hello`, one host, concurrency 10: plain / as {chains} chains of {length}, \
+                 medians of {rounds} | {measured} |"
+            );
+        }
         let (p50, p95, p99) = fan_in_wait(sqlite, components, cache).await;
         println!(
             "| {backend} | a join's wait after its last dependency, idle host, {DIAMONDS} diamonds \

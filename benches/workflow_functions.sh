@@ -47,7 +47,7 @@ until [ "$(sql "SELECT count(*) FROM jobhost.hosts WHERE 'hello' = ANY(job_types
 
 # The server's time by function, per job of the shape just run.
 report() {
-    sleep 1.2 # a session reports its function counts when idle, at most once a second
+    sleep 11 # an idle session reports its function counts within 10 s (PostgreSQL 15)
     echo "$1: $(sql "SELECT round($jobs / extract(epoch FROM max(finished_at) - min(started_at)))
                      FROM jobhost.archive") jobs/s"
     echo "  function | calls per job | total µs per job | own µs per job"

@@ -54,6 +54,8 @@
 //! | `batch_open`, `batch_close`, `batch_add_members`, `batch_uncount` | 0009_batches | batches from SQL; members counted in |
 //! | `archive_ended` | 0043_claims_found_by_key_functions (first 0036_one_archive_trigger; before it `archived` in 0009_batches, `release_unique_archived` in 0007_uniqueness, `workflow_archived` in 0023_workflows) | the archive's one statement trigger: batches count their archived members, waiters are told, workflow steps end, claims are given back (by the key an archived row carries, else by job id) |
 //! | `batch_settle`, `batch_callback_payload` | 0009_batches | deferred trigger: a finished batch's callbacks, once |
+//! | `workflow_grow` | none (its file only) | a run's steps added to its own workflow, before its ending counts down |
+//! | `workflow_jobs_ended` | none (its file only) | the archive's trigger hands on its archived jobs: those that are steps end as steps |
 //! | `workflow_steps_ended`, `workflow_release` | 0023_workflows (`workflow_release` then 0043) | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
 //! | `workflow_step_archive` | 0043_claims_found_by_key_functions (first 0023_workflows) | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |

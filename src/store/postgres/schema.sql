@@ -136,7 +136,10 @@ DECLARE
     keyed boolean;
     carried boolean;
     ended text;
-    ended_steps bigint[];
+    job_ids bigint[];
+    job_states text[];
+    job_results jsonb[];
+    job_ended_at timestamptz[];
 BEGIN
     -- The ids as an array: a transition table has no statistics, and a
     -- join with it may scan a whole table; `= ANY` probes the index.
@@ -190,23 +193,15 @@ BEGIN
         PERFORM pg_notify('jobhost_finished', CASE WHEN octet_length(ended) < 7900 THEN ended ELSE '' END);
     END IF;
     IF stepped THEN
-        WITH done AS (
-            UPDATE jobhost.workflow_steps s
-            SET ended_state = a.state,
-                result = CASE WHEN a.state = 'completed' THEN coalesce(a.output, 'null'::jsonb)
-                              ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END,
-                ended_at = a.finished_at
-            FROM archived a
-            -- `IS TRUE`: the partial index of live steps is no path here (a
-            -- plan made while it looked small would read every live step);
-            -- the steps are found by their jobs' unique index.
-            WHERE s.job_id = ANY(ids) AND s.job_id = a.id AND (s.ended_state IS NULL) IS TRUE
-            RETURNING s.id
-        )
-        SELECT coalesce(array_agg(id), '{}') INTO ended_steps FROM done;
-        IF cardinality(ended_steps) > 0 THEN
-            PERFORM jobhost.workflow_steps_ended(ended_steps);
-        END IF;
+        -- Handed on as arrays: joined with the transition table, each step
+        -- row rescanned all of it (whole archived rows, payloads and logs).
+        SELECT array_agg(a.id), array_agg(a.state),
+               array_agg(CASE WHEN a.state = 'completed' THEN coalesce(a.output, 'null'::jsonb)
+                              ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END),
+               array_agg(a.finished_at)
+        INTO job_ids, job_states, job_results, job_ended_at
+        FROM archived a;
+        PERFORM jobhost.workflow_jobs_ended(job_ids, job_states, job_results, job_ended_at);
     END IF;
     IF claimed THEN
         IF keyed THEN
@@ -2990,11 +2985,99 @@ $_$;
 
 
 --
+-- Name: workflow_grow(bigint, bigint, text[], text[], jsonb[], text[], smallint[], bigint[], integer[], integer[], text[]); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_grow(grown_job bigint, grown_lease bigint, names text[], jobs text[], payloads jsonb[], queues text[], priorities smallint[], delays_ms bigint[], inner_steps integer[], inner_deps integer[], inner_policies text[]) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    own_id bigint;
+    own_workflow bigint;
+    own_name text;
+    added bigint[];
+    dependents bigint[];
+    dependent_policies text[];
+BEGIN
+    SELECT s.id, s.workflow_id, s.name INTO own_id, own_workflow, own_name
+    FROM jobhost.workflow_steps s JOIN jobhost.jobs j ON j.id = s.job_id
+    WHERE s.job_id = grown_job AND j.lease_token = grown_lease AND (s.ended_state IS NULL) IS TRUE
+    FOR UPDATE OF s;
+    IF own_id IS NULL THEN
+        RETURN;
+    END IF;
+    WITH stored AS (
+        INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+        SELECT own_workflow, own_name || '/' || n.name, n.job, n.payload, n.queue, n.priority, n.delay_ms,
+               1 + (SELECT count(*) FROM unnest(inner_steps) AS i(step) WHERE i.step = n.position)
+        FROM unnest(names, jobs, payloads, queues, priorities, delays_ms) WITH ORDINALITY
+            AS n(name, job, payload, queue, priority, delay_ms, position)
+        RETURNING id, name
+    )
+    SELECT array_agg(s.id ORDER BY n.position) INTO added
+    FROM stored s JOIN unnest(names) WITH ORDINALITY AS n(name, position) ON s.name = own_name || '/' || n.name;
+    SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}'), coalesce(array_agg(d.if_failed ORDER BY d.id), '{}')
+    INTO dependents, dependent_policies
+    FROM (
+        SELECT s.id, e.if_failed
+        FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps s ON s.id = e.step_id
+        WHERE e.dep_id = own_id AND (s.ended_state IS NULL) IS TRUE
+        ORDER BY s.id
+        FOR UPDATE OF s
+    ) d;
+    INSERT INTO jobhost.workflow_edges (step_id, dep_id, if_failed)
+    SELECT a.id, own_id, 'cancel' FROM unnest(added) AS a(id)
+    UNION ALL
+    SELECT added[i.step], added[i.dep], i.policy FROM unnest(inner_steps, inner_deps, inner_policies) AS i(step, dep, policy)
+    UNION ALL
+    SELECT d.id, a.id, d.policy FROM unnest(added) AS a(id) CROSS JOIN unnest(dependents, dependent_policies) AS d(id, policy);
+    IF cardinality(dependents) > 0 THEN
+        UPDATE jobhost.workflow_steps s SET pending = s.pending + cardinality(added) WHERE s.id = ANY(dependents);
+    END IF;
+END;
+$$;
+
+
+--
+-- Name: workflow_jobs_ended(bigint[], text[], jsonb[], timestamp with time zone[]); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_jobs_ended(job_ids bigint[], states text[], results jsonb[], instants timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    ended bigint[];
+BEGIN
+    WITH done AS (
+        UPDATE jobhost.workflow_steps s
+        SET ended_state = a.state, result = a.result, ended_at = a.instant
+        FROM unnest(job_ids, states, results, instants) AS a(job_id, state, result, instant)
+        -- `IS TRUE`: the partial index of live steps is no path here (a
+        -- plan made while it looked small would read every live step).
+        -- The join alone: with `= ANY(job_ids)` too, a plan could read the
+        -- arrays whole again for each step.
+        WHERE s.job_id = a.job_id AND (s.ended_state IS NULL) IS TRUE
+        RETURNING s.id
+    )
+    SELECT coalesce(array_agg(d.id), '{}') INTO ended FROM done d;
+    IF cardinality(ended) > 0 THEN
+        PERFORM jobhost.workflow_steps_ended(ended);
+    END IF;
+END;
+$$;
+
+
+--
 -- Name: workflow_release(bigint[]); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
 CREATE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
     SET enable_seqscan TO 'off'
     AS $$
 DECLARE
@@ -3010,6 +3093,10 @@ DECLARE
     claimant bigint;
     ended bigint[];
 BEGIN
+    -- Nothing ready: no statement (its insert would still run the jobs' trigger).
+    IF cardinality(ready) = 0 THEN
+        RETURN '{}';
+    END IF;
     WITH candidates AS (
         SELECT s.* FROM jobhost.workflow_steps s
         -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
@@ -3018,35 +3105,38 @@ BEGIN
         ORDER BY s.id
         FOR UPDATE
     ),
+    -- Each candidate's dependencies aggregated by themselves (grouping
+    -- the candidates by their columns sorted every payload and config).
     judged AS (
-        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
-               c.payload || CASE WHEN count(d.id) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
-                   jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
-                                    ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)
-                   FILTER (WHERE d.id IS NOT NULL)) END
-               || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
-                   jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
-                   AS payload,
-               CASE
-                   WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
-                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
-                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
-                   ELSE 'run'
-               END AS verdict,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE
-               string_agg(format('dependency "%s" %s%s', d.name,
-                                 CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
-                                                    ELSE 'was cancelled' END,
-                                 CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
-                                      THEN ': ' || (d.result #>> '{}') ELSE '' END),
-                          '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
-               END AS reason
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config, c.payload || deps.added AS payload,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel' ELSE deps.verdict END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE deps.reason END AS reason
         FROM candidates c
         JOIN jobhost.workflows w ON w.id = c.workflow_id
         LEFT JOIN jobhost.job_types t ON t.name = c.job
-        LEFT JOIN jobhost.workflow_edges e ON e.step_id = c.id
-        LEFT JOIN jobhost.workflow_steps d ON d.id = e.dep_id
-        GROUP BY c.id, c.job, c.queue, c.priority, c.delay_ms, c.payload, t.config, w.cancelled_at
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN count(*) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
+                       jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
+                                        ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)) END
+                   || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
+                       jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
+                       AS added,
+                   CASE
+                       WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
+                       WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
+                       ELSE 'run'
+                   END AS verdict,
+                   string_agg(format('dependency "%s" %s%s', d.name,
+                                     CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
+                                                        ELSE 'was cancelled' END,
+                                     CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
+                                          THEN ': ' || (d.result #>> '{}') ELSE '' END),
+                              '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
+                       AS reason
+            FROM jobhost.workflow_edges e
+            JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+            WHERE e.step_id = c.id
+        ) deps
     ),
     checked AS (
         SELECT j.id, j.job, j.queue, j.priority, j.delay_ms, j.payload, j.config,
@@ -3061,27 +3151,41 @@ BEGIN
                                     'accepted, %s bytes', j.job, octet_length(j.payload::text), max_payload_bytes)
                END AS reason
         FROM judged j
+    ),
+    -- Numbered in step order (nextval after the sort); `plain`: runs, and
+    -- its type has no gate to pass and nothing to claim.
+    numbered AS MATERIALIZED (
+        SELECT c.*, nextval('jobhost.job_ids') AS job_id,
+               c.verdict = 'run' AND jsonb_typeof(c.config -> 'concurrency') IS DISTINCT FROM 'object'
+                   AND jsonb_typeof(c.config -> 'unique') IS DISTINCT FROM 'object' AS plain
+        FROM checked c
+        ORDER BY c.id
+    ),
+    marked AS (
+        UPDATE jobhost.workflow_steps s SET job_id = n.job_id, released_at = now()
+        FROM numbered n
+        WHERE s.id = n.id
+    ),
+    -- Plain types: inserted here, in the statement that decides them.
+    inserted AS (
+        INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
+        SELECT n.job_id, n.job, coalesce(n.queue, n.config ->> 'queue'),
+               coalesce(n.priority, (n.config ->> 'priority')::smallint), n.payload,
+               CASE WHEN n.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+               (n.config ->> 'max_attempts')::integer, now() + n.delay_ms * interval '1 millisecond'
+        FROM numbered n
+        WHERE n.plain
+        ORDER BY n.id
     )
-    SELECT coalesce(array_agg(ROW(c.id, nextval('jobhost.job_ids'), c.job, c.queue, c.priority, c.delay_ms,
-                                  c.payload, c.verdict, c.reason, c.config)::jobhost.step_release ORDER BY c.id), '{}')
+    -- The rest (rarely any) go on: gated types, and steps that will not run.
+    SELECT coalesce(array_agg(ROW(n.id, n.job_id, n.job, n.queue, n.priority, n.delay_ms,
+                                  n.payload, n.verdict, n.reason, n.config)::jobhost.step_release ORDER BY n.id)
+                        FILTER (WHERE NOT n.plain), '{}')
     INTO releasing
-    FROM checked c;
+    FROM numbered n;
     IF cardinality(releasing) = 0 THEN
         RETURN '{}';
     END IF;
-    UPDATE jobhost.workflow_steps s SET job_id = r.job_id, released_at = now()
-    FROM unnest(releasing) r WHERE s.id = r.id;
-    -- Plain types: one insert, no gate to pass, nothing to claim.
-    INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
-    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue'),
-           coalesce(r.priority, (r.config ->> 'priority')::smallint), r.payload,
-           CASE WHEN r.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
-           (r.config ->> 'max_attempts')::integer, now() + r.delay_ms * interval '1 millisecond'
-    FROM unnest(releasing) r
-    WHERE r.verdict = 'run'
-      AND jsonb_typeof(r.config -> 'concurrency') IS DISTINCT FROM 'object'
-      AND jsonb_typeof(r.config -> 'unique') IS DISTINCT FROM 'object'
-    ORDER BY r.id;
     -- Limited or unique types: the gate and the claim, one step at a time.
     FOREACH gated IN ARRAY releasing LOOP
         CONTINUE WHEN gated.verdict <> 'run'
@@ -3159,7 +3263,8 @@ CREATE TABLE jobhost.workflow_steps (
     CONSTRAINT workflow_steps_ended_state_check CHECK ((ended_state = ANY (ARRAY['completed'::text, 'failed'::text, 'discarded'::text, 'cancelled'::text]))),
     CONSTRAINT workflow_steps_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text)),
     CONSTRAINT workflow_steps_pending_check CHECK ((pending >= 0))
-);
+)
+WITH (fillfactor='70');
 
 
 --
@@ -3194,20 +3299,24 @@ DECLARE
     ready bigint[];
 BEGIN
     WHILE cardinality(ended) > 0 LOOP
-        PERFORM 1 FROM jobhost.workflow_steps s
-        WHERE s.id IN (SELECT e.step_id FROM jobhost.workflow_edges e WHERE e.dep_id = ANY(ended))
-        ORDER BY s.id
-        FOR UPDATE;
+        -- One statement: the dependents are locked in id order before any
+        -- is changed (two writes counting down one join take its row in one
+        -- order), then counted down.
         WITH counted AS (
-            SELECT e.step_id, count(*) AS n
+            SELECT e.step_id, count(*)::integer AS n
             FROM jobhost.workflow_edges e
             WHERE e.dep_id = ANY(ended)
             GROUP BY e.step_id
         ),
+        locked AS (
+            SELECT s.id, c.n FROM jobhost.workflow_steps s JOIN counted c ON c.step_id = s.id
+            ORDER BY s.id
+            FOR UPDATE OF s
+        ),
         counted_down AS (
-            UPDATE jobhost.workflow_steps s SET pending = s.pending - c.n
-            FROM counted c
-            WHERE s.id = c.step_id
+            UPDATE jobhost.workflow_steps s SET pending = s.pending - l.n
+            FROM locked l
+            WHERE s.id = l.id
             RETURNING s.id, s.pending, s.job_id
         )
         SELECT coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.pending = 0 AND d.job_id IS NULL), '{}')

@@ -88,88 +88,35 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
 
 /// Adds the steps a run added to its own workflow, in the transaction
 /// that is about to archive the run, while its lease still matches (the
-/// caller holds its job row, `jobhost.lock_for_ending`): each new step is
-/// stored as `STEP/NAME` and waits for the run's step and its own `after`;
-/// each step waiting for the run's step, and not ended, waits for every new
-/// step too, under the policy it has for the run's step. The archive's
-/// count-down that follows then finds them in place, so no dependent is
-/// released before the new steps end. Locks: the run's step row, then its
-/// dependents' rows in id order, as the count-down takes them.
+/// caller holds its job row, `jobhost.lock_for_ending`): one call of
+/// `jobhost.workflow_grow` (functions/workflow_grow.sql), which stores each
+/// new step as `STEP/NAME` waiting for the run's step and its own `after`,
+/// and makes each step waiting for the run's step, and not ended, wait for
+/// every new step too. The archive's count-down that follows then finds
+/// them in place, so no dependent is released before the new steps end.
 pub(super) async fn grow_in(conn: &mut PgConnection, growth: &Growth) -> Result<()> {
-    let own: Option<(i64, i64, String)> = sqlx::query_as(
-        "SELECT s.id, s.workflow_id, s.name
-         FROM jobhost.workflow_steps s JOIN jobhost.jobs j ON j.id = s.job_id
-         WHERE s.job_id = $1 AND j.lease_token = $2 AND s.ended_state IS NULL
-         FOR UPDATE OF s",
-    )
-    .bind(growth.job_id)
-    .bind(growth.lease_token)
-    .fetch_optional(&mut *conn)
-    .await?;
-    // Its lease has moved on (the ending is a duplicate, written as nothing).
-    let Some((own_id, workflow_id, own_name)) = own else {
-        return Ok(());
-    };
     let steps = &growth.steps.steps;
-    let stored: Vec<(i64, String)> = sqlx::query_as(
-        "INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
-         SELECT $1, $2 || '/' || s.name, s.job, s.payload, s.queue, s.priority, s.delay_ms, s.pending
-         FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::text[], $7::int2[], $8::int8[], $9::int4[])
-             AS s(name, job, payload, queue, priority, delay_ms, pending)
-         RETURNING id, name",
-    )
-    .bind(workflow_id)
-    .bind(&own_name)
-    .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.job.as_str()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| Json(&s.payload)).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.queue.as_deref()).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.priority).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| s.delay_ms).collect::<Vec<_>>())
-    .bind(steps.iter().map(|s| 1 + s.after.len() as i32).collect::<Vec<_>>())
-    .fetch_all(&mut *conn)
-    .await?;
-    let by_name: HashMap<String, i64> = stored.into_iter().map(|(id, name)| (name, id)).collect();
-    let inserted: Vec<i64> = steps.iter().map(|s| by_name[&format!("{own_name}/{}", s.name)]).collect();
-    let dependents: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT s.id, e.if_failed
-         FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps s ON s.id = e.step_id
-         WHERE e.dep_id = $1 AND s.ended_state IS NULL
-         ORDER BY s.id
-         FOR UPDATE OF s",
-    )
-    .bind(own_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    let (mut edge_steps, mut edge_deps, mut policies) = (Vec::new(), Vec::new(), Vec::new());
-    for (&new, step) in inserted.iter().zip(steps) {
-        edge_steps.push(new);
-        edge_deps.push(own_id);
-        policies.push(IfFailed::Cancel.as_str().to_string());
+    let (mut inner_steps, mut inner_deps, mut inner_policies) = (Vec::new(), Vec::new(), Vec::new());
+    for (position, step) in steps.iter().enumerate() {
         for &(dep, policy) in &step.after {
-            edge_steps.push(new);
-            edge_deps.push(inserted[dep]);
-            policies.push(policy.as_str().to_string());
-        }
-        for (dependent, policy) in &dependents {
-            edge_steps.push(*dependent);
-            edge_deps.push(new);
-            policies.push(policy.clone());
+            // 1-based, as SQL arrays are.
+            inner_steps.push(position as i32 + 1);
+            inner_deps.push(dep as i32 + 1);
+            inner_policies.push(policy.as_str());
         }
     }
-    sqlx::query(
-        "INSERT INTO jobhost.workflow_edges (step_id, dep_id, if_failed)
-         SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[])",
-    )
-    .bind(&edge_steps)
-    .bind(&edge_deps)
-    .bind(&policies)
-    .execute(&mut *conn)
-    .await?;
-    let dependent_ids: Vec<i64> = dependents.iter().map(|(id, _)| *id).collect();
-    sqlx::query("UPDATE jobhost.workflow_steps SET pending = pending + $2 WHERE id = ANY($1)")
-        .bind(&dependent_ids)
-        .bind(inserted.len() as i32)
+    sqlx::query("SELECT jobhost.workflow_grow($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+        .bind(growth.job_id)
+        .bind(growth.lease_token)
+        .bind(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>())
+        .bind(steps.iter().map(|s| s.job.as_str()).collect::<Vec<_>>())
+        .bind(steps.iter().map(|s| Json(&s.payload)).collect::<Vec<_>>())
+        .bind(steps.iter().map(|s| s.queue.as_deref()).collect::<Vec<_>>())
+        .bind(steps.iter().map(|s| s.priority).collect::<Vec<_>>())
+        .bind(steps.iter().map(|s| s.delay_ms).collect::<Vec<_>>())
+        .bind(&inner_steps)
+        .bind(&inner_deps)
+        .bind(&inner_policies)
         .execute(&mut *conn)
         .await?;
     Ok(())

@@ -15,7 +15,10 @@ DECLARE
     keyed boolean;
     carried boolean;
     ended text;
-    ended_steps bigint[];
+    job_ids bigint[];
+    job_states text[];
+    job_results jsonb[];
+    job_ended_at timestamptz[];
 BEGIN
     -- The ids as an array: a transition table has no statistics, and a
     -- join with it may scan a whole table; `= ANY` probes the index.
@@ -69,23 +72,15 @@ BEGIN
         PERFORM pg_notify('jobhost_finished', CASE WHEN octet_length(ended) < 7900 THEN ended ELSE '' END);
     END IF;
     IF stepped THEN
-        WITH done AS (
-            UPDATE jobhost.workflow_steps s
-            SET ended_state = a.state,
-                result = CASE WHEN a.state = 'completed' THEN coalesce(a.output, 'null'::jsonb)
-                              ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END,
-                ended_at = a.finished_at
-            FROM archived a
-            -- `IS TRUE`: the partial index of live steps is no path here (a
-            -- plan made while it looked small would read every live step);
-            -- the steps are found by their jobs' unique index.
-            WHERE s.job_id = ANY(ids) AND s.job_id = a.id AND (s.ended_state IS NULL) IS TRUE
-            RETURNING s.id
-        )
-        SELECT coalesce(array_agg(id), '{}') INTO ended_steps FROM done;
-        IF cardinality(ended_steps) > 0 THEN
-            PERFORM jobhost.workflow_steps_ended(ended_steps);
-        END IF;
+        -- Handed on as arrays: joined with the transition table, each step
+        -- row rescanned all of it (whole archived rows, payloads and logs).
+        SELECT array_agg(a.id), array_agg(a.state),
+               array_agg(CASE WHEN a.state = 'completed' THEN coalesce(a.output, 'null'::jsonb)
+                              ELSE coalesce(a.errors -> -1 -> 'error', 'null'::jsonb) END),
+               array_agg(a.finished_at)
+        INTO job_ids, job_states, job_results, job_ended_at
+        FROM archived a;
+        PERFORM jobhost.workflow_jobs_ended(job_ids, job_states, job_results, job_ended_at);
     END IF;
     IF claimed THEN
         IF keyed THEN

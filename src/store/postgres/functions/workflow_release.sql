@@ -4,10 +4,14 @@
 -- Migrations up to 0043_claims_found_by_key_functions.sql hold its earlier copies as history.
 --
 -- No sequential scan, as in workflow_steps_ended (which calls it for each
--- wave): a workflow's creation calls it directly for its first steps.
+-- wave): a workflow's creation calls it directly for its first steps. One
+-- statement decides the steps, marks them released and inserts the jobs
+-- of the plain types (the common case); gated types and steps that will
+-- not run follow, one at a time.
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
     SET enable_seqscan TO 'off'
     AS $$
 DECLARE
@@ -23,6 +27,10 @@ DECLARE
     claimant bigint;
     ended bigint[];
 BEGIN
+    -- Nothing ready: no statement (its insert would still run the jobs' trigger).
+    IF cardinality(ready) = 0 THEN
+        RETURN '{}';
+    END IF;
     WITH candidates AS (
         SELECT s.* FROM jobhost.workflow_steps s
         -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
@@ -31,35 +39,38 @@ BEGIN
         ORDER BY s.id
         FOR UPDATE
     ),
+    -- Each candidate's dependencies aggregated by themselves (grouping
+    -- the candidates by their columns sorted every payload and config).
     judged AS (
-        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
-               c.payload || CASE WHEN count(d.id) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
-                   jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
-                                    ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)
-                   FILTER (WHERE d.id IS NOT NULL)) END
-               || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
-                   jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
-                   AS payload,
-               CASE
-                   WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
-                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
-                   WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
-                   ELSE 'run'
-               END AS verdict,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE
-               string_agg(format('dependency "%s" %s%s', d.name,
-                                 CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
-                                                    ELSE 'was cancelled' END,
-                                 CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
-                                      THEN ': ' || (d.result #>> '{}') ELSE '' END),
-                          '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
-               END AS reason
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config, c.payload || deps.added AS payload,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel' ELSE deps.verdict END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE deps.reason END AS reason
         FROM candidates c
         JOIN jobhost.workflows w ON w.id = c.workflow_id
         LEFT JOIN jobhost.job_types t ON t.name = c.job
-        LEFT JOIN jobhost.workflow_edges e ON e.step_id = c.id
-        LEFT JOIN jobhost.workflow_steps d ON d.id = e.dep_id
-        GROUP BY c.id, c.job, c.queue, c.priority, c.delay_ms, c.payload, t.config, w.cancelled_at
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN count(*) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
+                       jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
+                                        ELSE jsonb_build_object('state', d.ended_state, 'error', d.result) END)) END
+                   || CASE WHEN bool_or(d.ended_state <> 'completed') THEN jsonb_build_object('_deps_failed',
+                       jsonb_agg(d.name ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed')) ELSE '{}'::jsonb END
+                       AS added,
+                   CASE
+                       WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'fail') THEN 'fail'
+                       WHEN bool_or(d.ended_state <> 'completed' AND e.if_failed = 'cancel') THEN 'cancel'
+                       ELSE 'run'
+                   END AS verdict,
+                   string_agg(format('dependency "%s" %s%s', d.name,
+                                     CASE d.ended_state WHEN 'failed' THEN 'failed' WHEN 'discarded' THEN 'was discarded'
+                                                        ELSE 'was cancelled' END,
+                                     CASE WHEN d.result IS NOT NULL AND d.result <> 'null'
+                                          THEN ': ' || (d.result #>> '{}') ELSE '' END),
+                              '; ' ORDER BY d.id) FILTER (WHERE d.ended_state <> 'completed' AND e.if_failed <> 'run')
+                       AS reason
+            FROM jobhost.workflow_edges e
+            JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+            WHERE e.step_id = c.id
+        ) deps
     ),
     checked AS (
         SELECT j.id, j.job, j.queue, j.priority, j.delay_ms, j.payload, j.config,
@@ -74,27 +85,41 @@ BEGIN
                                     'accepted, %s bytes', j.job, octet_length(j.payload::text), max_payload_bytes)
                END AS reason
         FROM judged j
+    ),
+    -- Numbered in step order (nextval after the sort); `plain`: runs, and
+    -- its type has no gate to pass and nothing to claim.
+    numbered AS MATERIALIZED (
+        SELECT c.*, nextval('jobhost.job_ids') AS job_id,
+               c.verdict = 'run' AND jsonb_typeof(c.config -> 'concurrency') IS DISTINCT FROM 'object'
+                   AND jsonb_typeof(c.config -> 'unique') IS DISTINCT FROM 'object' AS plain
+        FROM checked c
+        ORDER BY c.id
+    ),
+    marked AS (
+        UPDATE jobhost.workflow_steps s SET job_id = n.job_id, released_at = now()
+        FROM numbered n
+        WHERE s.id = n.id
+    ),
+    -- Plain types: inserted here, in the statement that decides them.
+    inserted AS (
+        INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
+        SELECT n.job_id, n.job, coalesce(n.queue, n.config ->> 'queue'),
+               coalesce(n.priority, (n.config ->> 'priority')::smallint), n.payload,
+               CASE WHEN n.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+               (n.config ->> 'max_attempts')::integer, now() + n.delay_ms * interval '1 millisecond'
+        FROM numbered n
+        WHERE n.plain
+        ORDER BY n.id
     )
-    SELECT coalesce(array_agg(ROW(c.id, nextval('jobhost.job_ids'), c.job, c.queue, c.priority, c.delay_ms,
-                                  c.payload, c.verdict, c.reason, c.config)::jobhost.step_release ORDER BY c.id), '{}')
+    -- The rest (rarely any) go on: gated types, and steps that will not run.
+    SELECT coalesce(array_agg(ROW(n.id, n.job_id, n.job, n.queue, n.priority, n.delay_ms,
+                                  n.payload, n.verdict, n.reason, n.config)::jobhost.step_release ORDER BY n.id)
+                        FILTER (WHERE NOT n.plain), '{}')
     INTO releasing
-    FROM checked c;
+    FROM numbered n;
     IF cardinality(releasing) = 0 THEN
         RETURN '{}';
     END IF;
-    UPDATE jobhost.workflow_steps s SET job_id = r.job_id, released_at = now()
-    FROM unnest(releasing) r WHERE s.id = r.id;
-    -- Plain types: one insert, no gate to pass, nothing to claim.
-    INSERT INTO jobhost.jobs (id, job, queue, priority, payload, state, max_attempts, run_at)
-    SELECT r.job_id, r.job, coalesce(r.queue, r.config ->> 'queue'),
-           coalesce(r.priority, (r.config ->> 'priority')::smallint), r.payload,
-           CASE WHEN r.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
-           (r.config ->> 'max_attempts')::integer, now() + r.delay_ms * interval '1 millisecond'
-    FROM unnest(releasing) r
-    WHERE r.verdict = 'run'
-      AND jsonb_typeof(r.config -> 'concurrency') IS DISTINCT FROM 'object'
-      AND jsonb_typeof(r.config -> 'unique') IS DISTINCT FROM 'object'
-    ORDER BY r.id;
     -- Limited or unique types: the gate and the claim, one step at a time.
     FOREACH gated IN ARRAY releasing LOOP
         CONTINUE WHEN gated.verdict <> 'run'
