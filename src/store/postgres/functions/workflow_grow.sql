@@ -38,9 +38,11 @@ BEGIN
     WITH stored AS (
         INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
         SELECT own_workflow, own_name || '/' || n.name, n.job, n.payload, n.queue, n.priority, n.delay_ms,
-               1 + (SELECT count(*) FROM unnest(inner_steps) AS i(step) WHERE i.step = n.position)
+               1 + coalesce(i.deps, 0)
         FROM unnest(names, jobs, payloads, queues, priorities, delays_ms) WITH ORDINALITY
             AS n(name, job, payload, queue, priority, delay_ms, position)
+        LEFT JOIN (SELECT i.step, count(*)::integer AS deps FROM unnest(inner_steps) AS i(step) GROUP BY i.step) i
+            ON i.step = n.position
         RETURNING id, name
     )
     SELECT array_agg(s.id ORDER BY n.position) INTO added
