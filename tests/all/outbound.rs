@@ -68,7 +68,8 @@ struct Server {
 /// A server on 127.0.0.1 answering `pong PATH` to everything, except
 /// `/hang`, which never answers (and says when its client goes away),
 /// `/wait`, which answers once released, `/trickle`, which sends three
-/// bytes and then nothing, and `/upload`, which answers the body's size.
+/// bytes and then nothing, `/upload`, which answers the body's size, and
+/// `/traced`, which records the request's `traceparent`.
 async fn server() -> Server {
     let seen = Seen::default();
     let (hung_tx, hung) = mpsc::unbounded_channel();
@@ -87,6 +88,13 @@ async fn server() -> Server {
                 return json!({"idempotency-key": header("idempotency-key"), "traceparent": header("traceparent")})
                     .to_string()
                     .into_response();
+            }
+            if path == "/traced" {
+                let header = request.headers().get("traceparent").map(|v| v.to_str().unwrap().to_string());
+                recorder.0.lock().unwrap().push(format!("traceparent: {}", header.unwrap_or_default()));
+                // Read whole, so a body's sender is never cut off by the answer.
+                let _ = axum::body::to_bytes(request.into_body(), 1 << 20).await;
+                return "traced".into_response();
             }
             if path == "/echo" {
                 let header = request.headers().get("authorization").map(|v| v.to_str().unwrap().to_string());
@@ -360,6 +368,33 @@ async fn retried_requests_repeat_their_idempotency_key(db: TestDb) {
     // Without the grant's ask, no key.
     grant(&db, &origin, &[], false).await;
     assert_eq!(headers(500, 3).await["idempotency-key"], Value::Null);
+}
+
+/// With no trace exported, a run's requests share one trace id drawn for
+/// the run (each its own span id); another run draws another.
+async fn a_runs_requests_share_its_trace_id(db: TestDb) {
+    let Server { address, seen, .. } = server().await;
+    let (runtime, _cache) = runtime(&db);
+    let fetcher = load(&runtime, "fetcher").await;
+    let origin = format!("http://127.0.0.1:{}", address.port());
+    grant(&db, &origin, &["GET", "POST"], false).await;
+    // Two requests in one run: the fetch, then the answer forwarded.
+    let request = json!({"url": format!("{origin}/traced"), "forward": format!("{origin}/traced")}).to_string();
+    for (job, runs) in [(600, 1), (601, 2)] {
+        let report = runtime.run(&fetcher, &context(job, 1), &request, StopSignal::new()).await;
+        assert_eq!(completed_output(&report.outcome)["forwarded"], 200, "{:?}", report.outcome);
+        let traced: Vec<String> =
+            seen.all().iter().filter_map(|line| line.strip_prefix("traceparent: ").map(String::from)).collect();
+        assert_eq!(traced.len(), 2 * runs, "{traced:?}");
+    }
+    let traced: Vec<String> =
+        seen.all().iter().filter_map(|line| line.strip_prefix("traceparent: ").map(String::from)).collect();
+    let trace_id = |parent: &str| parent[3..35].to_string();
+    let span_id = |parent: &str| parent[36..52].to_string();
+    assert_eq!(trace_id(&traced[0]), trace_id(&traced[1]), "one trace for a run's requests: {traced:?}");
+    assert_ne!(span_id(&traced[0]), span_id(&traced[1]), "a span per request: {traced:?}");
+    assert_eq!(trace_id(&traced[2]), trace_id(&traced[3]), "{traced:?}");
+    assert_ne!(trace_id(&traced[0]), trace_id(&traced[2]), "another run, another trace: {traced:?}");
 }
 
 /// Through a running host and its database: a grant and a revoke made
@@ -1067,6 +1102,7 @@ on_both_backends!(
     a_type_variable_reaches_its_runs_and_yields_to_a_secret,
     a_host_obeys_a_grant_changed_while_it_runs,
     retried_requests_repeat_their_idempotency_key,
+    a_runs_requests_share_its_trace_id,
     a_secret_reaches_only_the_granted_origin_and_is_kept_nowhere,
     requests_go_out_only_when_declared_and_granted,
     a_name_resolving_to_loopback_needs_a_private_grant,
