@@ -152,7 +152,7 @@ async fn processing(sqlite: bool, as_workflow: bool, shape: Shape, components: &
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let half = values.len() / 2;
-    if values.len() % 2 == 0 { (values[half - 1] + values[half]) / 2.0 } else { values[half] }
+    if values.len().is_multiple_of(2) { (values[half - 1] + values[half]) / 2.0 } else { values[half] }
 }
 
 /// Plain jobs against chained steps of `shape`, `rounds` interleaved
