@@ -117,6 +117,22 @@ impl Client {
         self.store.workflow_create(workflow).await
     }
 
+    /// Sends an event: every workflow step armed to wait for `key` whose
+    /// match `payload` holds is released, once (docs/events.md). With an
+    /// `idempotency_key` used before, nothing is sent again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`](crate::store::Error::InvalidEvent) for a bad
+    /// key or payload; a database error. Nothing is sent then.
+    pub async fn send_event(
+        &self,
+        key: &str,
+        payload: &serde_json::Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<crate::store::wait::SentEvent> {
+        self.store.event_send(key, payload, idempotency_key, "client").await
+    }
+
     /// A workflow's state and each step's.
     ///
     /// # Errors

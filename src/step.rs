@@ -24,6 +24,15 @@ pub const DEPS_KEY: &str = "_deps";
 /// The payload key naming the dependencies that did not complete.
 pub const DEPS_FAILED_KEY: &str = "_deps_failed";
 
+/// The payload key a step that waited for an event finds its payload under.
+pub const EVENT_KEY: &str = "_event";
+
+/// The longest event key, in bytes.
+pub const MAX_EVENT_KEY_BYTES: usize = 256;
+
+/// The most payload fields one wait matches.
+pub const MAX_MATCH_FIELDS: usize = 16;
+
 /// Checks a step's name as given: 1 to 128 bytes of letters, digits, `_`,
 /// `-`, `.` and `:`. (`/` is left for the names of steps a run adds to its
 /// own workflow, `STEP/NAME`, so those never collide with a given one.)
@@ -67,6 +76,10 @@ pub struct NewStep {
     /// dependency says otherwise: `cancel` when neither says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_failed: Option<IfFailed>,
+    /// What it waits for besides its dependencies, once they have ended:
+    /// a time or an event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
 }
 
 impl NewStep {
@@ -81,7 +94,14 @@ impl NewStep {
             delay_ms: None,
             after: Vec::new(),
             if_failed: None,
+            wait: None,
         }
+    }
+
+    /// The same step, waiting for `wait` once its dependencies have ended.
+    pub fn wait(mut self, wait: Wait) -> NewStep {
+        self.wait = Some(wait);
+        self
     }
 
     /// The same step, waiting for `steps` under the step's policy.
@@ -93,6 +113,94 @@ impl NewStep {
 
 fn empty_object() -> serde_json::Value {
     serde_json::json!({})
+}
+
+/// A durable wait: a step that has one is released only once its
+/// dependencies have ended *and* its wait has ended, by its time, its event
+/// or its timeout (exactly one of them: guarantee 17). Nothing runs and no
+/// host holds anything while it waits; the database's clock decides.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wait {
+    /// Waits for an event with this key (`order.confirmed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Fields the event's payload must hold, each a template of the step's
+    /// own payload fields (`{"order_id": "{order_id}"}`), rendered when the
+    /// workflow is created and compared as text.
+    #[serde(default, rename = "match", skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub matching: std::collections::BTreeMap<String, String>,
+    /// How long an event wait lasts once armed (`"3d"`); none: for ever.
+    #[serde(default, rename = "timeout", with = "delay_text", skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// What the step does when its event wait times out: `fail` (the
+    /// default), `cancel`, or `run` without an event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<IfFailed>,
+    /// An event sent this long before the wait was armed still matches
+    /// (`"10m"`); none by default.
+    #[serde(default, rename = "lookback", with = "delay_text", skip_serializing_if = "Option::is_none")]
+    pub lookback_ms: Option<u64>,
+    /// Sleeps this long after the dependencies have ended (`"24h"`).
+    #[serde(default, rename = "sleep", with = "delay_text", skip_serializing_if = "Option::is_none")]
+    pub sleep_ms: Option<u64>,
+    /// Sleeps until this instant (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Wait {
+    /// A wait for an event with `key`.
+    pub fn event(key: impl Into<String>) -> Wait {
+        Wait { event: Some(key.into()), ..Wait::default() }
+    }
+
+    /// A sleep of `ms` milliseconds after the dependencies have ended.
+    pub fn sleep_ms(ms: u64) -> Wait {
+        Wait { sleep_ms: Some(ms), ..Wait::default() }
+    }
+
+    /// Checks its shape: exactly one of `event`, `sleep` and `until`; the
+    /// event's options only with an event; a key of 1 to 256 bytes without
+    /// control characters; at most 16 match fields.
+    ///
+    /// # Errors
+    /// The rule broken, in words.
+    pub fn check(&self) -> Result<(), String> {
+        let kinds = [self.event.is_some(), self.sleep_ms.is_some(), self.until.is_some()];
+        if kinds.iter().filter(|&&k| k).count() != 1 {
+            return Err("a wait has exactly one of \"event\", \"sleep\" and \"until\"".into());
+        }
+        match &self.event {
+            Some(key) => check_event_key(key)?,
+            None if !self.matching.is_empty()
+                || self.timeout_ms.is_some()
+                || self.on_timeout.is_some()
+                || self.lookback_ms.is_some() =>
+            {
+                return Err("\"match\", \"timeout\", \"on_timeout\" and \"lookback\" go with an \"event\" wait".into());
+            }
+            None => {}
+        }
+        if self.matching.len() > MAX_MATCH_FIELDS {
+            return Err(format!("a wait matches at most {MAX_MATCH_FIELDS} fields"));
+        }
+        if let Some(field) = self.matching.keys().find(|f| f.is_empty() || f.len() > MAX_EVENT_KEY_BYTES) {
+            return Err(format!("match field {field:?} must be 1 to {MAX_EVENT_KEY_BYTES} bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// Checks an event's key: 1 to 256 bytes, no control characters.
+///
+/// # Errors
+/// The rule broken, in words.
+pub fn check_event_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_EVENT_KEY_BYTES || key.chars().any(char::is_control) {
+        return Err(format!("event key {key:?} must be 1 to {MAX_EVENT_KEY_BYTES} bytes without control characters"));
+    }
+    Ok(())
 }
 
 /// `"30s"`-style delays.

@@ -2,7 +2,8 @@
 //! what it works on with `SKIP LOCKED`, or one key at a time): due scheduled
 //! jobs pass the gate, expired leases are rescued, blocked jobs of keys with
 //! a free slot are promoted, semaphores that disagree with their jobs are
-//! repaired, old archive rows and the rows of hosts long gone are pruned,
+//! repaired, due durable waits end (sleeps and timeouts), old archive rows,
+//! events and the rows of hosts long gone are pruned,
 //! and, every `history_interval`, the fleet's history gets its next minutes
 //! from the archive and a sample of the queues' depth.
 //!
@@ -131,6 +132,8 @@ pub struct PassReport {
     pub busy: u64,
     /// Rows of the history's minutes computed from the archive.
     pub history: u64,
+    /// Durable waits ended by their time or timeout, or armed late.
+    pub waits: u64,
 }
 
 impl PassReport {
@@ -145,6 +148,7 @@ impl PassReport {
         self.quarantined += other.quarantined;
         self.busy += other.busy;
         self.history += other.history;
+        self.waits += other.waits;
     }
 }
 
@@ -157,6 +161,9 @@ struct Extras {
     /// The history's computation.
     history: bool,
 }
+
+/// The most due waits one pass ends (each releases its step).
+const WAITS_BATCH: i64 = 1_000;
 
 /// The most rows one isolating pass reads when a batch is refused.
 const ISOLATE_BATCH: i64 = 1_000;
@@ -225,7 +232,14 @@ impl Maintenance {
             record(self.repair_page().await);
         }
         record(self.promote_page().await);
+        record(self.store.waits_due(now, WAITS_BATCH).await.map(|waits| PassReport { waits, ..Default::default() }));
         let retention_secs = self.config.retention.as_secs_f64();
+        record(
+            self.store
+                .event_prune(now, retention_secs, self.config.prune_batch)
+                .await
+                .map(|pruned| PassReport { pruned, ..Default::default() }),
+        );
         record(
             self.store
                 .archive_prune(now, retention_secs, self.config.prune_batch)

@@ -11,6 +11,7 @@
 mod batch;
 mod components;
 mod deploy;
+mod event;
 mod grant;
 mod job_view;
 mod new;
@@ -142,6 +143,13 @@ enum Command {
     Workflow {
         #[command(subcommand)]
         action: workflow::WorkflowAction,
+    },
+    /// Events: sent by applications, operators or webhooks, each ending the
+    /// durable waits of workflow steps it matches.
+    #[command(visible_alias = "events")]
+    Event {
+        #[command(subcommand)]
+        action: event::EventAction,
     },
     /// Counts by state and queue, the oldest wait, and live hosts.
     Stats {
@@ -436,6 +444,7 @@ pub fn main(cli: Cli) -> ExitCode {
             }
             Command::Batch { action } => batch::run(action).await,
             Command::Workflow { action } => workflow::run(action).await,
+            Command::Event { action } => event::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
             Command::Retry { id, db } => operator::retry(id, &db).await,
             Command::Cancel { id, db } => operator::cancel(id, &db).await,

@@ -208,6 +208,9 @@ fn details(workflow: &Workflow) -> String {
         if let (Some(error), true) = (&step.error, step.state.is_final() && step.state != StepState::Completed) {
             text += &format!("    {}\n", clip(&error.replace('\n', " "), WIDTH - 4));
         }
+        if let Some(wait) = &step.wait {
+            text += &format!("    waits: {}\n", clip(&wait.describe(chrono::Utc::now()), WIDTH - 11));
+        }
     }
     let time = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     text += &format!("  created {}", time(workflow.created_at));
@@ -253,6 +256,7 @@ mod tests {
             after: after.iter().map(|(s, p)| StepDependency { step: s.to_string(), if_failed: *p }).collect(),
             error: (state == StepState::Failed).then(|| "the image could not be read: ".repeat(5)),
             ended_at: None,
+            wait: None,
         }
     }
 
@@ -274,7 +278,18 @@ mod tests {
                 step("resize-1", StepState::Completed, &[]),
                 step("a-step-with-a-very-long-name-indeed", StepState::Failed, &[]),
                 step("page", StepState::Waiting, &many),
-                step("email", StepState::Waiting, &[("page", IfFailed::Run)]),
+                WorkflowStep {
+                    wait: Some(crate::store::wait::StepWait {
+                        key: Some("order.confirmed.by-a-customer-who-takes-their-time".into()),
+                        matching: [("order_id".to_string(), "42424242424242".to_string())].into(),
+                        armed_at: Some(chrono::Utc::now()),
+                        due_at: Some(chrono::Utc::now() + chrono::Duration::hours(71)),
+                        on_timeout: IfFailed::Fail,
+                        ended_by: None,
+                        event_id: None,
+                    }),
+                    ..step("email", StepState::Waiting, &[("page", IfFailed::Run)])
+                },
             ],
         }
     }
@@ -292,5 +307,6 @@ mod tests {
         assert!(text.contains("page (run)"), "{text}");
         assert!(text.contains("resize-0, resize-1"), "{text}");
         assert!(text.contains("    the image could not be read"), "the failed step's error: {text}");
+        assert!(text.contains("    waits: event order.confirmed"), "the waiting step's wait: {text}");
     }
 }

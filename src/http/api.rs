@@ -51,6 +51,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/workflows", get(workflows_list).post(workflow_create))
         .route("/api/workflows/{id}", get(workflow_get))
         .route("/api/workflows/{id}/cancel", post(workflow_cancel))
+        .route("/api/events", get(events_list))
+        .route("/api/events/{key}", post(event_send))
         .route("/api/schedules", get(schedules))
 }
 
@@ -394,6 +396,42 @@ async fn workflow_cancel(
         Some(done) => ok(done),
         None => Err(ApiError::not_found(format!("workflow {id} does not exist"))),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    key: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn events_list(State(state): State<AppState>, query: Result<Query<EventsQuery>, QueryRejection>) -> ApiResult {
+    let query = query_of(query)?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be between 1 and {MAX_PAGE}, got {limit}")));
+    }
+    ok(state.store.event_list(query.key.as_deref(), limit).await?)
+}
+
+/// Sends an event; the body is its payload (a JSON object), and an
+/// `Idempotency-Key` header makes a retried send store nothing twice.
+async fn event_send(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    key: Result<Path<String>, PathRejection>,
+    body: Result<Json<serde_json::Value>, JsonRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let key = key.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
+    let idempotency = match headers.get("idempotency-key").map(|v| v.to_str()) {
+        Some(Ok(value)) => Some(value.to_string()),
+        Some(Err(_)) => return Err(ApiError::bad_request("the Idempotency-Key header must be visible ASCII")),
+        None => None,
+    };
+    let sent = state.store.event_send(&key, &body_of(body)?, idempotency.as_deref(), "api").await?;
+    let status = if sent.duplicate { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(sent)).into_response())
 }
 
 async fn schedules(State(state): State<AppState>) -> ApiResult {

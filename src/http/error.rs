@@ -58,7 +58,8 @@ impl From<Error> for ApiError {
             Error::PayloadNotObject { .. }
             | Error::PayloadTooLarge { .. }
             | Error::InvalidEnqueue(_)
-            | Error::InvalidWorkflow(_) => StatusCode::BAD_REQUEST,
+            | Error::InvalidWorkflow(_)
+            | Error::InvalidEvent(_) => StatusCode::BAD_REQUEST,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. }
             | Error::LimitReached(_)

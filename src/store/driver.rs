@@ -15,7 +15,7 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, workflow,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, wait, workflow,
 };
 
 /// The database itself: its schema, where it is, whether it answers.
@@ -232,6 +232,33 @@ pub trait WorkflowDriver: Send + Sync {
     async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>>;
 }
 
+/// Events, and the durable waits they and the clock end (`store::wait`).
+#[async_trait]
+pub trait EventDriver: Send + Sync {
+    /// [`Store::event_send`](super::Store::event_send) on this backend,
+    /// the event already checked.
+    async fn event_send(
+        &self,
+        key: &str,
+        payload: &serde_json::Value,
+        idempotency_key: Option<&str>,
+        source: &str,
+    ) -> Result<wait::SentEvent>;
+
+    /// [`Store::event_list`](super::Store::event_list) on this backend.
+    async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<wait::StoredEvent>>;
+
+    /// Ends up to `batch` waits due by `now` (the database's clock by
+    /// default): sleeps by their time, event waits by their timeout,
+    /// releasing their steps; and arms waits the release left unarmed.
+    /// Returns how many waits it ended or armed.
+    async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64>;
+
+    /// Deletes up to `limit` events sent more than `retention_secs` before
+    /// `now`, oldest first.
+    async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;
+}
+
 /// Schedules' cursors (their ticks are written by the shared rules).
 #[async_trait]
 pub trait ScheduleDriver: Send + Sync {
@@ -334,6 +361,7 @@ pub trait Driver:
     + RateDriver
     + BatchDriver
     + WorkflowDriver
+    + EventDriver
     + ScheduleDriver
     + SessionDriver
     + GrantDriver
@@ -359,6 +387,7 @@ impl<T> Driver for T where
         + RateDriver
         + BatchDriver
         + WorkflowDriver
+        + EventDriver
         + ScheduleDriver
         + SessionDriver
         + GrantDriver

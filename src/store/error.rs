@@ -94,6 +94,9 @@ pub enum Error {
     /// nothing was stored.
     #[error("invalid workflow: {0}")]
     InvalidWorkflow(String),
+    /// An event is malformed (its key or payload): nothing was sent.
+    #[error("invalid event: {0}")]
+    InvalidEvent(String),
     /// No job, live or archived, has this id.
     #[error("job {id} does not exist")]
     NotFound {

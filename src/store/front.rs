@@ -463,6 +463,46 @@ impl Store {
         Ok(Some(done))
     }
 
+    /// Sends an event: stores it and ends every armed wait for its key whose
+    /// match its payload holds, each releasing its step, in one transaction
+    /// (`source` says where it came from: `cli`, `api`). With an
+    /// `idempotency_key` already used, nothing is stored or released and the
+    /// first event comes back, marked a duplicate.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`](super::Error::InvalidEvent) for a bad key or
+    /// payload: nothing sent.
+    pub async fn event_send(
+        &self,
+        key: &str,
+        payload: &serde_json::Value,
+        idempotency_key: Option<&str>,
+        source: &str,
+    ) -> Result<super::wait::SentEvent> {
+        super::wait::check_event(key, payload)?;
+        if let Some(idempotency) = idempotency_key {
+            super::wait::check_event_key(idempotency)
+                .map_err(|reason| super::Error::InvalidEvent(format!("idempotency key: {reason}")))?;
+        }
+        self.driver.event_send(key, payload, idempotency_key, source).await
+    }
+
+    /// Recent events, newest first, of one key or all.
+    pub async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<super::wait::StoredEvent>> {
+        self.driver.event_list(key, limit).await
+    }
+
+    /// Ends up to `batch` waits due by `now` (sleeps by their time, event
+    /// waits by their timeout) and arms waits left unarmed; returns how many.
+    pub async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {
+        self.driver.waits_due(now, batch).await
+    }
+
+    /// Deletes up to `limit` events older than `retention_secs`.
+    pub async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        self.driver.event_prune(now, retention_secs, limit).await
+    }
+
     /// Waits until a job has ended (completed, failed, discarded or
     /// cancelled) and returns it, or `None` when `timeout` passes first.
     /// Woken by the database's announcements, not by polling.

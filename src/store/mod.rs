@@ -62,6 +62,7 @@ pub mod session;
 pub mod sqlite;
 pub(crate) mod timestamp;
 pub mod variable;
+pub mod wait;
 pub mod workflow;
 
 pub(crate) use backend::Backend;

@@ -21,8 +21,8 @@ use super::enqueue::{Configs, EnqueueLimits, prepare_registered};
 use super::job::EnqueueParams;
 use super::{Error, Result};
 pub use crate::step::{
-    DEPS_FAILED_KEY, DEPS_KEY, Dependency, IfFailed, MAX_STEP_NAME_BYTES, MAX_WORKFLOW_LABEL_BYTES, MAX_WORKFLOW_STEPS,
-    NewStep, check_step_name,
+    DEPS_FAILED_KEY, DEPS_KEY, Dependency, EVENT_KEY, IfFailed, MAX_STEP_NAME_BYTES, MAX_WORKFLOW_LABEL_BYTES,
+    MAX_WORKFLOW_STEPS, NewStep, check_step_name,
 };
 
 /// A workflow to create: its steps, in any order.
@@ -76,6 +76,8 @@ pub struct PreparedStep {
     /// The steps it waits for, as indexes into [`PreparedWorkflow::steps`]
     /// (always earlier), each with its policy.
     pub after: Vec<(usize, IfFailed)>,
+    /// What it waits for besides them.
+    pub wait: Option<super::wait::PreparedWait>,
 }
 
 /// Checks a new workflow against the registered types and orders its
@@ -136,12 +138,18 @@ pub fn prepare(workflow: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits
     let mut prepared = Vec::with_capacity(steps.len());
     for &i in &order {
         let step = &steps[i];
-        if step.payload.get(DEPS_KEY).is_some() || step.payload.get(DEPS_FAILED_KEY).is_some() {
+        if [DEPS_KEY, DEPS_FAILED_KEY, EVENT_KEY].iter().any(|key| step.payload.get(key).is_some()) {
             return invalid(format!(
-                "step {:?}: its payload has {DEPS_KEY:?} or {DEPS_FAILED_KEY:?}, which its release writes",
+                "step {:?}: its payload has {DEPS_KEY:?}, {DEPS_FAILED_KEY:?} or {EVENT_KEY:?}, which its release writes",
                 step.name
             ));
         }
+        let wait = step
+            .wait
+            .as_ref()
+            .map(|wait| super::wait::prepare(wait, &step.payload))
+            .transpose()
+            .map_err(|reason| Error::InvalidWorkflow(format!("step {:?}: its wait: {reason}", step.name)))?;
         let params = EnqueueParams {
             queue: step.queue.clone(),
             priority: step.priority,
@@ -158,6 +166,7 @@ pub fn prepare(workflow: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits
             priority: step.priority,
             delay_ms: job.delay_ms,
             after: after[i].iter().map(|&(d, policy)| (position[d], policy)).collect(),
+            wait,
         });
     }
     Ok(PreparedWorkflow { label: workflow.label.clone(), steps: prepared })
@@ -467,6 +476,9 @@ pub struct WorkflowStep {
     /// When it ended.
     #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub ended_at: Option<DateTime<Utc>>,
+    /// What it waits for besides its dependencies, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait: Option<super::wait::StepWait>,
 }
 
 /// A dependency as shown.
@@ -617,6 +629,7 @@ mod tests {
             after: after.iter().map(|d| StepDependency { step: d.to_string(), if_failed: IfFailed::Cancel }).collect(),
             error: None,
             ended_at: None,
+            wait: None,
         };
         // By id: `s` grew `s/x` and `s/y` after `d`, which waits for them, was stored.
         let by_id = vec![shown("s", &[]), shown("d", &["s", "s/x", "s/y"]), shown("s/x", &["s"]), shown("s/y", &["s"])];

@@ -48,6 +48,7 @@ mod schedules;
 mod schema;
 mod traces;
 mod uniqueness;
+mod waits;
 mod watcher;
 mod workflow_fleet;
 mod workflow_growth;

@@ -282,6 +282,7 @@ mod tests {
             after: after.iter().map(|s| StepDependency { step: s.to_string(), if_failed: IfFailed::Cancel }).collect(),
             error: None,
             ended_at: None,
+            wait: None,
         }
     }
 

@@ -59,6 +59,8 @@
 //! | `workflow_steps_ended`, `workflow_release` | 0023_workflows (`workflow_release` then 0043) | ended steps counted down in their dependents, which are released (or ended by their policy) in the same transaction, wave by wave |
 //! | `workflow_step_archive` | 0043_claims_found_by_key_functions (first 0023_workflows) | a step that will not run, straight into the archive with its reason |
 //! | `workflow_create`, `workflow_cancel` | 0023_workflows | workflows from SQL; a cancel ending waiting steps |
+//! | `workflow_waits_arm`, `workflow_waits_end`, `workflow_waits_due`, `workflow_waits_arm_late` | none (their files only) | durable waits: armed when a step's dependencies end, ended once by an event, a time or a timeout, releasing the step |
+//! | `event_send`, `send_event`, `event_matches` | none (their files only) | events sent in the caller's transaction, ending the waits they match |
 //! | `admit`, `discard_each` | 0027_set_gate (`admit` first 0004; `discard_each` then 0043) | the gate for a set of jobs already written; discards with a reason each |
 //! | `take_slots`, `insert_jobs` | 0045_bulk_enqueue_by_index (first 0027_set_gate, then 0030_gate_in_fewer_passes; `insert_jobs` also 0043) | a bulk enqueue's keys locked, counted and decided; its jobs written where the gate sent them, with their attached unique keys |
 //! | `claim_and_insert_jobs` | 0044_claim_and_insert | a host's unique bulk enqueue in one call: `claim_new_keys` (attached), then `insert_jobs` for the jobs that won their keys |
@@ -69,6 +71,7 @@
 mod batch;
 mod concurrency;
 mod deploy;
+mod event;
 mod finish;
 mod fleet;
 pub mod functions;

@@ -1075,6 +1075,75 @@ $_$;
 
 
 --
+-- Name: event_matches(jsonb, jsonb); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.event_matches(wanted jsonb, payload jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT
+    AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM jsonb_each_text(wanted) m
+        WHERE jsonb_typeof(payload -> m.key) IS DISTINCT FROM 'string'
+              AND jsonb_typeof(payload -> m.key) IS DISTINCT FROM 'number'
+              AND jsonb_typeof(payload -> m.key) IS DISTINCT FROM 'boolean'
+           OR (payload ->> m.key) IS DISTINCT FROM m.value
+    )
+$$;
+
+
+--
+-- Name: event_send(text, jsonb, text, text); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.event_send(event_key text, event_payload jsonb, idempotency text DEFAULT NULL::text, event_source text DEFAULT 'sql'::text, OUT id bigint, OUT released integer, OUT duplicate boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    open_waits bigint[];
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobhost.send_event needs a READ COMMITTED transaction, not %',
+            upper(current_setting('transaction_isolation')) USING ERRCODE = '0A000';
+    END IF;
+    IF event_key IS NULL OR octet_length(event_key) NOT BETWEEN 1 AND 256 OR event_key ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'invalid event: event key "%" must be 1 to 256 bytes without control characters',
+            coalesce(event_key, 'null') USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(event_payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'invalid event: an event''s payload must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(event_payload::text) > max_payload_bytes THEN
+        RAISE EXCEPTION 'invalid event: an event''s payload is % bytes of JSON, more than the most accepted, %',
+            octet_length(event_payload::text), max_payload_bytes USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('jobhost.event ' || event_key, 0));
+    INSERT INTO jobhost.events AS e (key, payload, idempotency_key, source)
+    VALUES (event_key, event_payload, idempotency, event_source)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING e.id INTO id;
+    IF id IS NULL THEN
+        SELECT e.id, e.released INTO id, released FROM jobhost.events e WHERE e.idempotency_key = idempotency;
+        duplicate := true;
+        RETURN;
+    END IF;
+    duplicate := false;
+    SELECT coalesce(array_agg(w.step_id ORDER BY w.step_id), '{}') INTO open_waits
+    FROM jobhost.workflow_waits w
+    WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
+      AND jobhost.event_matches(w.match, event_payload);
+    released := jobhost.workflow_waits_end(open_waits, 'event', id);
+    IF released > 0 THEN
+        UPDATE jobhost.events e SET released = released WHERE e.id = id;
+    END IF;
+END;
+$$;
+
+
+--
 -- Name: expire_leases(timestamp with time zone, bigint[], integer); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
@@ -2637,6 +2706,17 @@ $$;
 
 
 --
+-- Name: send_event(text, jsonb, text); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.send_event(event_key text, payload jsonb DEFAULT '{}'::jsonb, idempotency_key text DEFAULT NULL::text) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    SELECT (jobhost.event_send(event_key, payload, idempotency_key, 'sql')).id
+$$;
+
+
+--
 -- Name: slot_limit(text); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
@@ -2847,6 +2927,9 @@ BEGIN
         PERFORM jobhost.workflow_step_archive(step, 'cancelled', reason);
         ended := ended || step.id;
     END LOOP;
+    -- Their waits end with them: an event or a timeout later finds nothing to end.
+    UPDATE jobhost.workflow_waits w SET ended_by = 'skipped', ended_at = now()
+    WHERE w.step_id = ANY(ended) AND w.ended_by IS NULL;
     PERFORM jobhost.workflow_steps_ended(ended);
     SELECT coalesce(array_agg(s.job_id ORDER BY s.id), '{}') INTO live
     FROM jobhost.workflow_steps s
@@ -3094,6 +3177,8 @@ DECLARE
     changed_reasons text[] := '{}';
     claimant bigint;
     ended bigint[];
+    arming bigint[];
+    ended_waiting bigint[] := '{}';
 BEGIN
     -- Nothing ready: no statement (its insert would still run the jobs' trigger).
     IF cardinality(ready) = 0 THEN
@@ -3104,18 +3189,34 @@ BEGIN
         -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
         -- step not yet released) out of the plan.
         WHERE s.id = ANY(ready) AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE
+          AND s.wait IS DISTINCT FROM 'waiting' AND s.wait IS DISTINCT FROM 'armed'
         ORDER BY s.id
         FOR UPDATE
     ),
     -- Each candidate's dependencies aggregated by themselves (grouping
     -- the candidates by their columns sorted every payload and config).
     judged AS (
-        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config, c.payload || deps.added AS payload,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel' ELSE deps.verdict END AS verdict,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE deps.reason END AS reason
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
+               c.payload || deps.added || coalesce(waited.added, '{}') AS payload,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
+                    WHEN deps.verdict = 'run' AND waited.verdict IS NOT NULL THEN waited.verdict
+                    ELSE deps.verdict END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled'
+                    WHEN deps.verdict = 'run' AND waited.verdict IS NOT NULL THEN waited.reason
+                    ELSE deps.reason END AS reason
         FROM candidates c
         JOIN jobhost.workflows w ON w.id = c.workflow_id
         LEFT JOIN jobhost.job_types t ON t.name = c.job
+        -- How its wait ended, for a step that had one: the event's payload,
+        -- or the timeout's policy.
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN ww.ended_by = 'event' THEN jsonb_build_object('_event', ev.payload) END AS added,
+                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout END AS verdict,
+                   format('its wait for event "%s" timed out', ww.key) AS reason
+            FROM jobhost.workflow_waits ww
+            LEFT JOIN jobhost.events ev ON ev.id = ww.event_id
+            WHERE c.wait = 'ended' AND ww.step_id = c.id
+        ) waited ON true
         CROSS JOIN LATERAL (
             SELECT CASE WHEN count(*) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
                        jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
@@ -3182,11 +3283,19 @@ BEGIN
     -- The rest (rarely any) go on: gated types, and steps that will not run.
     SELECT coalesce(array_agg(ROW(n.id, n.job_id, n.job, n.queue, n.priority, n.delay_ms,
                                   n.payload, n.verdict, n.reason, n.config)::jobhost.step_release ORDER BY n.id)
-                        FILTER (WHERE NOT n.plain), '{}')
-    INTO releasing
+                        FILTER (WHERE NOT n.plain), '{}'),
+           -- Ready, but waiting for a time or an event: armed below.
+           (SELECT array_agg(s.id ORDER BY s.id) FROM jobhost.workflow_steps s
+            WHERE s.id = ANY(ready) AND s.wait = 'waiting' AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE)
+    INTO releasing, arming
     FROM numbered n;
+    IF arming IS NOT NULL THEN
+        -- Those whose waits ended at once are released now; a step that
+        -- does not run ends, and is counted down by the caller.
+        ended_waiting := jobhost.workflow_release(jobhost.workflow_waits_arm(arming));
+    END IF;
     IF cardinality(releasing) = 0 THEN
-        RETURN '{}';
+        RETURN ended_waiting;
     END IF;
     -- Limited or unique types: the gate and the claim, one step at a time.
     FOREACH gated IN ARRAY releasing LOOP
@@ -3221,7 +3330,7 @@ BEGIN
     -- The steps that will not run end now, straight into the archive
     -- (rarely: an insert of no rows would still run the archive's trigger).
     IF NOT EXISTS (SELECT 1 FROM unnest(releasing) r WHERE r.verdict <> 'run') THEN
-        RETURN '{}';
+        RETURN ended_waiting;
     END IF;
     UPDATE jobhost.workflow_steps s
     SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
@@ -3238,7 +3347,7 @@ BEGIN
     WHERE r.verdict <> 'run'
     ORDER BY r.id;
     SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') INTO ended FROM unnest(releasing) r WHERE r.verdict <> 'run';
-    RETURN ended;
+    RETURN ended || ended_waiting;
 END;
 $$;
 
@@ -3262,9 +3371,11 @@ CREATE TABLE jobhost.workflow_steps (
     ended_state text,
     result jsonb,
     ended_at timestamp with time zone,
+    wait text,
     CONSTRAINT workflow_steps_ended_state_check CHECK ((ended_state = ANY (ARRAY['completed'::text, 'failed'::text, 'discarded'::text, 'cancelled'::text]))),
     CONSTRAINT workflow_steps_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT workflow_steps_pending_check CHECK ((pending >= 0))
+    CONSTRAINT workflow_steps_pending_check CHECK ((pending >= 0)),
+    CONSTRAINT workflow_steps_wait_check CHECK ((wait = ANY (ARRAY['waiting'::text, 'armed'::text, 'ended'::text])))
 )
 WITH (fillfactor='70');
 
@@ -3326,6 +3437,180 @@ BEGIN
         FROM counted_down d;
         ended := jobhost.workflow_release(ready);
     END LOOP;
+END;
+$$;
+
+
+--
+-- Name: workflow_waits_arm(bigint[], boolean); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_waits_arm(steps bigint[], wait_for_senders boolean DEFAULT false) RETURNS bigint[]
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    w record;
+    ended bigint[] := '{}';
+    armed timestamptz;
+    due timestamptz;
+    found_event bigint;
+BEGIN
+    FOR w IN
+        SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
+        JOIN jobhost.workflow_waits ww ON ww.step_id = s.id
+        WHERE s.id = ANY(steps) AND s.wait = 'waiting' AND s.pending = 0 AND s.job_id IS NULL
+          AND ww.armed_at IS NULL AND ww.ended_by IS NULL
+        ORDER BY s.id
+        FOR UPDATE OF s, ww
+    LOOP
+        IF EXISTS (SELECT 1 FROM jobhost.workflows f WHERE f.id = w.workflow_id AND f.cancelled_at IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+                      WHERE e.step_id = w.step_id AND d.ended_state <> 'completed' AND e.if_failed <> 'run') THEN
+            UPDATE jobhost.workflow_waits SET ended_by = 'skipped', ended_at = now() WHERE step_id = w.step_id;
+            ended := ended || w.step_id;
+            CONTINUE;
+        END IF;
+        IF w.key IS NULL THEN
+            due := coalesce(w.until, now() + w.sleep_ms * interval '1 millisecond');
+            UPDATE jobhost.workflow_waits
+            SET armed_at = now(), due_at = due,
+                ended_by = CASE WHEN due <= now() THEN 'time' END,
+                ended_at = CASE WHEN due <= now() THEN now() END
+            WHERE step_id = w.step_id;
+            IF due <= now() THEN
+                ended := ended || w.step_id;
+            ELSE
+                UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF wait_for_senders THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+        ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
+            UPDATE jobhost.workflow_waits SET due_at = now() WHERE step_id = w.step_id;
+            CONTINUE;
+        END IF;
+        -- After the lock, in a statement of its own: it sees every event
+        -- committed by a sender that held the key before.
+        armed := clock_timestamp();
+        found_event := NULL;
+        IF w.lookback_ms > 0 THEN
+            SELECT e.id INTO found_event FROM jobhost.events e
+            WHERE e.key = w.key AND e.sent_at >= armed - w.lookback_ms * interval '1 millisecond'
+              AND jobhost.event_matches(w.match, e.payload)
+            ORDER BY e.sent_at DESC, e.id DESC
+            LIMIT 1;
+        END IF;
+        UPDATE jobhost.workflow_waits
+        SET armed_at = armed, due_at = armed + w.timeout_ms * interval '1 millisecond',
+            ended_by = CASE WHEN found_event IS NOT NULL THEN 'event' END,
+            ended_at = CASE WHEN found_event IS NOT NULL THEN armed END,
+            event_id = found_event
+        WHERE step_id = w.step_id;
+        IF found_event IS NOT NULL THEN
+            UPDATE jobhost.events SET released = released + 1 WHERE id = found_event;
+            ended := ended || w.step_id;
+        ELSE
+            UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
+        END IF;
+    END LOOP;
+    IF cardinality(ended) > 0 THEN
+        UPDATE jobhost.workflow_steps SET wait = 'ended' WHERE id = ANY(ended);
+    END IF;
+    RETURN ended;
+END;
+$$;
+
+
+--
+-- Name: workflow_waits_arm_late(timestamp with time zone, integer); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_waits_arm_late(at timestamp with time zone, batch integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    late bigint[];
+    ended bigint[];
+BEGIN
+    SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO late
+    FROM (
+        SELECT s.id FROM jobhost.workflow_waits w
+        JOIN jobhost.workflow_steps s ON s.id = w.step_id
+        WHERE w.ended_by IS NULL AND w.due_at <= at AND w.armed_at IS NULL
+        ORDER BY w.due_at
+        LIMIT batch
+        FOR UPDATE OF s SKIP LOCKED
+    ) d;
+    IF cardinality(late) = 0 THEN
+        RETURN 0;
+    END IF;
+    ended := jobhost.workflow_waits_arm(late, true);
+    PERFORM jobhost.workflow_steps_ended(jobhost.workflow_release(ended));
+    RETURN cardinality(late);
+END;
+$$;
+
+
+--
+-- Name: workflow_waits_due(timestamp with time zone, integer); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_waits_due(at timestamp with time zone, batch integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    sleeps bigint[];
+    timeouts bigint[];
+BEGIN
+    SELECT coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.key IS NULL), '{}'),
+           coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.key IS NOT NULL), '{}')
+    INTO sleeps, timeouts
+    FROM (
+        SELECT s.id, w.key FROM jobhost.workflow_waits w
+        JOIN jobhost.workflow_steps s ON s.id = w.step_id
+        WHERE w.ended_by IS NULL AND w.due_at <= at AND w.armed_at IS NOT NULL
+        ORDER BY w.due_at
+        LIMIT batch
+        FOR UPDATE OF s SKIP LOCKED
+    ) d;
+    RETURN jobhost.workflow_waits_end(sleeps, 'time') + jobhost.workflow_waits_end(timeouts, 'timeout');
+END;
+$$;
+
+
+--
+-- Name: workflow_waits_end(bigint[], text, bigint); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.workflow_waits_end(steps bigint[], how text, event bigint DEFAULT NULL::bigint) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    done bigint[];
+BEGIN
+    IF cardinality(steps) = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM jobhost.workflow_steps s WHERE s.id = ANY(steps) ORDER BY s.id FOR UPDATE;
+    WITH ended AS (
+        UPDATE jobhost.workflow_waits w
+        SET ended_by = how, ended_at = now(), event_id = event
+        WHERE w.step_id = ANY(steps) AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
+        RETURNING w.step_id
+    )
+    SELECT coalesce(array_agg(e.step_id ORDER BY e.step_id), '{}') INTO done FROM ended e;
+    IF cardinality(done) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE jobhost.workflow_steps SET wait = 'ended' WHERE id = ANY(done);
+    PERFORM jobhost.workflow_steps_ended(jobhost.workflow_release(done));
+    RETURN cardinality(done);
 END;
 $$;
 
@@ -3448,6 +3733,38 @@ CREATE TABLE jobhost.deployments (
 
 ALTER TABLE jobhost.deployments ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME jobhost.deployments_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: events; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.events (
+    id bigint NOT NULL,
+    key text NOT NULL,
+    payload jsonb NOT NULL,
+    idempotency_key text,
+    source text DEFAULT 'sql'::text NOT NULL,
+    sent_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    released integer DEFAULT 0 NOT NULL,
+    CONSTRAINT events_idempotency_key_check CHECK (((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 256))),
+    CONSTRAINT events_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),
+    CONSTRAINT events_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text))
+);
+
+
+--
+-- Name: events_id_seq; Type: SEQUENCE; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE jobhost.events ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME jobhost.events_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -3831,6 +4148,35 @@ ALTER TABLE jobhost.workflow_steps ALTER COLUMN id ADD GENERATED BY DEFAULT AS I
 
 
 --
+-- Name: workflow_waits; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.workflow_waits (
+    step_id bigint NOT NULL,
+    key text,
+    match jsonb DEFAULT '{}'::jsonb NOT NULL,
+    sleep_ms bigint,
+    until timestamp with time zone,
+    timeout_ms bigint,
+    on_timeout text DEFAULT 'fail'::text NOT NULL,
+    lookback_ms bigint DEFAULT 0 NOT NULL,
+    armed_at timestamp with time zone,
+    due_at timestamp with time zone,
+    ended_by text,
+    ended_at timestamp with time zone,
+    event_id bigint,
+    CONSTRAINT workflow_waits_check CHECK (((key IS NULL) = ((sleep_ms IS NOT NULL) OR (until IS NOT NULL)))),
+    CONSTRAINT workflow_waits_ended_by_check CHECK ((ended_by = ANY (ARRAY['event'::text, 'time'::text, 'timeout'::text, 'skipped'::text]))),
+    CONSTRAINT workflow_waits_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),
+    CONSTRAINT workflow_waits_lookback_ms_check CHECK ((lookback_ms >= 0)),
+    CONSTRAINT workflow_waits_match_check CHECK ((jsonb_typeof(match) = 'object'::text)),
+    CONSTRAINT workflow_waits_on_timeout_check CHECK ((on_timeout = ANY (ARRAY['cancel'::text, 'run'::text, 'fail'::text]))),
+    CONSTRAINT workflow_waits_sleep_ms_check CHECK ((sleep_ms >= 0)),
+    CONSTRAINT workflow_waits_timeout_ms_check CHECK ((timeout_ms >= 0))
+);
+
+
+--
 -- Name: workflows; Type: TABLE; Schema: jobhost; Owner: -
 --
 
@@ -3911,6 +4257,22 @@ ALTER TABLE jobhost.jobs
 
 ALTER TABLE ONLY jobhost.deployments
     ADD CONSTRAINT deployments_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: events events_idempotency_key_key; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.events
+    ADD CONSTRAINT events_idempotency_key_key UNIQUE (idempotency_key);
+
+
+--
+-- Name: events events_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (id);
 
 
 --
@@ -4114,6 +4476,14 @@ ALTER TABLE ONLY jobhost.workflow_steps
 
 
 --
+-- Name: workflow_waits workflow_waits_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.workflow_waits
+    ADD CONSTRAINT workflow_waits_pkey PRIMARY KEY (step_id);
+
+
+--
 -- Name: workflows workflows_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
 --
 
@@ -4168,6 +4538,20 @@ CREATE INDEX blocked_jobs_next ON jobhost.blocked_jobs USING btree (job, concurr
 --
 
 CREATE INDEX deployments_by_type ON jobhost.deployments USING btree (job_type, id DESC);
+
+
+--
+-- Name: events_key_sent; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX events_key_sent ON jobhost.events USING btree (key, sent_at);
+
+
+--
+-- Name: events_sent; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX events_sent ON jobhost.events USING btree (sent_at);
 
 
 --
@@ -4259,6 +4643,20 @@ CREATE INDEX workflow_edges_dep ON jobhost.workflow_edges USING btree (dep_id);
 --
 
 CREATE INDEX workflow_steps_live ON jobhost.workflow_steps USING btree (workflow_id) WHERE (ended_state IS NULL);
+
+
+--
+-- Name: workflow_waits_open_due; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX workflow_waits_open_due ON jobhost.workflow_waits USING btree (due_at) WHERE ((ended_by IS NULL) AND (due_at IS NOT NULL));
+
+
+--
+-- Name: workflow_waits_open_key; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX workflow_waits_open_key ON jobhost.workflow_waits USING btree (key) WHERE ((ended_by IS NULL) AND (armed_at IS NOT NULL) AND (key IS NOT NULL));
 
 
 --
@@ -4368,6 +4766,14 @@ ALTER TABLE ONLY jobhost.workflow_edges
 
 ALTER TABLE ONLY jobhost.workflow_steps
     ADD CONSTRAINT workflow_steps_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES jobhost.workflows(id) ON DELETE CASCADE;
+
+
+--
+-- Name: workflow_waits workflow_waits_step_id_fkey; Type: FK CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.workflow_waits
+    ADD CONSTRAINT workflow_waits_step_id_fkey FOREIGN KEY (step_id) REFERENCES jobhost.workflow_steps(id) ON DELETE CASCADE;
 
 
 --

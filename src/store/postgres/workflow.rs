@@ -16,9 +16,10 @@ use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::WorkflowDriver;
 use crate::store::finish::Growth;
+use crate::store::wait::{PreparedWait, StepWait};
 use crate::store::workflow::{
-    CreatedWorkflow, IfFailed, PreparedWorkflow, StepDependency, StepState, StoredWorkflow, Workflow, WorkflowCounts,
-    WorkflowStep,
+    CreatedWorkflow, IfFailed, PreparedStep, PreparedWorkflow, StepDependency, StepState, StoredWorkflow, Workflow,
+    WorkflowCounts, WorkflowStep,
 };
 
 /// Stores a workflow's steps and dependencies and releases the steps that
@@ -36,10 +37,11 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
         .await?;
     let steps = &workflow.steps;
     let inserted: Vec<(i64, String)> = sqlx::query_as(
-        "INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
-         SELECT $1, s.name, s.job, s.payload, s.queue, s.priority, s.delay_ms, s.pending
-         FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::text[], $6::int2[], $7::int8[], $8::int4[])
-             AS s(name, job, payload, queue, priority, delay_ms, pending)
+        "INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending, wait)
+         SELECT $1, s.name, s.job, s.payload, s.queue, s.priority, s.delay_ms, s.pending,
+                CASE WHEN s.waits THEN 'waiting' END
+         FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::text[], $6::int2[], $7::int8[], $8::int4[], $9::bool[])
+             AS s(name, job, payload, queue, priority, delay_ms, pending, waits)
          RETURNING id, name",
     )
     .bind(id)
@@ -50,10 +52,12 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
     .bind(steps.iter().map(|s| s.priority).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.delay_ms).collect::<Vec<_>>())
     .bind(steps.iter().map(|s| s.after.len() as i32).collect::<Vec<_>>())
+    .bind(steps.iter().map(|s| s.wait.is_some()).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
     let by_name: HashMap<String, i64> = inserted.into_iter().map(|(step, name)| (name, step)).collect();
     let step_ids: Vec<i64> = steps.iter().map(|s| by_name[&s.name]).collect();
+    write_waits(conn, &step_ids, steps).await?;
     let (mut dependents, mut deps, mut policies) = (Vec::new(), Vec::new(), Vec::new());
     for (step, prepared) in step_ids.iter().zip(steps) {
         for &(dep, policy) in &prepared.after {
@@ -84,6 +88,32 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
     .fetch_all(&mut *conn)
     .await?;
     Ok(CreatedWorkflow { id, released: released.into_iter().collect() })
+}
+
+/// Stores the waits of the steps that have one (armed later, when their
+/// dependencies have ended: `jobhost.workflow_waits_arm`).
+async fn write_waits(conn: &mut PgConnection, step_ids: &[i64], steps: &[PreparedStep]) -> Result<()> {
+    let waits: Vec<(i64, &PreparedWait)> =
+        step_ids.iter().zip(steps).filter_map(|(id, s)| s.wait.as_ref().map(|w| (*id, w))).collect();
+    if waits.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO jobhost.workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+         SELECT * FROM unnest($1::int8[], $2::text[], $3::jsonb[], $4::int8[], $5::timestamptz[], $6::int8[],
+                              $7::text[], $8::int8[])",
+    )
+    .bind(waits.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.key.as_deref()).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| Json(&w.matching)).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.sleep_ms).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.until).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.timeout_ms).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.on_timeout.as_str()).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.lookback_ms).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Adds the steps a run added to its own workflow, in the transaction
@@ -163,7 +193,8 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Workflow>> {
         "SELECT s.name, s.job, s.job_id, s.state, s.ended_state, s.result, s.ended_at,
                 coalesce((SELECT jsonb_agg(jsonb_build_array(d.name, e.if_failed) ORDER BY d.id)
                           FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps d ON d.id = e.dep_id
-                          WHERE e.step_id = s.id), '[]') AS after
+                          WHERE e.step_id = s.id), '[]') AS after,
+                (SELECT to_jsonb(w) FROM jobhost.workflow_waits w WHERE w.step_id = s.id) AS wait
          FROM jobhost.workflow_step_states s
          WHERE s.workflow_id = $1
          ORDER BY s.id",
@@ -191,6 +222,7 @@ fn step_of(row: &PgRow) -> Result<WorkflowStep> {
             .collect::<Result<_>>()?,
         error: crate::store::workflow::step_error(ended_state.as_deref(), result.map(|r| r.0)),
         ended_at,
+        wait: row.try_get::<Option<Json<StepWait>>, _>("wait")?.map(|w| w.0),
     })
 }
 

@@ -46,6 +46,7 @@ mod session;
 mod trace;
 mod unique;
 mod variable;
+mod wait;
 mod workflow;
 mod write;
 

@@ -17,6 +17,10 @@ CREATE INDEX blocked_jobs_next ON blocked_jobs (job, concurrency_key, priority, 
 
 CREATE INDEX deployments_by_type ON deployments (job_type, id DESC);
 
+CREATE INDEX events_key_sent ON events (key, sent_at);
+
+CREATE INDEX events_sent ON events (sent_at);
+
 CREATE INDEX history_job ON history (job, minute);
 
 CREATE INDEX history_retries_job ON history_retries (job, minute);
@@ -40,7 +44,14 @@ CREATE INDEX workflow_edges_dep ON workflow_edges (dep_id);
 
 CREATE INDEX workflow_steps_live ON workflow_steps (workflow_id) WHERE ended_state IS NULL;
 
-CREATE INDEX workflow_steps_ready ON workflow_steps (id) WHERE pending = 0 AND job_id IS NULL;
+CREATE INDEX workflow_steps_ready ON workflow_steps (id)
+    WHERE pending = 0 AND job_id IS NULL AND (wait IS NULL OR wait <> 'armed');
+
+CREATE INDEX workflow_waits_open_due ON workflow_waits (due_at)
+    WHERE ended_by IS NULL AND due_at IS NOT NULL;
+
+CREATE INDEX workflow_waits_open_key ON workflow_waits (key)
+    WHERE ended_by IS NULL AND armed_at IS NOT NULL AND key IS NOT NULL;
 
 CREATE INDEX workflows_created ON workflows (created_at);
 
@@ -126,6 +137,16 @@ CREATE TABLE deployments (
     action   TEXT    NOT NULL CHECK (action IN ('deploy', 'rollback', 'undeploy')),
     at       INTEGER NOT NULL,
     CHECK ((action = 'undeploy') = (digest IS NULL))
+) STRICT;
+
+CREATE TABLE events (
+    id              INTEGER PRIMARY KEY,
+    key             TEXT NOT NULL CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
+    payload         TEXT NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    source          TEXT NOT NULL DEFAULT 'sql',
+    sent_at         INTEGER NOT NULL,
+    released        INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 
 CREATE TABLE history (
@@ -328,8 +349,25 @@ CREATE TABLE workflow_steps (
     ended_state TEXT CHECK (ended_state IN ('completed', 'failed', 'discarded', 'cancelled')),
     -- Its output (completed) or last error (else), as JSON.
     result      TEXT,
-    ended_at    INTEGER,
+    ended_at    INTEGER, wait TEXT CHECK (wait IN ('waiting', 'armed', 'ended')),
     UNIQUE (workflow_id, name)
+) STRICT;
+
+CREATE TABLE workflow_waits (
+    step_id     INTEGER PRIMARY KEY REFERENCES workflow_steps ON DELETE CASCADE,
+    key         TEXT CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
+    -- A JSON object: the fields, as text, an event's payload must hold.
+    match       TEXT NOT NULL DEFAULT '{}',
+    sleep_ms    INTEGER CHECK (sleep_ms >= 0),
+    until       INTEGER,
+    timeout_ms  INTEGER CHECK (timeout_ms >= 0),
+    on_timeout  TEXT NOT NULL DEFAULT 'fail' CHECK (on_timeout IN ('cancel', 'run', 'fail')),
+    lookback_ms INTEGER NOT NULL DEFAULT 0 CHECK (lookback_ms >= 0),
+    armed_at    INTEGER,
+    due_at      INTEGER,
+    ended_by    TEXT CHECK (ended_by IN ('event', 'time', 'timeout', 'skipped')),
+    ended_at    INTEGER,
+    event_id    INTEGER
 ) STRICT;
 
 CREATE TABLE workflows (

@@ -20,6 +20,7 @@ use super::time_of;
 use crate::store::driver::WorkflowDriver;
 use crate::store::enqueue::{Configs, PreparedJob, job_names, prepare_registered};
 use crate::store::finish::Growth;
+use crate::store::wait::PreparedWait;
 use crate::store::workflow::{
     CreatedWorkflow, EndedDependency, IfFailed, PreparedWorkflow, Release, StepDependency, StepState, StoredWorkflow,
     Workflow, WorkflowCounts, WorkflowStep, release, step_error,
@@ -40,13 +41,14 @@ pub async fn write(conn: &mut SqliteConnection, workflow: PreparedWorkflow, now:
         .iter()
         .map(|s| {
             serde_json::json!({"name": s.name, "job": s.job, "payload": s.payload, "queue": s.queue,
-                               "priority": s.priority, "delay_ms": s.delay_ms, "pending": s.after.len()})
+                               "priority": s.priority, "delay_ms": s.delay_ms, "pending": s.after.len(),
+                               "wait": s.wait.as_ref().map(|_| "waiting")})
         })
         .collect();
     sqlx::query(
-        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending, wait)
          SELECT $1, s.value ->> 'name', s.value ->> 'job', s.value -> 'payload', s.value ->> 'queue',
-                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending'
+                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending', s.value ->> 'wait'
          FROM json_each($2) s
          ORDER BY s.key",
     )
@@ -62,6 +64,9 @@ pub async fn write(conn: &mut SqliteConnection, workflow: PreparedWorkflow, now:
         .await?
         .into_iter()
         .collect();
+    let waits: Vec<(i64, &PreparedWait)> =
+        workflow.steps.iter().filter_map(|s| s.wait.as_ref().map(|w| (ids[&s.name], w))).collect();
+    super::wait::write(conn, &waits).await?;
     let edges: Vec<(i64, i64, &str)> = workflow
         .steps
         .iter()
@@ -184,9 +189,11 @@ struct Ready {
     priority: Option<i16>,
     delay_ms: i64,
     cancelled: bool,
+    /// `waiting` (its wait to arm), `ended` (its wait ended), or none.
+    wait: Option<String>,
 }
 
-from_row!(sqlx::sqlite::SqliteRow, Ready { id, job, payload, queue, priority, delay_ms, cancelled });
+from_row!(sqlx::sqlite::SqliteRow, Ready { id, job, payload, queue, priority, delay_ms, cancelled, wait });
 
 /// Releases every step whose dependencies have all ended, in the caller's
 /// transaction, wave by wave: a step its policy ends without running
@@ -201,9 +208,10 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
     loop {
         // Through the partial index `workflow_steps_ready`: almost always nothing.
         let ready: Vec<Ready> = sqlx::query_as(
-            "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, w.cancelled_at IS NOT NULL AS cancelled
+            "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, w.cancelled_at IS NOT NULL AS cancelled,
+                    s.wait
              FROM workflow_steps s JOIN workflows w ON w.id = s.workflow_id
-             WHERE s.pending = 0 AND s.job_id IS NULL
+             WHERE s.pending = 0 AND s.job_id IS NULL AND (s.wait IS NULL OR s.wait <> 'armed')
              ORDER BY s.id",
         )
         .fetch_all(&mut *conn)
@@ -211,12 +219,26 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
         if ready.is_empty() {
             return Ok(any_available);
         }
+        // Steps whose waits are to be armed go first: those that stay armed
+        // leave the look; those whose waits ended at once come back ended.
+        let to_arm: Vec<i64> = ready.iter().filter(|s| s.wait.as_deref() == Some("waiting")).map(|s| s.id).collect();
+        if !to_arm.is_empty() {
+            super::wait::arm(conn, &to_arm, now).await?;
+            continue;
+        }
+        let waited: Vec<i64> = ready.iter().filter(|s| s.wait.is_some()).map(|s| s.id).collect();
+        let mut waits = if waited.is_empty() { HashMap::new() } else { super::wait::ended_of(conn, &waited).await? };
         let configs = configs_of(conn, &ready).await?;
         let mut deps = dependencies_of(conn, &ready).await?;
         let mut running: Vec<(&Ready, PreparedJob)> = Vec::new();
         for step in &ready {
             let ended = deps.remove(&step.id).unwrap_or_default();
-            let payload = match release(&step.payload.0, &ended, step.cancelled) {
+            let decided = release(&step.payload.0, &ended, step.cancelled);
+            let decided = match waits.remove(&step.id) {
+                Some(wait) => crate::store::wait::apply(decided, &wait),
+                None => decided,
+            };
+            let payload = match decided {
                 Release::Run(payload) => payload,
                 Release::Cancel(reason) => {
                     end_unrun(conn, step, "cancelled", &reason, now).await?;
@@ -410,7 +432,7 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Op
         return Ok(None);
     }
     let waiting: Vec<Ready> = sqlx::query_as(
-        "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, 1 AS cancelled
+        "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, 1 AS cancelled, s.wait
          FROM workflow_steps s
          WHERE s.workflow_id = $1 AND s.job_id IS NULL AND s.ended_state IS NULL
          ORDER BY s.id",
@@ -421,6 +443,7 @@ pub async fn cancel(conn: &mut SqliteConnection, id: i64, now: i64) -> Result<Op
     for step in &waiting {
         end_unrun(conn, step, "cancelled", "its workflow was cancelled", now).await?;
     }
+    super::wait::skip(conn, &waiting.iter().map(|s| s.id).collect::<Vec<_>>(), now).await?;
     let live: Vec<i64> = sqlx::query_scalar(
         "SELECT job_id FROM workflow_steps
          WHERE workflow_id = $1 AND ended_state IS NULL AND job_id IS NOT NULL ORDER BY id",
@@ -483,6 +506,7 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<Workflow>> {
     .bind(id)
     .fetch_all(pool)
     .await?;
+    let mut waits = super::wait::shown(pool, id).await?;
     let mut after: HashMap<i64, Vec<StepDependency>> = HashMap::new();
     for (step, dep, policy) in edges {
         after.entry(step).or_default().push(StepDependency { step: dep, if_failed: IfFailed::decode(&policy)? });
@@ -492,14 +516,16 @@ pub async fn get(pool: &SqlitePool, id: i64) -> Result<Option<Workflow>> {
         .map(|row| {
             let ended_state: Option<String> = row.try_get("ended_state")?;
             let result: Option<Json<serde_json::Value>> = row.try_get("result")?;
+            let step_id: i64 = row.try_get("id")?;
             Ok(WorkflowStep {
                 name: row.try_get("name")?,
                 job: row.try_get("job")?,
                 job_id: row.try_get("job_id")?,
                 state: StepState::decode(row.try_get("state")?)?,
-                after: after.remove(&row.try_get::<i64, _>("id")?).unwrap_or_default(),
+                after: after.remove(&step_id).unwrap_or_default(),
                 error: step_error(ended_state.as_deref(), result.map(|r| r.0)),
                 ended_at: row.try_get::<Option<i64>, _>("ended_at")?.map(time_of),
+                wait: waits.remove(&step_id),
             })
         })
         .collect::<Result<_>>()?;

@@ -7,7 +7,10 @@
 -- wave): a workflow's creation calls it directly for its first steps. One
 -- statement decides the steps, marks them released and inserts the jobs
 -- of the plain types (the common case); gated types and steps that will
--- not run follow, one at a time.
+-- not run follow, one at a time. A step with a wait that has not ended is
+-- not released: its wait is armed instead (workflow_waits_arm), and its
+-- end releases it (workflow_waits_end), with the event's payload under
+-- `_event`, or by the wait's `on_timeout` when it timed out.
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_release(ready bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
@@ -26,6 +29,8 @@ DECLARE
     changed_reasons text[] := '{}';
     claimant bigint;
     ended bigint[];
+    arming bigint[];
+    ended_waiting bigint[] := '{}';
 BEGIN
     -- Nothing ready: no statement (its insert would still run the jobs' trigger).
     IF cardinality(ready) = 0 THEN
@@ -36,18 +41,34 @@ BEGIN
         -- Found by id: `IS TRUE` keeps the job index (whose NULLs are every
         -- step not yet released) out of the plan.
         WHERE s.id = ANY(ready) AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE
+          AND s.wait IS DISTINCT FROM 'waiting' AND s.wait IS DISTINCT FROM 'armed'
         ORDER BY s.id
         FOR UPDATE
     ),
     -- Each candidate's dependencies aggregated by themselves (grouping
     -- the candidates by their columns sorted every payload and config).
     judged AS (
-        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config, c.payload || deps.added AS payload,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel' ELSE deps.verdict END AS verdict,
-               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled' ELSE deps.reason END AS reason
+        SELECT c.id, c.job, c.queue, c.priority, c.delay_ms, t.config,
+               c.payload || deps.added || coalesce(waited.added, '{}') AS payload,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'cancel'
+                    WHEN deps.verdict = 'run' AND waited.verdict IS NOT NULL THEN waited.verdict
+                    ELSE deps.verdict END AS verdict,
+               CASE WHEN w.cancelled_at IS NOT NULL THEN 'its workflow was cancelled'
+                    WHEN deps.verdict = 'run' AND waited.verdict IS NOT NULL THEN waited.reason
+                    ELSE deps.reason END AS reason
         FROM candidates c
         JOIN jobhost.workflows w ON w.id = c.workflow_id
         LEFT JOIN jobhost.job_types t ON t.name = c.job
+        -- How its wait ended, for a step that had one: the event's payload,
+        -- or the timeout's policy.
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN ww.ended_by = 'event' THEN jsonb_build_object('_event', ev.payload) END AS added,
+                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout END AS verdict,
+                   format('its wait for event "%s" timed out', ww.key) AS reason
+            FROM jobhost.workflow_waits ww
+            LEFT JOIN jobhost.events ev ON ev.id = ww.event_id
+            WHERE c.wait = 'ended' AND ww.step_id = c.id
+        ) waited ON true
         CROSS JOIN LATERAL (
             SELECT CASE WHEN count(*) = 0 THEN '{}'::jsonb ELSE jsonb_build_object('_deps',
                        jsonb_object_agg(d.name, CASE WHEN d.ended_state = 'completed' THEN d.result
@@ -114,11 +135,19 @@ BEGIN
     -- The rest (rarely any) go on: gated types, and steps that will not run.
     SELECT coalesce(array_agg(ROW(n.id, n.job_id, n.job, n.queue, n.priority, n.delay_ms,
                                   n.payload, n.verdict, n.reason, n.config)::jobhost.step_release ORDER BY n.id)
-                        FILTER (WHERE NOT n.plain), '{}')
-    INTO releasing
+                        FILTER (WHERE NOT n.plain), '{}'),
+           -- Ready, but waiting for a time or an event: armed below.
+           (SELECT array_agg(s.id ORDER BY s.id) FROM jobhost.workflow_steps s
+            WHERE s.id = ANY(ready) AND s.wait = 'waiting' AND s.pending = 0 AND (s.job_id IS NULL) IS TRUE)
+    INTO releasing, arming
     FROM numbered n;
+    IF arming IS NOT NULL THEN
+        -- Those whose waits ended at once are released now; a step that
+        -- does not run ends, and is counted down by the caller.
+        ended_waiting := jobhost.workflow_release(jobhost.workflow_waits_arm(arming));
+    END IF;
     IF cardinality(releasing) = 0 THEN
-        RETURN '{}';
+        RETURN ended_waiting;
     END IF;
     -- Limited or unique types: the gate and the claim, one step at a time.
     FOREACH gated IN ARRAY releasing LOOP
@@ -153,7 +182,7 @@ BEGIN
     -- The steps that will not run end now, straight into the archive
     -- (rarely: an insert of no rows would still run the archive's trigger).
     IF NOT EXISTS (SELECT 1 FROM unnest(releasing) r WHERE r.verdict <> 'run') THEN
-        RETURN '{}';
+        RETURN ended_waiting;
     END IF;
     UPDATE jobhost.workflow_steps s
     SET ended_state = CASE r.verdict WHEN 'fail' THEN 'failed' WHEN 'discard' THEN 'discarded' ELSE 'cancelled' END,
@@ -170,6 +199,6 @@ BEGIN
     WHERE r.verdict <> 'run'
     ORDER BY r.id;
     SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') INTO ended FROM unnest(releasing) r WHERE r.verdict <> 'run';
-    RETURN ended;
+    RETURN ended || ended_waiting;
 END;
 $$;

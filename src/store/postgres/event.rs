@@ -1,0 +1,98 @@
+//! Events and durable waits in PostgreSQL: sending an event
+//! (`jobhost.event_send`, the same function an application calls in its own
+//! transaction as `jobhost.send_event`), listing and pruning events, and
+//! the maintenance that ends due sleeps and timeouts and arms waits the
+//! release could not (functions/workflow_waits_due.sql).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+
+use super::PgStore;
+use crate::store::driver::EventDriver;
+use crate::store::wait::{SentEvent, StoredEvent};
+use crate::store::{Error, Result};
+
+#[async_trait]
+impl EventDriver for PgStore {
+    async fn event_send(
+        &self,
+        key: &str,
+        payload: &serde_json::Value,
+        idempotency_key: Option<&str>,
+        source: &str,
+    ) -> Result<SentEvent> {
+        let (id, released, duplicate): (i64, i32, bool) =
+            sqlx::query_as("SELECT id, released, duplicate FROM jobhost.event_send($1, $2, $3, $4)")
+                .bind(key)
+                .bind(Json(payload))
+                .bind(idempotency_key)
+                .bind(source)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(SentEvent { id, released: released.into(), duplicate })
+    }
+
+    async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<StoredEvent>> {
+        let rows: Vec<(i64, String, Json<serde_json::Value>, String, DateTime<Utc>, i32)> = sqlx::query_as(
+            "SELECT id, key, payload, source, sent_at, released FROM jobhost.events
+             WHERE $1::text IS NULL OR key = $1
+             ORDER BY id DESC LIMIT $2",
+        )
+        .bind(key)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, key, payload, source, sent_at, released)| StoredEvent {
+                id,
+                key,
+                payload: payload.0,
+                source,
+                sent_at,
+                released: released.into(),
+            })
+            .collect())
+    }
+
+    async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {
+        let batch = i32::try_from(batch).unwrap_or(i32::MAX);
+        let ended: i32 = sqlx::query_scalar("SELECT jobhost.workflow_waits_due(coalesce($1, now()), $2)")
+            .bind(now)
+            .bind(batch)
+            .fetch_one(&self.sweeps)
+            .await?;
+        // Waits left unarmed wait here for their key's senders, as long as
+        // a sweep waits for a lock; past that, the next pass tries again.
+        let armed =
+            match sqlx::query_scalar::<_, i32>("SELECT jobhost.workflow_waits_arm_late(coalesce($1, now()), $2)")
+                .bind(now)
+                .bind(batch)
+                .fetch_one(&self.sweeps)
+                .await
+            {
+                Ok(armed) => armed,
+                Err(error) => match Error::from(error) {
+                    busy if busy.is_lock_timeout() => 0,
+                    other => return Err(other),
+                },
+            };
+        Ok(u64::try_from(ended + armed).unwrap_or(0))
+    }
+
+    async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        Ok(sqlx::query(
+            "DELETE FROM jobhost.events WHERE id IN (
+                 SELECT id FROM jobhost.events
+                 WHERE sent_at < coalesce($1, now()) - $2 * interval '1 second'
+                 ORDER BY sent_at LIMIT $3)",
+        )
+        .bind(now)
+        .bind(retention_secs)
+        .bind(limit)
+        .execute(&self.sweeps)
+        .await?
+        .rows_affected())
+    }
+}

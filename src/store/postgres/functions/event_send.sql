@@ -1,0 +1,71 @@
+-- jobhost.event_send, jobhost.send_event: their current definitions.
+-- Hosts apply this file when its content changes (see
+-- src/store/postgres/functions.rs): edit it here, not in a new migration.
+--
+-- Sends an event in the caller's transaction: stores it and ends every
+-- armed wait for its key whose match its payload holds, releasing their
+-- steps. A transaction that rolls back sends nothing; one that commits
+-- sends it once. With an idempotency key already used, nothing is stored
+-- or released and the first event's id comes back (`duplicate`).
+--
+-- The key's lock is held shared until the transaction ends, so a wait for
+-- the key is armed either before (this statement's scan sees it) or after
+-- (its look back sees this event): DESIGN guarantee 17. That needs each
+-- statement's own snapshot: under REPEATABLE READ or SERIALIZABLE the scan
+-- could miss a wait armed after the transaction began, so those refuse.
+
+CREATE OR REPLACE FUNCTION jobhost.event_send(event_key text, event_payload jsonb, idempotency text DEFAULT NULL,
+                                              event_source text DEFAULT 'sql',
+                                              OUT id bigint, OUT released integer, OUT duplicate boolean)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    open_waits bigint[];
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobhost.send_event needs a READ COMMITTED transaction, not %',
+            upper(current_setting('transaction_isolation')) USING ERRCODE = '0A000';
+    END IF;
+    IF event_key IS NULL OR octet_length(event_key) NOT BETWEEN 1 AND 256 OR event_key ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'invalid event: event key "%" must be 1 to 256 bytes without control characters',
+            coalesce(event_key, 'null') USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(event_payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'invalid event: an event''s payload must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(event_payload::text) > max_payload_bytes THEN
+        RAISE EXCEPTION 'invalid event: an event''s payload is % bytes of JSON, more than the most accepted, %',
+            octet_length(event_payload::text), max_payload_bytes USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('jobhost.event ' || event_key, 0));
+    INSERT INTO jobhost.events AS e (key, payload, idempotency_key, source)
+    VALUES (event_key, event_payload, idempotency, event_source)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING e.id INTO id;
+    IF id IS NULL THEN
+        SELECT e.id, e.released INTO id, released FROM jobhost.events e WHERE e.idempotency_key = idempotency;
+        duplicate := true;
+        RETURN;
+    END IF;
+    duplicate := false;
+    SELECT coalesce(array_agg(w.step_id ORDER BY w.step_id), '{}') INTO open_waits
+    FROM jobhost.workflow_waits w
+    WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
+      AND jobhost.event_matches(w.match, event_payload);
+    released := jobhost.workflow_waits_end(open_waits, 'event', id);
+    IF released > 0 THEN
+        UPDATE jobhost.events e SET released = released WHERE e.id = id;
+    END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION jobhost.send_event(event_key text, payload jsonb DEFAULT '{}', idempotency_key text DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    SELECT (jobhost.event_send(event_key, payload, idempotency_key, 'sql')).id
+$$;

@@ -1,0 +1,97 @@
+-- jobhost.workflow_waits_arm: its current definition.
+-- Hosts apply this file when its content changes (see
+-- src/store/postgres/functions.rs): edit it here, not in a new migration.
+--
+-- Arms the waits of steps whose dependencies have all ended (the release
+-- passes such steps here instead of releasing them) and returns the steps
+-- whose waits ended at once, for the caller to release: a sleep already
+-- due; an event wait that finds a matching event in its look back; a wait
+-- not waited for, because its workflow was cancelled or a dependency did
+-- not complete under a policy that ends the step.
+--
+-- An event wait is armed only while it holds its key's lock (an advisory
+-- lock on the key's hash, exclusive), which every sender of that key
+-- holds shared until its transaction ends (send_event). So an event is
+-- either committed before the wait is armed, and then seen by its look
+-- back, or sent after, and then sees the wait: never neither (DESIGN
+-- guarantee 17). On the result write's path (`wait_for_senders` false) a
+-- key whose sender is still in its transaction is not waited for: its
+-- wait is left unarmed and due now, and maintenance arms it, waiting.
+
+CREATE OR REPLACE FUNCTION jobhost.workflow_waits_arm(steps bigint[], wait_for_senders boolean DEFAULT false)
+    RETURNS bigint[]
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    w record;
+    ended bigint[] := '{}';
+    armed timestamptz;
+    due timestamptz;
+    found_event bigint;
+BEGIN
+    FOR w IN
+        SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
+        JOIN jobhost.workflow_waits ww ON ww.step_id = s.id
+        WHERE s.id = ANY(steps) AND s.wait = 'waiting' AND s.pending = 0 AND s.job_id IS NULL
+          AND ww.armed_at IS NULL AND ww.ended_by IS NULL
+        ORDER BY s.id
+        FOR UPDATE OF s, ww
+    LOOP
+        IF EXISTS (SELECT 1 FROM jobhost.workflows f WHERE f.id = w.workflow_id AND f.cancelled_at IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+                      WHERE e.step_id = w.step_id AND d.ended_state <> 'completed' AND e.if_failed <> 'run') THEN
+            UPDATE jobhost.workflow_waits SET ended_by = 'skipped', ended_at = now() WHERE step_id = w.step_id;
+            ended := ended || w.step_id;
+            CONTINUE;
+        END IF;
+        IF w.key IS NULL THEN
+            due := coalesce(w.until, now() + w.sleep_ms * interval '1 millisecond');
+            UPDATE jobhost.workflow_waits
+            SET armed_at = now(), due_at = due,
+                ended_by = CASE WHEN due <= now() THEN 'time' END,
+                ended_at = CASE WHEN due <= now() THEN now() END
+            WHERE step_id = w.step_id;
+            IF due <= now() THEN
+                ended := ended || w.step_id;
+            ELSE
+                UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF wait_for_senders THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+        ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
+            UPDATE jobhost.workflow_waits SET due_at = now() WHERE step_id = w.step_id;
+            CONTINUE;
+        END IF;
+        -- After the lock, in a statement of its own: it sees every event
+        -- committed by a sender that held the key before.
+        armed := clock_timestamp();
+        found_event := NULL;
+        IF w.lookback_ms > 0 THEN
+            SELECT e.id INTO found_event FROM jobhost.events e
+            WHERE e.key = w.key AND e.sent_at >= armed - w.lookback_ms * interval '1 millisecond'
+              AND jobhost.event_matches(w.match, e.payload)
+            ORDER BY e.sent_at DESC, e.id DESC
+            LIMIT 1;
+        END IF;
+        UPDATE jobhost.workflow_waits
+        SET armed_at = armed, due_at = armed + w.timeout_ms * interval '1 millisecond',
+            ended_by = CASE WHEN found_event IS NOT NULL THEN 'event' END,
+            ended_at = CASE WHEN found_event IS NOT NULL THEN armed END,
+            event_id = found_event
+        WHERE step_id = w.step_id;
+        IF found_event IS NOT NULL THEN
+            UPDATE jobhost.events SET released = released + 1 WHERE id = found_event;
+            ended := ended || w.step_id;
+        ELSE
+            UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
+        END IF;
+    END LOOP;
+    IF cardinality(ended) > 0 THEN
+        UPDATE jobhost.workflow_steps SET wait = 'ended' WHERE id = ANY(ended);
+    END IF;
+    RETURN ended;
+END;
+$$;

@@ -1,0 +1,337 @@
+//! Durable waits and events: a workflow step that waits, besides its
+//! dependencies, for a time or for an event, and the events that end such
+//! waits. A wait is *armed* when the step's dependencies have all ended
+//! (at once for a step with none); it then ends exactly once (guarantee
+//! 17): by its time, by a matching event, or by its timeout, whichever
+//! comes first, in the transaction that records that end, and that same
+//! transaction releases the step (with the event's payload under `_event`).
+//!
+//! The vocabulary, and the rules decided once for both backends: what a
+//! declared wait becomes when its workflow is created (its match rendered
+//! from the step's payload), and how an event's payload is compared with
+//! it. PostgreSQL applies them in `jobhost.workflow_waits_arm`,
+//! `jobhost.workflow_waits_end` and `jobhost.send_event`
+//! (src/store/postgres/functions/); SQLite in `sqlite::wait`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::workflow::Release;
+use super::{Error, Result};
+use crate::step::IfFailed;
+pub use crate::step::{EVENT_KEY, MAX_EVENT_KEY_BYTES, Wait, check_event_key};
+use crate::template::KeyTemplate;
+
+/// A declared wait, checked, with its match rendered: what is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedWait {
+    /// The event key waited for; none for a sleep.
+    pub key: Option<String>,
+    /// Fields the event's payload must hold, as text.
+    #[serde(rename = "match")]
+    pub matching: BTreeMap<String, String>,
+    /// A sleep's length after the dependencies end.
+    pub sleep_ms: Option<i64>,
+    /// A sleep's end.
+    pub until: Option<DateTime<Utc>>,
+    /// An event wait's length once armed.
+    pub timeout_ms: Option<i64>,
+    /// What a timed-out event wait does to its step.
+    pub on_timeout: IfFailed,
+    /// How far back an event wait looks when it is armed.
+    pub lookback_ms: i64,
+}
+
+/// The default policy of an event wait that times out: the step fails,
+/// naming the wait (a step that was to act on a confirmation must not act
+/// without one unless its workflow says so).
+pub const DEFAULT_ON_TIMEOUT: IfFailed = IfFailed::Fail;
+
+/// Checks `wait` and renders its match from the step's `payload`.
+///
+/// # Errors
+/// [`Error::InvalidWorkflow`]-ready text: the wait's shape, or a match
+/// template that does not parse or render.
+pub fn prepare(wait: &Wait, payload: &serde_json::Value) -> std::result::Result<PreparedWait, String> {
+    wait.check()?;
+    let mut matching = BTreeMap::new();
+    for (field, template) in &wait.matching {
+        let template = KeyTemplate::parse(template).map_err(|e| format!("match field {field:?}: {e}"))?;
+        let text = template.render(payload).map_err(|e| format!("match field {field:?}: {e}"))?;
+        matching.insert(field.clone(), text);
+    }
+    let ms = |v: Option<u64>| v.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
+    Ok(PreparedWait {
+        key: wait.event.clone(),
+        matching,
+        sleep_ms: ms(wait.sleep_ms),
+        until: wait.until,
+        timeout_ms: ms(wait.timeout_ms),
+        on_timeout: wait.on_timeout.unwrap_or(DEFAULT_ON_TIMEOUT),
+        lookback_ms: ms(wait.lookback_ms).unwrap_or(0),
+    })
+}
+
+/// Whether an event's payload holds every field of a wait's match, each
+/// as the same text (`->>` on PostgreSQL: strings as themselves, numbers
+/// in their canonical form, booleans as `true`/`false`).
+pub fn matches(matching: &BTreeMap<String, String>, payload: &serde_json::Value) -> bool {
+    matching.iter().all(|(field, want)| field_text(payload, field).is_some_and(|have| &have == want))
+}
+
+fn field_text(payload: &serde_json::Value, field: &str) -> Option<String> {
+    match payload.as_object()?.get(field)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        serde_json::Value::Number(n) => crate::template::number_text(n.as_str()).ok(),
+        serde_json::Value::Null | serde_json::Value::Array(_) | serde_json::Value::Object(_) => None,
+    }
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitEnd {
+    /// Its event came.
+    Event,
+    /// Its sleep ran out.
+    Time,
+    /// Its event did not come in time.
+    Timeout,
+    /// It was not waited for: a dependency did not complete and the
+    /// step's policy ends it, or its workflow was cancelled.
+    Skipped,
+}
+
+impl WaitEnd {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitEnd::Event => "event",
+            WaitEnd::Time => "time",
+            WaitEnd::Timeout => "timeout",
+            WaitEnd::Skipped => "skipped",
+        }
+    }
+
+    /// Reads a stored name.
+    pub fn decode(text: &str) -> Result<WaitEnd> {
+        Ok(match text {
+            "event" => WaitEnd::Event,
+            "time" => WaitEnd::Time,
+            "timeout" => WaitEnd::Timeout,
+            "skipped" => WaitEnd::Skipped,
+            other => return Err(Error::Decode(format!("unknown wait end {other:?}"))),
+        })
+    }
+}
+
+/// How a released step's wait ended, for its release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedWait {
+    /// The event key it waited for; none for a sleep.
+    pub key: Option<String>,
+    /// How it ended.
+    pub ended_by: WaitEnd,
+    /// What a timeout does.
+    pub on_timeout: IfFailed,
+    /// The payload of the event that ended it.
+    pub event: Option<serde_json::Value>,
+}
+
+/// Applies a step's ended wait to what its dependencies decided (PostgreSQL
+/// applies the same in `jobhost.workflow_release`): a step that runs gets
+/// its event's payload under `_event`; a timed-out event wait fails or
+/// cancels it by `on_timeout` (or lets it run, with no `_event`). What its
+/// dependencies or a cancelled workflow decided stands.
+pub fn apply(release: Release, wait: &EndedWait) -> Release {
+    let Release::Run(mut payload) = release else {
+        return release;
+    };
+    match wait.ended_by {
+        WaitEnd::Event => {
+            if let (Some(object), Some(event)) = (payload.as_object_mut(), &wait.event) {
+                object.insert(EVENT_KEY.into(), event.clone());
+            }
+            Release::Run(payload)
+        }
+        WaitEnd::Timeout => {
+            let reason = format!("its wait for event \"{}\" timed out", wait.key.as_deref().unwrap_or_default());
+            match wait.on_timeout {
+                IfFailed::Run => Release::Run(payload),
+                IfFailed::Fail => Release::Fail(reason),
+                IfFailed::Cancel => Release::Cancel(reason),
+            }
+        }
+        WaitEnd::Time | WaitEnd::Skipped => Release::Run(payload),
+    }
+}
+
+/// A step's wait as operators see it (read back as the stored row's JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepWait {
+    /// The event key waited for; none for a sleep.
+    pub key: Option<String>,
+    /// The fields an event must hold.
+    #[serde(rename = "match", default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub matching: BTreeMap<String, String>,
+    /// When it was armed (its dependencies had ended); none before.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
+    pub armed_at: Option<DateTime<Utc>>,
+    /// When its sleep ends, or its event wait times out.
+    #[serde(serialize_with = "super::timestamp::serialize_option")]
+    pub due_at: Option<DateTime<Utc>>,
+    /// What a timeout does.
+    pub on_timeout: IfFailed,
+    /// How it ended, once it has.
+    pub ended_by: Option<WaitEnd>,
+    /// The event that ended it.
+    pub event_id: Option<i64>,
+}
+
+impl StepWait {
+    /// One line for people: `event order.confirmed {order_id=42}, 2h 3m left (then fail)`.
+    pub fn describe(&self, now: DateTime<Utc>) -> String {
+        let mut text = match &self.key {
+            Some(key) if self.matching.is_empty() => format!("event {key}"),
+            Some(key) => {
+                let fields: Vec<String> = self.matching.iter().map(|(f, v)| format!("{f}={v}")).collect();
+                format!("event {key} {{{}}}", fields.join(", "))
+            }
+            None => "sleep".to_string(),
+        };
+        match (self.ended_by, self.armed_at, self.due_at) {
+            (Some(end), _, _) => {
+                text.push_str(&format!(", ended by {}", end.as_str()));
+                if let Some(id) = self.event_id {
+                    text.push_str(&format!(" {id}"));
+                }
+            }
+            (None, None, _) => text.push_str(", after its dependencies"),
+            (None, Some(_), Some(due)) => {
+                let left = (due - now).to_std().unwrap_or_default();
+                let left = humantime::format_duration(std::time::Duration::from_secs(left.as_secs()));
+                match self.key {
+                    Some(_) => text.push_str(&format!(", {left} left (then {})", self.on_timeout.as_str())),
+                    None => text.push_str(&format!(" until {}, {left} left", due.format("%Y-%m-%d %H:%M:%S UTC"))),
+                }
+            }
+            (None, Some(_), None) => {}
+        }
+        text
+    }
+}
+
+/// An event as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SentEvent {
+    /// Its id.
+    pub id: i64,
+    /// Waits it ended (each released its step).
+    pub released: i64,
+    /// Whether an event with the same idempotency key had been sent
+    /// before: then nothing new was stored or released, and `id` is that
+    /// event's.
+    pub duplicate: bool,
+}
+
+/// An event as listed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredEvent {
+    /// Its id.
+    pub id: i64,
+    /// Its key.
+    pub key: String,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// Where it came from: `sql`, `api`, `cli`.
+    pub source: String,
+    /// When it was sent.
+    #[serde(serialize_with = "super::timestamp::serialize")]
+    pub sent_at: DateTime<Utc>,
+    /// Waits it ended.
+    pub released: i64,
+}
+
+/// The most bytes of JSON an event's payload holds (like a job's default
+/// payload limit).
+pub const MAX_EVENT_PAYLOAD_BYTES: usize = 1 << 20;
+
+/// Checks an event before it is sent.
+///
+/// # Errors
+/// [`Error::InvalidEvent`]: a bad key, a payload that is not an object, or
+/// one too large.
+pub fn check_event(key: &str, payload: &serde_json::Value) -> Result<()> {
+    check_event_key(key).map_err(Error::InvalidEvent)?;
+    if !payload.is_object() {
+        return Err(Error::InvalidEvent("an event's payload must be a JSON object".into()));
+    }
+    let bytes = payload.to_string().len();
+    if bytes > MAX_EVENT_PAYLOAD_BYTES {
+        return Err(Error::InvalidEvent(format!(
+            "an event's payload is {bytes} bytes of JSON, more than the most accepted, {MAX_EVENT_PAYLOAD_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_match_is_rendered_from_the_steps_payload_and_compared_as_text() {
+        let wait: Wait = serde_json::from_value(
+            json!({"event": "order.confirmed", "match": {"order_id": "{order}", "kind": "card"}}),
+        )
+        .unwrap();
+        let prepared = prepare(&wait, &json!({"order": 42})).unwrap();
+        assert_eq!(prepared.matching["order_id"], "42");
+        assert_eq!(prepared.on_timeout, IfFailed::Fail);
+        assert!(matches(&prepared.matching, &json!({"order_id": 42, "kind": "card", "extra": true})));
+        assert!(matches(&prepared.matching, &json!({"order_id": "42", "kind": "card"})));
+        assert!(!matches(&prepared.matching, &json!({"order_id": 43, "kind": "card"})));
+        assert!(!matches(&prepared.matching, &json!({"kind": "card"})));
+        assert!(!matches(&prepared.matching, &json!([1])));
+    }
+
+    #[test]
+    fn a_match_field_the_payload_lacks_is_refused_at_creation() {
+        let wait: Wait = serde_json::from_value(json!({"event": "k", "match": {"id": "{missing}"}})).unwrap();
+        let error = prepare(&wait, &json!({})).unwrap_err();
+        assert!(error.contains("missing"), "{error}");
+    }
+
+    #[test]
+    fn a_wait_has_one_kind_and_event_options_go_with_an_event() {
+        let bad = [
+            json!({}),
+            json!({"event": "k", "sleep": "1s"}),
+            json!({"sleep": "1s", "timeout": "1s"}),
+            json!({"until": "2026-01-01T00:00:00Z", "match": {"a": "b"}}),
+            json!({"event": ""}),
+            json!({"event": "a\nb"}),
+        ];
+        for wait in bad {
+            let wait: Wait = serde_json::from_value(wait.clone()).unwrap();
+            assert!(wait.check().is_err(), "{wait:?}");
+        }
+        let good: Wait =
+            serde_json::from_value(json!({"event": "k", "timeout": "3d", "on_timeout": "run", "lookback": "10m"}))
+                .unwrap();
+        assert_eq!(good.timeout_ms, Some(3 * 86_400_000));
+        assert_eq!(good.lookback_ms, Some(600_000));
+        good.check().unwrap();
+    }
+
+    #[test]
+    fn an_event_must_be_an_object_under_a_good_key() {
+        check_event("order.confirmed", &json!({"id": 1})).unwrap();
+        assert!(check_event("order.confirmed", &json!([1])).is_err());
+        assert!(check_event("", &json!({})).is_err());
+    }
+}
