@@ -175,7 +175,7 @@ pub struct StepWait {
     /// The event key waited for; none for a sleep.
     pub key: Option<String>,
     /// The fields an event must hold.
-    #[serde(rename = "match", default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(rename = "match", default)]
     pub matching: BTreeMap<String, String>,
     /// When it was armed (its dependencies had ended); none before.
     #[serde(serialize_with = "super::timestamp::serialize_option")]
@@ -211,10 +211,9 @@ impl StepWait {
             }
             (None, None, _) => text.push_str(", after its dependencies"),
             (None, Some(_), Some(due)) => {
-                let left = (due - now).to_std().unwrap_or_default();
-                let left = humantime::format_duration(std::time::Duration::from_secs(left.as_secs()));
+                let left = coarse((due - now).num_seconds().max(0));
                 match self.key {
-                    Some(_) => text.push_str(&format!(", {left} left (then {})", self.on_timeout.as_str())),
+                    Some(_) => text.push_str(&format!(", {left} left, then {}", self.on_timeout.as_str())),
                     None => text.push_str(&format!(" until {}, {left} left", due.format("%Y-%m-%d %H:%M:%S UTC"))),
                 }
             }
@@ -222,6 +221,25 @@ impl StepWait {
         }
         text
     }
+}
+
+/// A span of time in its two largest units: `2d 23h`, `5m 3s`, `12s`.
+fn coarse(seconds: i64) -> String {
+    let units = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
+    let mut parts = Vec::new();
+    let mut rest = seconds;
+    for (size, unit) in units {
+        if rest >= size || (parts.is_empty() && size == 1) {
+            parts.push(format!("{}{unit}", rest / size));
+            rest %= size;
+        } else if !parts.is_empty() {
+            break;
+        }
+        if parts.len() == 2 {
+            break;
+        }
+    }
+    parts.join(" ")
 }
 
 /// An event as sent.
@@ -326,6 +344,15 @@ mod tests {
         assert_eq!(good.timeout_ms, Some(3 * 86_400_000));
         assert_eq!(good.lookback_ms, Some(600_000));
         good.check().unwrap();
+    }
+
+    #[test]
+    fn time_left_reads_in_its_two_largest_units() {
+        assert_eq!(coarse(3 * 86_400 - 1), "2d 23h");
+        assert_eq!(coarse(303), "5m 3s");
+        assert_eq!(coarse(3_600), "1h");
+        assert_eq!(coarse(12), "12s");
+        assert_eq!(coarse(0), "0s");
     }
 
     #[test]

@@ -477,7 +477,6 @@ pub struct WorkflowStep {
     #[serde(serialize_with = "super::timestamp::serialize_option")]
     pub ended_at: Option<DateTime<Utc>>,
     /// What it waits for besides its dependencies, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub wait: Option<super::wait::StepWait>,
 }
 

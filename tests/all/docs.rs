@@ -17,6 +17,7 @@ const WITH_SESSIONS: &[&str] = &[
     "docs/batches.md",
     "docs/concurrency.md",
     "docs/deploy.md",
+    "docs/events.md",
     "docs/queue.md",
     "docs/schedules.md",
     "docs/uniqueness.md",
@@ -100,6 +101,11 @@ fn deploy() {
 #[test]
 fn schedules() {
     transcripts_of("docs/schedules.md");
+}
+
+#[test]
+fn events() {
+    transcripts_of("docs/events.md");
 }
 
 #[test]
