@@ -338,6 +338,58 @@ async fn an_event_from_an_application_transaction_delivers_on_commit_only() {
     assert!(refused.to_string().contains("READ COMMITTED"), "{refused}");
 }
 
+/// From SQL alone: an application creates a workflow whose step waits
+/// (`jobhost.workflow_create`, in SQL's spelling of a wait) and later sends
+/// its event; a bad wait is refused with SQLSTATE 22023 and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_made_in_sql_waits_for_an_event_sent_in_sql() {
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let id: i64 = sqlx::query_scalar(
+        r#"SELECT jobhost.workflow_create('[
+             {"name": "w", "job": "work", "payload": {"step": "w", "order": 7},
+              "wait": {"event": "paid", "match": {"order_id": "{order}"}, "timeout_ms": 3600000, "on_timeout": "run"}},
+             {"name": "s", "job": "work", "payload": {"step": "s"}, "wait": {"sleep_ms": 7200000}}
+           ]'::jsonb)"#,
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let wait = shown(&db, id).await.steps.into_iter().find(|s| s.name == "w").unwrap().wait.unwrap();
+    assert_eq!((wait.key.as_deref(), wait.matching["order_id"].as_str()), (Some("paid"), "7"));
+    assert_eq!(wait.on_timeout, jobhost::store::IfFailed::Run);
+    assert!(wait.armed_at.is_some(), "a root's wait is armed at creation");
+    let released: i64 = sqlx::query_scalar("SELECT (jobhost.event_send('paid', '{\"order_id\": 7}')).released::bigint")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(released, 1);
+    assert_eq!(fetch_steps(&db).await.remove(0).1.payload["_event"], json!({"order_id": 7}));
+    assert_eq!(db.store.waits_due(later(1), 10).await.unwrap(), 0);
+    assert_eq!(db.store.waits_due(later(3), 10).await.unwrap(), 1, "the sleep of two hours");
+
+    let workflows = db.scalar("SELECT count(*) FROM jobhost.workflows").await;
+    for bad in [
+        r#"{"event": "k", "sleep_ms": 1}"#,
+        r#"{"sleep_ms": 1, "match": {"a": "b"}}"#,
+        r#"{"event": "k", "match": {"a": "{missing}"}}"#,
+        r#"{"event": "k", "on_timeout": "later"}"#,
+        r#"{"event": "k", "timeout": "3d"}"#,
+    ] {
+        let error = sqlx::query(
+            "SELECT jobhost.workflow_create(jsonb_build_array(
+                 jsonb_build_object('name', 'b', 'job', 'work', 'wait', $1::jsonb)))",
+        )
+        .bind(bad)
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+        let code = error.as_database_error().and_then(|e| e.code()).map(|c| c.to_string());
+        assert_eq!(code.as_deref(), Some("22023"), "{bad}: {error}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.workflows").await, workflows, "nothing stored");
+}
+
 /// An application transaction that sent an event and has not committed
 /// while the wait's dependency ends: the wait is armed only after that
 /// transaction ends, so its look back sees the event (without the key's
@@ -419,4 +471,40 @@ async fn a_thousand_events_sent_at_once_release_a_thousand_waits_once_each() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.events WHERE released = 1").await, 1000);
     assert_eq!(shown(&db, id).await.counts.by_state.get("available"), Some(&1000));
+}
+
+/// A sleep of 2 s on hosts whose clocks are a minute off, one ahead and one
+/// behind (libfaketime): it is due by the database's clock, so it neither
+/// ends at once on the host ahead nor a minute late on the one behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_is_timed_by_the_database_clock_on_hosts_whose_clocks_are_off() {
+    use common::fleet::{Host, ONE_FLEET, components, host_command, wait_serving};
+    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "libfaketime is installed (scripts/faketime.sh)");
+    let db = TestDb::new(Backend::Postgres).await;
+    let _one = ONE_FLEET.lock().await;
+    let components = components(&["hello"]);
+    let cache = tempfile::tempdir().unwrap();
+    for offset in ["+60s", "-60s"] {
+        let mut command = host_command(&db.url, components.path(), cache.path());
+        command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", offset).env("FAKETIME_DONT_RESET", "1");
+        let mut host = Host::start(&mut command);
+        wait_serving(&db, &[&host], 1).await;
+        let id =
+            create(&db, json!([{"name": "nap", "job": "hello", "payload": {"name": offset}, "wait": {"sleep": "2s"}}]))
+                .await;
+        common::eventually(Duration::from_secs(30), || async {
+            step_state(&db, id, "nap").await == StepState::Completed
+        })
+        .await;
+        let slept = db
+            .scalar(format!(
+                "SELECT (extract(epoch FROM s.released_at - w.armed_at) * 1000)::bigint
+                 FROM jobhost.workflow_waits w JOIN jobhost.workflow_steps s ON s.id = w.step_id
+                 WHERE s.workflow_id = {id}"
+            ))
+            .await;
+        assert!((2_000..10_000).contains(&slept), "host at {offset}: released {slept} ms after its wait was armed");
+        host.stop().await;
+    }
 }

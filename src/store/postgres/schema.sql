@@ -2975,7 +2975,7 @@ BEGIN
            coalesce(s.step -> 'payload', '{}') AS payload, s.step ->> 'queue' AS queue,
            (s.step ->> 'priority')::smallint AS priority, coalesce((s.step ->> 'delay_ms')::bigint, 0) AS delay_ms,
            coalesce(s.step -> 'after', '[]') AS after, coalesce(s.step ->> 'if_failed', 'cancel') AS if_failed,
-           0 AS pending
+           s.step -> 'wait' AS wait, 0 AS pending
     FROM jsonb_array_elements(steps) WITH ORDINALITY AS s(step, n);
     SELECT * INTO bad FROM workflow_new w
     WHERE w.name IS NULL OR w.name !~ '^[A-Za-z0-9_.:-]{1,128}$' LIMIT 1;
@@ -3001,6 +3001,33 @@ BEGIN
         RAISE EXCEPTION 'invalid workflow: step "%": its payload must be an object of at most % bytes without _deps, '
                         'its queue a valid name, its after an array and its if_failed cancel, run or fail',
             bad.name, max_payload_bytes USING ERRCODE = '22023';
+    END IF;
+    -- A wait (docs/workflows.md): one of event, sleep_ms and until; an
+    -- event's options only with an event; its match rendered from the
+    -- payload below (a field the payload lacks raises there).
+    SELECT w.name INTO bad FROM workflow_new w
+    WHERE w.wait IS NOT NULL AND jsonb_typeof(w.wait) <> 'null' AND (
+        jsonb_typeof(w.wait) <> 'object'
+        OR (w.wait ? 'event')::integer + (w.wait ? 'sleep_ms')::integer + (w.wait ? 'until')::integer <> 1
+        OR EXISTS (SELECT 1 FROM jsonb_object_keys(w.wait) k
+                   WHERE k NOT IN ('event', 'match', 'timeout_ms', 'on_timeout', 'lookback_ms', 'sleep_ms', 'until'))
+        OR (NOT w.wait ? 'event' AND w.wait ?| ARRAY['match', 'timeout_ms', 'on_timeout', 'lookback_ms'])
+        OR (w.wait ? 'event' AND (jsonb_typeof(w.wait -> 'event') <> 'string'
+                                  OR octet_length(w.wait ->> 'event') NOT BETWEEN 1 AND 256
+                                  OR (w.wait ->> 'event') ~ '[[:cntrl:]]'))
+        OR coalesce(w.wait ->> 'on_timeout', 'fail') NOT IN ('cancel', 'run', 'fail')
+        OR (w.wait ? 'match' AND (jsonb_typeof(w.wait -> 'match') <> 'object'
+                                  OR EXISTS (SELECT 1 FROM jsonb_each(w.wait -> 'match') m
+                                             WHERE jsonb_typeof(m.value) <> 'string')))
+        OR EXISTS (SELECT 1 FROM unnest(ARRAY['timeout_ms', 'lookback_ms', 'sleep_ms']) f
+                   WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number' OR (w.wait ->> f)::numeric < 0))
+        OR (w.wait ? 'until' AND jsonb_typeof(w.wait -> 'until') <> 'string')
+    ) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'invalid workflow: step "%": its wait has exactly one of event, sleep_ms and until; match, '
+                        'timeout_ms, on_timeout (cancel, run or fail) and lookback_ms only with an event; an event key '
+                        'of 1 to 256 bytes; match fields of template strings; non-negative milliseconds', bad.name
+            USING ERRCODE = '22023';
     END IF;
     CREATE TEMP TABLE workflow_new_edges ON COMMIT DROP AS
     SELECT w.n AS step_n, d.n AS dep_n, w.name AS step_name,
@@ -3047,11 +3074,21 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     INSERT INTO jobhost.workflows (label) VALUES (label) RETURNING id INTO new_id;
-    INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
-    SELECT new_id, w.name, w.job, w.payload, w.queue, w.priority, w.delay_ms, jsonb_array_length(w.after)
+    INSERT INTO jobhost.workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending, wait)
+    SELECT new_id, w.name, w.job, w.payload, w.queue, w.priority, w.delay_ms, jsonb_array_length(w.after),
+           CASE WHEN jsonb_typeof(w.wait) = 'object' THEN 'waiting' END
     FROM unnest(queue_order) WITH ORDINALITY AS o(n, position)
     JOIN workflow_new w ON w.n = o.n
     ORDER BY o.position;
+    INSERT INTO jobhost.workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+    SELECT s.id, w.wait ->> 'event',
+           coalesce((SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, w.payload))
+                     FROM jsonb_each_text(w.wait -> 'match') m), '{}'),
+           (w.wait ->> 'sleep_ms')::bigint, (w.wait ->> 'until')::timestamptz, (w.wait ->> 'timeout_ms')::bigint,
+           coalesce(w.wait ->> 'on_timeout', 'fail'), coalesce((w.wait ->> 'lookback_ms')::bigint, 0)
+    FROM workflow_new w
+    JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
+    WHERE jsonb_typeof(w.wait) = 'object';
     INSERT INTO jobhost.workflow_edges (step_id, dep_id, if_failed)
     SELECT s.id, d.id, e.if_failed
     FROM workflow_new_edges e
