@@ -51,6 +51,7 @@ pub mod template;
 pub mod text;
 pub mod timer;
 pub mod types;
+pub mod webhook;
 pub mod worker;
 
 pub use client::Client;

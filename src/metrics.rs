@@ -51,6 +51,14 @@ struct OutboundRuleLabels {
     rule: String,
 }
 
+/// Labels of an inbound webhook request: the webhook (`unknown` for a name
+/// none has, so a caller cannot make up label values) and its outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    webhook: String,
+    outcome: &'static str,
+}
+
 type Histograms = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
 /// This process's counters and histograms.
@@ -72,6 +80,7 @@ struct Inner {
     jobs_expired_to_archive: Counter,
     outbound: Family<OutboundLabels, Counter>,
     outbound_seconds: Family<OutboundRuleLabels, Histogram, fn() -> Histogram>,
+    webhooks: Family<WebhookLabels, Counter>,
 }
 
 /// Run durations from 1 ms to about 4.7 hours.
@@ -146,6 +155,12 @@ impl Default for Metrics {
             "Time from an outbound request sent to its response's head, by job type and declared rule",
             outbound_seconds.clone(),
         );
+        let webhooks = Family::<WebhookLabels, Counter>::default();
+        registry.register(
+            "jobhost_webhook_requests",
+            "Requests to inbound webhooks this process served, by webhook and outcome (accepted, duplicate, unsigned, bad_signature, stale, invalid, unavailable)",
+            webhooks.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -160,6 +175,7 @@ impl Default for Metrics {
                 jobs_expired_to_archive,
                 outbound,
                 outbound_seconds,
+                webhooks,
             }),
         }
     }
@@ -197,6 +213,11 @@ impl Metrics {
                 self.inner.outbound_seconds.get_or_create(&labels).observe(call.ms as f64 / 1000.0);
             }
         }
+    }
+
+    /// Counts a request to an inbound webhook (`unknown` for no such webhook).
+    pub fn webhook(&self, webhook: &str, outcome: &'static str) {
+        self.inner.webhooks.get_or_create(&WebhookLabels { webhook: webhook.to_string(), outcome }).inc();
     }
 
     /// Counts jobs of a type this process enqueued.

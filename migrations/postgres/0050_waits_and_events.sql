@@ -58,3 +58,16 @@ CREATE TABLE jobhost.events (
 CREATE INDEX events_key_sent ON jobhost.events (key, sent_at);
 -- Pruning, oldest first.
 CREATE INDEX events_sent ON jobhost.events (sent_at);
+
+-- Inbound webhooks: a signed request to /hooks/NAME becomes an event.
+CREATE TABLE jobhost.webhooks (
+    name           text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_.-]{1,64}$'),
+    -- The event's key, a template of the body's fields (`stripe.{type}`).
+    event_key      text NOT NULL CHECK (octet_length(event_key) BETWEEN 1 AND 256),
+    -- How the provider signs: stripe, github or standard (Standard Webhooks).
+    style          text NOT NULL CHECK (style IN ('stripe', 'github', 'standard')),
+    -- The secret (by name, sealed in jobhost.secrets) the signature is made with.
+    secret         text NOT NULL,
+    tolerance_secs integer NOT NULL DEFAULT 300 CHECK (tolerance_secs > 0),
+    created_at     timestamptz NOT NULL DEFAULT now()
+);

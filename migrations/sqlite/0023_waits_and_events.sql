@@ -40,3 +40,13 @@ CREATE TABLE events (
 ) STRICT;
 CREATE INDEX events_key_sent ON events (key, sent_at);
 CREATE INDEX events_sent ON events (sent_at);
+
+-- Inbound webhooks: a signed request to /hooks/NAME becomes an event.
+CREATE TABLE webhooks (
+    name           TEXT PRIMARY KEY,
+    event_key      TEXT NOT NULL,
+    style          TEXT NOT NULL CHECK (style IN ('stripe', 'github', 'standard')),
+    secret         TEXT NOT NULL,
+    tolerance_secs INTEGER NOT NULL DEFAULT 300 CHECK (tolerance_secs > 0),
+    created_at     INTEGER NOT NULL
+) STRICT;

@@ -21,6 +21,7 @@ mod secret;
 mod serve;
 mod signals;
 mod variable;
+mod webhook;
 mod workflow;
 
 use std::path::PathBuf;
@@ -150,6 +151,11 @@ enum Command {
     Event {
         #[command(subcommand)]
         action: event::EventAction,
+    },
+    /// Inbound webhooks: signed requests to /hooks/NAME become events.
+    Webhook {
+        #[command(subcommand)]
+        action: webhook::WebhookAction,
     },
     /// Counts by state and queue, the oldest wait, and live hosts.
     Stats {
@@ -445,6 +451,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Batch { action } => batch::run(action).await,
             Command::Workflow { action } => workflow::run(action).await,
             Command::Event { action } => event::run(action).await,
+            Command::Webhook { action } => webhook::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
             Command::Retry { id, db } => operator::retry(id, &db).await,
             Command::Cancel { id, db } => operator::cancel(id, &db).await,

@@ -59,6 +59,8 @@ impl TokenArgs {
             public_read: self.public_read,
             max_body_bytes: crate::http::body_limit(limits.max_payload_bytes),
             allowed_hosts: self.allow_hosts.clone(),
+            // A malformed key stops `run` before this; `serve` then verifies no webhook.
+            secret_key: crate::outbound::secrets::SecretKey::from_environment().ok().flatten(),
             ..crate::http::HttpConfig::new(listen)
         }
     }

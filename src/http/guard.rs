@@ -86,11 +86,14 @@ pub async fn within(timeout: std::time::Duration, request: Request, next: Next) 
     }
 }
 
-/// Paths anyone may read, whatever the server's access: whether it is up,
-/// what its API is, how to sign in, and the sign-in page's style and
-/// script. `/metrics` has its own token ([`super::access::Access::may_scrape`]).
+/// Paths anyone may reach, whatever the server's access: whether it is up,
+/// what its API is, how to sign in, the sign-in page's style and script,
+/// and inbound webhooks (each request checked by its signature). `/metrics` has its own token ([`super::access::Access::may_scrape`]).
 fn open_to_all(path: &str) -> bool {
-    matches!(path, "/api/health" | "/api/openapi.json" | "/login") || path.starts_with("/assets/")
+    matches!(path, "/api/health" | "/api/openapi.json" | "/login")
+        || path.starts_with("/assets/")
+        // An inbound webhook proves itself by its signature, not a token.
+        || path.starts_with(super::hooks::PREFIX)
 }
 
 /// Works out who the request comes from (its bearer token, its signed-in
@@ -104,7 +107,8 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
     let access = &state.access;
     let from: Option<IpAddr> = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
     let path = request.uri().path().to_string();
-    let api = path.starts_with("/api");
+    // Webhooks answer as the API does (JSON, and an API's body limit).
+    let api = path.starts_with("/api") || path.starts_with(super::hooks::PREFIX);
     if access.throttled(from) {
         return refused(&state, &request, Refusal::Throttled);
     }

@@ -18,6 +18,7 @@ mod dashboard;
 mod deploy;
 mod error;
 mod guard;
+mod hooks;
 mod query;
 mod scrape;
 mod views;
@@ -63,6 +64,9 @@ pub struct HttpConfig {
     /// How many connections are served at once, and how long one may take
     /// to send a request's head.
     pub connections: ConnectionLimits,
+    /// The hosts' key, which opens the secrets inbound webhooks verify
+    /// signatures with; without it a webhook answers 503.
+    pub secret_key: Option<crate::outbound::secrets::SecretKey>,
 }
 
 impl HttpConfig {
@@ -115,6 +119,7 @@ impl HttpConfig {
             request_timeout: REQUEST_TIMEOUT,
             allowed_hosts: Vec::new(),
             connections: ConnectionLimits::default(),
+            secret_key: None,
         }
     }
 }
@@ -180,6 +185,8 @@ struct AppState {
     /// The runtime that validates components deployed over the API,
     /// started by the first deploy.
     validator: Arc<tokio::sync::OnceCell<crate::component::Runtime>>,
+    /// Opens the secrets inbound webhooks are signed with.
+    secret_key: Option<Arc<crate::outbound::secrets::SecretKey>>,
 }
 
 /// A bound server, not yet serving: its address is known (port 0 picks one).
@@ -214,6 +221,7 @@ impl Server {
             metrics,
             work_budget: config.request_timeout / 2,
             validator: Arc::default(),
+            secret_key: config.secret_key.clone().map(Arc::new),
         };
         let max_body = config.max_body_bytes;
         let timeout = config.request_timeout;
@@ -223,6 +231,7 @@ impl Server {
             .merge(deploy::routes())
             .merge(dashboard::routes())
             .merge(scrape::routes())
+            .merge(hooks::routes())
             .layer(DefaultBodyLimit::max(max_body))
             .layer(axum::middleware::from_fn_with_state(state.clone(), guard::admit))
             .layer(axum::middleware::from_fn(move |request: axum::extract::Request, next| {

@@ -15,7 +15,8 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, wait, workflow,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, wait, webhook,
+    workflow,
 };
 
 /// The database itself: its schema, where it is, whether it answers.
@@ -259,6 +260,22 @@ pub trait EventDriver: Send + Sync {
     async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;
 }
 
+/// Inbound webhooks (`store::webhook`).
+#[async_trait]
+pub trait WebhookDriver: Send + Sync {
+    /// Adds or replaces a webhook; true when it replaced one.
+    async fn webhook_set(&self, webhook: &webhook::Webhook) -> Result<bool>;
+
+    /// Removes a webhook; false when there was none.
+    async fn webhook_delete(&self, name: &str) -> Result<bool>;
+
+    /// One webhook by name.
+    async fn webhook_get(&self, name: &str) -> Result<Option<webhook::Webhook>>;
+
+    /// Every webhook, by name.
+    async fn webhook_list(&self) -> Result<Vec<webhook::Webhook>>;
+}
+
 /// Schedules' cursors (their ticks are written by the shared rules).
 #[async_trait]
 pub trait ScheduleDriver: Send + Sync {
@@ -362,6 +379,7 @@ pub trait Driver:
     + BatchDriver
     + WorkflowDriver
     + EventDriver
+    + WebhookDriver
     + ScheduleDriver
     + SessionDriver
     + GrantDriver
@@ -388,6 +406,8 @@ impl<T> Driver for T where
         + BatchDriver
         + WorkflowDriver
         + EventDriver
+        + WebhookDriver
+        + WebhookDriver
         + ScheduleDriver
         + SessionDriver
         + GrantDriver

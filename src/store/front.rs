@@ -498,6 +498,31 @@ impl Store {
         self.driver.waits_due(now, batch).await
     }
 
+    /// Adds or replaces an inbound webhook; true when it replaced one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`](super::Error::InvalidEvent) for a bad name,
+    /// key template, secret name or tolerance: nothing stored.
+    pub async fn webhook_set(&self, webhook: &super::webhook::Webhook) -> Result<bool> {
+        super::webhook::check(webhook)?;
+        self.driver.webhook_set(webhook).await
+    }
+
+    /// Removes an inbound webhook; false when there was none.
+    pub async fn webhook_delete(&self, name: &str) -> Result<bool> {
+        self.driver.webhook_delete(name).await
+    }
+
+    /// One inbound webhook by name.
+    pub async fn webhook_get(&self, name: &str) -> Result<Option<super::webhook::Webhook>> {
+        self.driver.webhook_get(name).await
+    }
+
+    /// Every inbound webhook, by name.
+    pub async fn webhook_list(&self) -> Result<Vec<super::webhook::Webhook>> {
+        self.driver.webhook_list().await
+    }
+
     /// Deletes up to `limit` events older than `retention_secs`.
     pub async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
         self.driver.event_prune(now, retention_secs, limit).await

@@ -63,6 +63,7 @@ pub mod sqlite;
 pub(crate) mod timestamp;
 pub mod variable;
 pub mod wait;
+pub mod webhook;
 pub mod workflow;
 
 pub(crate) use backend::Backend;

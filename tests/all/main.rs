@@ -50,6 +50,7 @@ mod traces;
 mod uniqueness;
 mod waits;
 mod watcher;
+mod webhooks;
 mod workflow_fleet;
 mod workflow_growth;
 mod workflows;

@@ -91,6 +91,7 @@ mod trace;
 mod unique;
 mod variable;
 mod wait;
+mod webhook;
 mod workflow;
 mod writer;
 

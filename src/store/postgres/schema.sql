@@ -4127,6 +4127,24 @@ CREATE TABLE jobhost.unique_keys (
 
 
 --
+-- Name: webhooks; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.webhooks (
+    name text NOT NULL,
+    event_key text NOT NULL,
+    style text NOT NULL,
+    secret text NOT NULL,
+    tolerance_secs integer DEFAULT 300 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhooks_event_key_check CHECK (((octet_length(event_key) >= 1) AND (octet_length(event_key) <= 256))),
+    CONSTRAINT webhooks_name_check CHECK ((name ~ '^[A-Za-z0-9_.-]{1,64}$'::text)),
+    CONSTRAINT webhooks_style_check CHECK ((style = ANY (ARRAY['stripe'::text, 'github'::text, 'standard'::text]))),
+    CONSTRAINT webhooks_tolerance_secs_check CHECK ((tolerance_secs > 0))
+);
+
+
+--
 -- Name: workflow_edges; Type: TABLE; Schema: jobhost; Owner: -
 --
 
@@ -4478,6 +4496,14 @@ ALTER TABLE ONLY jobhost.unique_claims
 
 ALTER TABLE ONLY jobhost.unique_keys
     ADD CONSTRAINT unique_keys_pkey PRIMARY KEY (job_id);
+
+
+--
+-- Name: webhooks webhooks_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.webhooks
+    ADD CONSTRAINT webhooks_pkey PRIMARY KEY (name);
 
 
 --

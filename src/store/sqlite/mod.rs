@@ -47,6 +47,7 @@ mod trace;
 mod unique;
 mod variable;
 mod wait;
+mod webhook;
 mod workflow;
 mod write;
 

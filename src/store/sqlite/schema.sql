@@ -325,6 +325,15 @@ CREATE TABLE unique_keys (
     while_executing INTEGER NOT NULL
 );
 
+CREATE TABLE webhooks (
+    name           TEXT PRIMARY KEY,
+    event_key      TEXT NOT NULL,
+    style          TEXT NOT NULL CHECK (style IN ('stripe', 'github', 'standard')),
+    secret         TEXT NOT NULL,
+    tolerance_secs INTEGER NOT NULL DEFAULT 300 CHECK (tolerance_secs > 0),
+    created_at     INTEGER NOT NULL
+) STRICT;
+
 CREATE TABLE workflow_edges (
     step_id   INTEGER NOT NULL REFERENCES workflow_steps ON DELETE CASCADE,
     dep_id    INTEGER NOT NULL REFERENCES workflow_steps ON DELETE CASCADE,
