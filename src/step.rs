@@ -182,6 +182,11 @@ impl Wait {
             }
             None => {}
         }
+        let spans = [("timeout", self.timeout_ms), ("lookback", self.lookback_ms), ("sleep", self.sleep_ms)];
+        if let Some((what, _)) = spans.iter().find(|(_, ms)| ms.is_some_and(|ms| ms > crate::store::wait::MAX_WAIT_MS))
+        {
+            return Err(format!("a wait's {what} is at most 100 years"));
+        }
         if self.matching.len() > MAX_MATCH_FIELDS {
             return Err(format!("a wait matches at most {MAX_MATCH_FIELDS} fields"));
         }

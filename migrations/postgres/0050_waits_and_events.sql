@@ -32,6 +32,10 @@ CREATE TABLE jobhost.workflow_waits (
     ended_by    text CHECK (ended_by IN ('event', 'time', 'timeout', 'skipped')),
     ended_at    timestamptz,
     event_id    bigint,
+    -- Left unarmed: the database's snapshot then. An event whose
+    -- transaction it saw in progress (or later) was sent after the
+    -- dependencies ended, and ends the wait when maintenance arms it.
+    deferred_in pg_snapshot,
     CHECK ((key IS NULL) = (sleep_ms IS NOT NULL OR until IS NOT NULL))
 );
 -- The open waits for a key, for the events sent to it.
@@ -51,6 +55,8 @@ CREATE TABLE jobhost.events (
     -- Where it came from: sql, api, cli, or a webhook's name.
     source          text NOT NULL DEFAULT 'sql',
     sent_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The sending transaction, for a wait armed late (workflow_waits.deferred_in).
+    sent_by         xid8 NOT NULL DEFAULT pg_current_xact_id(),
     -- Waits it ended.
     released        integer NOT NULL DEFAULT 0
 );

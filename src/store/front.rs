@@ -479,7 +479,7 @@ impl Store {
         idempotency_key: Option<&str>,
         source: &str,
     ) -> Result<super::wait::SentEvent> {
-        super::wait::check_event(key, payload)?;
+        super::wait::check_event(key, payload, self.driver.limits().max_payload_bytes)?;
         if let Some(idempotency) = idempotency_key {
             super::wait::check_event_key(idempotency)
                 .map_err(|reason| super::Error::InvalidEvent(format!("idempotency key: {reason}")))?;

@@ -273,28 +273,30 @@ pub struct StoredEvent {
     pub released: i64,
 }
 
-/// The most bytes of JSON an event's payload holds (like a job's default
-/// payload limit).
-pub const MAX_EVENT_PAYLOAD_BYTES: usize = 1 << 20;
-
-/// Checks an event before it is sent.
+/// Checks an event before it is sent: its payload at most `max_bytes` of
+/// JSON, the job payload limit (PostgreSQL's function checks it again as
+/// `jsonb` text, against the database's `jobhost.max_payload_bytes`).
 ///
 /// # Errors
 /// [`Error::InvalidEvent`]: a bad key, a payload that is not an object, or
 /// one too large.
-pub fn check_event(key: &str, payload: &serde_json::Value) -> Result<()> {
+pub fn check_event(key: &str, payload: &serde_json::Value, max_bytes: usize) -> Result<()> {
     check_event_key(key).map_err(Error::InvalidEvent)?;
     if !payload.is_object() {
         return Err(Error::InvalidEvent("an event's payload must be a JSON object".into()));
     }
     let bytes = payload.to_string().len();
-    if bytes > MAX_EVENT_PAYLOAD_BYTES {
+    if bytes > max_bytes {
         return Err(Error::InvalidEvent(format!(
-            "an event's payload is {bytes} bytes of JSON, more than the most accepted, {MAX_EVENT_PAYLOAD_BYTES}"
+            "an event's payload is {bytes} bytes of JSON, more than the most accepted, {max_bytes}"
         )));
     }
     Ok(())
 }
+
+/// The longest wait a step may declare (a timeout, a look back, a sleep):
+/// 100 years, within what both databases' times hold.
+pub const MAX_WAIT_MS: u64 = 100 * 365 * 86_400_000;
 
 #[cfg(test)]
 mod tests {
@@ -357,8 +359,9 @@ mod tests {
 
     #[test]
     fn an_event_must_be_an_object_under_a_good_key() {
-        check_event("order.confirmed", &json!({"id": 1})).unwrap();
-        assert!(check_event("order.confirmed", &json!([1])).is_err());
-        assert!(check_event("", &json!({})).is_err());
+        check_event("order.confirmed", &json!({"id": 1}), 100).unwrap();
+        assert!(check_event("order.confirmed", &json!([1]), 100).is_err());
+        assert!(check_event("", &json!({}), 100).is_err());
+        assert!(check_event("k", &json!({"a": "x".repeat(100)}), 100).is_err());
     }
 }

@@ -290,6 +290,12 @@ async fn an_idempotency_key_sends_once_and_bad_events_send_nothing(db: TestDb) {
     let bad =
         serde_json::from_value(json!({"steps": [{"name": "w", "job": "work", "payload": {"_event": 1}}]})).unwrap();
     assert!(db.store.workflow_create(&bad).await.is_err(), "a payload may not carry _event");
+    let forever = serde_json::from_value(
+        json!({"steps": [{"name": "w", "job": "work", "payload": {}, "wait": {"event": "k", "timeout": "101years"}}]}),
+    )
+    .unwrap();
+    let error = db.store.workflow_create(&forever).await.unwrap_err().to_string();
+    assert!(error.contains("100 years"), "{error}");
     let bad = serde_json::from_value(
         json!({"steps": [{"name": "w", "job": "work", "payload": {}, "wait": {"event": "k", "match": {"a": "{gone}"}}}]}),
     )
@@ -375,6 +381,7 @@ async fn a_workflow_made_in_sql_waits_for_an_event_sent_in_sql() {
         r#"{"event": "k", "match": {"a": "{missing}"}}"#,
         r#"{"event": "k", "on_timeout": "later"}"#,
         r#"{"event": "k", "timeout": "3d"}"#,
+        r#"{"event": "k", "timeout_ms": 9300000000000000}"#,
     ] {
         let error = sqlx::query(
             "SELECT jobhost.workflow_create(jsonb_build_array(
@@ -423,6 +430,49 @@ async fn an_event_in_flight_while_its_wait_is_armed_is_not_lost() {
     .await;
     assert_eq!(fetch_steps(&db).await.remove(0).1.payload["_event"], json!({"n": 1}));
     assert_eq!(ended_by(&db, id, "w").await, Some(WaitEnd::Event));
+}
+
+/// A wait its result write could not arm (a sender of its key was in its
+/// transaction) is armed by maintenance: an event sent after the
+/// dependency ended, before that, still ends it, without a look back; and
+/// a sender that keeps another key's lock holds back only that key's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_armed_late_takes_the_events_sent_since_its_dependency_ended() {
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let waiting = |key: &str| {
+        json!([
+            {"name": "a", "job": "work", "payload": {"step": format!("a-{key}")}},
+            {"name": "w", "job": "work", "payload": {"step": format!("w-{key}"), "n": 1}, "after": ["a"],
+             "wait": {"event": key, "match": {"n": "{n}"}}},
+        ])
+    };
+    let k1 = create(&db, waiting("k1")).await;
+    let k2 = create(&db, waiting("k2")).await;
+    let mut firsts = fetch_steps(&db).await;
+    // Senders of both keys in their transactions (events matching nothing).
+    let mut slow = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.send_event('k1', '{\"n\": 0}')").execute(&mut *slow).await.unwrap();
+    let mut quick = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.send_event('k2', '{\"n\": 0}')").execute(&mut *quick).await.unwrap();
+    let ends: Vec<_> = firsts.drain(..).map(|(_, job)| finish(&job, completed())).collect();
+    db.store.job_finish(ends).await.unwrap();
+    quick.commit().await.unwrap();
+    // Sent after the dependencies ended, while their waits were unarmed.
+    assert_eq!(send(&db, "k2", json!({"n": 1})).await, 0, "not armed yet");
+    db.store.waits_due(None, 100).await.unwrap();
+    assert_eq!(step_state(&db, k2, "w").await, StepState::Available, "k2's sender held back nothing of k1's");
+    assert_eq!(ended_by(&db, k2, "w").await, Some(WaitEnd::Event));
+    assert_eq!(step_state(&db, k1, "w").await, StepState::Waiting, "k1's sender is still in its transaction");
+    slow.commit().await.unwrap();
+    assert_eq!(send(&db, "k1", json!({"n": 2})).await, 0, "another match");
+    common::eventually(Duration::from_secs(10), || async {
+        db.store.waits_due(None, 100).await.unwrap();
+        shown(&db, k1).await.steps.iter().any(|s| s.name == "w" && s.wait.as_ref().unwrap().armed_at.is_some())
+    })
+    .await;
+    assert_eq!(step_state(&db, k1, "w").await, StepState::Waiting, "k1's events since did not match");
+    assert_eq!(send(&db, "k1", json!({"n": 1})).await, 1);
 }
 
 /// 1,000 waits, each released by its own event, 1,000 events sent at once

@@ -13,6 +13,17 @@ use crate::store::driver::EventDriver;
 use crate::store::wait::{SentEvent, StoredEvent};
 use crate::store::{Error, Result};
 
+/// The function's own refusal of an event (SQLSTATE 22023: a payload past
+/// the database's limit as `jsonb` text measures it) as the caller's error.
+fn refused_as_invalid(error: sqlx::Error) -> Error {
+    match error.as_database_error() {
+        Some(db) if db.code().as_deref() == Some("22023") => {
+            Error::InvalidEvent(db.message().trim_start_matches("invalid event: ").to_string())
+        }
+        _ => Error::from(error),
+    }
+}
+
 #[async_trait]
 impl EventDriver for PgStore {
     async fn event_send(
@@ -29,7 +40,8 @@ impl EventDriver for PgStore {
                 .bind(idempotency_key)
                 .bind(source)
                 .fetch_one(&self.pool)
-                .await?;
+                .await
+                .map_err(refused_as_invalid)?;
         Ok(SentEvent { id, released: released.into(), duplicate })
     }
 

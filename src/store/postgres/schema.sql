@@ -2930,6 +2930,7 @@ BEGIN
     -- Their waits end with them: an event or a timeout later finds nothing to end.
     UPDATE jobhost.workflow_waits w SET ended_by = 'skipped', ended_at = now()
     WHERE w.step_id = ANY(ended) AND w.ended_by IS NULL;
+    UPDATE jobhost.workflow_steps s SET wait = 'ended' WHERE s.id = ANY(ended) AND s.wait IS NOT NULL;
     PERFORM jobhost.workflow_steps_ended(ended);
     SELECT coalesce(array_agg(s.job_id ORDER BY s.id), '{}') INTO live
     FROM jobhost.workflow_steps s
@@ -3020,13 +3021,14 @@ BEGIN
                                   OR EXISTS (SELECT 1 FROM jsonb_each(w.wait -> 'match') m
                                              WHERE jsonb_typeof(m.value) <> 'string')))
         OR EXISTS (SELECT 1 FROM unnest(ARRAY['timeout_ms', 'lookback_ms', 'sleep_ms']) f
-                   WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number' OR (w.wait ->> f)::numeric < 0))
+                   WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number'
+                                         OR (w.wait ->> f)::numeric NOT BETWEEN 0 AND 3153600000000))
         OR (w.wait ? 'until' AND jsonb_typeof(w.wait -> 'until') <> 'string')
     ) LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'invalid workflow: step "%": its wait has exactly one of event, sleep_ms and until; match, '
                         'timeout_ms, on_timeout (cancel, run or fail) and lookback_ms only with an event; an event key '
-                        'of 1 to 256 bytes; match fields of template strings; non-negative milliseconds', bad.name
+                        'of 1 to 256 bytes; match fields of template strings; milliseconds from 0 to 100 years', bad.name
             USING ERRCODE = '22023';
     END IF;
     CREATE TEMP TABLE workflow_new_edges ON COMMIT DROP AS
@@ -3523,16 +3525,30 @@ BEGIN
             CONTINUE;
         END IF;
         IF wait_for_senders THEN
-            PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+            BEGIN
+                PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+            EXCEPTION WHEN lock_not_available THEN
+                -- A sender still holds the key: the next pass, and the others first.
+                UPDATE jobhost.workflow_waits SET due_at = now() + interval '1 second' WHERE step_id = w.step_id;
+                CONTINUE;
+            END;
         ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
-            UPDATE jobhost.workflow_waits SET due_at = now() WHERE step_id = w.step_id;
+            UPDATE jobhost.workflow_waits SET due_at = now(), deferred_in = pg_current_snapshot()
+            WHERE step_id = w.step_id;
             CONTINUE;
         END IF;
         -- After the lock, in a statement of its own: it sees every event
         -- committed by a sender that held the key before.
         armed := clock_timestamp();
         found_event := NULL;
-        IF w.lookback_ms > 0 THEN
+        IF w.deferred_in IS NOT NULL THEN
+            SELECT e.id INTO found_event FROM jobhost.events e
+            WHERE e.key = w.key AND NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in)
+              AND jobhost.event_matches(w.match, e.payload)
+            ORDER BY e.id
+            LIMIT 1;
+        END IF;
+        IF found_event IS NULL AND w.lookback_ms > 0 THEN
             SELECT e.id INTO found_event FROM jobhost.events e
             WHERE e.key = w.key AND e.sent_at >= armed - w.lookback_ms * interval '1 millisecond'
               AND jobhost.event_matches(w.match, e.payload)
@@ -3567,6 +3583,7 @@ $$;
 CREATE FUNCTION jobhost.workflow_waits_arm_late(at timestamp with time zone, batch integer) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_custom_plan'
+    SET lock_timeout TO '200ms'
     AS $$
 DECLARE
     late bigint[];
@@ -3586,7 +3603,7 @@ BEGIN
     END IF;
     ended := jobhost.workflow_waits_arm(late, true);
     PERFORM jobhost.workflow_steps_ended(jobhost.workflow_release(ended));
-    RETURN cardinality(late);
+    RETURN (SELECT count(*) FROM jobhost.workflow_waits w WHERE w.step_id = ANY(late) AND w.armed_at IS NOT NULL);
 END;
 $$;
 
@@ -3789,6 +3806,7 @@ CREATE TABLE jobhost.events (
     idempotency_key text,
     source text DEFAULT 'sql'::text NOT NULL,
     sent_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    sent_by xid8 DEFAULT pg_current_xact_id() NOT NULL,
     released integer DEFAULT 0 NOT NULL,
     CONSTRAINT events_idempotency_key_check CHECK (((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 256))),
     CONSTRAINT events_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),
@@ -4220,6 +4238,7 @@ CREATE TABLE jobhost.workflow_waits (
     ended_by text,
     ended_at timestamp with time zone,
     event_id bigint,
+    deferred_in pg_snapshot,
     CONSTRAINT workflow_waits_check CHECK (((key IS NULL) = ((sleep_ms IS NOT NULL) OR (until IS NOT NULL)))),
     CONSTRAINT workflow_waits_ended_by_check CHECK ((ended_by = ANY (ARRAY['event'::text, 'time'::text, 'timeout'::text, 'skipped'::text]))),
     CONSTRAINT workflow_waits_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),

@@ -33,6 +33,7 @@ BEGIN
     -- Their waits end with them: an event or a timeout later finds nothing to end.
     UPDATE jobhost.workflow_waits w SET ended_by = 'skipped', ended_at = now()
     WHERE w.step_id = ANY(ended) AND w.ended_by IS NULL;
+    UPDATE jobhost.workflow_steps s SET wait = 'ended' WHERE s.id = ANY(ended) AND s.wait IS NOT NULL;
     PERFORM jobhost.workflow_steps_ended(ended);
     SELECT coalesce(array_agg(s.job_id ORDER BY s.id), '{}') INTO live
     FROM jobhost.workflow_steps s

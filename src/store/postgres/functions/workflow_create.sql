@@ -80,13 +80,14 @@ BEGIN
                                   OR EXISTS (SELECT 1 FROM jsonb_each(w.wait -> 'match') m
                                              WHERE jsonb_typeof(m.value) <> 'string')))
         OR EXISTS (SELECT 1 FROM unnest(ARRAY['timeout_ms', 'lookback_ms', 'sleep_ms']) f
-                   WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number' OR (w.wait ->> f)::numeric < 0))
+                   WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number'
+                                         OR (w.wait ->> f)::numeric NOT BETWEEN 0 AND 3153600000000))
         OR (w.wait ? 'until' AND jsonb_typeof(w.wait -> 'until') <> 'string')
     ) LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'invalid workflow: step "%": its wait has exactly one of event, sleep_ms and until; match, '
                         'timeout_ms, on_timeout (cancel, run or fail) and lookback_ms only with an event; an event key '
-                        'of 1 to 256 bytes; match fields of template strings; non-negative milliseconds', bad.name
+                        'of 1 to 256 bytes; match fields of template strings; milliseconds from 0 to 100 years', bad.name
             USING ERRCODE = '22023';
     END IF;
     CREATE TEMP TABLE workflow_new_edges ON COMMIT DROP AS

@@ -16,7 +16,12 @@
 -- back, or sent after, and then sees the wait: never neither (DESIGN
 -- guarantee 17). On the result write's path (`wait_for_senders` false) a
 -- key whose sender is still in its transaction is not waited for: its
--- wait is left unarmed and due now, and maintenance arms it, waiting.
+-- wait is left unarmed and due now, with the database's snapshot, and
+-- maintenance arms it (workflow_waits_arm_late), waiting briefly for the
+-- key, one wait at a time. An event whose transaction that snapshot saw in
+-- progress, or that began after it, came after the dependencies ended:
+-- the earliest such match ends the wait when it is armed, whatever its
+-- look back.
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_waits_arm(steps bigint[], wait_for_senders boolean DEFAULT false)
     RETURNS bigint[]
@@ -60,16 +65,30 @@ BEGIN
             CONTINUE;
         END IF;
         IF wait_for_senders THEN
-            PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+            BEGIN
+                PERFORM pg_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0));
+            EXCEPTION WHEN lock_not_available THEN
+                -- A sender still holds the key: the next pass, and the others first.
+                UPDATE jobhost.workflow_waits SET due_at = now() + interval '1 second' WHERE step_id = w.step_id;
+                CONTINUE;
+            END;
         ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
-            UPDATE jobhost.workflow_waits SET due_at = now() WHERE step_id = w.step_id;
+            UPDATE jobhost.workflow_waits SET due_at = now(), deferred_in = pg_current_snapshot()
+            WHERE step_id = w.step_id;
             CONTINUE;
         END IF;
         -- After the lock, in a statement of its own: it sees every event
         -- committed by a sender that held the key before.
         armed := clock_timestamp();
         found_event := NULL;
-        IF w.lookback_ms > 0 THEN
+        IF w.deferred_in IS NOT NULL THEN
+            SELECT e.id INTO found_event FROM jobhost.events e
+            WHERE e.key = w.key AND NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in)
+              AND jobhost.event_matches(w.match, e.payload)
+            ORDER BY e.id
+            LIMIT 1;
+        END IF;
+        IF found_event IS NULL AND w.lookback_ms > 0 THEN
             SELECT e.id INTO found_event FROM jobhost.events e
             WHERE e.key = w.key AND e.sent_at >= armed - w.lookback_ms * interval '1 millisecond'
               AND jobhost.event_matches(w.match, e.payload)

@@ -35,11 +35,14 @@ $$;
 
 -- Maintenance: arms up to `batch` waits the release left unarmed (a sender
 -- of their key was in its transaction), waiting for such senders to end
--- (the caller bounds that wait with its lock timeout). Returns how many
--- it armed or ended.
+-- for at most 200 ms a wait (a sender that keeps its key longer holds
+-- back only its own key's waits, which come last in the next pass; new
+-- senders of the key queue behind the wait for no longer). Returns how
+-- many it armed.
 CREATE OR REPLACE FUNCTION jobhost.workflow_waits_arm_late(at timestamptz, batch integer) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_custom_plan'
+    SET lock_timeout TO '200ms'
     AS $$
 DECLARE
     late bigint[];
@@ -59,6 +62,6 @@ BEGIN
     END IF;
     ended := jobhost.workflow_waits_arm(late, true);
     PERFORM jobhost.workflow_steps_ended(jobhost.workflow_release(ended));
-    RETURN cardinality(late);
+    RETURN (SELECT count(*) FROM jobhost.workflow_waits w WHERE w.step_id = ANY(late) AND w.armed_at IS NOT NULL);
 END;
 $$;
