@@ -14,6 +14,9 @@ CREATE TABLE jobhost.workflow_waits (
     -- hold; a sleep has no key.
     key         text CHECK (octet_length(key) BETWEEN 1 AND 256),
     match       jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(match) = 'object'),
+    -- A match of one field as `["field", "value"]` (jobhost.match_one):
+    -- an event finds such waits through an index, by its own fields.
+    match_one   text,
     -- A sleep: this long after the dependencies end, or until this instant.
     sleep_ms    bigint CHECK (sleep_ms >= 0),
     until       timestamptz,
@@ -38,8 +41,9 @@ CREATE TABLE jobhost.workflow_waits (
     deferred_in pg_snapshot,
     CHECK ((key IS NULL) = (sleep_ms IS NOT NULL OR until IS NOT NULL))
 );
--- The open waits for a key, for the events sent to it.
-CREATE INDEX workflow_waits_open_key ON jobhost.workflow_waits (key)
+-- The open waits for a key, for the events sent to it: those matching one
+-- field by it, the others (no field, or several) under a NULL.
+CREATE INDEX workflow_waits_open_key ON jobhost.workflow_waits (key, match_one)
     WHERE ended_by IS NULL AND armed_at IS NOT NULL AND key IS NOT NULL;
 -- The open waits by the instant they are due, for maintenance.
 CREATE INDEX workflow_waits_open_due ON jobhost.workflow_waits (due_at)

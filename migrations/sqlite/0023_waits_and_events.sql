@@ -13,6 +13,8 @@ CREATE TABLE workflow_waits (
     key         TEXT CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
     -- A JSON object: the fields, as text, an event's payload must hold.
     match       TEXT NOT NULL DEFAULT '{}',
+    -- A match of one field as the JSON text ["field","value"].
+    match_one   TEXT,
     sleep_ms    INTEGER CHECK (sleep_ms >= 0),
     until       INTEGER,
     timeout_ms  INTEGER CHECK (timeout_ms >= 0),
@@ -24,7 +26,7 @@ CREATE TABLE workflow_waits (
     ended_at    INTEGER,
     event_id    INTEGER
 ) STRICT;
-CREATE INDEX workflow_waits_open_key ON workflow_waits (key)
+CREATE INDEX workflow_waits_open_key ON workflow_waits (key, match_one)
     WHERE ended_by IS NULL AND armed_at IS NOT NULL AND key IS NOT NULL;
 CREATE INDEX workflow_waits_open_due ON workflow_waits (due_at)
     WHERE ended_by IS NULL AND due_at IS NOT NULL;

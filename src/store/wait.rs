@@ -81,6 +81,28 @@ pub fn matches(matching: &BTreeMap<String, String>, payload: &serde_json::Value)
     matching.iter().all(|(field, want)| field_text(payload, field).is_some_and(|have| &have == want))
 }
 
+/// A match of exactly one field as the text `["field","value"]`, which
+/// SQLite stores beside the match and looks waits up by ([`probes`]).
+pub fn match_one(matching: &BTreeMap<String, String>) -> Option<String> {
+    let mut fields = matching.iter();
+    match (fields.next(), fields.next()) {
+        (Some((field, value)), None) => serde_json::to_string(&[field, value]).ok(),
+        _ => None,
+    }
+}
+
+/// The one-field matches an event's payload holds, as [`match_one`] writes
+/// them: the waits to look up by.
+pub fn probes(payload: &serde_json::Value) -> Vec<String> {
+    let Some(object) = payload.as_object() else {
+        return Vec::new();
+    };
+    object
+        .keys()
+        .filter_map(|field| field_text(payload, field).and_then(|text| serde_json::to_string(&[field, &text]).ok()))
+        .collect()
+}
+
 fn field_text(payload: &serde_json::Value, field: &str) -> Option<String> {
     match payload.as_object()?.get(field)? {
         serde_json::Value::String(s) => Some(s.clone()),
@@ -317,6 +339,17 @@ mod tests {
         assert!(!matches(&prepared.matching, &json!({"order_id": 43, "kind": "card"})));
         assert!(!matches(&prepared.matching, &json!({"kind": "card"})));
         assert!(!matches(&prepared.matching, &json!([1])));
+    }
+
+    #[test]
+    fn an_events_probes_find_the_one_field_matches_it_holds() {
+        let one: BTreeMap<String, String> = [("order_id".to_string(), "42".to_string())].into();
+        let two: BTreeMap<String, String> = [("a".to_string(), "1".to_string()), ("b".into(), "2".into())].into();
+        let probes = probes(&json!({"order_id": 42, "kind": "card", "nested": {"x": 1}}));
+        assert!(probes.contains(&match_one(&one).unwrap()));
+        assert_eq!(probes.len(), 2, "scalars only: {probes:?}");
+        assert_eq!(match_one(&two), None, "several fields are checked one by one");
+        assert_eq!(match_one(&BTreeMap::new()), None);
     }
 
     #[test]

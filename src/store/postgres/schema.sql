@@ -1131,10 +1131,20 @@ BEGIN
         RETURN;
     END IF;
     duplicate := false;
-    SELECT coalesce(array_agg(w.step_id ORDER BY w.step_id), '{}') INTO open_waits
-    FROM jobhost.workflow_waits w
-    WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
-      AND jobhost.event_matches(w.match, event_payload);
+    -- Waits matching one field are found by the event's own fields (an
+    -- index probe each); the rest (no field, or several) are checked.
+    SELECT coalesce(array_agg(f.step_id ORDER BY f.step_id), '{}') INTO open_waits
+    FROM (
+        SELECT w.step_id FROM jobhost.workflow_waits w
+        WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
+          AND w.match_one IN (SELECT jsonb_build_array(p.key, p.value)::text
+                              FROM jsonb_each_text(event_payload) p
+                              WHERE jsonb_typeof(event_payload -> p.key) IN ('string', 'number', 'boolean'))
+        UNION ALL
+        SELECT w.step_id FROM jobhost.workflow_waits w
+        WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL AND w.match_one IS NULL
+          AND jobhost.event_matches(w.match, event_payload)
+    ) f;
     released := jobhost.workflow_waits_end(open_waits, 'event', id);
     IF released > 0 THEN
         UPDATE jobhost.events e SET released = released WHERE e.id = id;
@@ -1912,6 +1922,18 @@ BEGIN
     ORDER BY b.id
     FOR UPDATE;
 END;
+$$;
+
+
+--
+-- Name: match_one(jsonb); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.match_one(wanted jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT
+    AS $$
+    SELECT CASE WHEN count(*) = 1 THEN jsonb_build_array(min(m.key), min(m.value))::text END
+    FROM jsonb_each_text(wanted) m
 $$;
 
 
@@ -3091,6 +3113,9 @@ BEGIN
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
     WHERE jsonb_typeof(w.wait) = 'object';
+    UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)
+    FROM jobhost.workflow_steps s
+    WHERE s.workflow_id = new_id AND ww.step_id = s.id AND ww.match <> '{}';
     INSERT INTO jobhost.workflow_edges (step_id, dep_id, if_failed)
     SELECT s.id, d.id, e.if_failed
     FROM workflow_new_edges e
@@ -4228,6 +4253,7 @@ CREATE TABLE jobhost.workflow_waits (
     step_id bigint NOT NULL,
     key text,
     match jsonb DEFAULT '{}'::jsonb NOT NULL,
+    match_one text,
     sleep_ms bigint,
     until timestamp with time zone,
     timeout_ms bigint,
@@ -4738,7 +4764,7 @@ CREATE INDEX workflow_waits_open_due ON jobhost.workflow_waits USING btree (due_
 -- Name: workflow_waits_open_key; Type: INDEX; Schema: jobhost; Owner: -
 --
 
-CREATE INDEX workflow_waits_open_key ON jobhost.workflow_waits USING btree (key) WHERE ((ended_by IS NULL) AND (armed_at IS NOT NULL) AND (key IS NOT NULL));
+CREATE INDEX workflow_waits_open_key ON jobhost.workflow_waits USING btree (key, match_one) WHERE ((ended_by IS NULL) AND (armed_at IS NOT NULL) AND (key IS NOT NULL));
 
 
 --

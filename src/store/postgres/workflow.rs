@@ -99,9 +99,13 @@ async fn write_waits(conn: &mut PgConnection, step_ids: &[i64], steps: &[Prepare
         return Ok(());
     }
     sqlx::query(
-        "INSERT INTO jobhost.workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
-         SELECT * FROM unnest($1::int8[], $2::text[], $3::jsonb[], $4::int8[], $5::timestamptz[], $6::int8[],
-                              $7::text[], $8::int8[])",
+        "INSERT INTO jobhost.workflow_waits
+             (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+         SELECT w.step_id, w.key, w.match, jobhost.match_one(w.match), w.sleep_ms, w.until, w.timeout_ms,
+                w.on_timeout, w.lookback_ms
+         FROM unnest($1::int8[], $2::text[], $3::jsonb[], $4::int8[], $5::timestamptz[], $6::int8[],
+                     $7::text[], $8::int8[])
+             AS w(step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)",
     )
     .bind(waits.iter().map(|(id, _)| *id).collect::<Vec<_>>())
     .bind(waits.iter().map(|(_, w)| w.key.as_deref()).collect::<Vec<_>>())

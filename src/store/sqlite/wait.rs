@@ -18,19 +18,23 @@ use super::SqliteStore;
 use super::encode::{json_list, ms_or_now, now_ms, time_of};
 use crate::store::Result;
 use crate::store::driver::EventDriver;
-use crate::store::wait::{EndedWait, PreparedWait, SentEvent, StepWait, StoredEvent, WaitEnd, matches};
+use crate::store::wait::{
+    EndedWait, PreparedWait, SentEvent, StepWait, StoredEvent, WaitEnd, match_one, matches, probes,
+};
 use crate::store::workflow::IfFailed;
 
 /// Stores the waits of new steps (`(step id, wait)`).
 pub async fn write(conn: &mut SqliteConnection, waits: &[(i64, &PreparedWait)]) -> Result<()> {
     for (step, wait) in waits {
         sqlx::query(
-            "INSERT INTO workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO workflow_waits
+                 (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(step)
         .bind(&wait.key)
         .bind(Json(&wait.matching))
+        .bind(match_one(&wait.matching))
         .bind(wait.sleep_ms)
         .bind(wait.until.map(|t| t.timestamp_millis()))
         .bind(wait.timeout_ms)
@@ -266,11 +270,16 @@ async fn send(
     .bind(now)
     .fetch_one(&mut *conn)
     .await?;
+    // Waits matching one field are found by the event's own fields; the
+    // rest (no field, or several) are checked.
     let open: Vec<(i64, Json<BTreeMap<String, String>>)> = sqlx::query_as(
         "SELECT step_id, match FROM workflow_waits
-         WHERE key = $1 AND ended_by IS NULL AND armed_at IS NOT NULL ORDER BY step_id",
+         WHERE key = $1 AND ended_by IS NULL AND armed_at IS NOT NULL
+           AND (match_one IN (SELECT value FROM json_each($2)) OR match_one IS NULL)
+         ORDER BY step_id",
     )
     .bind(key)
+    .bind(json_list(&probes(payload)))
     .fetch_all(&mut *conn)
     .await?;
     let hits: Vec<i64> = open.into_iter().filter(|(_, m)| matches(&m.0, payload)).map(|(step, _)| step).collect();

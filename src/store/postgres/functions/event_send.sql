@@ -52,10 +52,20 @@ BEGIN
         RETURN;
     END IF;
     duplicate := false;
-    SELECT coalesce(array_agg(w.step_id ORDER BY w.step_id), '{}') INTO open_waits
-    FROM jobhost.workflow_waits w
-    WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
-      AND jobhost.event_matches(w.match, event_payload);
+    -- Waits matching one field are found by the event's own fields (an
+    -- index probe each); the rest (no field, or several) are checked.
+    SELECT coalesce(array_agg(f.step_id ORDER BY f.step_id), '{}') INTO open_waits
+    FROM (
+        SELECT w.step_id FROM jobhost.workflow_waits w
+        WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL
+          AND w.match_one IN (SELECT jsonb_build_array(p.key, p.value)::text
+                              FROM jsonb_each_text(event_payload) p
+                              WHERE jsonb_typeof(event_payload -> p.key) IN ('string', 'number', 'boolean'))
+        UNION ALL
+        SELECT w.step_id FROM jobhost.workflow_waits w
+        WHERE w.key = event_key AND w.ended_by IS NULL AND w.armed_at IS NOT NULL AND w.match_one IS NULL
+          AND jobhost.event_matches(w.match, event_payload)
+    ) f;
     released := jobhost.workflow_waits_end(open_waits, 'event', id);
     IF released > 0 THEN
         UPDATE jobhost.events e SET released = released WHERE e.id = id;

@@ -150,6 +150,9 @@ BEGIN
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
     WHERE jsonb_typeof(w.wait) = 'object';
+    UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)
+    FROM jobhost.workflow_steps s
+    WHERE s.workflow_id = new_id AND ww.step_id = s.id AND ww.match <> '{}';
     INSERT INTO jobhost.workflow_edges (step_id, dep_id, if_failed)
     SELECT s.id, d.id, e.if_failed
     FROM workflow_new_edges e
