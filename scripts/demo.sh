@@ -8,7 +8,7 @@
 # duplicate of a unique job answered with the waiting job's id, a batch
 # with its callback and progress, a diamond workflow whose first step
 # grows it by three steps and whose last step receives the outputs of all
-# before it, a job's progress while it runs, a wait
+# before it, an approval that waits for its event, a job's progress while it runs, a wait
 # for a job's result, a schedule enqueueing a job every second once it
 # is dropped in, a component deployed through the database, and a handler
 # calling a small local HTTP API with a secret it never sees (and a request
@@ -102,6 +102,18 @@ until "$jobhost" workflow list | grep -q succeeded; do sleep 0.2; done
 step "$jobhost" workflow show 1
 page_job=$("$jobhost" workflow show 1 --json | python3 -c 'import json,sys; print([s["job_id"] for s in json.load(sys.stdin)["steps"] if s["name"] == "page"][0])' 2>/dev/null || true)
 [ -n "$page_job" ] && step "$jobhost" job "$page_job"
+
+# An approval (docs/events.md): "approve" waits up to three days for the
+# event order.approved of its order, "ship" for "approve". Nothing runs and
+# no host holds anything while it waits; the event (from the command line
+# here; from SQL in the application's own transaction, HTTP, a signed
+# webhook or the dashboard's Approve button elsewhere) releases it once.
+cp docs/examples/approval-workflow.json "$components/approval.json"
+approval=$("$jobhost" workflow create --file "$components/approval.json" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["workflow"])')
+step "$jobhost" workflow show "$approval"
+step "$jobhost" event send order.approved --payload '{"order_id": 42, "by": "the demo"}'
+until "$jobhost" workflow show "$approval" --json | grep -q '"state": "succeeded"'; do sleep 0.2; done
+step "$jobhost" workflow show "$approval"
 
 # A job's progress shows while it runs (sent with the host's heartbeat).
 progressing=$("$jobhost" enqueue batcher --payload '{"steps": 4, "step_ms": 800}')

@@ -576,3 +576,61 @@ async fn forms_need_the_session_and_its_csrf_token() {
         .await;
     assert_eq!(away.headers["location"], "/");
 }
+
+/// An approval: a step waiting for `order.approved` of its order says so on
+/// the workflow's page, with Approve and Reject in a signed-in session (at
+/// both widths, within the screen); Approve sends the event it waits for,
+/// which releases the step with the decision under `_event`, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_in_a_real_browser() {
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(job_config("hello"), "v1".into())]).await.unwrap();
+    let file = std::fs::read_to_string("docs/examples/approval-workflow.json").unwrap();
+    let driver = Driver::start();
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    for screen in [Screen::Desktop, Screen::Phone] {
+        let id = db.store.workflow_create(&serde_json::from_str(&file).unwrap()).await.unwrap().id;
+        let path = format!("/workflows/{id}");
+        let browser = driver.session(screen).await;
+        sign_in(&browser, &server, screen, &path).await;
+        let wait = text(&browser, ".wait").await;
+        assert!(wait.starts_with("Waits for event order.approved {order_id=42}, 2d 23h left, then cancel"), "{wait}");
+        let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(
+            overflow.as_i64().unwrap() <= 0,
+            "the page is wider than the {} screen by {overflow} px",
+            screen.name()
+        );
+        script(&browser, "document.querySelector('.wait').scrollIntoView(); return true").await;
+        let cut =
+            script(&browser, "const w = document.querySelector('.wait'); return w.scrollWidth - w.clientWidth").await;
+        assert!(cut.as_i64().unwrap() <= 0, "the wait's line is cut on the {} screen", screen.name());
+        screenshot(&browser, screen, "workflow-approval").await;
+        browser.find(Locator::Css("button.decide-approve")).await.unwrap().click().await.unwrap();
+        browser.accept_alert().await.unwrap();
+        let notice = "const n = document.querySelector('.notice'); return n !== null && n.textContent.startsWith('Step approve approved')";
+        until(&browser, WAIT, "the approval's notice", notice).await;
+        assert!(text(&browser, ".notice").await.ends_with("ended 1 waits"), "{}", text(&browser, ".notice").await);
+        assert!(text(&browser, ".wait").await.contains("ended by event"));
+        assert!(browser.find(Locator::Css("button.decide-approve")).await.is_err(), "decided once");
+        script(&browser, "document.querySelector('.wait').scrollIntoView(); return true").await;
+        screenshot(&browser, screen, "workflow-approved").await;
+        let step = db.store.workflow_get(id).await.unwrap().unwrap().steps.into_iter().find(|s| s.name == "approve");
+        let job = db.store.job_get(step.unwrap().job_id.expect("released")).await.unwrap().unwrap();
+        assert_eq!(job.payload["_event"], json!({"order_id": "42", "approved": true, "by": "dashboard"}));
+        browser.close().await.unwrap();
+    }
+    // Without a session, no buttons; a form without its CSRF token is refused.
+    let id = db.store.workflow_create(&serde_json::from_str(&file).unwrap()).await.unwrap().id;
+    let forged = server
+        .send(
+            Method::POST,
+            &format!("/workflows/{id}/decide"),
+            Some(("application/x-www-form-urlencoded", "step=approve&decision=approve".into())),
+            None,
+        )
+        .await;
+    assert!(forged.status.is_client_error(), "{}", forged.status);
+    let state = db.store.workflow_get(id).await.unwrap().unwrap().steps[0].state;
+    assert_eq!(state, jobhost::store::StepState::Waiting, "nothing sent");
+}

@@ -114,7 +114,12 @@ pub fn screenshot_dir() -> PathBuf {
 /// `NAME-SCREEN.png`.
 pub async fn screenshot(client: &Client, screen: Screen, name: &str) -> PathBuf {
     if screen == Screen::Desktop {
-        let height = script(client, "return document.documentElement.scrollHeight").await.as_u64().unwrap_or(900);
+        // The window's height holds the page's and the browser's own frame.
+        let height =
+            script(client, "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight")
+                .await
+                .as_u64()
+                .unwrap_or(900);
         client.set_window_size(1366, height.clamp(600, 4000) as u32).await.unwrap();
     }
     let png = client.screenshot().await.expect("a screenshot");

@@ -58,6 +58,7 @@ pub fn routes() -> Router<AppState> {
         .route("/batches/{id}", get(batch))
         .route("/workflows", get(workflows))
         .route("/workflows/{id}", get(workflow_page))
+        .route("/workflows/{id}/decide", post(workflow_decide))
         .route("/schedules", get(schedules))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))
@@ -391,7 +392,8 @@ async fn workflow_page(
     let context = context(&state, &caller, &headers, &uri);
     match state.store.workflow_get(id).await {
         Ok(Some(found)) => {
-            render(&context, &headers, &format!("Workflow {id}"), "/workflows", workflow::workflow(&found, Utc::now()))
+            let page = workflow::workflow(&context, &found, Utc::now());
+            render(&context, &headers, &format!("Workflow {id}"), "/workflows", page)
         }
         Ok(None) => {
             (StatusCode::NOT_FOUND, layout::problem(&context, "Not found", &format!("Workflow {id} does not exist.")))
@@ -639,6 +641,57 @@ async fn logout(
         response.headers_mut().append(header::SET_COOKIE, cleared);
     }
     response
+}
+
+/// Approving or rejecting a step that waits for an event.
+#[derive(Debug, Deserialize)]
+struct DecisionForm {
+    #[serde(default)]
+    csrf: String,
+    return_to: Option<String>,
+    step: String,
+    decision: String,
+}
+
+/// Sends the event a waiting step waits for, approving or rejecting it: one
+/// decision a step (a second, or a repeated click, is the same event again
+/// and changes nothing).
+async fn workflow_decide(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+    Form(form): Form<DecisionForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        let approved = match form.decision.as_str() {
+            "approve" => true,
+            "reject" => false,
+            other => return Err(format!("{other:?} is no decision: approve or reject")),
+        };
+        let found = store.workflow_get(id).await.map_err(|e| e.to_string())?;
+        let step = found.and_then(|w| w.steps.into_iter().find(|s| s.name == form.step));
+        let Some((key, payload)) = step.as_ref().and_then(|s| workflow::decision_event(s, approved)) else {
+            return Err(format!("step {:?} of workflow {id} is not waiting for an event", form.step));
+        };
+        let idempotency = format!("dashboard:{id}:{}", form.step);
+        let idempotency: String = if idempotency.len() <= 256 {
+            idempotency
+        } else {
+            format!("dashboard:{id}:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(form.step.as_bytes())))
+        };
+        let sent =
+            store.event_send(&key, &payload, Some(&idempotency), "dashboard").await.map_err(|e| e.to_string())?;
+        let what = if approved { "approved" } else { "rejected" };
+        Ok(if sent.duplicate {
+            format!("Step {} was decided before: nothing sent again", form.step)
+        } else {
+            format!("Step {} {what}: event {} ({key}) ended {} waits", form.step, sent.id, sent.released)
+        })
+    })
+    .await
 }
 
 async fn job_retry(

@@ -1,13 +1,15 @@
 //! The workflow pages: the list, and one workflow drawn as its graph (a
 //! server-rendered SVG, layered left to right, each step coloured by its
-//! state) above the table of its steps.
+//! state) above the table of its steps, where a step waiting for an event
+//! says what it waits for and, in a signed-in session, can be approved or
+//! rejected (the event it waits for, sent).
 
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 
-use super::layout::{Head, Tone, progress_bar, state_badge, table, time};
+use super::layout::{Context, Head, Tone, hidden_fields, progress_bar, state_badge, table, time};
 use crate::store::{IfFailed, Workflow, WorkflowStep};
 use crate::text::clip;
 
@@ -65,7 +67,7 @@ pub fn workflows(workflows: &[Workflow], now: DateTime<Utc>) -> Markup {
 }
 
 /// One workflow: its graph, its counts and its steps.
-pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
+pub fn workflow(context: &Context, workflow: &Workflow, now: DateTime<Utc>) -> Markup {
     html! {
         h1 { "Workflow " (workflow.id) " " (state_badge(workflow.state.as_str())) }
         @if let Some(label) = &workflow.label { p.lead { (label) } }
@@ -93,6 +95,10 @@ pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
                     td {
                         (state_badge(step.state.as_str()))
                         @if let Some(error) = &step.error { " " span.warning-text { (error) } }
+                        @if let Some(wait) = &step.wait {
+                            div.wait { (if wait.ended_by.is_some() { "Waited for " } else { "Waits for " }) (wait.describe(now)) }
+                            @if decidable(step) { (decision_buttons(context, workflow.id, step)) }
+                        }
                     }
                     td { (step.job) }
                     td.num { @match step.job_id { Some(id) => a href={ "/jobs/" (id) } { (id) }, None => span.muted { "–" } } }
@@ -102,6 +108,45 @@ pub fn workflow(workflow: &Workflow, now: DateTime<Utc>) -> Markup {
             }
         }))
     }
+}
+
+/// Whether a step waits, armed, for an event: what approve and reject send.
+fn decidable(step: &WorkflowStep) -> bool {
+    step.wait.as_ref().is_some_and(|w| w.key.is_some() && w.armed_at.is_some() && w.ended_by.is_none())
+}
+
+/// Approve and reject: each sends the event the step waits for, with the
+/// decision in its payload; shown only in a signed-in session.
+fn decision_buttons(context: &Context, workflow: i64, step: &WorkflowStep) -> Markup {
+    html! {
+        @if context.csrf.is_some() {
+            @for (decision, label, confirm) in [
+                ("approve", "Approve", "Send the event this step waits for, approving it?"),
+                ("reject", "Reject", "Send the event this step waits for, rejecting it?"),
+            ] {
+                form.inline method="post" action={ "/workflows/" (workflow) "/decide" } data-confirm=(confirm) {
+                    (hidden_fields(context))
+                    input type="hidden" name="step" value=(step.name);
+                    input type="hidden" name="decision" value=(decision);
+                    button type="submit" class=(if decision == "reject" { "decide-reject danger" } else { "decide-approve" }) {
+                        (label)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The event approving or rejecting a waiting step sends: its key, and a
+/// payload holding the fields its wait matches, `approved` and `by`; none
+/// for a step that does not wait, armed, for an event.
+pub fn decision_event(step: &WorkflowStep, approved: bool) -> Option<(String, serde_json::Value)> {
+    let wait = step.wait.as_ref().filter(|_| decidable(step))?;
+    let mut payload: serde_json::Map<String, serde_json::Value> =
+        wait.matching.iter().map(|(field, value)| (field.clone(), value.clone().into())).collect();
+    payload.insert("approved".into(), approved.into());
+    payload.insert("by".into(), "dashboard".into());
+    Some((wait.key.clone()?, payload.into()))
 }
 
 fn after_text(step: &WorkflowStep) -> String {
