@@ -33,6 +33,10 @@ pub const MAX_EVENT_KEY_BYTES: usize = 256;
 /// The most payload fields one wait matches.
 pub const MAX_MATCH_FIELDS: usize = 16;
 
+/// The longest wait a step may declare (a timeout, a look back, a sleep):
+/// 100 years, within what both databases' times hold.
+pub const MAX_WAIT_MS: u64 = 100 * 365 * 86_400_000;
+
 /// Checks a step's name as given: 1 to 128 bytes of letters, digits, `_`,
 /// `-`, `.` and `:`. (`/` is left for the names of steps a run adds to its
 /// own workflow, `STEP/NAME`, so those never collide with a given one.)
@@ -183,8 +187,7 @@ impl Wait {
             None => {}
         }
         let spans = [("timeout", self.timeout_ms), ("lookback", self.lookback_ms), ("sleep", self.sleep_ms)];
-        if let Some((what, _)) = spans.iter().find(|(_, ms)| ms.is_some_and(|ms| ms > crate::store::wait::MAX_WAIT_MS))
-        {
+        if let Some((what, _)) = spans.iter().find(|(_, ms)| ms.is_some_and(|ms| ms > MAX_WAIT_MS)) {
             return Err(format!("a wait's {what} is at most 100 years"));
         }
         if self.matching.len() > MAX_MATCH_FIELDS {

@@ -18,10 +18,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::workflow::Release;
 use super::{Error, Result};
 use crate::step::IfFailed;
-pub use crate::step::{EVENT_KEY, MAX_EVENT_KEY_BYTES, Wait, check_event_key};
+pub use crate::step::{EVENT_KEY, MAX_EVENT_KEY_BYTES, MAX_WAIT_MS, Wait, check_event_key};
 use crate::template::KeyTemplate;
 
 /// A declared wait, checked, with its match rendered: what is stored.
@@ -150,47 +149,6 @@ impl WaitEnd {
     }
 }
 
-/// How a released step's wait ended, for its release.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndedWait {
-    /// The event key it waited for; none for a sleep.
-    pub key: Option<String>,
-    /// How it ended.
-    pub ended_by: WaitEnd,
-    /// What a timeout does.
-    pub on_timeout: IfFailed,
-    /// The payload of the event that ended it.
-    pub event: Option<serde_json::Value>,
-}
-
-/// Applies a step's ended wait to what its dependencies decided (PostgreSQL
-/// applies the same in `jobhost.workflow_release`): a step that runs gets
-/// its event's payload under `_event`; a timed-out event wait fails or
-/// cancels it by `on_timeout` (or lets it run, with no `_event`). What its
-/// dependencies or a cancelled workflow decided stands.
-pub fn apply(release: Release, wait: &EndedWait) -> Release {
-    let Release::Run(mut payload) = release else {
-        return release;
-    };
-    match wait.ended_by {
-        WaitEnd::Event => {
-            if let (Some(object), Some(event)) = (payload.as_object_mut(), &wait.event) {
-                object.insert(EVENT_KEY.into(), event.clone());
-            }
-            Release::Run(payload)
-        }
-        WaitEnd::Timeout => {
-            let reason = format!("its wait for event \"{}\" timed out", wait.key.as_deref().unwrap_or_default());
-            match wait.on_timeout {
-                IfFailed::Run => Release::Run(payload),
-                IfFailed::Fail => Release::Fail(reason),
-                IfFailed::Cancel => Release::Cancel(reason),
-            }
-        }
-        WaitEnd::Time | WaitEnd::Skipped => Release::Run(payload),
-    }
-}
-
 /// A step's wait as operators see it (read back as the stored row's JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepWait {
@@ -315,10 +273,6 @@ pub fn check_event(key: &str, payload: &serde_json::Value, max_bytes: usize) -> 
     }
     Ok(())
 }
-
-/// The longest wait a step may declare (a timeout, a look back, a sleep):
-/// 100 years, within what both databases' times hold.
-pub const MAX_WAIT_MS: u64 = 100 * 365 * 86_400_000;
 
 #[cfg(test)]
 mod tests {

@@ -336,6 +336,47 @@ pub fn release(payload: &serde_json::Value, deps: &[EndedDependency], workflow_c
     Release::Run(payload)
 }
 
+/// How a released step's wait ended, for its release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedWait {
+    /// The event key it waited for; none for a sleep.
+    pub key: Option<String>,
+    /// How it ended.
+    pub ended_by: super::wait::WaitEnd,
+    /// What a timeout does.
+    pub on_timeout: IfFailed,
+    /// The payload of the event that ended it.
+    pub event: Option<serde_json::Value>,
+}
+
+/// Applies a step's ended wait to what its dependencies decided (PostgreSQL
+/// applies the same in `jobhost.workflow_release`): a step that runs gets
+/// its event's payload under `_event`; a timed-out event wait fails or
+/// cancels it by `on_timeout` (or lets it run, with no `_event`). What its
+/// dependencies or a cancelled workflow decided stands.
+pub fn apply(release: Release, wait: &EndedWait) -> Release {
+    let Release::Run(mut payload) = release else {
+        return release;
+    };
+    match wait.ended_by {
+        super::wait::WaitEnd::Event => {
+            if let (Some(object), Some(event)) = (payload.as_object_mut(), &wait.event) {
+                object.insert(EVENT_KEY.into(), event.clone());
+            }
+            Release::Run(payload)
+        }
+        super::wait::WaitEnd::Timeout => {
+            let reason = format!("its wait for event \"{}\" timed out", wait.key.as_deref().unwrap_or_default());
+            match wait.on_timeout {
+                IfFailed::Run => Release::Run(payload),
+                IfFailed::Fail => Release::Fail(reason),
+                IfFailed::Cancel => Release::Cancel(reason),
+            }
+        }
+        super::wait::WaitEnd::Time | super::wait::WaitEnd::Skipped => Release::Run(payload),
+    }
+}
+
 /// Why an ended step did not complete, from its stored result.
 pub fn step_error(ended_state: Option<&str>, result: Option<serde_json::Value>) -> Option<String> {
     match (ended_state, result) {

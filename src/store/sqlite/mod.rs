@@ -31,6 +31,7 @@ mod concurrency;
 mod connect;
 mod deploy;
 mod encode;
+mod event;
 mod finish;
 mod fleet;
 mod grant;

@@ -5,23 +5,18 @@
 //! ([`end`]), after which `settle` releases the step before the write
 //! commits. One writer at a time holds the file, so an event is either
 //! written before a wait is armed (and found by its look back) or after
-//! (and finds the wait): guarantee 17 without a lock of its own.
+//! (and finds the wait): guarantee 17 without a lock of its own. The
+//! writes that end waits and release their steps are `sqlite::event`'s.
 
 use std::collections::{BTreeMap, HashMap};
 
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sqlx::SqliteConnection;
 use sqlx::types::Json;
 
-use super::SqliteStore;
-use super::encode::{json_list, ms_or_now, now_ms, time_of};
+use super::encode::{json_list, time_of};
 use crate::store::Result;
-use crate::store::driver::EventDriver;
-use crate::store::wait::{
-    EndedWait, PreparedWait, SentEvent, StepWait, StoredEvent, WaitEnd, match_one, matches, probes,
-};
-use crate::store::workflow::IfFailed;
+use crate::store::wait::{PreparedWait, SentEvent, StepWait, WaitEnd, match_one, matches, probes};
+use crate::store::workflow::{EndedWait, IfFailed};
 
 /// Stores the waits of new steps (`(step id, wait)`).
 pub async fn write(conn: &mut SqliteConnection, waits: &[(i64, &PreparedWait)]) -> Result<()> {
@@ -243,7 +238,7 @@ pub async fn shown(conn: &sqlx::SqlitePool, workflow_id: i64) -> Result<HashMap<
 
 /// Sends an event in the writer's transaction; `settle` then releases the
 /// steps whose waits it ended.
-async fn send(
+pub async fn send(
     conn: &mut SqliteConnection,
     key: &str,
     payload: &serde_json::Value,
@@ -292,84 +287,4 @@ async fn send(
             .await?;
     }
     Ok(SentEvent { id, released, duplicate: false })
-}
-
-#[async_trait]
-impl EventDriver for SqliteStore {
-    async fn event_send(
-        &self,
-        key: &str,
-        payload: &serde_json::Value,
-        idempotency_key: Option<&str>,
-        source: &str,
-    ) -> Result<SentEvent> {
-        let mut tx = self.write().await?;
-        let now = now_ms();
-        let sent = send(&mut tx, key, payload, idempotency_key, source, now).await?;
-        let available = super::workflow::settle(&mut tx, &self.limits, now).await?;
-        tx.commit().await?;
-        self.announce(available);
-        Ok(sent)
-    }
-
-    async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<StoredEvent>> {
-        let rows: Vec<(i64, String, Json<serde_json::Value>, String, i64, i64)> = sqlx::query_as(
-            "SELECT id, key, payload, source, sent_at, released FROM events
-             WHERE $1 IS NULL OR key = $1 ORDER BY id DESC LIMIT $2",
-        )
-        .bind(key)
-        .bind(limit)
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, key, payload, source, sent_at, released)| StoredEvent {
-                id,
-                key,
-                payload: payload.0,
-                source,
-                sent_at: time_of(sent_at),
-                released,
-            })
-            .collect())
-    }
-
-    async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {
-        let at = ms_or_now(now);
-        let due: Vec<(i64, Option<String>)> = sqlx::query_as(
-            "SELECT step_id, key FROM workflow_waits
-             WHERE ended_by IS NULL AND due_at <= $1 AND armed_at IS NOT NULL ORDER BY due_at LIMIT $2",
-        )
-        .bind(at)
-        .bind(batch)
-        .fetch_all(&self.reader)
-        .await?;
-        if due.is_empty() {
-            return Ok(0);
-        }
-        let sleeps: Vec<i64> = due.iter().filter(|(_, key)| key.is_none()).map(|(step, _)| *step).collect();
-        let timeouts: Vec<i64> = due.iter().filter(|(_, key)| key.is_some()).map(|(step, _)| *step).collect();
-        let mut tx = self.write().await?;
-        let ended = end(&mut tx, &sleeps, WaitEnd::Time, None, at).await?
-            + end(&mut tx, &timeouts, WaitEnd::Timeout, None, at).await?;
-        let available = super::workflow::settle(&mut tx, &self.limits, at).await?;
-        tx.commit().await?;
-        self.announce(available);
-        Ok(u64::try_from(ended).unwrap_or(0))
-    }
-
-    async fn event_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
-        let cutoff = ms_or_now(now) - (retention_secs * 1000.0) as i64;
-        self.write_with(async |tx| {
-            Ok(sqlx::query(
-                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)",
-            )
-            .bind(cutoff)
-            .bind(limit)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected())
-        })
-        .await
-    }
 }

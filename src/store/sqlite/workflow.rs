@@ -235,7 +235,7 @@ pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i6
             let ended = deps.remove(&step.id).unwrap_or_default();
             let decided = release(&step.payload.0, &ended, step.cancelled);
             let decided = match waits.remove(&step.id) {
-                Some(wait) => crate::store::wait::apply(decided, &wait),
+                Some(wait) => crate::store::workflow::apply(decided, &wait),
                 None => decided,
             };
             let payload = match decided {
