@@ -206,11 +206,14 @@ from_row!(sqlx::sqlite::SqliteRow, Ready { id, job, payload, queue, priority, de
 pub async fn settle(conn: &mut SqliteConnection, limits: &EnqueueLimits, now: i64) -> Result<bool> {
     let mut any_available = false;
     loop {
-        // Through the partial index `workflow_steps_ready`: almost always nothing.
+        // Through the partial index `workflow_steps_ready`: almost always
+        // nothing. Named, since SQLite's planner would rather take the job
+        // index's NULLs: every step not released (waiting for dependencies
+        // or armed for an event), read at every write.
         let ready: Vec<Ready> = sqlx::query_as(
             "SELECT s.id, s.job, s.payload, s.queue, s.priority, s.delay_ms, w.cancelled_at IS NOT NULL AS cancelled,
                     s.wait
-             FROM workflow_steps s JOIN workflows w ON w.id = s.workflow_id
+             FROM workflow_steps s INDEXED BY workflow_steps_ready JOIN workflows w ON w.id = s.workflow_id
              WHERE s.pending = 0 AND s.job_id IS NULL AND (s.wait IS NULL OR s.wait <> 'armed')
              ORDER BY s.id",
         )
