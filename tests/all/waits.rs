@@ -558,3 +558,36 @@ async fn a_sleep_is_timed_by_the_database_clock_on_hosts_whose_clocks_are_off() 
         host.stop().await;
     }
 }
+
+/// A lost reply on a send: the send committed and its client saw only its
+/// connection close. Sent again with its idempotency key, it is a
+/// duplicate: no second event, and the wait it ended ended once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_reply_is_lost_is_sent_again_as_a_duplicate() {
+    use common::proxy::{Proxy, server_address, url_via};
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let id = create(
+        &db,
+        json!([
+            {"name": "w", "job": "work", "payload": {"step": "w"}, "wait": {"event": "paid"}},
+            {"name": "v", "job": "work", "payload": {"step": "v"}, "wait": {"event": "paid"}},
+        ]),
+    )
+    .await;
+    let proxy = Proxy::start(server_address()).await;
+    let via = jobhost::store::open_existing(&url_via(&db.url, proxy.port()), 2, Default::default()).await.unwrap();
+    let fired = proxy.lose_reply_to("event_send");
+    let first = via.event_send("paid", &json!({"n": 1}), Some("pay-1"), "test").await;
+    assert!(first.is_err(), "the client saw no answer: {first:?}");
+    let lost = fired.await.expect("the send went through the proxy");
+    assert!(lost.committed, "the send whose answer was lost committed: {lost:?}");
+    let again = via.event_send("paid", &json!({"n": 1}), Some("pay-1"), "test").await.unwrap();
+    assert!(again.duplicate, "{again:?}");
+    assert_eq!(again.released, 2, "the first send's count, not a second");
+    assert_eq!(db.scalar("SELECT count(*) FROM jobhost.events").await, 1);
+    for name in ["w", "v"] {
+        assert_eq!(jobs_named(&db, name).await, 1, "{name} released once");
+        assert_eq!(ended_by(&db, id, name).await, Some(WaitEnd::Event));
+    }
+}
