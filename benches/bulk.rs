@@ -65,6 +65,7 @@ fn config(kind: Kind) -> JobConfig {
         schedule: None,
         outbound: Vec::new(),
         rate_limit: None,
+        on_events: Vec::new(),
     }
 }
 

@@ -58,6 +58,7 @@ fn completed(job: &jobhost::store::FetchedJob) -> Finish {
             children: Default::default(),
             batches: Default::default(),
             workflows: Default::default(),
+            events: Default::default(),
         },
         log: json!({}),
         progress: None,

@@ -63,6 +63,7 @@ fn completed(store_job: &jobhost::store::FetchedJob) -> Finish {
             children: Default::default(),
             batches: Default::default(),
             workflows: Default::default(),
+            events: Default::default(),
         },
         log: json!({}),
         progress: None,

@@ -60,6 +60,7 @@ async fn fresh() -> Db {
         schedule: None,
         outbound: Vec::new(),
         rate_limit: None,
+        on_events: Vec::new(),
     };
     let limited = ConcurrencyConfig {
         limit: 1,
@@ -114,6 +115,7 @@ fn done(job: &FetchedJob) -> Finish {
             children: Vec::new().into(),
             batches: Default::default(),
             workflows: Default::default(),
+            events: Default::default(),
         },
         log: json!({}),
         progress: None,

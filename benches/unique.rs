@@ -37,6 +37,7 @@ fn config(name: &str, unique: bool) -> JobConfig {
         schedule: None,
         outbound: Vec::new(),
         rate_limit: None,
+        on_events: Vec::new(),
     }
 }
 

@@ -160,6 +160,11 @@ pub struct JobConfig {
     /// (docs/rate-limits.md). Left out of the stored JSON when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitConfig>,
+    /// The event keys this type is enqueued for, one job per event and
+    /// type (docs/events.md, "Event triggers"). Left out of the stored
+    /// JSON when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_events: Vec<String>,
 }
 
 impl JobConfig {
@@ -173,6 +178,7 @@ impl JobConfig {
         if let Some(fields) = value.as_object_mut() {
             fields.entry("outbound").or_insert_with(|| serde_json::json!([]));
             fields.entry("rate_limit").or_insert(serde_json::Value::Null);
+            fields.entry("on_events").or_insert_with(|| serde_json::json!([]));
         }
         value
     }
@@ -342,6 +348,17 @@ pub struct JobContext {
     /// trace. Not given to the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+}
+
+/// An event a running job sends (WIT `events.send`), held back like a
+/// child until that job completes, and sent in its completion's
+/// transaction: a failed or lost run sends nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildEvent {
+    /// The event's key.
+    pub key: String,
+    /// The event's payload, a JSON object.
+    pub payload: serde_json::Value,
 }
 
 /// A job enqueued by a running job, held back until that job completes so a
@@ -621,6 +638,9 @@ pub struct RunEffects {
     /// Workflows the guest opened and steps it added, written with this job's completion.
     #[serde(default)]
     pub workflows: WorkflowEffects,
+    /// Events the guest sent, written with this job's completion.
+    #[serde(default)]
+    pub events: Vec<ChildEvent>,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
     /// The run's outbound HTTP requests, the last 100, oldest first.

@@ -88,6 +88,7 @@ async fn fifty_heavy_jobs(db: &TestDb) {
                     children: Vec::new().into(),
                     batches: Default::default(),
                     workflows: Default::default(),
+                    events: Default::default(),
                 };
                 jobhost::store::Finish { log: json!({ "lines": [blob('l', MIB)] }), ..finish(run, outcome) }
             })

@@ -75,7 +75,11 @@ async fn send(key: &str, payload: &str, idempotency_key: Option<&str>, json: boo
             ExitCode::SUCCESS
         }
         Ok(sent) => {
-            println!("event {}: {} waits ended", sent.id, sent.released);
+            println!("event {}: {} waits ended{}", sent.id, sent.released, enqueued(&sent.jobs));
+            for refused in sent.jobs.iter().filter(|job| job.id.is_none()) {
+                let reason = refused.error.as_deref().unwrap_or("refused");
+                println!("  {}: not enqueued: {reason}", refused.job);
+            }
             ExitCode::SUCCESS
         }
         Err(error) => fail_store(error),
@@ -96,11 +100,25 @@ async fn list(key: Option<&str>, limit: i64, json: bool, db: &DbArgs) -> ExitCod
             println!("{}", serde_json::to_string(event).unwrap_or_default());
         } else {
             let sent = event.sent_at.format("%Y-%m-%d %H:%M:%S");
-            let line = format!("{:>7}  {sent}  {:>3} ended  {:<5} ", event.id, event.released, event.source);
+            let jobs = event.jobs.iter().filter(|job| job.id.is_some()).count();
+            let line =
+                format!("{:>7}  {sent}  {:>3} ended  {jobs:>3} jobs  {:<5} ", event.id, event.released, event.source);
             let room = super::batch::WIDTH.saturating_sub(line.chars().count());
             println!("{line}{}", clip(&event.key, room));
         }
     }
     super::say_if_none(events.len(), json, "no events: `jobhost event send KEY` sends one (see docs/events.md)");
     ExitCode::SUCCESS
+}
+
+/// The jobs an event enqueued for its subscribers, in words after a
+/// comma; nothing when no type is subscribed to its key.
+fn enqueued(jobs: &[crate::store::wait::TriggeredJob]) -> String {
+    let names: Vec<String> = jobs.iter().filter_map(|job| job.id.map(|id| format!("{} {id}", job.job))).collect();
+    match names.len() {
+        0 if jobs.is_empty() => String::new(),
+        0 => ", no job enqueued".to_string(),
+        1 => format!(", 1 job enqueued ({})", names[0]),
+        n => format!(", {n} jobs enqueued ({})", names.join(", ")),
+    }
 }

@@ -121,6 +121,7 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         return invalid("outbound", format!("at most {MAX_OUTBOUND_RULES} rules"));
     }
     let outbound = outbound.into_iter().map(outbound_rule).collect::<Result<Vec<_>, _>>()?;
+    let on_events = on_events(declared.on_events.unwrap_or_default())?;
 
     Ok(JobConfig {
         name: declared.name,
@@ -135,7 +136,27 @@ pub fn validate(declared: wit::JobConfig, runtime: &RuntimeConfig) -> Result<Job
         schedule,
         outbound,
         rate_limit,
+        on_events,
     })
+}
+
+/// The most event keys one job type subscribes to.
+pub const MAX_EVENT_SUBSCRIPTIONS: usize = 32;
+
+/// The event keys a type is enqueued for: each a valid event key, at most
+/// [`MAX_EVENT_SUBSCRIPTIONS`], sorted and each once (a key named twice
+/// would still enqueue one job per event).
+fn on_events(keys: Vec<String>) -> Result<Vec<String>, InvalidConfig> {
+    if keys.len() > MAX_EVENT_SUBSCRIPTIONS {
+        return invalid("on-events", format!("at most {MAX_EVENT_SUBSCRIPTIONS} event keys"));
+    }
+    let mut keys = keys;
+    for key in &keys {
+        crate::step::check_event_key(key).or_else(|reason| invalid("on-events", reason))?;
+    }
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// The longest window a rate limit may declare: a week.
@@ -251,6 +272,7 @@ mod tests {
             schedule: None,
             outbound: None,
             rate_limit: None,
+            on_events: None,
         }
     }
 
@@ -333,6 +355,14 @@ mod tests {
             "rate-limit.period-ms"
         );
         assert_eq!(field(wit::JobConfig { rate_limit: rate(5, 1000, Some("{a")), ..declared("x") }), "rate-limit.key");
+        let keys = |keys: &[&str]| Some(keys.iter().map(|k| k.to_string()).collect::<Vec<_>>());
+        assert_eq!(field(wit::JobConfig { on_events: keys(&[""]), ..declared("x") }), "on-events");
+        assert_eq!(field(wit::JobConfig { on_events: keys(&["a\nb"]), ..declared("x") }), "on-events");
+        let many: Vec<String> = (0..=MAX_EVENT_SUBSCRIPTIONS).map(|i| format!("k{i}")).collect();
+        assert_eq!(field(wit::JobConfig { on_events: Some(many), ..declared("x") }), "on-events");
+        let subscribed =
+            validate(wit::JobConfig { on_events: keys(&["b", "a", "b"]), ..declared("x") }, &runtime).unwrap();
+        assert_eq!(subscribed.on_events, ["a", "b"], "sorted, each key once");
         let whole = validate(wit::JobConfig { rate_limit: rate(5, 1000, None), ..declared("x") }, &runtime).unwrap();
         let whole = whole.rate_limit.unwrap();
         assert_eq!(whole.key.render(&serde_json::json!({})).unwrap(), "x", "without a key, the type as a whole");

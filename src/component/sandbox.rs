@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, v0_5, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, wit,
 };
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
@@ -21,7 +21,8 @@ use crate::component::stop::StopSignal;
 use crate::component::workflows::{self, RunWorkflows, StepLookup, WorkflowParts, WorkflowRun};
 use crate::outbound::hooks::OutboundHooks;
 use crate::types::{
-    BatchRequest, ChildBatch, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects, RunOutcome, tail,
+    BatchRequest, ChildBatch, ChildEvent, ChildJob, Crash, JsonText, LogLine, MAX_BATCH_LABEL_BYTES, RunEffects,
+    RunOutcome, tail,
 };
 
 /// Longest message kept from one `log` call.
@@ -34,6 +35,8 @@ const HOST_LOG_BYTES_PER_RUN: usize = 64 << 10;
 const CHILD_LIMIT: usize = 10_000;
 /// Most batches one run may open.
 const BATCH_LIMIT: usize = 16;
+/// Most events one run may send.
+const EVENT_LIMIT: usize = 1_000;
 /// Stderr kept in a trap's message: enough for a panic message.
 const TRAP_STDERR_TAIL: usize = 2 << 10;
 /// What one table element costs the host, counted against the memory cap:
@@ -114,6 +117,12 @@ impl bindings::jobhost::job::workflows::Host for SandboxState {
         step: bindings::NewStep,
     ) -> wasmtime::Result<Result<(), String>> {
         Ok(workflows::add_step(self, workflow, step).await)
+    }
+}
+
+impl bindings::jobhost::job::events::Host for SandboxState {
+    fn send(&mut self, key: String, payload: String) -> wasmtime::Result<Result<(), String>> {
+        Ok(self.send_event(key, payload))
     }
 }
 
@@ -202,6 +211,7 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     super::clock::link_precise_sleeps(linker)?;
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_5::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_6::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_4::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
@@ -548,6 +558,35 @@ impl SandboxState {
         // `child_of` and nothing else took any since.
         self.budget.try_take(held);
         self.effects.children.push(child);
+        Ok(())
+    }
+
+    /// An event the run sends, checked on the run's own terms (how many,
+    /// its byte budget) and by the rules of every event (its key, a JSON
+    /// object within the payload limit), held for the completion transaction.
+    fn send_event(&mut self, key: String, payload: String) -> Result<(), String> {
+        if self.effects.events.len() >= EVENT_LIMIT {
+            return Err(format!("a run may send at most {EVENT_LIMIT} events"));
+        }
+        let held = key.len() + payload.len();
+        if held > self.budget.left() {
+            return Err(self.budget.refusal("this event", held));
+        }
+        crate::step::check_event_key(&key)?;
+        if payload.len() > self.limits.max_payload_bytes {
+            return Err(format!(
+                "payload is {} bytes, more than the largest accepted, {} bytes",
+                payload.len(),
+                self.limits.max_payload_bytes
+            ));
+        }
+        let payload: serde_json::Value =
+            serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;
+        if !payload.is_object() {
+            return Err("an event's payload must be a JSON object".to_string());
+        }
+        self.budget.try_take(held);
+        self.effects.events.push(ChildEvent { key, payload });
         Ok(())
     }
 

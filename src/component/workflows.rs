@@ -11,12 +11,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::component::bindings::{EnqueueOptions, NewStep as WitStep, StepOf, WitIfFailed, WorkflowRef};
+use crate::component::bindings::{EnqueueOptions, NewStep as WitStep, StepOf, WitIfFailed, WitStepWait, WorkflowRef};
 use crate::component::budget::RunBudget;
 use crate::component::children::{ChildCheck, ChildProbe};
 use crate::step::{
     DEPS_FAILED_KEY, DEPS_KEY, Dependency, IfFailed, MAX_GROWN_STEP_NAME_BYTES, MAX_WORKFLOW_LABEL_BYTES,
-    MAX_WORKFLOW_STEPS, NewStep, check_step_name,
+    MAX_WORKFLOW_STEPS, NewStep, Wait, check_step_name,
 };
 use crate::types::{ChildJob, StepRequest, StepTarget, WorkflowEffects, WorkflowRequest};
 
@@ -176,11 +176,15 @@ pub async fn add_step(run: &mut impl WorkflowRun, workflow: WorkflowRef, step: W
             }
             after.push(Dependency { step: dep.step.clone(), if_failed: dep.if_failed.map(IfFailed::from) });
         }
+        let wait = step.wait.map(wait_of).transpose()?;
         let held = step.name.len() + step.job.len() + step.payload.len();
         let EnqueueOptions { queue, priority, delay_ms } = step.options;
         let child = run.child_of(step.job, step.payload, EnqueueOptions { queue, priority, delay_ms })?;
         if child.payload.get(DEPS_KEY).is_some() || child.payload.get(DEPS_FAILED_KEY).is_some() {
             return Err(format!("its payload has {DEPS_KEY:?} or {DEPS_FAILED_KEY:?}, which its release writes"));
+        }
+        if let Some(wait) = &wait {
+            crate::store::wait::prepare(wait, &child.payload).map_err(|e| format!("step {:?}: {e}", step.name))?;
         }
         check_step_job(run.child_check(), &child).await?;
         // Held for the completion transaction; `child_of` checked the budget.
@@ -194,11 +198,44 @@ pub async fn add_step(run: &mut impl WorkflowRun, workflow: WorkflowRef, step: W
             delay_ms,
             after,
             if_failed: step.if_failed.map(IfFailed::from),
+            wait,
             ..NewStep::new(step.name, job, payload)
         };
         run.workflow_parts().held.steps.push(StepRequest { target, step: new });
         Ok(())
     }
+}
+
+/// A step's wait as the WIT declares it, in the host's terms (checked
+/// with its match templates by the caller, as a workflow file's is).
+fn wait_of(declared: WitStepWait) -> Result<Wait, String> {
+    let wait = match declared {
+        WitStepWait::SleepMs(ms) => Wait::sleep_ms(ms),
+        WitStepWait::UntilMs(ms) => {
+            let until = i64::try_from(ms)
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .ok_or_else(|| format!("a wait's until-ms, {ms}, is not an instant the host can hold"))?;
+            Wait { until: Some(until), ..Wait::default() }
+        }
+        WitStepWait::Event(event) => {
+            let mut matching = std::collections::BTreeMap::new();
+            for (field, template) in event.match_fields {
+                if matching.insert(field.clone(), template).is_some() {
+                    return Err(format!("a wait matches field {field:?} twice"));
+                }
+            }
+            Wait {
+                event: Some(event.key),
+                matching,
+                timeout_ms: event.timeout_ms,
+                on_timeout: event.on_timeout.map(IfFailed::from),
+                lookback_ms: event.lookback_ms,
+                ..Wait::default()
+            }
+        }
+    };
+    Ok(wait)
 }
 
 /// The fleet's enqueue rules for a step's job (its type exists, its

@@ -8,15 +8,17 @@ use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, NewStep, WitIfFailed, WorkflowRef, v0_1, v0_2, v0_3,
-    v0_4, v0_5, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, NewStep, WitDependency, WitIfFailed, WorkflowRef,
+    v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, wit,
 };
 use crate::component::sandbox::SandboxState;
 
 /// A linked component of one world version, ready to instantiate.
 pub enum WorldPre {
-    /// `jobhost:job@0.6.0`.
+    /// `jobhost:job@0.7.0`.
     Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.6.0`.
+    V0_6(v0_6::JobPre<SandboxState>),
     /// `jobhost:job@0.5.0`.
     V0_5(v0_5::JobPre<SandboxState>),
     /// `jobhost:job@0.4.0`.
@@ -39,6 +41,9 @@ impl WorldPre {
             Ok(current) => return Ok(WorldPre::Current(current)),
             Err(reason) => reason,
         };
+        if let Ok(v0_6) = v0_6::JobPre::new(pre.clone()) {
+            return Ok(WorldPre::V0_6(v0_6));
+        }
         if let Ok(v0_5) = v0_5::JobPre::new(pre.clone()) {
             return Ok(WorldPre::V0_5(v0_5));
         }
@@ -58,6 +63,9 @@ impl WorldPre {
     pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
         match self {
             WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_6(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
             WorldPre::V0_5(pre) => {
                 Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
             }
@@ -88,6 +96,12 @@ impl WorldPre {
                 let job = pre.instantiate_async(&mut *store).await?;
                 store.data_mut().note_instantiated();
                 job.call_run(&mut *store, context, payload).await
+            }
+            WorldPre::V0_6(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_5(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
@@ -126,9 +140,10 @@ impl WorldPre {
 /// What every earlier world shares with the current one, converted: the
 /// job context given to `run`, the error it returns, and the host imports
 /// (the current ones under the old names). `$types` and `$host` are that
-/// world's generated `types` and `host` modules.
+/// world's generated `types` and `host` modules; `$extra` are the error's
+/// arms beyond the first three.
 macro_rules! earlier_world {
-    ($types:ident, $host:ident) => {
+    ($types:ident, $host:ident $(, $extra:pat => $to:expr)*) => {
         impl From<wit::JobContext> for $types::JobContext {
             fn from(ctx: wit::JobContext) -> Self {
                 $types::JobContext {
@@ -148,6 +163,7 @@ macro_rules! earlier_world {
                     $types::JobError::Retry(reason) => wit::JobError::Retry(reason),
                     $types::JobError::Fail(reason) => wit::JobError::Fail(reason),
                     $types::JobError::Snooze(seconds) => wit::JobError::Snooze(seconds),
+                    $($extra => $to,)*
                 }
             }
         }
@@ -190,9 +206,12 @@ macro_rules! earlier_world {
 
 /// A configuration of a world from 0.2.0 on (`$types`), converted field by
 /// field; `$outbound` reads the outbound rules from `$old` (none before
-/// 0.4.0).
+/// 0.4.0), and `$rate` its rate limit (none before 0.6.0).
 macro_rules! config_since_v2 {
     ($types:ident, $old:ident => $outbound:expr) => {
+        config_since_v2!($types, $old => $outbound, None);
+    };
+    ($types:ident, $old:ident => $outbound:expr, $rate:expr) => {
         impl From<$types::JobConfig> for wit::JobConfig {
             fn from($old: $types::JobConfig) -> Self {
                 wit::JobConfig {
@@ -232,7 +251,8 @@ macro_rules! config_since_v2 {
                         backfill: s.backfill,
                     }),
                     outbound: $outbound,
-                    rate_limit: None,
+                    rate_limit: $rate,
+                    on_events: None,
                 }
             }
         }
@@ -308,6 +328,7 @@ impl From<old::JobConfig> for wit::JobConfig {
             schedule: old.schedule.map(|cron| wit::Schedule { cron, time_zone: None, payload: None, backfill: None }),
             outbound: None,
             rate_limit: None,
+            on_events: None,
         }
     }
 }
@@ -358,46 +379,73 @@ config_since_v2!(v5, old => old.outbound.map(|rules| {
 earlier_world!(v5, v5_host);
 batches_since_v3!(v5_batches, v5_host);
 
-impl v5_workflows::Host for SandboxState {
-    async fn current_step(&mut self) -> wasmtime::Result<Result<Option<v5_workflows::StepOf>, String>> {
-        let step = bindings::jobhost::job::workflows::Host::current_step(self).await?;
-        Ok(step.map(|step| step.map(|s| v5_workflows::StepOf { workflow_id: s.workflow_id, name: s.name })))
-    }
+/// The `workflows` imports of a world from 0.5.0 to 0.6.0 (`$workflows`),
+/// served by the current ones: its steps wait for nothing but their
+/// dependencies.
+macro_rules! workflows_since_v5 {
+    ($workflows:ident) => {
+        impl $workflows::Host for SandboxState {
+            async fn current_step(&mut self) -> wasmtime::Result<Result<Option<$workflows::StepOf>, String>> {
+                let step = bindings::jobhost::job::workflows::Host::current_step(self).await?;
+                Ok(step.map(|step| step.map(|s| $workflows::StepOf { workflow_id: s.workflow_id, name: s.name })))
+            }
 
-    fn open(&mut self, label: Option<String>) -> wasmtime::Result<Result<u32, String>> {
-        bindings::jobhost::job::workflows::Host::open(self, label)
-    }
+            fn open(&mut self, label: Option<String>) -> wasmtime::Result<Result<u32, String>> {
+                bindings::jobhost::job::workflows::Host::open(self, label)
+            }
 
-    async fn add_step(
-        &mut self,
-        workflow: v5_workflows::WorkflowRef,
-        step: v5_workflows::NewStep,
-    ) -> wasmtime::Result<Result<(), String>> {
-        let if_failed = |policy: v5_workflows::IfFailed| match policy {
-            v5_workflows::IfFailed::Cancel => WitIfFailed::Cancel,
-            v5_workflows::IfFailed::Run => WitIfFailed::Run,
-            v5_workflows::IfFailed::Fail => WitIfFailed::Fail,
-        };
-        let workflow = match workflow {
-            v5_workflows::WorkflowRef::Current => WorkflowRef::Current,
-            v5_workflows::WorkflowRef::Opened(n) => WorkflowRef::Opened(n),
-        };
-        let options = step.options;
-        let step = NewStep {
-            name: step.name,
-            job: step.job,
-            payload: step.payload,
-            options: EnqueueOptions { queue: options.queue, priority: options.priority, delay_ms: options.delay_ms },
-            after: step
-                .after
-                .into_iter()
-                .map(|d| bindings::jobhost::job::workflows::Dependency {
-                    step: d.step,
-                    if_failed: d.if_failed.map(if_failed),
-                })
-                .collect(),
-            if_failed: step.if_failed.map(if_failed),
-        };
-        bindings::jobhost::job::workflows::Host::add_step(self, workflow, step).await
-    }
+            async fn add_step(
+                &mut self,
+                workflow: $workflows::WorkflowRef,
+                step: $workflows::NewStep,
+            ) -> wasmtime::Result<Result<(), String>> {
+                let if_failed = |policy: $workflows::IfFailed| match policy {
+                    $workflows::IfFailed::Cancel => WitIfFailed::Cancel,
+                    $workflows::IfFailed::Run => WitIfFailed::Run,
+                    $workflows::IfFailed::Fail => WitIfFailed::Fail,
+                };
+                let workflow = match workflow {
+                    $workflows::WorkflowRef::Current => WorkflowRef::Current,
+                    $workflows::WorkflowRef::Opened(n) => WorkflowRef::Opened(n),
+                };
+                let options = step.options;
+                let step = NewStep {
+                    name: step.name,
+                    job: step.job,
+                    payload: step.payload,
+                    options: EnqueueOptions {
+                        queue: options.queue,
+                        priority: options.priority,
+                        delay_ms: options.delay_ms,
+                    },
+                    after: step
+                        .after
+                        .into_iter()
+                        .map(|d| WitDependency { step: d.step, if_failed: d.if_failed.map(if_failed) })
+                        .collect(),
+                    if_failed: step.if_failed.map(if_failed),
+                    wait: None,
+                };
+                bindings::jobhost::job::workflows::Host::add_step(self, workflow, step).await
+            }
+        }
+    };
 }
+
+workflows_since_v5!(v5_workflows);
+
+use v0_6::jobhost::job::batches as v6_batches;
+use v0_6::jobhost::job::host as v6_host;
+use v0_6::jobhost::job::types as v6;
+use v0_6::jobhost::job::workflows as v6_workflows;
+
+// 0.7.0 added `on-events`, the `events` interface and a step's `wait`.
+config_since_v2!(v6, old => old.outbound.map(|rules| {
+    rules
+        .into_iter()
+        .map(|r| wit::OutboundRule { origin: r.origin, methods: r.methods, secrets: r.secrets })
+        .collect()
+}), old.rate_limit.map(|r| wit::RateLimit { limit: r.limit, period_ms: r.period_ms, key: r.key }));
+earlier_world!(v6, v6_host, v6::JobError::Throttled(ms) => wit::JobError::Throttled(ms));
+batches_since_v3!(v6_batches, v6_host);
+workflows_since_v5!(v6_workflows);

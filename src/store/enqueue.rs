@@ -308,6 +308,7 @@ pub(crate) mod prepare_tests {
             schedule: None,
             outbound: Vec::new(),
             rate_limit: None,
+            on_events: Vec::new(),
         }
     }
 

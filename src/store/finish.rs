@@ -14,7 +14,7 @@ use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_reg
 use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
 use super::workflow::{NewWorkflow, PreparedWorkflow, prepare as prepare_workflow};
 use super::{Backend, Result, RunId};
-use crate::types::{BatchRequest, ChildBatch, ChildJob, JsonText, StepTarget, WorkflowEffects};
+use crate::types::{BatchRequest, ChildBatch, ChildEvent, ChildJob, JsonText, StepTarget, WorkflowEffects};
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
 /// the writing host in the same transaction. Returns one result per input,
@@ -67,6 +67,9 @@ pub struct FinishPlan {
     /// written before their endings, each only while its run's lease still
     /// matches, so the ending's count-down finds the new steps in place.
     pub growths: Vec<Growth>,
+    /// The events the completed runs sent, each with its run's job: sent
+    /// in the same transaction, only for a run whose ending was written.
+    pub events: Vec<(i64, ChildEvent)>,
     /// Runs holding a concurrency key, or in a batch, whose write is left
     /// out while another transaction holds that key's semaphore or that
     /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
@@ -168,6 +171,7 @@ impl FinishPlan {
             batches: Vec::new(),
             workflows: Vec::new(),
             growths: Vec::new(),
+            events: Vec::new(),
             deferrable: Vec::new(),
             lock_first: Vec::new(),
             order: Vec::with_capacity(runs.len()),
@@ -194,7 +198,7 @@ impl FinishPlan {
         let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, traceparent, .. } = run;
         let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
         let (delay_ms, refund, error) = match outcome {
-            FinishOutcome::Completed { output, children, batches, workflows } => {
+            FinishOutcome::Completed { output, children, batches, workflows, events } => {
                 let parent = Parent { id, batch_id, traceparent };
                 let prepared = prepare_children(parent, &children, &batches, configs, limits)
                     .and_then(|children| Ok((children, prepare_workflows(&workflows, configs, limits)?)));
@@ -206,6 +210,7 @@ impl FinishPlan {
                         if let Some(steps) = grown {
                             self.growths.push(Growth { job_id: id, lease_token, steps });
                         }
+                        self.events.extend(events.iter().map(|event| (id, event.clone())));
                         (JobState::Completed, output, None)
                     }
                     Err(problem) => (JobState::Failed, None, Some(entry(problem, &log))),
@@ -256,9 +261,18 @@ impl FinishPlan {
         self.workflows.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, workflow)| workflow).collect()
     }
 
+    /// The events sent by the runs whose ending was written, each with its run's job.
+    pub fn events_of(&self, written: &HashSet<i64>) -> impl Iterator<Item = &(i64, ChildEvent)> {
+        self.events.iter().filter(|(parent, _)| written.contains(parent))
+    }
+
     /// Whether the plan writes anything beyond the runs themselves.
     pub fn has_children(&self) -> bool {
-        !self.children.is_empty() || !self.batches.is_empty() || !self.workflows.is_empty() || !self.growths.is_empty()
+        !self.children.is_empty()
+            || !self.batches.is_empty()
+            || !self.workflows.is_empty()
+            || !self.growths.is_empty()
+            || !self.events.is_empty()
     }
 
     /// One result per planned run, in order.
@@ -480,6 +494,7 @@ mod tests {
             children: Arc::from(children),
             batches: Default::default(),
             workflows: Default::default(),
+            events: Default::default(),
         };
         Finish { outcome, concurrency_key: Some("k".into()), ..run(id, id * 10) }
     }
@@ -502,6 +517,7 @@ mod tests {
             schedule: None,
             outbound: Vec::new(),
             rate_limit: None,
+            on_events: Vec::new(),
         };
         Configs::from([("mail".to_string(), config)])
     }

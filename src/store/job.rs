@@ -227,6 +227,8 @@ pub enum FinishOutcome {
         batches: std::sync::Arc<[crate::types::BatchRequest]>,
         /// Workflows the run opened and steps it added, written with its completion.
         workflows: std::sync::Arc<crate::types::WorkflowEffects>,
+        /// Events the run sent, sent in its completion's transaction.
+        events: std::sync::Arc<[crate::types::ChildEvent]>,
     },
     /// Back to scheduled after a backoff, keeping the error.
     Retry {

@@ -300,6 +300,7 @@ mod tests {
             schedule: Some(schedule),
             outbound: Vec::new(),
             rate_limit: None,
+            on_events: Vec::new(),
         };
         ScheduleState::new("report".into(), config, DateTime::UNIX_EPOCH, None, true).unwrap()
     }

@@ -233,6 +233,24 @@ pub struct SentEvent {
     /// before: then nothing new was stored or released, and `id` is that
     /// event's.
     pub duplicate: bool,
+    /// The jobs it enqueued for the types subscribed to its key (the first
+    /// event's, for a duplicate).
+    pub jobs: Vec<TriggeredJob>,
+}
+
+/// A job an event enqueued for a type subscribed to its key, or why that
+/// type's enqueue was refused (its payload, a `raise` limit): the event is
+/// sent either way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggeredJob {
+    /// The job type.
+    pub job: String,
+    /// The job's id: a new job, or the one holding its uniqueness key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<i64>,
+    /// Why none was enqueued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// An event as listed.
@@ -251,6 +269,19 @@ pub struct StoredEvent {
     pub sent_at: DateTime<Utc>,
     /// Waits it ended.
     pub released: i64,
+    /// The jobs it enqueued for the types subscribed to its key.
+    pub jobs: Vec<TriggeredJob>,
+}
+
+/// An event's row as both backends list it, its time in the backend's own
+/// form (`T`): id, key, payload, source, sent at, waits released, jobs.
+pub type EventRow<T> =
+    (i64, String, sqlx::types::Json<serde_json::Value>, String, T, i64, sqlx::types::Json<Vec<TriggeredJob>>);
+
+/// The event a listed row holds, its time read by `time`.
+pub fn stored_event<T>(row: EventRow<T>, time: impl Fn(T) -> DateTime<Utc>) -> StoredEvent {
+    let (id, key, payload, source, sent_at, released, jobs) = row;
+    StoredEvent { id, key, payload: payload.0, source, sent_at: time(sent_at), released, jobs: jobs.0 }
 }
 
 /// Checks an event before it is sent: its payload at most `max_bytes` of

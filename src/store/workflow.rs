@@ -644,6 +644,7 @@ mod tests {
             schedule: None,
             outbound: Vec::new(),
             rate_limit: None,
+            on_events: Vec::new(),
         };
         ["a", "b"].iter().map(|n| (n.to_string(), config(n))).collect()
     }

@@ -37,7 +37,8 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport, host: 
             let children = std::mem::take(&mut effects.children).into();
             let batches = std::mem::take(&mut effects.batches).into();
             let workflows = std::sync::Arc::new(std::mem::take(&mut effects.workflows));
-            FinishOutcome::Completed { output, children, batches, workflows }
+            let events = std::mem::take(&mut effects.events).into();
+            FinishOutcome::Completed { output, children, batches, workflows, events }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
         RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
@@ -121,8 +122,8 @@ fn without_nul_text(text: String) -> String {
 
 fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
     match outcome {
-        FinishOutcome::Completed { output, children, batches, workflows } => {
-            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches, workflows }
+        FinishOutcome::Completed { output, children, batches, workflows, events } => {
+            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches, workflows, events }
         }
         FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
         FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },
@@ -166,6 +167,7 @@ mod tests {
             schedule: None,
             outbound: Vec::new(),
             rate_limit: None,
+            on_events: Vec::new(),
         }
     }
 

@@ -89,6 +89,7 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         children: Vec::new().into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     let finish = Finish {
         id: job.id,
@@ -234,6 +235,7 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
                     children: Vec::new().into(),
                     batches: Default::default(),
                     workflows: Default::default(),
+                    events: Default::default(),
                 }
             },
             log: json!({}),

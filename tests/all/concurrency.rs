@@ -221,6 +221,7 @@ async fn every_blocked_payload_is_a_json_object(db: TestDb) {
         children: vec![child].into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
     db.store

@@ -204,6 +204,30 @@ async fn a_component_of_the_fifth_world_version_loads_and_runs() {
     assert_eq!(report.effects.batches.len(), 1, "a batch opened through the 0.5.0 import");
 }
 
+#[tokio::test]
+async fn a_component_of_the_sixth_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v6").await;
+    assert_eq!(legacy.config.max_attempts, 6);
+    assert_eq!(legacy.config.rate_limit.as_ref().map(|r| (r.limit, r.period_ms)), Some((7, 1000)));
+    assert!(legacy.config.on_events.is_empty(), "0.6.0 subscribes to no event: the default, none");
+    let report = run(&runtime, &legacy, json!({"id": 12})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 12}));
+    let logged: Vec<&str> = report.effects.logs.iter().map(|line| line.message.as_str()).collect();
+    assert_eq!(
+        logged,
+        [
+            "0.6.0 run of job 7, step: unknown: this host cannot tell which workflow step a job is (it runs without a queue)"
+        ]
+    );
+    let throttled = run(&runtime, &legacy, json!({"throttle_ms": 2500})).await;
+    assert_eq!(
+        throttled.outcome,
+        jobhost::types::RunOutcome::Throttled { retry_after_ms: 2500 },
+        "its 0.6.0 throttled error came through"
+    );
+}
+
 /// A component instantiating `module` `count` times.
 fn instantiating(module: &str, count: usize) -> Vec<u8> {
     let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();

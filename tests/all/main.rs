@@ -47,6 +47,7 @@ mod sandbox;
 mod schedules;
 mod schema;
 mod traces;
+mod triggers;
 mod uniqueness;
 mod waits;
 mod watcher;

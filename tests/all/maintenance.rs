@@ -342,6 +342,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
         children: vec![child].into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     let finishing = tokio::spawn({
         let store = store.clone();

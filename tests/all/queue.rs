@@ -168,6 +168,7 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
         children: vec![child].into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
@@ -219,6 +220,7 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
         children: vec![child.clone()].into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
     for (round, current) in [retry(), completed()].into_iter().enumerate() {
@@ -264,6 +266,7 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
         children: vec![child(1), child(2)].into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
@@ -289,6 +292,7 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: Te
                     children: vec![orphan].into(),
                     batches: Default::default(),
                     workflows: Default::default(),
+                    events: Default::default(),
                 },
             ),
             finish(&fetched[1], completed()),

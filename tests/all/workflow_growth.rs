@@ -205,6 +205,7 @@ fn growing(parts: usize) -> FinishOutcome {
         children: Vec::new().into(),
         batches: Default::default(),
         workflows: Arc::new(WorkflowEffects { opened: Vec::new(), steps }),
+        events: Default::default(),
     }
 }
 

@@ -41,6 +41,7 @@ fn completed_with(output: Value) -> FinishOutcome {
         children: Vec::new().into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     }
 }
 

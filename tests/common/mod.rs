@@ -105,6 +105,7 @@ pub fn job_config(name: &str) -> jobhost::types::JobConfig {
         schedule: None,
         outbound: Vec::new(),
         rate_limit: None,
+        on_events: Vec::new(),
     }
 }
 
@@ -231,6 +232,7 @@ pub fn completed() -> jobhost::store::FinishOutcome {
         children: Vec::new().into(),
         batches: Default::default(),
         workflows: Default::default(),
+        events: Default::default(),
     }
 }
 

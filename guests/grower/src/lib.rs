@@ -12,7 +12,7 @@
 //!
 //! Its output is `{"step", "grew", "opened", "errors"}`.
 
-use jobhost_guest::workflows::{self, NewStep, WorkflowRef};
+use jobhost_guest::workflows::{self, EventWait, NewStep, StepWait, WorkflowRef};
 use jobhost_guest::{JobConfig, JobContext, JobError};
 use serde_json::{Value, json};
 
@@ -30,10 +30,31 @@ fn grow(spec: &Value) -> Result<u64, JobError> {
     }
     if spec.get("join").and_then(Value::as_bool) == Some(true) {
         let names: Vec<&str> = parts.iter().map(String::as_str).collect();
-        let join = NewStep::new("join", "hello", &json!({})).after(&names);
+        let join_payload = spec.get("join_payload").cloned().unwrap_or_else(|| json!({}));
+        let mut join = NewStep::new("join", "hello", &join_payload).after(&names);
+        join.wait = spec.get("join_wait").map(wait_of);
         workflows::add_step(WorkflowRef::Current, &join).map_err(JobError::Fail)?;
     }
     Ok(count)
+}
+
+/// A step's wait from its JSON spec: `{"sleep_ms"}` or `{"event", "match", "timeout_ms"}`.
+fn wait_of(spec: &Value) -> StepWait {
+    if let Some(ms) = spec.get("sleep_ms").and_then(Value::as_u64) {
+        return StepWait::SleepMs(ms);
+    }
+    let fields = spec.get("match").and_then(Value::as_object);
+    StepWait::Event(EventWait {
+        key: spec.get("event").and_then(Value::as_str).unwrap_or_default().to_string(),
+        match_fields: fields
+            .into_iter()
+            .flatten()
+            .map(|(field, template)| (field.clone(), template.as_str().unwrap_or_default().to_string()))
+            .collect(),
+        timeout_ms: spec.get("timeout_ms").and_then(Value::as_u64),
+        on_timeout: None,
+        lookback_ms: None,
+    })
 }
 
 fn open(spec: &Value) -> Result<u32, JobError> {

@@ -29,8 +29,9 @@
  * `TypeError: ...`)" with the original error's text.
  */
 
-import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.6.0';
-import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.6.0';
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.7.0';
+import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.7.0';
+import { send as hostSend } from 'jobhost:job/events@0.7.0';
 
 /**
  * A job type's configuration; every option left out takes the host's default.
@@ -38,7 +39,19 @@ import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpe
  */
 export function config(
   name,
-  { queue, priority, maxAttempts, backoffMs, timeoutMs, memoryLimitBytes, concurrency, unique, outbound, rateLimit } = {},
+  {
+    queue,
+    priority,
+    maxAttempts,
+    backoffMs,
+    timeoutMs,
+    memoryLimitBytes,
+    concurrency,
+    unique,
+    outbound,
+    rateLimit,
+    onEvents,
+  } = {},
 ) {
   return {
     name,
@@ -53,6 +66,7 @@ export function config(
     schedule: undefined,
     outbound,
     rateLimit,
+    onEvents,
   };
 }
 
@@ -224,6 +238,22 @@ export function addStep(name, job, payload, { after = [], workflow, queue, prior
   } catch (error) {
     if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
       throw new EnqueueError(job, error.payload);
+    }
+    throw error;
+  }
+}
+
+/**
+ * Sends an event with `key` and `payload` when this job completes
+ * (docs/events.md): it ends the workflow waits for it and enqueues the types
+ * subscribed to it (`onEvents`). Throws EnqueueError when the host refuses it.
+ */
+export function sendEvent(key, payload) {
+  try {
+    hostSend(key, json(payload ?? {}));
+  } catch (error) {
+    if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
+      throw new EnqueueError(key, error.payload);
     }
     throw error;
   }

@@ -26,7 +26,7 @@ pub mod http;
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, RateLimit, Schedule, UniqueStrategy, Uniqueness,
 };
-pub use bindings::jobhost::job::{batches, host, workflows};
+pub use bindings::jobhost::job::{batches, events, host, workflows};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
 
 impl JobConfig {
@@ -45,6 +45,7 @@ impl JobConfig {
             schedule: None,
             outbound: None,
             rate_limit: None,
+            on_events: None,
         }
     }
 }
@@ -70,6 +71,7 @@ impl workflows::NewStep {
             options: host::EnqueueOptions { queue: None, priority: None, delay_ms: None },
             after: Vec::new(),
             if_failed: None,
+            wait: None,
         }
     }
 

@@ -6,11 +6,12 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::PgStore;
 use crate::store::driver::EventDriver;
-use crate::store::wait::{SentEvent, StoredEvent};
+use crate::store::wait::{EventRow, SentEvent, StoredEvent, TriggeredJob, stored_event};
 use crate::store::{Error, Result};
 
 /// The function's own refusal of an event (SQLSTATE 22023: a payload past
@@ -22,6 +23,31 @@ fn refused_as_invalid(error: sqlx::Error) -> Error {
         }
         _ => Error::from(error),
     }
+}
+
+/// Sends an event a run sent, in its completion's transaction (`conn`).
+pub(super) async fn send_in(
+    conn: &mut PgConnection,
+    key: &str,
+    payload: &serde_json::Value,
+    source: &str,
+) -> Result<SentEvent> {
+    let (id, released, duplicate): (i64, i32, bool) =
+        sqlx::query_as("SELECT id, released, duplicate FROM jobhost.event_send($1, $2, NULL, $3)")
+            .bind(key)
+            .bind(Json(payload))
+            .bind(source)
+            .fetch_one(&mut *conn)
+            .await?;
+    let jobs = jobs_of(&mut *conn, id).await?;
+    Ok(SentEvent { id, released: released.into(), duplicate, jobs })
+}
+
+/// The jobs event `id` enqueued for its key's subscribers.
+async fn jobs_of(executor: impl sqlx::PgExecutor<'_>, id: i64) -> Result<Vec<TriggeredJob>> {
+    let jobs: Option<Json<Vec<TriggeredJob>>> =
+        sqlx::query_scalar("SELECT jobs FROM jobhost.events WHERE id = $1").bind(id).fetch_optional(executor).await?;
+    Ok(jobs.map(|j| j.0).unwrap_or_default())
 }
 
 #[async_trait]
@@ -42,12 +68,15 @@ impl EventDriver for PgStore {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(refused_as_invalid)?;
-        Ok(SentEvent { id, released: released.into(), duplicate })
+        // Read after the send's commit: the function's result cannot carry
+        // them without changing its signature, which callers rely on.
+        let jobs = jobs_of(&self.pool, id).await?;
+        Ok(SentEvent { id, released: released.into(), duplicate, jobs })
     }
 
     async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<StoredEvent>> {
-        let rows: Vec<(i64, String, Json<serde_json::Value>, String, DateTime<Utc>, i32)> = sqlx::query_as(
-            "SELECT id, key, payload, source, sent_at, released FROM jobhost.events
+        let rows: Vec<EventRow<DateTime<Utc>>> = sqlx::query_as(
+            "SELECT id, key, payload, source, sent_at, released::int8, jobs FROM jobhost.events
              WHERE $1::text IS NULL OR key = $1
              ORDER BY id DESC LIMIT $2",
         )
@@ -55,17 +84,7 @@ impl EventDriver for PgStore {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, key, payload, source, sent_at, released)| StoredEvent {
-                id,
-                key,
-                payload: payload.0,
-                source,
-                sent_at,
-                released: released.into(),
-            })
-            .collect())
+        Ok(rows.into_iter().map(|row| stored_event(row, |at| at)).collect())
     }
 
     async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {

@@ -1102,6 +1102,9 @@ CREATE FUNCTION jobhost.event_send(event_key text, event_payload jsonb, idempote
 #variable_conflict use_variable
 DECLARE
     open_waits bigint[];
+    subscriber text;
+    job_id bigint;
+    jobs jsonb := '[]';
     max_payload_bytes bigint :=
         coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
 BEGIN
@@ -1131,6 +1134,21 @@ BEGIN
         RETURN;
     END IF;
     duplicate := false;
+    -- One job per subscribed type, in this transaction: exactly once per
+    -- event and type. A refusal is the type's, not the sender's.
+    FOR subscriber IN
+        SELECT t.name FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
+    LOOP
+        BEGIN
+            job_id := jobhost.enqueue(subscriber, event_payload);
+            jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
+        EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' OR SQLSTATE 'JHK01' THEN
+            jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
+        END;
+    END LOOP;
+    IF jobs <> '[]' THEN
+        UPDATE jobhost.events e SET jobs = jobs WHERE e.id = id;
+    END IF;
     -- Waits matching one field are found by the event's own fields (an
     -- index probe each); the rest (no field, or several) are checked.
     SELECT coalesce(array_agg(f.step_id ORDER BY f.step_id), '{}') INTO open_waits
@@ -3833,6 +3851,7 @@ CREATE TABLE jobhost.events (
     sent_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     sent_by xid8 DEFAULT pg_current_xact_id() NOT NULL,
     released integer DEFAULT 0 NOT NULL,
+    jobs jsonb DEFAULT '[]'::jsonb NOT NULL,
     CONSTRAINT events_idempotency_key_check CHECK (((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 256))),
     CONSTRAINT events_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),
     CONSTRAINT events_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text))

@@ -18,8 +18,8 @@ use crate::store::driver::WorkflowDriver;
 use crate::store::finish::Growth;
 use crate::store::wait::{PreparedWait, StepWait};
 use crate::store::workflow::{
-    CreatedWorkflow, IfFailed, PreparedStep, PreparedWorkflow, StepDependency, StepState, StoredWorkflow, Workflow,
-    WorkflowCounts, WorkflowStep,
+    CreatedWorkflow, IfFailed, PreparedWorkflow, StepDependency, StepState, StoredWorkflow, Workflow, WorkflowCounts,
+    WorkflowStep,
 };
 
 /// Stores a workflow's steps and dependencies and releases the steps that
@@ -57,7 +57,9 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
     .await?;
     let by_name: HashMap<String, i64> = inserted.into_iter().map(|(step, name)| (name, step)).collect();
     let step_ids: Vec<i64> = steps.iter().map(|s| by_name[&s.name]).collect();
-    write_waits(conn, &step_ids, steps).await?;
+    let waits: Vec<(i64, &PreparedWait)> =
+        step_ids.iter().zip(steps).filter_map(|(id, s)| s.wait.as_ref().map(|w| (*id, w))).collect();
+    write_waits(conn, &waits).await?;
     let (mut dependents, mut deps, mut policies) = (Vec::new(), Vec::new(), Vec::new());
     for (step, prepared) in step_ids.iter().zip(steps) {
         for &(dep, policy) in &prepared.after {
@@ -92,9 +94,7 @@ pub(super) async fn write_in(conn: &mut PgConnection, workflow: PreparedWorkflow
 
 /// Stores the waits of the steps that have one (armed later, when their
 /// dependencies have ended: `jobhost.workflow_waits_arm`).
-async fn write_waits(conn: &mut PgConnection, step_ids: &[i64], steps: &[PreparedStep]) -> Result<()> {
-    let waits: Vec<(i64, &PreparedWait)> =
-        step_ids.iter().zip(steps).filter_map(|(id, s)| s.wait.as_ref().map(|w| (*id, w))).collect();
+async fn write_waits(conn: &mut PgConnection, waits: &[(i64, &PreparedWait)]) -> Result<()> {
     if waits.is_empty() {
         return Ok(());
     }
@@ -153,7 +153,35 @@ pub(super) async fn grow_in(conn: &mut PgConnection, growth: &Growth) -> Result<
         .bind(&inner_policies)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    grow_waits(conn, growth).await
+}
+
+/// Marks the grown steps that wait and stores their waits, armed when
+/// their dependencies have ended (the run's step among them, so none is
+/// armed before this transaction archives the run). Nothing when the
+/// growth wrote nothing (a lease that no longer matched).
+async fn grow_waits(conn: &mut PgConnection, growth: &Growth) -> Result<()> {
+    let steps = &growth.steps.steps;
+    if steps.iter().all(|s| s.wait.is_none()) {
+        return Ok(());
+    }
+    let names: Vec<&str> = steps.iter().filter(|s| s.wait.is_some()).map(|s| s.name.as_str()).collect();
+    let marked: Vec<(i64, String)> = sqlx::query_as(
+        "UPDATE jobhost.workflow_steps s SET wait = 'waiting'
+         FROM jobhost.workflow_steps own
+         WHERE own.job_id = $1 AND s.workflow_id = own.workflow_id
+           AND s.name = ANY (SELECT own.name || '/' || n FROM unnest($2::text[]) n)
+           AND s.job_id IS NULL AND s.wait IS NULL
+         RETURNING s.id, substr(s.name, length(own.name) + 2)",
+    )
+    .bind(growth.job_id)
+    .bind(&names)
+    .fetch_all(&mut *conn)
+    .await?;
+    let by_name: HashMap<String, i64> = marked.into_iter().map(|(id, name)| (name, id)).collect();
+    let waits: Vec<(i64, &PreparedWait)> =
+        steps.iter().filter_map(|s| Some((*by_name.get(&s.name)?, s.wait.as_ref()?))).collect();
+    write_waits(conn, &waits).await
 }
 
 /// Workflows newest first: one when `id` is given, else up to `limit`.

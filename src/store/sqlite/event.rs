@@ -5,13 +5,12 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::types::Json;
 
 use super::SqliteStore;
 use super::encode::{ms_or_now, now_ms, time_of};
 use crate::store::Result;
 use crate::store::driver::EventDriver;
-use crate::store::wait::{SentEvent, StoredEvent, WaitEnd};
+use crate::store::wait::{EventRow, SentEvent, StoredEvent, WaitEnd, stored_event};
 
 #[async_trait]
 impl EventDriver for SqliteStore {
@@ -24,33 +23,23 @@ impl EventDriver for SqliteStore {
     ) -> Result<SentEvent> {
         let mut tx = self.write().await?;
         let now = now_ms();
-        let sent = super::wait::send(&mut tx, key, payload, idempotency_key, source, now).await?;
+        let sent = super::wait::send(&mut tx, key, payload, idempotency_key, source, &self.limits, now).await?;
         let available = super::workflow::settle(&mut tx, &self.limits, now).await?;
         tx.commit().await?;
-        self.announce(available);
+        self.announce(available || sent.jobs.iter().any(|job| job.id.is_some()));
         Ok(sent)
     }
 
     async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<StoredEvent>> {
-        let rows: Vec<(i64, String, Json<serde_json::Value>, String, i64, i64)> = sqlx::query_as(
-            "SELECT id, key, payload, source, sent_at, released FROM events
+        let rows: Vec<EventRow<i64>> = sqlx::query_as(
+            "SELECT id, key, payload, source, sent_at, released, jobs FROM events
              WHERE $1 IS NULL OR key = $1 ORDER BY id DESC LIMIT $2",
         )
         .bind(key)
         .bind(limit)
         .fetch_all(&self.reader)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, key, payload, source, sent_at, released)| StoredEvent {
-                id,
-                key,
-                payload: payload.0,
-                source,
-                sent_at: time_of(sent_at),
-                released,
-            })
-            .collect())
+        Ok(rows.into_iter().map(|row| stored_event(row, time_of)).collect())
     }
 
     async fn waits_due(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {

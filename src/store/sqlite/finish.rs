@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use sqlx::SqliteConnection;
 
 use super::{concurrency, iso, job, json_list};
+use crate::store::enqueue::EnqueueLimits;
 use crate::store::finish::{FinishPlan, Written};
 use crate::store::{FetchParams, Result, Slots};
 
@@ -31,6 +32,7 @@ pub async fn write(
     conn: &mut SqliteConnection,
     plan: &FinishPlan,
     next: Option<&FetchParams>,
+    limits: &EnqueueLimits,
     now: i64,
 ) -> Result<Wrote> {
     let mut written = HashSet::new();
@@ -85,13 +87,20 @@ pub async fn write(
     for workflow in plan.workflows_of(&written) {
         super::workflow::write(conn, workflow.clone(), now).await?;
     }
+    // The waits they end release their steps at `settle` too.
+    let mut triggered = false;
+    for (parent, event) in plan.events_of(&written) {
+        let source = format!("job:{parent}");
+        let sent = super::wait::send(conn, &event.key, &event.payload, None, &source, limits, now).await?;
+        triggered |= sent.jobs.iter().any(|job| job.id.is_some());
+    }
     let (leased, sent_back) = match next {
         Some(next) => job::fetch(conn, next, now).await?,
         None => (Vec::new(), 0),
     };
     Ok(Wrote {
         written: Written { written, deferred: HashSet::new(), leased },
-        any_available: any_available || promoted > 0 || !enqueued.is_empty(),
+        any_available: any_available || promoted > 0 || !enqueued.is_empty() || triggered,
         sent_back,
         may_finish_batch,
     })

@@ -45,6 +45,7 @@ mod schedule;
 mod secret;
 mod session;
 mod trace;
+mod trigger;
 mod unique;
 mod variable;
 mod wait;
@@ -226,7 +227,7 @@ impl Backend for SqliteStore {
 
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written> {
         let mut tx = self.write().await?;
-        let wrote = finish::write(&mut tx, plan, next, now_ms()).await?;
+        let wrote = finish::write(&mut tx, plan, next, &self.limits, now_ms()).await?;
         tx.commit_settling(wrote.may_finish_batch).await?;
         self.announce(wrote.any_available);
         self.announce_due(wrote.sent_back);

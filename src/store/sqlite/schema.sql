@@ -147,7 +147,7 @@ CREATE TABLE events (
     source          TEXT NOT NULL DEFAULT 'sql',
     sent_at         INTEGER NOT NULL,
     released        INTEGER NOT NULL DEFAULT 0
-) STRICT;
+, jobs TEXT NOT NULL DEFAULT '[]' CHECK (json_type(jobs) = 'array')) STRICT;
 
 CREATE TABLE history (
     minute      INTEGER NOT NULL,

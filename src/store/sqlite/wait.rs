@@ -15,7 +15,8 @@ use sqlx::types::Json;
 
 use super::encode::{json_list, time_of};
 use crate::store::Result;
-use crate::store::wait::{PreparedWait, SentEvent, StepWait, WaitEnd, match_one, matches, probes};
+use crate::store::enqueue::EnqueueLimits;
+use crate::store::wait::{PreparedWait, SentEvent, StepWait, TriggeredJob, WaitEnd, match_one, matches, probes};
 use crate::store::workflow::{EndedWait, IfFailed};
 
 /// Stores the waits of new steps (`(step id, wait)`).
@@ -244,15 +245,17 @@ pub async fn send(
     payload: &serde_json::Value,
     idempotency_key: Option<&str>,
     source: &str,
+    limits: &EnqueueLimits,
     now: i64,
 ) -> Result<SentEvent> {
     if let Some(idempotency) = idempotency_key {
-        let earlier: Option<(i64, i64)> = sqlx::query_as("SELECT id, released FROM events WHERE idempotency_key = $1")
-            .bind(idempotency)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some((id, released)) = earlier {
-            return Ok(SentEvent { id, released, duplicate: true });
+        let earlier: Option<(i64, i64, Json<Vec<TriggeredJob>>)> =
+            sqlx::query_as("SELECT id, released, jobs FROM events WHERE idempotency_key = $1")
+                .bind(idempotency)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if let Some((id, released, jobs)) = earlier {
+            return Ok(SentEvent { id, released, duplicate: true, jobs: jobs.0 });
         }
     }
     let id: i64 = sqlx::query_scalar(
@@ -265,6 +268,7 @@ pub async fn send(
     .bind(now)
     .fetch_one(&mut *conn)
     .await?;
+    let jobs = super::trigger::enqueue_subscribers(conn, id, key, payload, limits, now).await?;
     // Waits matching one field are found by the event's own fields; the
     // rest (no field, or several) are checked.
     let open: Vec<(i64, Json<BTreeMap<String, String>>)> = sqlx::query_as(
@@ -286,5 +290,5 @@ pub async fn send(
             .execute(&mut *conn)
             .await?;
     }
-    Ok(SentEvent { id, released, duplicate: false })
+    Ok(SentEvent { id, released, duplicate: false, jobs })
 }

@@ -111,13 +111,13 @@ pub async fn grow(conn: &mut SqliteConnection, growth: &Growth) -> Result<()> {
         .map(|s| {
             serde_json::json!({"name": format!("{own_name}/{}", s.name), "job": s.job, "payload": s.payload,
                                "queue": s.queue, "priority": s.priority, "delay_ms": s.delay_ms,
-                               "pending": 1 + s.after.len()})
+                               "pending": 1 + s.after.len(), "wait": s.wait.as_ref().map(|_| "waiting")})
         })
         .collect();
     sqlx::query(
-        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending)
+        "INSERT INTO workflow_steps (workflow_id, name, job, payload, queue, priority, delay_ms, pending, wait)
          SELECT $1, s.value ->> 'name', s.value ->> 'job', s.value -> 'payload', s.value ->> 'queue',
-                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending'
+                s.value ->> 'priority', s.value ->> 'delay_ms', s.value ->> 'pending', s.value ->> 'wait'
          FROM json_each($2) s
          ORDER BY s.key",
     )
@@ -136,6 +136,10 @@ pub async fn grow(conn: &mut SqliteConnection, growth: &Growth) -> Result<()> {
     .into_iter()
     .collect();
     let inserted: Vec<i64> = growth.steps.steps.iter().map(|s| ids[&format!("{prefix}{}", s.name)]).collect();
+    // Armed when their dependencies have ended, the run's step among them.
+    let waits: Vec<(i64, &PreparedWait)> =
+        inserted.iter().zip(&growth.steps.steps).filter_map(|(id, s)| s.wait.as_ref().map(|w| (*id, w))).collect();
+    super::wait::write(conn, &waits).await?;
     let dependents: Vec<(i64, String)> = sqlx::query_as(
         "SELECT s.id, e.if_failed
          FROM workflow_edges e JOIN workflow_steps s ON s.id = e.step_id

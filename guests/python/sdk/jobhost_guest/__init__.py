@@ -20,7 +20,7 @@ These helpers spare it the generated types' positional noise:
 import json
 
 from componentize_py_types import Err
-from wit_world.imports import host, workflows
+from wit_world.imports import events, host, workflows
 
 try:  # built against the `job-http` world, where wasi:http brings a `types` of its own
     from wit_world.imports import jobhost_job_types as types
@@ -40,18 +40,20 @@ _DUPLICATE = {"skip": types.OnDuplicate.SKIP, "replace": types.OnDuplicate.REPLA
 
 
 def config(name, queue=None, priority=None, max_attempts=None, backoff_ms=None, timeout_ms=None,
-           memory_limit_bytes=None, concurrency=None, unique=None, outbound=None, rate_limit=None):
+           memory_limit_bytes=None, concurrency=None, unique=None, outbound=None, rate_limit=None, on_events=None):
     """A job type's configuration; every option left out takes the host's default.
 
     ``backoff_ms`` is a ``(base, cap)`` pair in milliseconds; ``outbound`` a
     list of ``allow(...)`` rules, the origins runs may send HTTP requests to
     once an operator grants them too (docs/outbound.md); ``rate_limit`` a
-    ``rate(...)`` (docs/rate-limits.md).
+    ``rate(...)`` (docs/rate-limits.md); ``on_events`` a list of event keys
+    the type is enqueued for, one job per event (docs/events.md).
     """
     backoff = types.Backoff(base_ms=backoff_ms[0], cap_ms=backoff_ms[1]) if backoff_ms else None
     return types.JobConfig(name=name, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
                            timeout_ms=timeout_ms, memory_limit_bytes=memory_limit_bytes, concurrency=concurrency,
-                           unique=unique, schedule=None, outbound=outbound, rate_limit=rate_limit)
+                           unique=unique, schedule=None, outbound=outbound, rate_limit=rate_limit,
+                           on_events=list(on_events) if on_events else None)
 
 
 def allow(origin, methods=(), secrets=()):
@@ -167,14 +169,16 @@ def open_workflow(label=None):
     return workflows.open(label)
 
 
-def add_step(name, job, payload, after=(), workflow=None, queue=None, priority=None, delay_ms=None, if_failed=None):
+def add_step(name, job, payload, after=(), workflow=None, queue=None, priority=None, delay_ms=None, if_failed=None,
+             sleep_ms=None):
     """Adds a step running ``job`` with a dict ``payload`` once the steps named
     in ``after`` (added before it) have ended, written with this job's
     completion. ``workflow`` is a number ``open_workflow`` returned, or None
     for the workflow this job is a step of: the step is then stored as
     ``THIS-STEP/NAME``, waits for this step too, and every step waiting for
     this one waits for it. ``if_failed`` is ``"cancel"``, ``"run"`` or
-    ``"fail"``; an entry of ``after`` may be ``(name, if_failed)``.
+    ``"fail"``; an entry of ``after`` may be ``(name, if_failed)``. With
+    ``sleep_ms`` the step waits that long, durably, once they have ended.
 
     Raises ``Err(str)`` when the host refuses it (a bad name, an unknown type
     or dependency, a bad payload).
@@ -185,6 +189,15 @@ def add_step(name, job, payload, after=(), workflow=None, queue=None, priority=N
         deps.append(workflows.Dependency(step=dep_name, if_failed=_IF_FAILED[policy] if policy else None))
     target = workflows.WorkflowRef_Current() if workflow is None else workflows.WorkflowRef_Opened(workflow)
     options = host.EnqueueOptions(queue=queue, priority=priority, delay_ms=delay_ms)
+    wait = None if sleep_ms is None else workflows.StepWait_SleepMs(sleep_ms)
     step = workflows.NewStep(name=name, job=job, payload=json.dumps(payload), options=options, after=deps,
-                             if_failed=_IF_FAILED[if_failed] if if_failed else None)
+                             if_failed=_IF_FAILED[if_failed] if if_failed else None, wait=wait)
     workflows.add_step(target, step)
+
+
+def send_event(key, payload):
+    """Sends an event with ``key`` and a dict ``payload`` when this job
+    completes (docs/events.md): it ends the workflow waits for it and
+    enqueues the types subscribed to it. Raises ``Err(str)`` when the host
+    refuses it (a bad key, a payload too large)."""
+    events.send(key, json.dumps(payload))

@@ -2,9 +2,12 @@
 -- Hosts apply this file when its content changes (see
 -- src/store/postgres/functions.rs): edit it here, not in a new migration.
 --
--- Sends an event in the caller's transaction: stores it and ends every
--- armed wait for its key whose match its payload holds, releasing their
--- steps. A transaction that rolls back sends nothing; one that commits
+-- Sends an event in the caller's transaction: stores it, enqueues one job
+-- of each type subscribed to its key (`on_events`, with the event's
+-- payload; a type whose enqueue is refused, by its payload or a `raise`
+-- limit, is recorded in `events.jobs` with the reason instead, and the
+-- event still sent), and ends every armed wait for its key whose match its
+-- payload holds, releasing their steps. A transaction that rolls back sends nothing; one that commits
 -- sends it once. With an idempotency key already used, nothing is stored
 -- or released and the first event's id comes back (`duplicate`).
 --
@@ -23,6 +26,9 @@ CREATE OR REPLACE FUNCTION jobhost.event_send(event_key text, event_payload json
 #variable_conflict use_variable
 DECLARE
     open_waits bigint[];
+    subscriber text;
+    job_id bigint;
+    jobs jsonb := '[]';
     max_payload_bytes bigint :=
         coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
 BEGIN
@@ -52,6 +58,21 @@ BEGIN
         RETURN;
     END IF;
     duplicate := false;
+    -- One job per subscribed type, in this transaction: exactly once per
+    -- event and type. A refusal is the type's, not the sender's.
+    FOR subscriber IN
+        SELECT t.name FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
+    LOOP
+        BEGIN
+            job_id := jobhost.enqueue(subscriber, event_payload);
+            jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
+        EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' OR SQLSTATE 'JHK01' THEN
+            jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
+        END;
+    END LOOP;
+    IF jobs <> '[]' THEN
+        UPDATE jobhost.events e SET jobs = jobs WHERE e.id = id;
+    END IF;
     -- Waits matching one field are found by the event's own fields (an
     -- index probe each); the rest (no field, or several) are checked.
     SELECT coalesce(array_agg(f.step_id ORDER BY f.step_id), '{}') INTO open_waits
