@@ -572,7 +572,6 @@ impl SandboxState {
         if held > self.budget.left() {
             return Err(self.budget.refusal("this event", held));
         }
-        crate::step::check_event_key(&key)?;
         if payload.len() > self.limits.max_payload_bytes {
             return Err(format!(
                 "payload is {} bytes, more than the largest accepted, {} bytes",
@@ -582,9 +581,11 @@ impl SandboxState {
         }
         let payload: serde_json::Value =
             serde_json::from_str(&payload).map_err(|e| format!("payload is not valid JSON: {e}"))?;
-        if !payload.is_object() {
-            return Err("an event's payload must be a JSON object".to_string());
-        }
+        // The rules every sender's event passes, measured as the database will.
+        crate::store::wait::check_event(&key, &payload, self.limits.max_payload_bytes).map_err(|e| match e {
+            crate::store::Error::InvalidEvent(reason) => reason,
+            other => other.to_string(),
+        })?;
         self.budget.try_take(held);
         self.effects.events.push(ChildEvent { key, payload });
         Ok(())

@@ -296,13 +296,48 @@ pub fn check_event(key: &str, payload: &serde_json::Value, max_bytes: usize) -> 
     if !payload.is_object() {
         return Err(Error::InvalidEvent("an event's payload must be a JSON object".into()));
     }
-    let bytes = payload.to_string().len();
+    if holds_nul(payload) {
+        return Err(Error::InvalidEvent(
+            "an event's payload holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store".into(),
+        ));
+    }
+    let bytes = jsonb_text_len(payload);
     if bytes > max_bytes {
         return Err(Error::InvalidEvent(format!(
             "an event's payload is {bytes} bytes of JSON, more than the most accepted, {max_bytes}"
         )));
     }
     Ok(())
+}
+
+/// Whether any string of `value`, a key or a value, holds a NUL.
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(text) => text.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(fields) => fields.iter().any(|(key, value)| key.contains('\0') || holds_nul(value)),
+        _ => false,
+    }
+}
+
+/// The length of `value` as PostgreSQL measures a payload, its `jsonb`
+/// text: a space after each `:` and `,`, so a run's event is refused at
+/// its call, not by its completion's transaction.
+pub fn jsonb_text_len(value: &serde_json::Value) -> usize {
+    let separators = |n: usize| 2 * n.saturating_sub(1);
+    match value {
+        serde_json::Value::Array(items) => {
+            2 + items.iter().map(jsonb_text_len).sum::<usize>() + separators(items.len())
+        }
+        serde_json::Value::Object(fields) => {
+            let each: usize = fields
+                .iter()
+                .map(|(key, value)| serde_json::Value::from(key.as_str()).to_string().len() + 2 + jsonb_text_len(value))
+                .sum();
+            2 + each + separators(fields.len())
+        }
+        scalar => scalar.to_string().len(),
+    }
 }
 
 #[cfg(test)]
@@ -381,5 +416,12 @@ mod tests {
         assert!(check_event("order.confirmed", &json!([1]), 100).is_err());
         assert!(check_event("", &json!({}), 100).is_err());
         assert!(check_event("k", &json!({"a": "x".repeat(100)}), 100).is_err());
+        assert!(check_event("k", &json!({"a": "nul\u{0}"}), 100).is_err());
+        assert!(check_event("k", &json!({"list": [{"a\u{0}": 1}]}), 100).is_err());
+        // Measured as jsonb text, as PostgreSQL's function does.
+        let payload = json!({"a": 1, "b": [1, 2], "c": {"d": "x"}});
+        assert_eq!(jsonb_text_len(&payload), r#"{"a": 1, "b": [1, 2], "c": {"d": "x"}}"#.len());
+        assert!(check_event("k", &payload, jsonb_text_len(&payload)).is_ok());
+        assert!(check_event("k", &payload, payload.to_string().len()).is_err());
     }
 }

@@ -157,7 +157,47 @@ async fn a_grown_step_waits_for_its_event(db: TestDb) {
     host.stop().await;
 }
 
+/// A workflow whose step `pay` (a relay run) sends `shipment.ready` for
+/// its order, and whose step `ship` waits for that event after `pay`.
+async fn paid_then_shipped(db: &TestDb) -> i64 {
+    let workflow = serde_json::from_value(json!({
+        "label": "its own event",
+        "steps": [
+            {"name": "pay", "job": "relay", "payload": {"order": 1, "send": [{"key": "shipment.ready"}]}},
+            {"name": "ship", "job": "hello", "payload": {"order": 1}, "after": ["pay"],
+             "wait": {"event": "shipment.ready", "match": {"order": "{order}"}}},
+        ],
+    }))
+    .unwrap();
+    db.store.workflow_create(&workflow).await.unwrap().id
+}
+
+/// The event is `pay`'s own, and `ship` was released by it, once.
+async fn shipped_by_pays_event(db: &TestDb, id: i64) {
+    let ship = || async { shown(db, id).await.steps.into_iter().find(|s| s.name == "ship").unwrap() };
+    eventually(WITHIN, || async { ship().await.state == StepState::Completed }).await;
+    let released = db.store.job_get(ship().await.job_id.unwrap()).await.unwrap().unwrap();
+    assert_eq!(released.payload["_event"]["from"], "relay", "{}", released.payload);
+    let pay = shown(db, id).await.steps.into_iter().find(|s| s.name == "pay").unwrap();
+    let events = db.store.event_list(Some("shipment.ready"), 10).await.unwrap();
+    let own: Vec<_> = events.iter().filter(|e| e.source == format!("job:{}", pay.job_id.unwrap())).collect();
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].released, 1);
+    assert_eq!(ship().await.wait.unwrap().event_id, Some(own[0].id));
+}
+
+/// A step's run sends the event its dependent waits for: the completion
+/// that ends the run arms the dependent's wait and then sends the event,
+/// in one transaction, so the event ends the wait.
+async fn a_runs_own_event_ends_the_wait_its_completion_armed(db: TestDb) {
+    let host = common::TestHost::start(&db, &["relay", "hello"], |_| {}).await;
+    let id = paid_then_shipped(&db).await;
+    shipped_by_pays_event(&db, id).await;
+    host.stop().await;
+}
+
 on_both_backends!(
+    a_runs_own_event_ends_the_wait_its_completion_armed,
     an_event_enqueues_one_job_of_each_subscribed_type,
     a_job_sends_its_events_with_its_completion,
     a_grown_step_waits_for_its_event,
@@ -178,6 +218,32 @@ async fn an_application_transaction_triggers_on_commit_only() {
     sqlx::query(send).execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(db.scalar("SELECT count(*) FROM jobhost.jobs WHERE job = 'mail' AND payload->>'user' = '3'").await, 1);
+}
+
+/// As above, while an application's transaction sending to the same key
+/// is open: the completion cannot take the key, leaves the wait to
+/// maintenance with its snapshot, and sends its own event. Maintenance
+/// arms the wait after the application's transaction ends and finds that
+/// event, which the snapshot of its own transaction could not tell apart
+/// from an older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_own_event_ends_a_wait_its_completion_left_to_maintenance() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let host = common::TestHost::start(&db, &["relay", "hello"], |_| {}).await;
+    let mut application = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.send_event('shipment.ready', '{\"order\": 99}')")
+        .execute(&mut *application)
+        .await
+        .unwrap();
+    let id = paid_then_shipped(&db).await;
+    let deferred = "SELECT count(*) FROM jobhost.workflow_waits WHERE deferred_by IS NOT NULL";
+    eventually(WITHIN, || async { db.scalar(deferred).await == 1 }).await;
+    // Another transaction commits meanwhile: the completion's own id is then
+    // below every snapshot's horizon, "visible" to its own snapshot.
+    db.execute("SELECT 1").await;
+    application.commit().await.unwrap();
+    shipped_by_pays_event(&db, id).await;
+    host.stop().await;
 }
 
 const ORDERS: usize = 150;

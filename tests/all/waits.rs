@@ -476,6 +476,44 @@ async fn a_wait_armed_late_takes_the_events_sent_since_its_dependency_ended() {
     assert_eq!(send(&db, "k1", json!({"n": 1})).await, 1);
 }
 
+/// A transaction that makes a wait and then sends its event itself (an
+/// application creating a workflow and sending in one transaction; a run
+/// whose completion ends a dependency and sends the event its dependent
+/// waits for), while another sender holds the key: the wait is left to
+/// maintenance with the transaction's snapshot, in which the transaction's
+/// own id reads as finished once a later one has finished first. Armed
+/// late, the wait still takes the transaction's own event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_left_unarmed_takes_the_event_its_own_transaction_sent() {
+    let db = TestDb::new(Backend::Postgres).await;
+    register(&db).await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT jobhost.send_event('own', '{\"n\": 0}')").execute(&mut *holder).await.unwrap();
+    let mut own = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *own).await.unwrap();
+    // A later transaction id, finished before the wait is left unarmed.
+    let mut later_one = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *later_one).await.unwrap();
+    later_one.commit().await.unwrap();
+    let id: i64 = sqlx::query_scalar(
+        r#"SELECT jobhost.workflow_create('[{"name": "w", "job": "work", "payload": {"step": "w", "n": 1},
+                                              "wait": {"event": "own", "match": {"n": "{n}"}}}]'::jsonb)"#,
+    )
+    .fetch_one(&mut *own)
+    .await
+    .unwrap();
+    let event: i64 =
+        sqlx::query_scalar("SELECT jobhost.send_event('own', '{\"n\": 1}')").fetch_one(&mut *own).await.unwrap();
+    own.commit().await.unwrap();
+    let wait = shown(&db, id).await.steps.remove(0).wait.unwrap();
+    assert!(wait.armed_at.is_none(), "left to maintenance: the key was held");
+    holder.commit().await.unwrap();
+    db.store.waits_due(None, 100).await.unwrap();
+    let wait = shown(&db, id).await.steps.remove(0).wait.unwrap();
+    assert_eq!((wait.ended_by, wait.event_id), (Some(WaitEnd::Event), Some(event)), "{wait:?}");
+    assert_eq!(step_state(&db, id, "w").await, StepState::Available);
+}
+
 /// 1,000 waits, each released by its own event, 1,000 events sent at once
 /// from 16 connections, each twice: each step is released exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1103,6 +1103,8 @@ CREATE FUNCTION jobhost.event_send(event_key text, event_payload jsonb, idempote
 DECLARE
     open_waits bigint[];
     subscriber text;
+    config jsonb;
+    unrendered text;
     job_id bigint;
     jobs jsonb := '[]';
     max_payload_bytes bigint :=
@@ -1135,16 +1137,32 @@ BEGIN
     END IF;
     duplicate := false;
     -- One job per subscribed type, in this transaction: exactly once per
-    -- event and type. A refusal is the type's, not the sender's.
-    FOR subscriber IN
-        SELECT t.name FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
+    -- event and type. A refusal is the type's, not the sender's: a key its
+    -- payload cannot render is found before the enqueue; a type that may
+    -- refuse at its enqueue (a `raise` limit or uniqueness) is enqueued in
+    -- a subtransaction of its own, and only such a type: a run sending many
+    -- events would otherwise take a subtransaction id for each, past the
+    -- 64 a backend caches, which slows every snapshot in the cluster.
+    FOR subscriber, config IN
+        SELECT t.name, t.config FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
     LOOP
-        BEGIN
+        unrendered := (SELECT k FROM unnest(ARRAY[config -> 'concurrency' ->> 'key', config -> 'unique' ->> 'key',
+                                                   config -> 'rate_limit' ->> 'key']) k
+                       WHERE k IS NOT NULL AND NOT jobhost.key_renders(k, event_payload) LIMIT 1);
+        IF unrendered IS NOT NULL THEN
+            jobs := jobs || jsonb_build_object('job', subscriber, 'error',
+                format('the event''s payload cannot render its key "%s"', unrendered));
+        ELSIF config -> 'concurrency' ->> 'on_conflict' = 'raise' OR config -> 'unique' ->> 'on_duplicate' = 'raise' THEN
+            BEGIN
+                job_id := jobhost.enqueue(subscriber, event_payload);
+                jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
+            EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' THEN
+                jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
+            END;
+        ELSE
             job_id := jobhost.enqueue(subscriber, event_payload);
             jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
-        EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' OR SQLSTATE 'JHK01' THEN
-            jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
-        END;
+        END IF;
     END LOOP;
     IF jobs <> '[]' THEN
         UPDATE jobhost.events e SET jobs = jobs WHERE e.id = id;
@@ -3576,7 +3594,8 @@ BEGIN
                 CONTINUE;
             END;
         ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
-            UPDATE jobhost.workflow_waits SET due_at = now(), deferred_in = pg_current_snapshot()
+            UPDATE jobhost.workflow_waits
+            SET due_at = now(), deferred_in = pg_current_snapshot(), deferred_by = pg_current_xact_id()
             WHERE step_id = w.step_id;
             CONTINUE;
         END IF;
@@ -3586,7 +3605,8 @@ BEGIN
         found_event := NULL;
         IF w.deferred_in IS NOT NULL THEN
             SELECT e.id INTO found_event FROM jobhost.events e
-            WHERE e.key = w.key AND NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in)
+            WHERE e.key = w.key
+              AND (e.sent_by = w.deferred_by OR NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in))
               AND jobhost.event_matches(w.match, e.payload)
             ORDER BY e.id
             LIMIT 1;
@@ -4284,6 +4304,7 @@ CREATE TABLE jobhost.workflow_waits (
     ended_at timestamp with time zone,
     event_id bigint,
     deferred_in pg_snapshot,
+    deferred_by xid8,
     CONSTRAINT workflow_waits_check CHECK (((key IS NULL) = ((sleep_ms IS NOT NULL) OR (until IS NOT NULL)))),
     CONSTRAINT workflow_waits_ended_by_check CHECK ((ended_by = ANY (ARRAY['event'::text, 'time'::text, 'timeout'::text, 'skipped'::text]))),
     CONSTRAINT workflow_waits_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),

@@ -158,8 +158,9 @@ pub(super) async fn grow_in(conn: &mut PgConnection, growth: &Growth) -> Result<
 
 /// Marks the grown steps that wait and stores their waits, armed when
 /// their dependencies have ended (the run's step among them, so none is
-/// armed before this transaction archives the run). Nothing when the
-/// growth wrote nothing (a lease that no longer matched).
+/// armed before this transaction archives the run). Only while the run's
+/// lease matches, as `jobhost.workflow_grow` checks: a stale completion
+/// marks no step another run of the job grew.
 async fn grow_waits(conn: &mut PgConnection, growth: &Growth) -> Result<()> {
     let steps = &growth.steps.steps;
     if steps.iter().all(|s| s.wait.is_none()) {
@@ -168,14 +169,16 @@ async fn grow_waits(conn: &mut PgConnection, growth: &Growth) -> Result<()> {
     let names: Vec<&str> = steps.iter().filter(|s| s.wait.is_some()).map(|s| s.name.as_str()).collect();
     let marked: Vec<(i64, String)> = sqlx::query_as(
         "UPDATE jobhost.workflow_steps s SET wait = 'waiting'
-         FROM jobhost.workflow_steps own
-         WHERE own.job_id = $1 AND s.workflow_id = own.workflow_id
+         FROM jobhost.workflow_steps own JOIN jobhost.jobs j ON j.id = own.job_id
+         WHERE own.job_id = $1 AND j.lease_token = $3 AND own.ended_state IS NULL
+           AND s.workflow_id = own.workflow_id
            AND s.name = ANY (SELECT own.name || '/' || n FROM unnest($2::text[]) n)
            AND s.job_id IS NULL AND s.wait IS NULL
          RETURNING s.id, substr(s.name, length(own.name) + 2)",
     )
     .bind(growth.job_id)
     .bind(&names)
+    .bind(growth.lease_token)
     .fetch_all(&mut *conn)
     .await?;
     let by_name: HashMap<String, i64> = marked.into_iter().map(|(id, name)| (name, id)).collect();

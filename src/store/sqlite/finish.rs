@@ -87,9 +87,15 @@ pub async fn write(
     for workflow in plan.workflows_of(&written) {
         super::workflow::write(conn, workflow.clone(), now).await?;
     }
-    // The waits they end release their steps at `settle` too.
+    // Their runs' events go out once the waits their endings armed are
+    // armed (a step after one of them may wait for what it sends); the
+    // waits the events end release their steps at the commit's `settle`.
     let mut triggered = false;
-    for (parent, event) in plan.events_of(&written) {
+    let events: Vec<_> = plan.events_of(&written).collect();
+    if !events.is_empty() {
+        any_available |= super::workflow::settle(conn, limits, now).await?;
+    }
+    for (parent, event) in events {
         let source = format!("job:{parent}");
         let sent = super::wait::send(conn, &event.key, &event.payload, None, &source, limits, now).await?;
         triggered |= sent.jobs.iter().any(|job| job.id.is_some());

@@ -27,6 +27,8 @@ CREATE OR REPLACE FUNCTION jobhost.event_send(event_key text, event_payload json
 DECLARE
     open_waits bigint[];
     subscriber text;
+    config jsonb;
+    unrendered text;
     job_id bigint;
     jobs jsonb := '[]';
     max_payload_bytes bigint :=
@@ -59,16 +61,32 @@ BEGIN
     END IF;
     duplicate := false;
     -- One job per subscribed type, in this transaction: exactly once per
-    -- event and type. A refusal is the type's, not the sender's.
-    FOR subscriber IN
-        SELECT t.name FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
+    -- event and type. A refusal is the type's, not the sender's: a key its
+    -- payload cannot render is found before the enqueue; a type that may
+    -- refuse at its enqueue (a `raise` limit or uniqueness) is enqueued in
+    -- a subtransaction of its own, and only such a type: a run sending many
+    -- events would otherwise take a subtransaction id for each, past the
+    -- 64 a backend caches, which slows every snapshot in the cluster.
+    FOR subscriber, config IN
+        SELECT t.name, t.config FROM jobhost.job_types t WHERE t.config -> 'on_events' ? event_key ORDER BY t.name
     LOOP
-        BEGIN
+        unrendered := (SELECT k FROM unnest(ARRAY[config -> 'concurrency' ->> 'key', config -> 'unique' ->> 'key',
+                                                   config -> 'rate_limit' ->> 'key']) k
+                       WHERE k IS NOT NULL AND NOT jobhost.key_renders(k, event_payload) LIMIT 1);
+        IF unrendered IS NOT NULL THEN
+            jobs := jobs || jsonb_build_object('job', subscriber, 'error',
+                format('the event''s payload cannot render its key "%s"', unrendered));
+        ELSIF config -> 'concurrency' ->> 'on_conflict' = 'raise' OR config -> 'unique' ->> 'on_duplicate' = 'raise' THEN
+            BEGIN
+                job_id := jobhost.enqueue(subscriber, event_payload);
+                jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
+            EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' THEN
+                jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
+            END;
+        ELSE
             job_id := jobhost.enqueue(subscriber, event_payload);
             jobs := jobs || jsonb_build_object('job', subscriber, 'id', job_id);
-        EXCEPTION WHEN SQLSTATE '22023' OR SQLSTATE 'JHU01' OR SQLSTATE 'JHL01' OR SQLSTATE 'JHK01' THEN
-            jobs := jobs || jsonb_build_object('job', subscriber, 'error', SQLERRM);
-        END;
+        END IF;
     END LOOP;
     IF jobs <> '[]' THEN
         UPDATE jobhost.events e SET jobs = jobs WHERE e.id = id;

@@ -21,7 +21,10 @@
 -- key, one wait at a time. An event whose transaction that snapshot saw in
 -- progress, or that began after it, came after the dependencies ended:
 -- the earliest such match ends the wait when it is armed, whatever its
--- look back.
+-- look back. So does one sent later by the deferring transaction itself
+-- (a run's own `events.send`, written with the completion that ended the
+-- dependency), which its own snapshot cannot tell apart from a committed
+-- one: it is recognized by its transaction id (`deferred_by`).
 
 CREATE OR REPLACE FUNCTION jobhost.workflow_waits_arm(steps bigint[], wait_for_senders boolean DEFAULT false)
     RETURNS bigint[]
@@ -73,7 +76,8 @@ BEGIN
                 CONTINUE;
             END;
         ELSIF NOT pg_try_advisory_xact_lock(hashtextextended('jobhost.event ' || w.key, 0)) THEN
-            UPDATE jobhost.workflow_waits SET due_at = now(), deferred_in = pg_current_snapshot()
+            UPDATE jobhost.workflow_waits
+            SET due_at = now(), deferred_in = pg_current_snapshot(), deferred_by = pg_current_xact_id()
             WHERE step_id = w.step_id;
             CONTINUE;
         END IF;
@@ -83,7 +87,8 @@ BEGIN
         found_event := NULL;
         IF w.deferred_in IS NOT NULL THEN
             SELECT e.id INTO found_event FROM jobhost.events e
-            WHERE e.key = w.key AND NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in)
+            WHERE e.key = w.key
+              AND (e.sent_by = w.deferred_by OR NOT pg_visible_in_snapshot(e.sent_by, w.deferred_in))
               AND jobhost.event_matches(w.match, e.payload)
             ORDER BY e.id
             LIMIT 1;
