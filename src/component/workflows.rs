@@ -184,7 +184,11 @@ pub async fn add_step(run: &mut impl WorkflowRun, workflow: WorkflowRef, step: W
             return Err(format!("its payload has {DEPS_KEY:?} or {DEPS_FAILED_KEY:?}, which its release writes"));
         }
         if let Some(wait) = &wait {
-            crate::store::wait::prepare(wait, &child.payload).map_err(|e| format!("step {:?}: {e}", step.name))?;
+            // A grown step waits for this run's step, whose output may
+            // hold what its match names; an opened one for its `after`.
+            let after = target == StepTarget::Current || !after.is_empty();
+            crate::store::wait::prepare(wait, &child.payload, after)
+                .map_err(|e| format!("step {:?}: {e}", step.name))?;
         }
         check_step_job(run.child_check(), &child).await?;
         // Held for the completion transaction; `child_of` checked the budget.

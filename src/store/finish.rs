@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::batch::{Callbacks, PreparedBatch, check_callbacks};
 use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_registered};
 use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
-use super::workflow::{NewWorkflow, PreparedWorkflow, prepare as prepare_workflow};
+use super::workflow::{NewWorkflow, PreparedWorkflow, prepare as prepare_workflow, prepare_grown};
 use super::{Backend, Result, RunId};
 use crate::types::{BatchRequest, ChildBatch, ChildEvent, ChildJob, JsonText, StepTarget, WorkflowEffects};
 
@@ -393,8 +393,7 @@ fn prepare_workflows(
     let grown = match grown.steps.is_empty() {
         true => None,
         false => Some(
-            prepare_workflow(&grown, configs, limits)
-                .map_err(|e| format!("could not add steps to its workflow: {e}"))?,
+            prepare_grown(&grown, configs, limits).map_err(|e| format!("could not add steps to its workflow: {e}"))?,
         ),
     };
     Ok((created, grown))

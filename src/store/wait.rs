@@ -41,6 +41,11 @@ pub struct PreparedWait {
     pub on_timeout: IfFailed,
     /// How far back an event wait looks when it is armed.
     pub lookback_ms: i64,
+    /// The match's templates, when a field they name is not in the step's
+    /// payload: rendered when the wait is armed, from its payload and its
+    /// dependencies' outputs ([`render_later`]); `matching` is empty until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_later: Option<BTreeMap<String, String>>,
 }
 
 /// The default policy of an event wait that times out: the step fails,
@@ -48,18 +53,31 @@ pub struct PreparedWait {
 /// without one unless its workflow says so).
 pub const DEFAULT_ON_TIMEOUT: IfFailed = IfFailed::Fail;
 
-/// Checks `wait` and renders its match from the step's `payload`.
+/// Checks `wait` and renders its match from the step's `payload`. A
+/// template naming a field the payload lacks is kept for the arming when
+/// the step has dependencies (`after`: their outputs may hold it), and
+/// refused when it has none.
 ///
 /// # Errors
 /// [`Error::InvalidWorkflow`]-ready text: the wait's shape, or a match
-/// template that does not parse or render.
-pub fn prepare(wait: &Wait, payload: &serde_json::Value) -> std::result::Result<PreparedWait, String> {
+/// template that does not parse, or does not render for a step without
+/// dependencies.
+pub fn prepare(wait: &Wait, payload: &serde_json::Value, after: bool) -> std::result::Result<PreparedWait, String> {
     wait.check()?;
     let mut matching = BTreeMap::new();
+    let mut match_later = None;
     for (field, template) in &wait.matching {
-        let template = KeyTemplate::parse(template).map_err(|e| format!("match field {field:?}: {e}"))?;
-        let text = template.render(payload).map_err(|e| format!("match field {field:?}: {e}"))?;
-        matching.insert(field.clone(), text);
+        let parsed = KeyTemplate::parse(template).map_err(|e| format!("match field {field:?}: {e}"))?;
+        match parsed.render(payload) {
+            Ok(text) => {
+                matching.insert(field.clone(), text);
+            }
+            Err(_) if after => match_later = Some(wait.matching.clone()),
+            Err(e) => return Err(format!("match field {field:?}: {e}")),
+        }
+    }
+    if match_later.is_some() {
+        matching.clear();
     }
     let ms = |v: Option<u64>| v.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
     Ok(PreparedWait {
@@ -70,7 +88,32 @@ pub fn prepare(wait: &Wait, payload: &serde_json::Value) -> std::result::Result<
         timeout_ms: ms(wait.timeout_ms),
         on_timeout: wait.on_timeout.unwrap_or(DEFAULT_ON_TIMEOUT),
         lookback_ms: ms(wait.lookback_ms).unwrap_or(0),
+        match_later,
     })
+}
+
+/// Renders a match kept for the arming ([`PreparedWait::match_later`])
+/// from the step's `payload` and its dependencies' `outputs` (in the order
+/// they were declared): each field from the payload when it has it, else
+/// from the first output that has it. `None` when a field is in none of
+/// them: the wait then ends `unmatched` and fails its step.
+pub fn render_later(
+    templates: &BTreeMap<String, String>,
+    payload: &serde_json::Value,
+    outputs: &[serde_json::Value],
+) -> Option<BTreeMap<String, String>> {
+    let mut source = serde_json::Map::new();
+    for object in outputs.iter().rev().chain(std::iter::once(payload)).filter_map(serde_json::Value::as_object) {
+        source.extend(object.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    let source = serde_json::Value::Object(source);
+    templates
+        .iter()
+        .map(|(field, template)| {
+            let text = KeyTemplate::parse(template).ok()?.render(&source).ok()?;
+            Some((field.clone(), text))
+        })
+        .collect()
 }
 
 /// Whether an event's payload holds every field of a wait's match, each
@@ -124,6 +167,9 @@ pub enum WaitEnd {
     /// It was not waited for: a dependency did not complete and the
     /// step's policy ends it, or its workflow was cancelled.
     Skipped,
+    /// Its match, kept for the arming, named a field neither the step's
+    /// payload nor its dependencies' outputs hold: the step fails.
+    Unmatched,
 }
 
 impl WaitEnd {
@@ -134,6 +180,7 @@ impl WaitEnd {
             WaitEnd::Time => "time",
             WaitEnd::Timeout => "timeout",
             WaitEnd::Skipped => "skipped",
+            WaitEnd::Unmatched => "unmatched",
         }
     }
 
@@ -144,6 +191,7 @@ impl WaitEnd {
             "time" => WaitEnd::Time,
             "timeout" => WaitEnd::Timeout,
             "skipped" => WaitEnd::Skipped,
+            "unmatched" => WaitEnd::Unmatched,
             other => return Err(Error::Decode(format!("unknown wait end {other:?}"))),
         })
     }
@@ -351,7 +399,7 @@ mod tests {
             json!({"event": "order.confirmed", "match": {"order_id": "{order}", "kind": "card"}}),
         )
         .unwrap();
-        let prepared = prepare(&wait, &json!({"order": 42})).unwrap();
+        let prepared = prepare(&wait, &json!({"order": 42}), false).unwrap();
         assert_eq!(prepared.matching["order_id"], "42");
         assert_eq!(prepared.on_timeout, IfFailed::Fail);
         assert!(matches(&prepared.matching, &json!({"order_id": 42, "kind": "card", "extra": true})));
@@ -373,10 +421,22 @@ mod tests {
     }
 
     #[test]
-    fn a_match_field_the_payload_lacks_is_refused_at_creation() {
+    fn a_match_field_the_payload_lacks_is_refused_without_dependencies_and_kept_for_the_arming_with_them() {
         let wait: Wait = serde_json::from_value(json!({"event": "k", "match": {"id": "{missing}"}})).unwrap();
-        let error = prepare(&wait, &json!({})).unwrap_err();
+        let error = prepare(&wait, &json!({}), false).unwrap_err();
         assert!(error.contains("missing"), "{error}");
+        let wait: Wait =
+            serde_json::from_value(json!({"event": "k", "match": {"id": "{order}", "kind": "{kind}"}})).unwrap();
+        let kept = prepare(&wait, &json!({"kind": "card"}), true).unwrap();
+        assert!(kept.matching.is_empty(), "nothing rendered until the arming");
+        let templates = kept.match_later.unwrap();
+        // The payload first, then the dependencies' outputs in their order.
+        let outputs = [json!({"order": 7, "kind": "cash"}), json!({"order": 8}), json!("not an object")];
+        let rendered = render_later(&templates, &json!({"kind": "card"}), &outputs).unwrap();
+        assert_eq!(rendered, BTreeMap::from([("id".into(), "7".into()), ("kind".into(), "card".into())]));
+        assert_eq!(render_later(&templates, &json!({"kind": "card"}), &[json!({"other": 1})]), None);
+        let bad: Wait = serde_json::from_value(json!({"event": "k", "match": {"id": "{unclosed"}})).unwrap();
+        assert!(prepare(&bad, &json!({}), true).is_err(), "a template that does not parse is refused at once");
     }
 
     #[test]

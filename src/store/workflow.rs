@@ -90,6 +90,24 @@ pub struct PreparedStep {
 /// an object or is too large, a bad queue, a key that does not render), or
 /// a payload that already has `_deps`. Nothing is stored.
 pub fn prepare(workflow: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits) -> Result<PreparedWorkflow> {
+    prepare_steps(workflow, configs, limits, false)
+}
+
+/// [`prepare`] for the steps a run adds to its own workflow: each waits
+/// for the run's step too, so a wait's match may name its output.
+///
+/// # Errors
+/// As [`prepare`].
+pub fn prepare_grown(steps: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits) -> Result<PreparedWorkflow> {
+    prepare_steps(steps, configs, limits, true)
+}
+
+fn prepare_steps(
+    workflow: &NewWorkflow,
+    configs: &Configs,
+    limits: &EnqueueLimits,
+    grown: bool,
+) -> Result<PreparedWorkflow> {
     let invalid = |reason: String| Err(Error::InvalidWorkflow(reason));
     let steps = &workflow.steps;
     if steps.is_empty() {
@@ -147,7 +165,7 @@ pub fn prepare(workflow: &NewWorkflow, configs: &Configs, limits: &EnqueueLimits
         let wait = step
             .wait
             .as_ref()
-            .map(|wait| super::wait::prepare(wait, &step.payload))
+            .map(|wait| super::wait::prepare(wait, &step.payload, grown || !step.after.is_empty()))
             .transpose()
             .map_err(|reason| Error::InvalidWorkflow(format!("step {:?}: its wait: {reason}", step.name)))?;
         let params = EnqueueParams {
@@ -373,8 +391,18 @@ pub fn apply(release: Release, wait: &EndedWait) -> Release {
                 IfFailed::Cancel => Release::Cancel(reason),
             }
         }
+        super::wait::WaitEnd::Unmatched => Release::Fail(unmatched_reason(wait.key.as_deref().unwrap_or_default())),
         super::wait::WaitEnd::Time | super::wait::WaitEnd::Skipped => Release::Run(payload),
     }
+}
+
+/// Why a step whose match could not be rendered when its wait was armed
+/// fails (PostgreSQL's `jobhost.workflow_release` says the same).
+pub fn unmatched_reason(key: &str) -> String {
+    format!(
+        "its wait for event \"{key}\" could not render its match: a field it names is in neither its payload nor its \
+         dependencies' outputs"
+    )
 }
 
 /// Why an ended step did not complete, from its stored result.

@@ -306,7 +306,54 @@ async fn an_idempotency_key_sends_once_and_bad_events_send_nothing(db: TestDb) {
     assert_eq!(db.store.event_list(None, 10).await.unwrap().len(), 1, "nothing more was sent");
 }
 
+/// A match naming a field the step's payload lacks is rendered when the
+/// wait is armed, from the payload and its dependency's output (the payload
+/// first); one naming a field neither holds fails its step, and its
+/// dependents decide by their policies.
+async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
+    register(&db).await;
+    let wait = json!({"event": "order.confirmed", "match": {"order_id": "{order}", "step": "{step}"}});
+    let id = create(
+        &db,
+        json!([
+            {"name": "charge", "job": "work", "payload": {"step": "charge"}},
+            {"name": "ship", "job": "work", "payload": {"step": "ship"}, "after": ["charge"], "wait": wait},
+            {"name": "other", "job": "work", "payload": {"step": "other"}},
+            {"name": "lost", "job": "work", "payload": {"step": "lost"}, "after": ["other"], "wait": wait},
+            {"name": "after-lost", "job": "work", "payload": {"step": "after-lost"}, "after": ["lost"]},
+        ]),
+    )
+    .await;
+    let before = shown(&db, id).await.steps.into_iter().find(|s| s.name == "ship").unwrap().wait.unwrap();
+    assert!(before.matching.is_empty(), "nothing to match until it is armed");
+    let firsts = fetch_steps(&db).await;
+    let ends = firsts
+        .iter()
+        .map(|(name, job)| match name.as_str() {
+            "charge" => finish(job, completed_with(json!({"order": 42, "step": "from charge"}))),
+            _ => finish(job, completed_with(json!({"nothing": "here"}))),
+        })
+        .collect();
+    db.store.job_finish(ends).await.unwrap();
+    let wf = shown(&db, id).await;
+    let step = |name: &str| wf.steps.iter().find(|s| s.name == name).unwrap().clone();
+    let ship = step("ship").wait.unwrap();
+    assert_eq!(
+        ship.matching,
+        std::collections::BTreeMap::from([("order_id".into(), "42".into()), ("step".into(), "ship".into())]),
+        "the order from charge's output, the step from its own payload"
+    );
+    assert_eq!(step("lost").state, StepState::Failed);
+    assert_eq!(step("lost").wait.unwrap().ended_by, Some(WaitEnd::Unmatched));
+    assert!(step("lost").error.unwrap().contains("could not render its match"), "{:?}", step("lost"));
+    assert_eq!(step("after-lost").state, StepState::Cancelled, "its dependent decides by its policy");
+    assert_eq!(send(&db, "order.confirmed", json!({"order_id": 41, "step": "ship"})).await, 0);
+    assert_eq!(send(&db, "order.confirmed", json!({"order_id": 42, "step": "ship"})).await, 1);
+    assert_eq!(step_state(&db, id, "ship").await, StepState::Available);
+}
+
 on_both_backends!(
+    a_match_is_rendered_from_a_dependencys_output_when_armed,
     an_event_wait_is_armed_when_its_dependencies_end_and_released_once_by_a_match,
     a_sleep_ends_by_the_clock_and_not_before,
     a_timeout_applies_the_steps_policy_and_a_late_event_ends_nothing,
@@ -374,6 +421,21 @@ async fn a_workflow_made_in_sql_waits_for_an_event_sent_in_sql() {
     assert_eq!(fetch_steps(&db).await.remove(0).1.payload["_event"], json!({"order_id": 7}));
     assert_eq!(db.store.waits_due(later(1), 10).await.unwrap(), 0);
     assert_eq!(db.store.waits_due(later(3), 10).await.unwrap(), 1, "the sleep of two hours");
+
+    // A match field its payload lacks, on a step with a dependency: kept
+    // for the arming, when the dependency's output may hold it.
+    sqlx::query(
+        r#"SELECT jobhost.workflow_create('[
+             {"name": "a", "job": "work", "payload": {"step": "a"}},
+             {"name": "b", "job": "work", "payload": {"step": "b"}, "after": ["a"],
+              "wait": {"event": "paid", "match": {"order_id": "{order}"}}}
+           ]'::jsonb)"#,
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let kept = "SELECT count(*) FROM jobhost.workflow_waits WHERE match_later = '{\"order_id\": \"{order}\"}' AND match = '{}'";
+    assert_eq!(db.scalar(kept).await, 1);
 
     let workflows = db.scalar("SELECT count(*) FROM jobhost.workflows").await;
     for bad in [

@@ -3063,7 +3063,8 @@ BEGIN
     END IF;
     -- A wait (docs/workflows.md): one of event, sleep_ms and until; an
     -- event's options only with an event; its match rendered from the
-    -- payload below (a field the payload lacks raises there).
+    -- payload below (a field the payload lacks raises there, unless the
+    -- step has dependencies whose outputs may hold it).
     SELECT w.name INTO bad FROM workflow_new w
     WHERE w.wait IS NOT NULL AND jsonb_typeof(w.wait) <> 'null' AND (
         jsonb_typeof(w.wait) <> 'object'
@@ -3140,14 +3141,29 @@ BEGIN
     FROM unnest(queue_order) WITH ORDINALITY AS o(n, position)
     JOIN workflow_new w ON w.n = o.n
     ORDER BY o.position;
-    INSERT INTO jobhost.workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+    -- A match naming a field the payload lacks is rendered when the wait
+    -- is armed, from the payload and the dependencies' outputs, for a step
+    -- that has dependencies; without them, render_key raises here.
+    INSERT INTO jobhost.workflow_waits (step_id, key, match, match_later, sleep_ms, until, timeout_ms, on_timeout,
+                                        lookback_ms)
     SELECT s.id, w.wait ->> 'event',
-           coalesce((SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, w.payload))
-                     FROM jsonb_each_text(w.wait -> 'match') m), '{}'),
+           CASE WHEN later.templates IS NULL
+                THEN coalesce((SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, w.payload))
+                               FROM jsonb_each_text(w.wait -> 'match') m), '{}')
+                ELSE '{}' END,
+           later.templates,
            (w.wait ->> 'sleep_ms')::bigint, (w.wait ->> 'until')::timestamptz, (w.wait ->> 'timeout_ms')::bigint,
            coalesce(w.wait ->> 'on_timeout', 'fail'), coalesce((w.wait ->> 'lookback_ms')::bigint, 0)
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
+    CROSS JOIN LATERAL (
+        SELECT w.wait -> 'match' AS templates
+        WHERE jsonb_array_length(w.after) > 0
+          AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
+                      WHERE NOT jobhost.key_renders(m.value, w.payload))
+        UNION ALL SELECT NULL
+        LIMIT 1
+    ) later
     WHERE jsonb_typeof(w.wait) = 'object';
     UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)
     FROM jobhost.workflow_steps s
@@ -3311,8 +3327,12 @@ BEGIN
         -- or the timeout's policy.
         LEFT JOIN LATERAL (
             SELECT CASE WHEN ww.ended_by = 'event' THEN jsonb_build_object('_event', ev.payload) END AS added,
-                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout END AS verdict,
-                   format('its wait for event "%s" timed out', ww.key) AS reason
+                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout
+                        WHEN ww.ended_by = 'unmatched' THEN 'fail' END AS verdict,
+                   CASE WHEN ww.ended_by = 'unmatched'
+                        THEN format('its wait for event "%s" could not render its match: a field it names is in '
+                                    'neither its payload nor its dependencies'' outputs', ww.key)
+                        ELSE format('its wait for event "%s" timed out', ww.key) END AS reason
             FROM jobhost.workflow_waits ww
             LEFT JOIN jobhost.events ev ON ev.id = ww.event_id
             WHERE c.wait = 'ended' AND ww.step_id = c.id
@@ -3555,6 +3575,7 @@ DECLARE
     armed timestamptz;
     due timestamptz;
     found_event bigint;
+    source jsonb;
 BEGIN
     FOR w IN
         SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
@@ -3584,6 +3605,31 @@ BEGIN
                 UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
             END IF;
             CONTINUE;
+        END IF;
+        -- A match kept for now: rendered from the step's payload and its
+        -- dependencies' outputs (the first, in their order, that has a
+        -- field), or, naming a field none has, the wait ends unmatched.
+        IF w.match_later IS NOT NULL THEN
+            SELECT (SELECT coalesce(jsonb_object_agg(o.key, o.value), '{}')
+                    FROM (SELECT DISTINCT ON (kv.key) kv.key, kv.value
+                          FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+                          CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(d.result) = 'object'
+                                                             THEN d.result ELSE '{}' END) kv
+                          WHERE e.step_id = w.step_id AND d.ended_state = 'completed'
+                          ORDER BY kv.key, d.id) o) || s.payload
+            INTO source
+            FROM jobhost.workflow_steps s WHERE s.id = w.step_id;
+            IF EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m WHERE NOT jobhost.key_renders(m.value, source)) THEN
+                UPDATE jobhost.workflow_waits SET ended_by = 'unmatched', ended_at = now(), armed_at = now()
+                WHERE step_id = w.step_id;
+                ended := ended || w.step_id;
+                CONTINUE;
+            END IF;
+            w.match := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
+                        FROM jsonb_each_text(w.match_later) m);
+            UPDATE jobhost.workflow_waits SET match = w.match, match_one = jobhost.match_one(w.match),
+                                              match_later = NULL
+            WHERE step_id = w.step_id;
         END IF;
         IF wait_for_senders THEN
             BEGIN
@@ -4305,11 +4351,13 @@ CREATE TABLE jobhost.workflow_waits (
     event_id bigint,
     deferred_in pg_snapshot,
     deferred_by xid8,
+    match_later jsonb,
     CONSTRAINT workflow_waits_check CHECK (((key IS NULL) = ((sleep_ms IS NOT NULL) OR (until IS NOT NULL)))),
-    CONSTRAINT workflow_waits_ended_by_check CHECK ((ended_by = ANY (ARRAY['event'::text, 'time'::text, 'timeout'::text, 'skipped'::text]))),
+    CONSTRAINT workflow_waits_ended_by_check CHECK ((ended_by = ANY (ARRAY['event'::text, 'time'::text, 'timeout'::text, 'skipped'::text, 'unmatched'::text]))),
     CONSTRAINT workflow_waits_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 256))),
     CONSTRAINT workflow_waits_lookback_ms_check CHECK ((lookback_ms >= 0)),
     CONSTRAINT workflow_waits_match_check CHECK ((jsonb_typeof(match) = 'object'::text)),
+    CONSTRAINT workflow_waits_match_later_check CHECK ((jsonb_typeof(match_later) = 'object'::text)),
     CONSTRAINT workflow_waits_on_timeout_check CHECK ((on_timeout = ANY (ARRAY['cancel'::text, 'run'::text, 'fail'::text]))),
     CONSTRAINT workflow_waits_sleep_ms_check CHECK ((sleep_ms >= 0)),
     CONSTRAINT workflow_waits_timeout_ms_check CHECK ((timeout_ms >= 0))

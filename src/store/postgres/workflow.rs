@@ -100,12 +100,12 @@ async fn write_waits(conn: &mut PgConnection, waits: &[(i64, &PreparedWait)]) ->
     }
     sqlx::query(
         "INSERT INTO jobhost.workflow_waits
-             (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+             (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms, match_later)
          SELECT w.step_id, w.key, w.match, jobhost.match_one(w.match), w.sleep_ms, w.until, w.timeout_ms,
-                w.on_timeout, w.lookback_ms
+                w.on_timeout, w.lookback_ms, w.match_later
          FROM unnest($1::int8[], $2::text[], $3::jsonb[], $4::int8[], $5::timestamptz[], $6::int8[],
-                     $7::text[], $8::int8[])
-             AS w(step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)",
+                     $7::text[], $8::int8[], $9::jsonb[])
+             AS w(step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms, match_later)",
     )
     .bind(waits.iter().map(|(id, _)| *id).collect::<Vec<_>>())
     .bind(waits.iter().map(|(_, w)| w.key.as_deref()).collect::<Vec<_>>())
@@ -115,6 +115,7 @@ async fn write_waits(conn: &mut PgConnection, waits: &[(i64, &PreparedWait)]) ->
     .bind(waits.iter().map(|(_, w)| w.timeout_ms).collect::<Vec<_>>())
     .bind(waits.iter().map(|(_, w)| w.on_timeout.as_str()).collect::<Vec<_>>())
     .bind(waits.iter().map(|(_, w)| w.lookback_ms).collect::<Vec<_>>())
+    .bind(waits.iter().map(|(_, w)| w.match_later.as_ref().map(Json)).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -362,7 +362,7 @@ CREATE TABLE workflow_steps (
     UNIQUE (workflow_id, name)
 ) STRICT;
 
-CREATE TABLE workflow_waits (
+CREATE TABLE "workflow_waits" (
     step_id     INTEGER PRIMARY KEY REFERENCES workflow_steps ON DELETE CASCADE,
     key         TEXT CHECK (length(CAST(key AS BLOB)) BETWEEN 1 AND 256),
     -- A JSON object: the fields, as text, an event's payload must hold.
@@ -376,9 +376,11 @@ CREATE TABLE workflow_waits (
     lookback_ms INTEGER NOT NULL DEFAULT 0 CHECK (lookback_ms >= 0),
     armed_at    INTEGER,
     due_at      INTEGER,
-    ended_by    TEXT CHECK (ended_by IN ('event', 'time', 'timeout', 'skipped')),
+    ended_by    TEXT CHECK (ended_by IN ('event', 'time', 'timeout', 'skipped', 'unmatched')),
     ended_at    INTEGER,
-    event_id    INTEGER
+    event_id    INTEGER,
+    -- The match's templates, rendered when the wait is armed.
+    match_later TEXT CHECK (json_type(match_later) = 'object')
 ) STRICT;
 
 CREATE TABLE workflows (

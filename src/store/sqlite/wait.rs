@@ -16,7 +16,9 @@ use sqlx::types::Json;
 use super::encode::{json_list, time_of};
 use crate::store::Result;
 use crate::store::enqueue::EnqueueLimits;
-use crate::store::wait::{PreparedWait, SentEvent, StepWait, TriggeredJob, WaitEnd, match_one, matches, probes};
+use crate::store::wait::{
+    PreparedWait, SentEvent, StepWait, TriggeredJob, WaitEnd, match_one, matches, probes, render_later,
+};
 use crate::store::workflow::{EndedWait, IfFailed};
 
 /// Stores the waits of new steps (`(step id, wait)`).
@@ -24,8 +26,8 @@ pub async fn write(conn: &mut SqliteConnection, waits: &[(i64, &PreparedWait)]) 
     for (step, wait) in waits {
         sqlx::query(
             "INSERT INTO workflow_waits
-                 (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 (step_id, key, match, match_one, sleep_ms, until, timeout_ms, on_timeout, lookback_ms, match_later)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(step)
         .bind(&wait.key)
@@ -36,6 +38,7 @@ pub async fn write(conn: &mut SqliteConnection, waits: &[(i64, &PreparedWait)]) 
         .bind(wait.timeout_ms)
         .bind(wait.on_timeout.as_str())
         .bind(wait.lookback_ms)
+        .bind(wait.match_later.as_ref().map(Json))
         .execute(&mut *conn)
         .await?;
     }
@@ -43,7 +46,17 @@ pub async fn write(conn: &mut SqliteConnection, waits: &[(i64, &PreparedWait)]) 
 }
 
 /// A wait being armed, with what decides whether it is waited for.
-type Arming = (i64, Option<String>, Json<BTreeMap<String, String>>, Option<i64>, Option<i64>, Option<i64>, i64, bool);
+type Arming = (
+    i64,
+    Option<String>,
+    Json<BTreeMap<String, String>>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    bool,
+    Option<Json<BTreeMap<String, String>>>,
+);
 
 /// Arms the waits of these ready steps: a sleep gets its due instant (and
 /// ends now if that has passed); an event wait its timeout, and looks back
@@ -55,7 +68,8 @@ pub async fn arm(conn: &mut SqliteConnection, steps: &[i64], now: i64) -> Result
         "SELECT w.step_id, w.key, w.match, w.sleep_ms, w.until, w.timeout_ms, w.lookback_ms,
                 (f.cancelled_at IS NOT NULL OR EXISTS (
                     SELECT 1 FROM workflow_edges e JOIN workflow_steps d ON d.id = e.dep_id
-                    WHERE e.step_id = w.step_id AND d.ended_state <> 'completed' AND e.if_failed <> 'run')) AS skipped
+                    WHERE e.step_id = w.step_id AND d.ended_state <> 'completed' AND e.if_failed <> 'run')) AS skipped,
+                w.match_later
          FROM workflow_waits w JOIN workflow_steps s ON s.id = w.step_id JOIN workflows f ON f.id = s.workflow_id
          WHERE w.step_id IN (SELECT value FROM json_each($1)) AND w.armed_at IS NULL AND w.ended_by IS NULL
          ORDER BY w.step_id",
@@ -63,9 +77,24 @@ pub async fn arm(conn: &mut SqliteConnection, steps: &[i64], now: i64) -> Result
     .bind(json_list(steps))
     .fetch_all(&mut *conn)
     .await?;
-    for (step, key, matching, sleep_ms, until, timeout_ms, lookback_ms, skipped) in rows {
+    for (step, key, mut matching, sleep_ms, until, timeout_ms, lookback_ms, skipped, later) in rows {
+        let rendered = match later.filter(|_| !skipped) {
+            Some(templates) => Some(render_at_arming(conn, step, &templates.0).await?),
+            None => None,
+        };
+        if let Some(Some(rendered)) = &rendered {
+            sqlx::query("UPDATE workflow_waits SET match = $2, match_one = $3, match_later = NULL WHERE step_id = $1")
+                .bind(step)
+                .bind(Json(rendered))
+                .bind(match_one(rendered))
+                .execute(&mut *conn)
+                .await?;
+            matching = Json(rendered.clone());
+        }
         let (due, ended, event) = if skipped {
             (None, Some(WaitEnd::Skipped), None)
+        } else if let Some(None) = rendered {
+            (None, Some(WaitEnd::Unmatched), None)
         } else if key.is_none() {
             let due = until.unwrap_or_else(|| now.saturating_add(sleep_ms.unwrap_or(0)));
             (Some(due), (due <= now).then_some(WaitEnd::Time), None)
@@ -107,6 +136,27 @@ pub async fn arm(conn: &mut SqliteConnection, steps: &[i64], now: i64) -> Result
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// A match kept for the arming, rendered from the step's payload and its
+/// completed dependencies' outputs, in their order (`wait::render_later`);
+/// `None` when it names a field none of them holds.
+async fn render_at_arming(
+    conn: &mut SqliteConnection,
+    step: i64,
+    templates: &BTreeMap<String, String>,
+) -> Result<Option<BTreeMap<String, String>>> {
+    let payload: Json<serde_json::Value> =
+        sqlx::query_scalar("SELECT payload FROM workflow_steps WHERE id = $1").bind(step).fetch_one(&mut *conn).await?;
+    let outputs: Vec<Json<serde_json::Value>> = sqlx::query_scalar(
+        "SELECT d.result FROM workflow_edges e JOIN workflow_steps d ON d.id = e.dep_id
+         WHERE e.step_id = $1 AND d.ended_state = 'completed' AND d.result IS NOT NULL ORDER BY d.id",
+    )
+    .bind(step)
+    .fetch_all(&mut *conn)
+    .await?;
+    let outputs: Vec<serde_json::Value> = outputs.into_iter().map(|o| o.0).collect();
+    Ok(render_later(templates, &payload.0, &outputs))
 }
 
 /// The newest event of `key` sent since `since` whose payload matches.

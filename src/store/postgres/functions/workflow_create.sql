@@ -64,7 +64,8 @@ BEGIN
     END IF;
     -- A wait (docs/workflows.md): one of event, sleep_ms and until; an
     -- event's options only with an event; its match rendered from the
-    -- payload below (a field the payload lacks raises there).
+    -- payload below (a field the payload lacks raises there, unless the
+    -- step has dependencies whose outputs may hold it).
     SELECT w.name INTO bad FROM workflow_new w
     WHERE w.wait IS NOT NULL AND jsonb_typeof(w.wait) <> 'null' AND (
         jsonb_typeof(w.wait) <> 'object'
@@ -141,14 +142,29 @@ BEGIN
     FROM unnest(queue_order) WITH ORDINALITY AS o(n, position)
     JOIN workflow_new w ON w.n = o.n
     ORDER BY o.position;
-    INSERT INTO jobhost.workflow_waits (step_id, key, match, sleep_ms, until, timeout_ms, on_timeout, lookback_ms)
+    -- A match naming a field the payload lacks is rendered when the wait
+    -- is armed, from the payload and the dependencies' outputs, for a step
+    -- that has dependencies; without them, render_key raises here.
+    INSERT INTO jobhost.workflow_waits (step_id, key, match, match_later, sleep_ms, until, timeout_ms, on_timeout,
+                                        lookback_ms)
     SELECT s.id, w.wait ->> 'event',
-           coalesce((SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, w.payload))
-                     FROM jsonb_each_text(w.wait -> 'match') m), '{}'),
+           CASE WHEN later.templates IS NULL
+                THEN coalesce((SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, w.payload))
+                               FROM jsonb_each_text(w.wait -> 'match') m), '{}')
+                ELSE '{}' END,
+           later.templates,
            (w.wait ->> 'sleep_ms')::bigint, (w.wait ->> 'until')::timestamptz, (w.wait ->> 'timeout_ms')::bigint,
            coalesce(w.wait ->> 'on_timeout', 'fail'), coalesce((w.wait ->> 'lookback_ms')::bigint, 0)
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
+    CROSS JOIN LATERAL (
+        SELECT w.wait -> 'match' AS templates
+        WHERE jsonb_array_length(w.after) > 0
+          AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
+                      WHERE NOT jobhost.key_renders(m.value, w.payload))
+        UNION ALL SELECT NULL
+        LIMIT 1
+    ) later
     WHERE jsonb_typeof(w.wait) = 'object';
     UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)
     FROM jobhost.workflow_steps s

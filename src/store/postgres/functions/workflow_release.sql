@@ -63,8 +63,12 @@ BEGIN
         -- or the timeout's policy.
         LEFT JOIN LATERAL (
             SELECT CASE WHEN ww.ended_by = 'event' THEN jsonb_build_object('_event', ev.payload) END AS added,
-                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout END AS verdict,
-                   format('its wait for event "%s" timed out', ww.key) AS reason
+                   CASE WHEN ww.ended_by = 'timeout' AND ww.on_timeout <> 'run' THEN ww.on_timeout
+                        WHEN ww.ended_by = 'unmatched' THEN 'fail' END AS verdict,
+                   CASE WHEN ww.ended_by = 'unmatched'
+                        THEN format('its wait for event "%s" could not render its match: a field it names is in '
+                                    'neither its payload nor its dependencies'' outputs', ww.key)
+                        ELSE format('its wait for event "%s" timed out', ww.key) END AS reason
             FROM jobhost.workflow_waits ww
             LEFT JOIN jobhost.events ev ON ev.id = ww.event_id
             WHERE c.wait = 'ended' AND ww.step_id = c.id

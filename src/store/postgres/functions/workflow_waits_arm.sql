@@ -37,6 +37,7 @@ DECLARE
     armed timestamptz;
     due timestamptz;
     found_event bigint;
+    source jsonb;
 BEGIN
     FOR w IN
         SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
@@ -66,6 +67,31 @@ BEGIN
                 UPDATE jobhost.workflow_steps SET wait = 'armed' WHERE id = w.step_id;
             END IF;
             CONTINUE;
+        END IF;
+        -- A match kept for now: rendered from the step's payload and its
+        -- dependencies' outputs (the first, in their order, that has a
+        -- field), or, naming a field none has, the wait ends unmatched.
+        IF w.match_later IS NOT NULL THEN
+            SELECT (SELECT coalesce(jsonb_object_agg(o.key, o.value), '{}')
+                    FROM (SELECT DISTINCT ON (kv.key) kv.key, kv.value
+                          FROM jobhost.workflow_edges e JOIN jobhost.workflow_steps d ON d.id = e.dep_id
+                          CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(d.result) = 'object'
+                                                             THEN d.result ELSE '{}' END) kv
+                          WHERE e.step_id = w.step_id AND d.ended_state = 'completed'
+                          ORDER BY kv.key, d.id) o) || s.payload
+            INTO source
+            FROM jobhost.workflow_steps s WHERE s.id = w.step_id;
+            IF EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m WHERE NOT jobhost.key_renders(m.value, source)) THEN
+                UPDATE jobhost.workflow_waits SET ended_by = 'unmatched', ended_at = now(), armed_at = now()
+                WHERE step_id = w.step_id;
+                ended := ended || w.step_id;
+                CONTINUE;
+            END IF;
+            w.match := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
+                        FROM jsonb_each_text(w.match_later) m);
+            UPDATE jobhost.workflow_waits SET match = w.match, match_one = jobhost.match_one(w.match),
+                                              match_later = NULL
+            WHERE step_id = w.step_id;
         END IF;
         IF wait_for_senders THEN
             BEGIN
