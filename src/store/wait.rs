@@ -72,7 +72,7 @@ pub fn prepare(wait: &Wait, payload: &serde_json::Value, after: bool) -> std::re
             Ok(text) => {
                 matching.insert(field.clone(), text);
             }
-            Err(_) if after => match_later = Some(wait.matching.clone()),
+            Err(crate::template::RenderError::Missing { .. }) if after => match_later = Some(wait.matching.clone()),
             Err(e) => return Err(format!("match field {field:?}: {e}")),
         }
     }

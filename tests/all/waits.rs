@@ -321,6 +321,8 @@ async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
             {"name": "other", "job": "work", "payload": {"step": "other"}},
             {"name": "lost", "job": "work", "payload": {"step": "lost"}, "after": ["other"], "wait": wait},
             {"name": "after-lost", "job": "work", "payload": {"step": "after-lost"}, "after": ["lost"]},
+            {"name": "huge", "job": "work", "payload": {"step": "huge"}, "after": ["charge"],
+             "wait": {"event": "order.confirmed", "match": {"order_id": "{blob}"}}},
         ]),
     )
     .await;
@@ -330,7 +332,9 @@ async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
     let ends = firsts
         .iter()
         .map(|(name, job)| match name.as_str() {
-            "charge" => finish(job, completed_with(json!({"order": 42, "step": "from charge"}))),
+            "charge" => {
+                finish(job, completed_with(json!({"order": 42, "step": "from charge", "blob": "x".repeat(2000)})))
+            }
             _ => finish(job, completed_with(json!({"nothing": "here"}))),
         })
         .collect();
@@ -347,6 +351,12 @@ async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
     assert_eq!(step("lost").wait.unwrap().ended_by, Some(WaitEnd::Unmatched));
     assert!(step("lost").error.unwrap().contains("could not render its match"), "{:?}", step("lost"));
     assert_eq!(step("after-lost").state, StepState::Cancelled, "its dependent decides by its policy");
+    let huge = step("huge");
+    assert_eq!(
+        (huge.state, huge.wait.unwrap().ended_by),
+        (StepState::Failed, Some(WaitEnd::Unmatched)),
+        "a key's most is 1,024 bytes"
+    );
     assert_eq!(send(&db, "order.confirmed", json!({"order_id": 41, "step": "ship"})).await, 0);
     assert_eq!(send(&db, "order.confirmed", json!({"order_id": 42, "step": "ship"})).await, 1);
     assert_eq!(step_state(&db, id, "ship").await, StepState::Available);
@@ -434,6 +444,16 @@ async fn a_workflow_made_in_sql_waits_for_an_event_sent_in_sql() {
     .execute(db.pool())
     .await
     .unwrap();
+    let malformed = sqlx::query(
+        r#"SELECT jobhost.workflow_create('[
+             {"name": "a", "job": "work", "payload": {"step": "a"}},
+             {"name": "b", "job": "work", "payload": {"step": "b"}, "after": ["a"],
+              "wait": {"event": "paid", "match": {"order_id": "{order}{bad"}}}
+           ]'::jsonb)"#,
+    )
+    .execute(db.pool())
+    .await;
+    assert!(malformed.is_err(), "a template that does not parse is refused at once, dependencies or not");
     let kept = "SELECT count(*) FROM jobhost.workflow_waits WHERE match_later = '{\"order_id\": \"{order}\"}' AND match = '{}'";
     assert_eq!(db.scalar(kept).await, 1);
 

@@ -163,3 +163,34 @@ async fn a_webhook_that_cannot_verify_accepts_nothing() {
     let bad = Webhook { name: "a/b".into(), ..webhook };
     assert!(db.store.webhook_set(&bad).await.is_err(), "a name that is no path segment");
 }
+
+/// A body past the server's bound is refused (413) before it is verified
+/// or read as JSON, however well it is signed, and nothing is stored; one
+/// within the bound is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_delivery_is_refused_and_stores_nothing() {
+    let db = TestDb::sqlite().await;
+    let key = SecretKey::generate().unwrap();
+    db.store.secret_set("gh-signing", &key.seal("gh-signing", "gh secret").unwrap()).await.unwrap();
+    let webhook = Webhook {
+        name: "github".into(),
+        event_key: "github.{action}".into(),
+        style: Style::Github,
+        secret: "gh-signing".into(),
+        tolerance_secs: 300,
+        created_at: chrono::Utc::now(),
+    };
+    db.store.webhook_set(&webhook).await.unwrap();
+    let config =
+        HttpConfig { secret_key: Some(key), max_body_bytes: 4096, ..HttpConfig::new("127.0.0.1:0".parse().unwrap()) };
+    let server = TestServer::serving(&config, db.dyn_store(), jobhost::metrics::Metrics::default()).await;
+    let large = json!({"action": "opened", "text": "x".repeat(8192)}).to_string();
+    let signed = sign(Style::Github, "gh secret", "delivery-1", 0, large.as_bytes());
+    let answer = deliver(&server, "github", &signed, &large).await;
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    assert!(db.store.event_list(None, 10).await.unwrap().is_empty(), "nothing stored");
+    let small = json!({"action": "opened"}).to_string();
+    let signed = sign(Style::Github, "gh secret", "delivery-2", 0, small.as_bytes());
+    assert_eq!(deliver(&server, "github", &signed, &small).await.status, 200);
+    assert_eq!(db.store.event_list(None, 10).await.unwrap().len(), 1);
+}

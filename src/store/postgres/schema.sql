@@ -3078,7 +3078,9 @@ BEGIN
         OR coalesce(w.wait ->> 'on_timeout', 'fail') NOT IN ('cancel', 'run', 'fail')
         OR (w.wait ? 'match' AND (jsonb_typeof(w.wait -> 'match') <> 'object'
                                   OR EXISTS (SELECT 1 FROM jsonb_each(w.wait -> 'match') m
-                                             WHERE jsonb_typeof(m.value) <> 'string')))
+                                             WHERE jsonb_typeof(m.value) <> 'string'
+                                                OR (m.value #>> '{}')
+                                                   !~ '^([^{}]|\{\{|\}\}|\{[A-Za-z0-9_-]+\})+$')))
         OR EXISTS (SELECT 1 FROM unnest(ARRAY['timeout_ms', 'lookback_ms', 'sleep_ms']) f
                    WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number'
                                          OR (w.wait ->> f)::numeric NOT BETWEEN 0 AND 3153600000000))
@@ -3157,12 +3159,10 @@ BEGIN
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
     CROSS JOIN LATERAL (
-        SELECT w.wait -> 'match' AS templates
-        WHERE jsonb_array_length(w.after) > 0
-          AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
-                      WHERE NOT jobhost.key_renders(m.value, w.payload))
-        UNION ALL SELECT NULL
-        LIMIT 1
+        SELECT CASE WHEN jsonb_array_length(w.after) > 0
+                         AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
+                                     WHERE NOT jobhost.key_renders(m.value, w.payload))
+                    THEN w.wait -> 'match' END AS templates
     ) later
     WHERE jsonb_typeof(w.wait) = 'object';
     UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)
@@ -3576,6 +3576,7 @@ DECLARE
     due timestamptz;
     found_event bigint;
     source jsonb;
+    rendered jsonb;
 BEGIN
     FOR w IN
         SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
@@ -3619,14 +3620,28 @@ BEGIN
                           ORDER BY kv.key, d.id) o) || s.payload
             INTO source
             FROM jobhost.workflow_steps s WHERE s.id = w.step_id;
-            IF EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m WHERE NOT jobhost.key_renders(m.value, source)) THEN
+            rendered := NULL;
+            IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m
+                           WHERE NOT jobhost.key_renders(m.value, source)) THEN
+                -- A template its creation let through that still does not
+                -- render (its shape is checked there) ends the wait too,
+                -- rather than the result write that armed it.
+                BEGIN
+                    rendered := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
+                                 FROM jsonb_each_text(w.match_later) m);
+                EXCEPTION WHEN data_exception THEN
+                    rendered := NULL;
+                END;
+            END IF;
+            -- A key's most bytes, as every rendered key (src/template.rs).
+            IF rendered IS NULL OR EXISTS (SELECT 1 FROM jsonb_each_text(rendered) r WHERE octet_length(r.value) > 1024)
+            THEN
                 UPDATE jobhost.workflow_waits SET ended_by = 'unmatched', ended_at = now(), armed_at = now()
                 WHERE step_id = w.step_id;
                 ended := ended || w.step_id;
                 CONTINUE;
             END IF;
-            w.match := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
-                        FROM jsonb_each_text(w.match_later) m);
+            w.match := rendered;
             UPDATE jobhost.workflow_waits SET match = w.match, match_one = jobhost.match_one(w.match),
                                               match_later = NULL
             WHERE step_id = w.step_id;

@@ -79,7 +79,9 @@ BEGIN
         OR coalesce(w.wait ->> 'on_timeout', 'fail') NOT IN ('cancel', 'run', 'fail')
         OR (w.wait ? 'match' AND (jsonb_typeof(w.wait -> 'match') <> 'object'
                                   OR EXISTS (SELECT 1 FROM jsonb_each(w.wait -> 'match') m
-                                             WHERE jsonb_typeof(m.value) <> 'string')))
+                                             WHERE jsonb_typeof(m.value) <> 'string'
+                                                OR (m.value #>> '{}')
+                                                   !~ '^([^{}]|\{\{|\}\}|\{[A-Za-z0-9_-]+\})+$')))
         OR EXISTS (SELECT 1 FROM unnest(ARRAY['timeout_ms', 'lookback_ms', 'sleep_ms']) f
                    WHERE w.wait ? f AND (jsonb_typeof(w.wait -> f) <> 'number'
                                          OR (w.wait ->> f)::numeric NOT BETWEEN 0 AND 3153600000000))
@@ -158,12 +160,10 @@ BEGIN
     FROM workflow_new w
     JOIN jobhost.workflow_steps s ON s.workflow_id = new_id AND s.name = w.name
     CROSS JOIN LATERAL (
-        SELECT w.wait -> 'match' AS templates
-        WHERE jsonb_array_length(w.after) > 0
-          AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
-                      WHERE NOT jobhost.key_renders(m.value, w.payload))
-        UNION ALL SELECT NULL
-        LIMIT 1
+        SELECT CASE WHEN jsonb_array_length(w.after) > 0
+                         AND EXISTS (SELECT 1 FROM jsonb_each_text(w.wait -> 'match') m
+                                     WHERE NOT jobhost.key_renders(m.value, w.payload))
+                    THEN w.wait -> 'match' END AS templates
     ) later
     WHERE jsonb_typeof(w.wait) = 'object';
     UPDATE jobhost.workflow_waits ww SET match_one = jobhost.match_one(ww.match)

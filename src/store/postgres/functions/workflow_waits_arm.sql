@@ -38,6 +38,7 @@ DECLARE
     due timestamptz;
     found_event bigint;
     source jsonb;
+    rendered jsonb;
 BEGIN
     FOR w IN
         SELECT ww.*, s.workflow_id FROM jobhost.workflow_steps s
@@ -81,14 +82,28 @@ BEGIN
                           ORDER BY kv.key, d.id) o) || s.payload
             INTO source
             FROM jobhost.workflow_steps s WHERE s.id = w.step_id;
-            IF EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m WHERE NOT jobhost.key_renders(m.value, source)) THEN
+            rendered := NULL;
+            IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(w.match_later) m
+                           WHERE NOT jobhost.key_renders(m.value, source)) THEN
+                -- A template its creation let through that still does not
+                -- render (its shape is checked there) ends the wait too,
+                -- rather than the result write that armed it.
+                BEGIN
+                    rendered := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
+                                 FROM jsonb_each_text(w.match_later) m);
+                EXCEPTION WHEN data_exception THEN
+                    rendered := NULL;
+                END;
+            END IF;
+            -- A key's most bytes, as every rendered key (src/template.rs).
+            IF rendered IS NULL OR EXISTS (SELECT 1 FROM jsonb_each_text(rendered) r WHERE octet_length(r.value) > 1024)
+            THEN
                 UPDATE jobhost.workflow_waits SET ended_by = 'unmatched', ended_at = now(), armed_at = now()
                 WHERE step_id = w.step_id;
                 ended := ended || w.step_id;
                 CONTINUE;
             END IF;
-            w.match := (SELECT jsonb_object_agg(m.key, jobhost.render_key(m.value, source))
-                        FROM jsonb_each_text(w.match_later) m);
+            w.match := rendered;
             UPDATE jobhost.workflow_waits SET match = w.match, match_one = jobhost.match_one(w.match),
                                               match_later = NULL
             WHERE step_id = w.step_id;
