@@ -287,6 +287,7 @@ mod tests {
                         on_timeout: IfFailed::Fail,
                         ended_by: None,
                         event_id: None,
+                        match_later: None,
                     }),
                     ..step("email", StepState::Waiting, &[("page", IfFailed::Run)])
                 },

@@ -217,15 +217,20 @@ pub struct StepWait {
     pub ended_by: Option<WaitEnd>,
     /// The event that ended it.
     pub event_id: Option<i64>,
+    /// The match's templates, until the wait is armed and renders them
+    /// from its payload and its dependencies' outputs; none otherwise.
+    #[serde(default)]
+    pub match_later: Option<BTreeMap<String, String>>,
 }
 
 impl StepWait {
     /// One line for people: `event order.confirmed {order_id=42}, 2h 3m left (then fail)`.
     pub fn describe(&self, now: DateTime<Utc>) -> String {
+        let matching = self.match_later.as_ref().unwrap_or(&self.matching);
         let mut text = match &self.key {
-            Some(key) if self.matching.is_empty() => format!("event {key}"),
+            Some(key) if matching.is_empty() => format!("event {key}"),
             Some(key) => {
-                let fields: Vec<String> = self.matching.iter().map(|(f, v)| format!("{f}={v}")).collect();
+                let fields: Vec<String> = matching.iter().map(|(f, v)| format!("{f}={v}")).collect();
                 format!("event {key} {{{}}}", fields.join(", "))
             }
             None => "sleep".to_string(),

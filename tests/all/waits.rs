@@ -328,6 +328,11 @@ async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
     .await;
     let before = shown(&db, id).await.steps.into_iter().find(|s| s.name == "ship").unwrap().wait.unwrap();
     assert!(before.matching.is_empty(), "nothing to match until it is armed");
+    assert_eq!(
+        before.describe(chrono::Utc::now()),
+        "event order.confirmed {order_id={order}, step={step}}, after its dependencies",
+        "its templates, until then"
+    );
     let firsts = fetch_steps(&db).await;
     let ends = firsts
         .iter()
@@ -342,6 +347,7 @@ async fn a_match_is_rendered_from_a_dependencys_output_when_armed(db: TestDb) {
     let wf = shown(&db, id).await;
     let step = |name: &str| wf.steps.iter().find(|s| s.name == name).unwrap().clone();
     let ship = step("ship").wait.unwrap();
+    assert_eq!(ship.match_later, None, "rendered");
     assert_eq!(
         ship.matching,
         std::collections::BTreeMap::from([("order_id".into(), "42".into()), ("step".into(), "ship".into())]),

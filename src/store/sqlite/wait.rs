@@ -261,16 +261,18 @@ pub async fn shown(conn: &sqlx::SqlitePool, workflow_id: i64) -> Result<HashMap<
         String,
         Option<String>,
         Option<i64>,
+        Option<Json<BTreeMap<String, String>>>,
     );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT w.step_id, w.key, w.match, w.armed_at, w.due_at, w.on_timeout, w.ended_by, w.event_id
+        "SELECT w.step_id, w.key, w.match, w.armed_at, w.due_at, w.on_timeout, w.ended_by, w.event_id,
+                w.match_later
          FROM workflow_waits w JOIN workflow_steps s ON s.id = w.step_id WHERE s.workflow_id = $1",
     )
     .bind(workflow_id)
     .fetch_all(conn)
     .await?;
     rows.into_iter()
-        .map(|(step, key, matching, armed_at, due_at, on_timeout, ended_by, event_id)| {
+        .map(|(step, key, matching, armed_at, due_at, on_timeout, ended_by, event_id, later)| {
             Ok((
                 step,
                 StepWait {
@@ -281,6 +283,7 @@ pub async fn shown(conn: &sqlx::SqlitePool, workflow_id: i64) -> Result<HashMap<
                     on_timeout: IfFailed::decode(&on_timeout)?,
                     ended_by: ended_by.as_deref().map(WaitEnd::decode).transpose()?,
                     event_id,
+                    match_later: later.map(|l| l.0),
                 },
             ))
         })
