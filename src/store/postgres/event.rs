@@ -25,22 +25,22 @@ fn refused_as_invalid(error: sqlx::Error) -> Error {
     }
 }
 
-/// Sends an event a run sent, in its completion's transaction (`conn`).
+/// Sends an event a run sent, in its completion's transaction (`conn`),
+/// in one round trip: the caller wakes its fetch for whatever it enqueued
+/// or released rather than reading that back.
 pub(super) async fn send_in(
     conn: &mut PgConnection,
     key: &str,
     payload: &serde_json::Value,
     source: &str,
-) -> Result<SentEvent> {
-    let (id, released, duplicate): (i64, i32, bool) =
-        sqlx::query_as("SELECT id, released, duplicate FROM jobhost.event_send($1, $2, NULL, $3)")
-            .bind(key)
-            .bind(Json(payload))
-            .bind(source)
-            .fetch_one(&mut *conn)
-            .await?;
-    let jobs = jobs_of(&mut *conn, id).await?;
-    Ok(SentEvent { id, released: released.into(), duplicate, jobs })
+) -> Result<()> {
+    sqlx::query("SELECT jobhost.event_send($1, $2, NULL, $3)")
+        .bind(key)
+        .bind(Json(payload))
+        .bind(source)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The jobs event `id` enqueued for its key's subscribers.

@@ -49,8 +49,9 @@ pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&Fet
             released |= !super::workflow::write_in(&mut tx, workflow.clone()).await?.released.is_empty();
         }
         for (parent, event) in plan.events_of(&written.written) {
-            let sent = super::event::send_in(&mut tx, &event.key, &event.payload, &format!("job:{parent}")).await?;
-            released |= sent.released > 0 || !sent.jobs.is_empty();
+            super::event::send_in(&mut tx, &event.key, &event.payload, &format!("job:{parent}")).await?;
+            // It may have enqueued or released jobs: a fetch finds out.
+            released = true;
         }
         if let Some(next) = next {
             written.leased = super::job::fetch(&mut *tx, next).await?;
