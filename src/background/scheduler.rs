@@ -14,6 +14,12 @@
 //! So a host that starts while others look (or a moment after they all
 //! stopped) carries on where they were, and only a gap in which no host
 //! looked for longer than `max_pause` counts as missed.
+//!
+//! Each look also passes over the keyed schedules (schedules made at run
+//! time, [`crate::store::keyed_schedule`]): the database hands each host
+//! the due ones with their rows locked and skipped by the others, a batch
+//! at a time, until none is left due; the fleet's latest pass that left
+//! none due plays the part of the latest look.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::calendar::{Calendar, due_ticks};
 use crate::config::ConfigError;
+use crate::store::keyed_schedule::KeyedPass;
 use crate::store::{Enqueued, Fired, Store, Tick};
 
 /// Settings of the schedule loop.
@@ -79,6 +86,8 @@ pub struct LookReport {
     pub next_tick: Option<DateTime<Utc>>,
     /// The clock the look read its ticks by.
     pub now: Option<DateTime<Utc>>,
+    /// What the passes over the keyed schedules did, summed.
+    pub keyed: KeyedPass,
 }
 
 /// Sleeps shorter than this are rounded up: a tick a few milliseconds away
@@ -94,7 +103,21 @@ pub struct Scheduler {
     /// fleet's record of looks, kept in the database, is written only every
     /// [`LOOK_RECORD_EVERY`]th of `max_pause`, and may not be written at all.
     looked: HashMap<String, DateTime<Utc>>,
+    /// When this host last recorded a pass over the keyed schedules that
+    /// left none due.
+    keyed_recorded: Option<DateTime<Utc>>,
 }
+
+/// The most keyed schedules one pass takes: one transaction's worth.
+const KEYED_BATCH: i64 = 500;
+
+/// How soon a pass looks again at a schedule that stayed due because
+/// another transaction held it.
+const KEYED_LOCKED_RETRY: TimeDelta = TimeDelta::milliseconds(100);
+
+/// The most passes one look makes over the keyed schedules before the
+/// static ones get a turn again.
+const KEYED_PASSES: usize = 20;
 
 /// How stale the fleet's record of a schedule's latest look may grow, as a
 /// part of `max_pause`, before a look writes it again: fresh enough that a
@@ -109,7 +132,7 @@ impl Scheduler {
     /// Invalid settings.
     pub fn new(store: Store, config: SchedulerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        Ok(Scheduler { store, config, looked: HashMap::new() })
+        Ok(Scheduler { store, config, looked: HashMap::new(), keyed_recorded: None })
     }
 
     /// One look at every schedule: enqueues the due ticks of each one a live
@@ -120,6 +143,7 @@ impl Scheduler {
     /// # Errors
     /// The schedules could not be read.
     pub async fn run_once(&mut self, now: Option<DateTime<Utc>>) -> crate::store::Result<LookReport> {
+        let now_given = now;
         let listing = self.store.schedule_list(now).await?;
         let now = listing.now;
         let max_pause = TimeDelta::from_std(self.config.max_pause).unwrap_or(TimeDelta::MAX);
@@ -187,7 +211,64 @@ impl Scheduler {
             // counts a few more ticks as missed.
             tracing::warn!(%error, "cannot record this look at the schedules");
         }
+        match self.keyed_passes(now_given, max_pause).await {
+            Ok(keyed) => {
+                // A schedule still due after a pass that took all it could
+                // is locked by another transaction (a host's pass, an
+                // application's write): looked at again shortly, not at once.
+                let floor = keyed.now.map(|at| at + KEYED_LOCKED_RETRY);
+                if let Some(next) =
+                    keyed.next_look.map(|next| if keyed.full { next } else { next.max(floor.unwrap_or(next)) })
+                {
+                    report.next_tick = Some(report.next_tick.map_or(next, |earliest| earliest.min(next)));
+                }
+                report.keyed = keyed;
+            }
+            Err(error) => tracing::warn!(%error, "cannot pass over the keyed schedules; they stay due"),
+        }
         Ok(report)
+    }
+
+    /// Passes over the due keyed schedules, a batch at a time, until a pass
+    /// leaves none due (then recorded as the fleet's latest, every few
+    /// seconds) or [`KEYED_PASSES`] are done. The passes' sums, with the
+    /// last one's clock and next look (none when more are due at once).
+    async fn keyed_passes(
+        &mut self,
+        now: Option<DateTime<Utc>>,
+        max_pause: TimeDelta,
+    ) -> crate::store::Result<KeyedPass> {
+        let mut total = KeyedPass::default();
+        for _ in 0..KEYED_PASSES {
+            let pass = self.store.keyed_ticks(now, KEYED_BATCH, max_pause).await?;
+            total.looked += pass.looked;
+            total.enqueued += pass.enqueued;
+            total.skipped += pass.skipped;
+            total.now = pass.now;
+            total.next_look = pass.next_look;
+            total.full = pass.full;
+            if pass.full {
+                continue;
+            }
+            if let Some(at) = pass.now
+                && self.keyed_recorded.is_none_or(|last| at - last >= max_pause / LOOK_RECORD_EVERY)
+            {
+                match self.store.keyed_looked(at).await {
+                    Ok(()) => self.keyed_recorded = Some(at),
+                    Err(error) => tracing::warn!(%error, "cannot record this pass over the keyed schedules"),
+                }
+            }
+            break;
+        }
+        if total.enqueued > 0 || total.skipped > 0 {
+            tracing::debug!(
+                looked = total.looked,
+                enqueued = total.enqueued,
+                skipped = total.skipped,
+                "keyed schedules ticked"
+            );
+        }
+        Ok(total)
     }
 
     /// Looks at the schedules until `shutdown`, sleeping until the next
@@ -210,6 +291,9 @@ impl Scheduler {
 
     /// How long to sleep after a look: until its next tick, within bounds.
     fn sleep_after(&self, report: &LookReport) -> Duration {
+        if report.keyed.full {
+            return MIN_SLEEP;
+        }
         let until_next = match (report.next_tick, report.now) {
             (Some(next), Some(now)) => (next - now).to_std().unwrap_or(Duration::ZERO),
             _ => self.config.max_sleep,

@@ -17,6 +17,7 @@ mod job_view;
 mod new;
 mod operator;
 mod run;
+mod schedule;
 mod secret;
 mod serve;
 mod signals;
@@ -152,6 +153,12 @@ enum Command {
         #[command(subcommand)]
         action: event::EventAction,
     },
+    /// Schedules made at run time, one per job type and key: add, set,
+    /// pause, resume, remove, trigger, list, show.
+    Schedule {
+        #[command(subcommand)]
+        action: schedule::ScheduleAction,
+    },
     /// Inbound webhooks: signed requests to /hooks/NAME become events.
     Webhook {
         #[command(subcommand)]
@@ -197,9 +204,10 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Per scheduled job type: its cron expression and zone, the last tick
-    /// enqueued, the next tick, and whether a live host serves it (without
-    /// one it does not tick).
+    /// Every schedule: per scheduled job type, its cron expression and
+    /// zone, the last tick enqueued, the next tick, and whether a live host
+    /// serves it (without one it does not tick); then the schedules made at
+    /// run time, by type and key.
     Schedules {
         /// One JSON object per job type, one per line.
         #[arg(long)]
@@ -451,6 +459,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Batch { action } => batch::run(action).await,
             Command::Workflow { action } => workflow::run(action).await,
             Command::Event { action } => event::run(action).await,
+            Command::Schedule { action } => schedule::run(action).await,
             Command::Webhook { action } => webhook::run(action).await,
             Command::Stats { json, db } => operator::stats(json, &db).await,
             Command::Retry { id, db } => operator::retry(id, &db).await,
@@ -460,7 +469,7 @@ pub fn main(cli: Cli) -> ExitCode {
                 operator::queue_pause(&name, false, &db).await
             }
             Command::Concurrency { json, db } => operator::concurrency(json, &db).await,
-            Command::Schedules { json, db } => operator::schedules(json, &db).await,
+            Command::Schedules { json, db } => schedule::schedules(json, &db).await,
             Command::Deploy(args) => deploy::deploy(args).await,
             Command::Undeploy(args) => deploy::undeploy(args).await,
             Command::Rollback(args) => deploy::rollback(args).await,

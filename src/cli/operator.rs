@@ -1,6 +1,6 @@
 //! The operator commands: `migrate`, `enqueue`, `jobs`, `job`, `stats`,
-//! `retry`, `cancel`, `queue pause`/`resume`, `concurrency` and `schedules`
-//! (the `batch` commands are in [`super::batch`]). Each opens
+//! `retry`, `cancel`, `queue pause`/`resume` and `concurrency`
+//! (`batch` is in [`super::batch`], `schedules` in [`super::schedule`]). Each opens
 //! the database, does one thing and exits; none runs jobs (that is the host
 //! command, in [`super::run`]).
 
@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::{DbArgs, Exit, fail, fail_store};
-use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, ScheduleStatus, Store};
+use crate::store::{Cancel, EnqueueParams, Enqueued, JobFilter, JobState, Store};
 
 /// Payload lines inserted per transaction by `enqueue --file`.
 const BULK_CHUNK: usize = 5_000;
@@ -602,43 +602,6 @@ fn key_head(job: &str, key: &str, rest: &str) -> Vec<String> {
     }
     let room = WIDTH.saturating_sub(job.chars().count() + 3).max(MIN_KEY);
     vec![crate::text::clip(&format!("{job} {:?}", crate::text::clip(key, room)), WIDTH), format!("  {rest}")]
-}
-
-pub async fn schedules(json: bool, db: &DbArgs) -> ExitCode {
-    let store = match open_existing(db).await {
-        Ok(store) => store,
-        Err(code) => return code,
-    };
-    let listing = match store.schedule_list(None).await {
-        Ok(listing) => listing,
-        Err(error) => return fail(error),
-    };
-    for state in &listing.schedules {
-        let status = ScheduleStatus::new(state, listing.now);
-        if json {
-            println!("{}", serde_json::to_string(&status).unwrap_or_default());
-            continue;
-        }
-        // The times on a line of their own, so they line up; the rest
-        // wraps to fit 80 columns (a long type name or zone).
-        let served = if status.served { "served" } else { "not served (no ticks)" };
-        let head = format!("{} {:?}", status.job, status.cron);
-        let rest = format!("in {}, backfill {}, {served}", status.time_zone, status.backfill);
-        if head.chars().count() + 1 + rest.chars().count() <= 80 {
-            println!("{head} {rest}");
-        } else {
-            println!("{}", crate::text::clip(&head, 80));
-            println!("{}", crate::text::clip(&format!("  {rest}"), 80));
-        }
-        let time = |t: Option<DateTime<Utc>>| t.map_or("none".into(), |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
-        println!("  last tick {:<20}  next tick {}", time(status.last_tick), time(status.next_tick));
-    }
-    super::say_if_none(
-        listing.schedules.len(),
-        json,
-        "no schedules: no registered job type declares one (see docs/schedules.md)",
-    );
-    ExitCode::SUCCESS
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 
 /// The body, or why it does not read: 413 past the size limit, 415 when
 /// it is not declared JSON, 400 for anything else wrong with it.
-fn body_of<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+pub(super) fn body_of<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     body.map(|Json(b)| b).map_err(|rejection| {
         let status = match rejection.status() {
             status @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => status,
@@ -444,16 +444,20 @@ mod tests {
     /// `{action}` as each of its actions), and nothing else is.
     #[test]
     fn the_description_lists_every_route() {
-        let source =
-            [include_str!("api.rs"), &include_str!("deploy.rs").replace("(DEPLOY_PATH", "(\"/api/deployments\"")]
-                .concat();
+        let source = [
+            include_str!("api.rs"),
+            &include_str!("deploy.rs").replace("(DEPLOY_PATH", "(\"/api/deployments\""),
+            include_str!("schedules.rs"),
+        ]
+        .concat();
         let mut routes: Vec<String> = source
             .split(".route(\"")
             .skip(1)
             .map(|rest| rest.split('"').next().unwrap().to_string())
-            .flat_map(|path| match path.strip_suffix("{action}") {
-                Some(stem) => vec![format!("{stem}pause"), format!("{stem}resume")],
-                None => vec![path],
+            .flat_map(|path| match (path.strip_suffix("{action}"), path.strip_suffix("{verb}")) {
+                (Some(stem), _) => vec![format!("{stem}pause"), format!("{stem}resume")],
+                (_, Some(stem)) => vec![format!("{stem}pause"), format!("{stem}resume"), format!("{stem}trigger")],
+                _ => vec![path],
             })
             .collect();
         routes.push("/metrics".into());

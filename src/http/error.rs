@@ -59,7 +59,8 @@ impl From<Error> for ApiError {
             | Error::PayloadTooLarge { .. }
             | Error::InvalidEnqueue(_)
             | Error::InvalidWorkflow(_)
-            | Error::InvalidEvent(_) => StatusCode::BAD_REQUEST,
+            | Error::InvalidEvent(_)
+            | Error::InvalidSchedule(_) => StatusCode::BAD_REQUEST,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. }
             | Error::LimitReached(_)

@@ -20,6 +20,7 @@ mod error;
 mod guard;
 mod hooks;
 mod query;
+mod schedules;
 mod scrape;
 mod views;
 
@@ -229,6 +230,7 @@ impl Server {
         let router = Router::new()
             .merge(api::routes())
             .merge(deploy::routes())
+            .merge(schedules::routes())
             .merge(dashboard::routes())
             .merge(scrape::routes())
             .merge(hooks::routes())

@@ -15,8 +15,8 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, secret, session, variable, wait, webhook,
-    workflow,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, keyed_schedule, secret, session, variable,
+    wait, webhook, workflow,
 };
 
 /// The database itself: its schema, where it is, whether it answers.
@@ -286,6 +286,46 @@ pub trait ScheduleDriver: Send + Sync {
     async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()>;
 }
 
+/// Decides what a pass does with one due schedule, by the pass's clock
+/// ([`super::keyed_schedule::plan`], bound to the scheduler's settings).
+pub type TickDecider = dyn Fn(&keyed_schedule::DueSchedule, DateTime<Utc>) -> keyed_schedule::TickPlan + Send + Sync;
+
+/// Schedules made at run time (`store::keyed_schedule`).
+#[async_trait]
+pub trait KeyedScheduleDriver: Send + Sync {
+    /// Creates or replaces a schedule, checked; true when it created one.
+    async fn keyed_schedule_upsert(&self, schedule: &keyed_schedule::KeyedSchedule) -> Result<bool>;
+
+    /// Pauses (with a note) or resumes a schedule; false when there is none.
+    async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool>;
+
+    /// Removes a schedule; false when there was none.
+    async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool>;
+
+    /// Asks for a tick now; false when there is no such schedule.
+    async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool>;
+
+    /// The schedules, of one type or one key when given, by type and key.
+    async fn keyed_schedules(
+        &self,
+        job: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<Vec<keyed_schedule::KeyedScheduleStatus>>;
+
+    /// One pass: up to `batch` due schedules of served types, each planned
+    /// by `decide` with its row locked, their jobs and cursors written in
+    /// one transaction. `now` overrides the database's clock, for tests.
+    async fn keyed_ticks(
+        &self,
+        now: Option<DateTime<Utc>>,
+        batch: i64,
+        decide: &TickDecider,
+    ) -> Result<keyed_schedule::KeyedPass>;
+
+    /// Records a pass at `at` that left nothing due, for every served type.
+    async fn keyed_looked(&self, at: DateTime<Utc>) -> Result<()>;
+}
+
 /// Signed-in sessions of the HTTP server.
 #[async_trait]
 pub trait SessionDriver: Send + Sync {
@@ -381,6 +421,7 @@ pub trait Driver:
     + EventDriver
     + WebhookDriver
     + ScheduleDriver
+    + KeyedScheduleDriver
     + SessionDriver
     + GrantDriver
     + SecretDriver
@@ -409,6 +450,7 @@ impl<T> Driver for T where
         + WebhookDriver
         + WebhookDriver
         + ScheduleDriver
+        + KeyedScheduleDriver
         + SessionDriver
         + GrantDriver
         + SecretDriver

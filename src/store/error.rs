@@ -97,6 +97,10 @@ pub enum Error {
     /// An event is malformed (its key or payload): nothing was sent.
     #[error("invalid event: {0}")]
     InvalidEvent(String),
+    /// A schedule is malformed (its key, calendar, payload or bounds),
+    /// naming the field: nothing was stored.
+    #[error("invalid schedule: {0}")]
+    InvalidSchedule(String),
     /// No job, live or archived, has this id.
     #[error("job {id} does not exist")]
     NotFound {

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::driver::Driver;
+use super::driver::{Driver, TickDecider};
 use super::fleet::Registered;
+use super::keyed_schedule::{self, KeyedPass, KeyedSchedule, KeyedScheduleStatus};
 use super::workflow::{CreatedWorkflow, NewWorkflow, Workflow, WorkflowCancel};
 use super::{
     Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, EnqueueParams, Enqueued, FetchParams,
@@ -625,6 +626,65 @@ impl Store {
     /// one ([`ScheduleState::looked_at`]).
     pub async fn schedule_looked(&self, jobs: &[String], at: DateTime<Utc>) -> Result<()> {
         self.driver.schedule_looked(jobs, at).await
+    }
+
+    /// Creates or replaces the schedule of a job type and key (an upsert),
+    /// checked first: a bad field, an unknown job type or a payload the
+    /// enqueue rules refuse is [`super::Error::InvalidSchedule`] naming the
+    /// field, and nothing is stored. True when it created the schedule.
+    pub async fn keyed_schedule_upsert(&self, schedule: &KeyedSchedule) -> Result<bool> {
+        schedule.check()?;
+        let configs = self.driver.configs_read(std::slice::from_ref(&schedule.job)).await?;
+        let config = configs.get(&schedule.job).ok_or_else(|| {
+            super::Error::InvalidSchedule(format!("job: no job type {:?} is registered", schedule.job))
+        })?;
+        keyed_schedule::prepare_keyed_tick(schedule, config, Utc::now(), self.driver.limits())
+            .map_err(|error| super::Error::InvalidSchedule(format!("payload: {error}")))?;
+        self.driver.keyed_schedule_upsert(schedule).await
+    }
+
+    /// Pauses a keyed schedule (with a note for the next operator) or
+    /// resumes it; a resume counts from now. False when there is none.
+    pub async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
+        self.driver.keyed_schedule_pause(job, key, paused, note).await
+    }
+
+    /// Removes a keyed schedule: no tick after this commits. False when
+    /// there was none.
+    pub async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
+        self.driver.keyed_schedule_remove(job, key).await
+    }
+
+    /// Asks for one tick of a keyed schedule now, under its overlap policy,
+    /// enqueued by the next pass of any host. False when there is none.
+    pub async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
+        self.driver.keyed_schedule_trigger(job, key).await
+    }
+
+    /// The keyed schedules, of one type or one key when given.
+    pub async fn keyed_schedules(&self, job: Option<&str>, key: Option<&str>) -> Result<Vec<KeyedScheduleStatus>> {
+        self.driver.keyed_schedules(job, key).await
+    }
+
+    /// One pass over up to `batch` keyed schedules that are due: their
+    /// ticks planned by [`keyed_schedule::plan`] (a tick missed by more
+    /// than `max_pause` counts against the schedule's backfill), written
+    /// with their cursors in one transaction. `now` overrides the
+    /// database's clock, for tests.
+    pub async fn keyed_ticks(
+        &self,
+        now: Option<DateTime<Utc>>,
+        batch: i64,
+        max_pause: chrono::TimeDelta,
+    ) -> Result<KeyedPass> {
+        let limits = *self.driver.limits();
+        let decide: &TickDecider = &move |due, now| keyed_schedule::plan(due, now, max_pause, &limits);
+        self.driver.keyed_ticks(now, batch, decide).await
+    }
+
+    /// Records a pass at `at` that left nothing due, for every served type.
+    pub async fn keyed_looked(&self, at: DateTime<Utc>) -> Result<()> {
+        self.driver.keyed_looked(at).await
     }
 
     /// Records a new signed-in session, known by its id's digest, and

@@ -51,6 +51,7 @@ mod front;
 pub mod grant;
 pub mod history;
 pub mod job;
+pub mod keyed_schedule;
 pub mod lease;
 mod migrations;
 pub mod postgres;

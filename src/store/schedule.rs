@@ -97,6 +97,9 @@ pub struct Schedules {
 pub struct ScheduleStatus {
     /// The job type.
     pub job: String,
+    /// Always empty: a declared schedule is its type's schedule with the
+    /// empty key (schedules made at run time have one).
+    pub key: &'static str,
     /// Its cron expression.
     pub cron: String,
     /// The zone the expression is read in.
@@ -121,6 +124,7 @@ impl ScheduleStatus {
     pub fn new(state: &ScheduleState, now: DateTime<Utc>) -> Self {
         ScheduleStatus {
             job: state.job.clone(),
+            key: "",
             cron: state.schedule.cron.clone(),
             time_zone: state.schedule.time_zone.clone(),
             backfill: state.schedule.backfill,

@@ -437,6 +437,8 @@ async fn every_documented_endpoint_answers(db: TestDb) {
         db.store.batch_create(&NewBatch::default(), &[EnqueueParams::new("mail", json!({}))]).await.unwrap();
     let steps = vec![jobhost::store::NewStep::new("only", "mail", json!({}))];
     let workflow = db.store.workflow_create(&jobhost::store::NewWorkflow { label: None, steps }).await.unwrap().id;
+    let schedule = jobhost::store::keyed_schedule::KeyedSchedule::new("mail", "acme", "0 0 9 * * *");
+    db.store.keyed_schedule_upsert(&schedule).await.unwrap();
     let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     let hello = std::fs::read(common::guest("hello")).unwrap();
     assert_eq!(server.post_bytes("/api/deployments", "application/wasm", hello).await.status, StatusCode::CREATED);
@@ -458,7 +460,9 @@ async fn every_documented_endpoint_answers(db: TestDb) {
                 .to_string(),
             )
             .replace("{name}", "default")
-            .replace("{job_type}", "hello");
+            .replace("{job_type}", "hello")
+            .replace("{job}", "mail")
+            .replace("{key}", "acme");
         for method in operations.as_object().unwrap().keys().filter(|m| ["get", "post"].contains(&m.as_str())) {
             let answer = match method.as_str() {
                 "get" => server.get(&concrete).await,

@@ -31,6 +31,7 @@ mod handler_languages;
 mod history;
 mod host_health;
 mod http;
+mod keyed_schedules;
 mod keys;
 mod loading;
 mod logs;

@@ -66,6 +66,7 @@
 //! | `claim_and_insert_jobs` | 0044_claim_and_insert | a host's unique bulk enqueue in one call: `claim_new_keys` (attached), then `insert_jobs` for the jobs that won their keys |
 //! | `enqueue_many` | 0040_enqueue_many_fewer_passes (first 0028_enqueue_many, then 0031, 0033) | the SQL bulk enqueue |
 //! | `claim_new_keys` | 0045_bulk_enqueue_by_index (first 0029, then 0032, 0033, 0038, 0043) | a host's bulk enqueue: ids, claims (attached to the rows the host writes) and `while_executing` keys in one call |
+//! | `schedule_upsert`, `schedule_remove` | none (their files only) | keyed schedules written and removed in the caller's transaction |
 //! | `claims_likely_new` | 0039_likely_new_without_counting (first 0032_plain_claims) | whether to try a call's claims as a plain insert |
 
 mod batch;
@@ -78,6 +79,7 @@ pub mod functions;
 mod grant;
 mod history;
 mod job;
+mod keyed_schedule;
 mod lease;
 mod membership;
 mod migrate;

@@ -2700,6 +2700,127 @@ $$;
 
 
 --
+-- Name: schedule_remove(text, text); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.schedule_remove(schedule_job text, schedule_key text) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    WITH gone AS (
+        DELETE FROM jobhost.keyed_schedules s WHERE s.job = schedule_job AND s.key = schedule_key RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM gone)
+$$;
+
+
+--
+-- Name: schedule_upsert(text, text, text, text, jsonb, text, bigint, integer, timestamp with time zone, timestamp with time zone, boolean, text); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.schedule_upsert(schedule_job text, schedule_key text, schedule_cron text, schedule_time_zone text DEFAULT 'UTC'::text, schedule_payload jsonb DEFAULT '{}'::jsonb, schedule_overlap text DEFAULT 'allow'::text, schedule_jitter_ms bigint DEFAULT 0, schedule_backfill integer DEFAULT 1, schedule_starts_at timestamp with time zone DEFAULT NULL::timestamp with time zone, schedule_ends_at timestamp with time zone DEFAULT NULL::timestamp with time zone, schedule_paused boolean DEFAULT false, schedule_note text DEFAULT ''::text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    overlap text := replace(coalesce(schedule_overlap, 'allow'), '-', '_');
+    fields text[] := regexp_split_to_array(btrim(coalesce(schedule_cron, '')), '\s+');
+    max_payload_bytes bigint :=
+        coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+    created boolean;
+    changed_at timestamptz;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM jobhost.job_types t WHERE t.name = schedule_job) THEN
+        RAISE EXCEPTION 'invalid schedule: job: no job type % is registered', coalesce(quote_literal(schedule_job), 'null')
+            USING ERRCODE = '22023';
+    END IF;
+    IF schedule_key IS NULL OR schedule_key = '' THEN
+        RAISE EXCEPTION 'invalid schedule: key: must not be empty (the empty key is the schedule the job type declares)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF char_length(schedule_key) > 200 OR schedule_key ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'invalid schedule: key: at most 200 characters, none of them control characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(fields) NOT IN (5, 6) OR EXISTS (SELECT 1 FROM unnest(fields) f WHERE f !~ '^[0-9A-Za-z*?/,#-]+$') THEN
+        RAISE EXCEPTION 'invalid schedule: cron: % is not a cron expression of five fields, or six with seconds first',
+            coalesce(quote_literal(schedule_cron), 'null') USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM jobhost.time_zones z WHERE z.name = schedule_time_zone) THEN
+        RAISE EXCEPTION 'invalid schedule: time_zone: % is not an IANA time zone such as ''Europe/Berlin''',
+            coalesce(quote_literal(schedule_time_zone), 'null') USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(schedule_payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'invalid schedule: payload: must be a JSON object, got %', coalesce(jsonb_typeof(schedule_payload), 'null')
+            USING ERRCODE = '22023';
+    END IF;
+    IF schedule_payload ? '_tick' OR schedule_payload ? '_schedule' THEN
+        RAISE EXCEPTION 'invalid schedule: payload: may not have a "_tick" or "_schedule" field: the host adds them'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(schedule_payload::text) > max_payload_bytes THEN
+        RAISE EXCEPTION 'invalid schedule: payload: % bytes of JSON, more than the largest accepted, % bytes',
+            octet_length(schedule_payload::text), max_payload_bytes USING ERRCODE = '22023';
+    END IF;
+    IF overlap NOT IN ('allow', 'skip', 'buffer_one') THEN
+        RAISE EXCEPTION 'invalid schedule: overlap: % is not one of allow, skip, buffer-one', quote_literal(schedule_overlap)
+            USING ERRCODE = '22023';
+    END IF;
+    IF schedule_jitter_ms IS NULL OR schedule_jitter_ms NOT BETWEEN 0 AND 86400000 THEN
+        RAISE EXCEPTION 'invalid schedule: jitter: must be between 0 and a day' USING ERRCODE = '22023';
+    END IF;
+    IF schedule_backfill IS NULL OR schedule_backfill NOT BETWEEN 0 AND 1000 THEN
+        RAISE EXCEPTION 'invalid schedule: backfill: must be between 0 and 1000' USING ERRCODE = '22023';
+    END IF;
+    IF schedule_ends_at <= schedule_starts_at THEN
+        RAISE EXCEPTION 'invalid schedule: ends_at: must be after starts_at' USING ERRCODE = '22023';
+    END IF;
+    IF char_length(coalesce(schedule_note, '')) > 1000 THEN
+        RAISE EXCEPTION 'invalid schedule: note: is longer than 1000 characters' USING ERRCODE = '22023';
+    END IF;
+
+    changed_at := clock_timestamp();
+    INSERT INTO jobhost.keyed_schedules AS s
+        (job, key, cron, time_zone, payload, overlap, jitter_ms, backfill, starts_at, ends_at, paused, note)
+    VALUES (schedule_job, schedule_key, btrim(schedule_cron), schedule_time_zone, schedule_payload, overlap,
+            schedule_jitter_ms, schedule_backfill, schedule_starts_at, schedule_ends_at,
+            coalesce(schedule_paused, false), coalesce(schedule_note, ''))
+    ON CONFLICT (job, key) DO UPDATE SET
+        cron = EXCLUDED.cron, time_zone = EXCLUDED.time_zone, payload = EXCLUDED.payload,
+        overlap = EXCLUDED.overlap, jitter_ms = EXCLUDED.jitter_ms, backfill = EXCLUDED.backfill,
+        starts_at = EXCLUDED.starts_at, ends_at = EXCLUDED.ends_at, paused = EXCLUDED.paused, note = EXCLUDED.note,
+        -- The old calendar's ticks up to now stay due, unless it was paused
+        -- (they are not made up) or a hand-over is already pending (its
+        -- older calendar keeps it).
+        handover_cron = CASE
+            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_cron
+            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                THEN s.cron END,
+        handover_time_zone = CASE
+            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_time_zone
+            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                THEN s.time_zone END,
+        handover_from = CASE
+            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_from
+            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                THEN greatest(s.last_tick, s.since) END,
+        handover_until = CASE
+            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_until
+            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                THEN greatest(changed_at, s.last_tick, s.since) END,
+        since = CASE
+            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                 OR (s.paused AND NOT EXCLUDED.paused)
+                THEN greatest(changed_at, s.last_tick, s.since)
+            ELSE s.since END,
+        -- A paused schedule keeps nothing buffered to start later.
+        buffered_tick = CASE WHEN EXCLUDED.paused THEN NULL ELSE s.buffered_tick END,
+        look_at = now(), error = NULL, updated_at = now()
+    RETURNING xmax = 0 INTO created;
+    RETURN created;
+END
+$_$;
+
+
+--
 -- Name: schedules_follow_registration(); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
@@ -4127,6 +4248,49 @@ ALTER TABLE jobhost.job_waits ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 
 --
+-- Name: keyed_schedules; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.keyed_schedules (
+    job text NOT NULL,
+    key text NOT NULL,
+    cron text NOT NULL,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    overlap text DEFAULT 'allow'::text NOT NULL,
+    jitter_ms bigint DEFAULT 0 NOT NULL,
+    backfill integer DEFAULT 1 NOT NULL,
+    starts_at timestamp with time zone,
+    ends_at timestamp with time zone,
+    paused boolean DEFAULT false NOT NULL,
+    note text DEFAULT ''::text NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL,
+    last_tick timestamp with time zone,
+    last_job bigint,
+    buffered_tick timestamp with time zone,
+    skipped bigint DEFAULT 0 NOT NULL,
+    triggered_at timestamp with time zone,
+    look_at timestamp with time zone DEFAULT now(),
+    handover_cron text,
+    handover_time_zone text,
+    handover_from timestamp with time zone,
+    handover_until timestamp with time zone,
+    next_tick timestamp with time zone,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT keyed_schedules_backfill_check CHECK (((backfill >= 0) AND (backfill <= 1000))),
+    CONSTRAINT keyed_schedules_check CHECK ((ends_at > starts_at)),
+    CONSTRAINT keyed_schedules_cron_check CHECK (((char_length(cron) >= 1) AND (char_length(cron) <= 200))),
+    CONSTRAINT keyed_schedules_jitter_ms_check CHECK (((jitter_ms >= 0) AND (jitter_ms <= 86400000))),
+    CONSTRAINT keyed_schedules_key_check CHECK (((key <> ''::text) AND (char_length(key) <= 200))),
+    CONSTRAINT keyed_schedules_note_check CHECK ((char_length(note) <= 1000)),
+    CONSTRAINT keyed_schedules_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'buffer_one'::text]))),
+    CONSTRAINT keyed_schedules_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text))
+);
+
+
+--
 -- Name: lease_tokens; Type: SEQUENCE; Schema: jobhost; Owner: -
 --
 
@@ -4203,6 +4367,16 @@ CREATE TABLE jobhost.rate_keys (
 
 
 --
+-- Name: schedule_looks; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.schedule_looks (
+    job text NOT NULL,
+    looked_at timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: schedules; Type: TABLE; Schema: jobhost; Owner: -
 --
 
@@ -4227,6 +4401,15 @@ CREATE TABLE jobhost.semaphores (
     holders integer NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT semaphores_holders_check CHECK ((holders >= 0))
+);
+
+
+--
+-- Name: time_zones; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.time_zones (
+    name text NOT NULL
 );
 
 
@@ -4575,6 +4758,14 @@ ALTER TABLE ONLY jobhost.jobs
 
 
 --
+-- Name: keyed_schedules keyed_schedules_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.keyed_schedules
+    ADD CONSTRAINT keyed_schedules_pkey PRIMARY KEY (job, key);
+
+
+--
 -- Name: outbound_grants outbound_grants_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
 --
 
@@ -4607,6 +4798,14 @@ ALTER TABLE ONLY jobhost.rate_keys
 
 
 --
+-- Name: schedule_looks schedule_looks_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.schedule_looks
+    ADD CONSTRAINT schedule_looks_pkey PRIMARY KEY (job);
+
+
+--
 -- Name: schedules schedules_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
 --
 
@@ -4620,6 +4819,14 @@ ALTER TABLE ONLY jobhost.schedules
 
 ALTER TABLE ONLY jobhost.semaphores
     ADD CONSTRAINT semaphores_pkey PRIMARY KEY (job, key);
+
+
+--
+-- Name: time_zones time_zones_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.time_zones
+    ADD CONSTRAINT time_zones_pkey PRIMARY KEY (name);
 
 
 --
@@ -4826,6 +5033,13 @@ CREATE INDEX jobs_host ON jobhost.jobs USING btree (host_id) WHERE (state = 'run
 --
 
 CREATE INDEX jobs_leases ON jobhost.jobs USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+
+--
+-- Name: keyed_schedules_due; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX keyed_schedules_due ON jobhost.keyed_schedules USING btree (job, look_at) WHERE ((look_at IS NOT NULL) AND (NOT paused));
 
 
 --

@@ -37,6 +37,7 @@ mod fleet;
 mod grant;
 mod history;
 mod job;
+mod keyed_schedule;
 mod lease;
 mod membership;
 mod operate;

@@ -1,0 +1,159 @@
+//! The API's schedules made at run time (`/api/schedules/{job}/{key}`):
+//! written with `PUT` (an upsert), paused, resumed, ticked now and removed;
+//! every change needs the token, as every `POST` does.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store::keyed_schedule::{KeyedSchedule, Overlap};
+
+type ApiResult = Result<Response, ApiError>;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/schedules/keyed", get(list))
+        .route("/api/schedules/{job}/{key}", get(get_one).put(put).delete(delete))
+        .route("/api/schedules/{job}/{key}/{verb}", post(act))
+}
+
+/// A schedule's body: everything but the type and key, which the path names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleBody {
+    cron: String,
+    #[serde(default)]
+    time_zone: Option<String>,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    overlap: Option<String>,
+    #[serde(default)]
+    jitter_ms: u64,
+    #[serde(default)]
+    backfill: Option<u32>,
+    #[serde(default)]
+    starts_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    ends_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    paused: bool,
+    #[serde(default)]
+    note: String,
+}
+
+/// A pause's body: an optional note.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// The list's filter.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    job: Option<String>,
+}
+
+fn path_of(path: Result<Path<(String, String)>, PathRejection>) -> Result<(String, String), ApiError> {
+    path.map(|Path(p)| p).map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+fn missing(job: &str, key: &str) -> ApiError {
+    ApiError::not_found(format!("there is no schedule {job} {key:?}"))
+}
+
+async fn list(State(state): State<AppState>, query: Result<Query<ListQuery>, QueryRejection>) -> ApiResult {
+    let query = query.map(|Query(q)| q).map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(Json(state.store.keyed_schedules(query.job.as_deref(), None).await?).into_response())
+}
+
+async fn get_one(State(state): State<AppState>, path: Result<Path<(String, String)>, PathRejection>) -> ApiResult {
+    let (job, key) = path_of(path)?;
+    let found = state.store.keyed_schedules(Some(&job), Some(&key)).await?;
+    found.into_iter().next().map(|status| Json(status).into_response()).ok_or_else(|| missing(&job, &key))
+}
+
+async fn put(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Json<ScheduleBody>, JsonRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let (job, key) = path_of(path)?;
+    let body = super::api::body_of(body)?;
+    let payload = match body.payload {
+        None => serde_json::Map::new(),
+        Some(serde_json::Value::Object(payload)) => payload,
+        Some(_) => return Err(ApiError::bad_request("invalid schedule: payload: must be a JSON object")),
+    };
+    let overlap = match body.overlap.as_deref().map(Overlap::parse).transpose() {
+        Ok(overlap) => overlap.unwrap_or_default(),
+        Err(reason) => return Err(ApiError::bad_request(format!("invalid schedule: {reason}"))),
+    };
+    let schedule = KeyedSchedule {
+        time_zone: body.time_zone.unwrap_or_else(|| "UTC".into()),
+        payload,
+        overlap,
+        jitter_ms: body.jitter_ms,
+        backfill: body.backfill.unwrap_or(1),
+        starts_at: body.starts_at,
+        ends_at: body.ends_at,
+        paused: body.paused,
+        note: body.note,
+        ..KeyedSchedule::new(job.clone(), key.clone(), body.cron)
+    };
+    let created = state.store.keyed_schedule_upsert(&schedule).await?;
+    let status = state.store.keyed_schedules(Some(&job), Some(&key)).await?;
+    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((code, Json(status.into_iter().next())).into_response())
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let (job, key) = path_of(path)?;
+    if state.store.keyed_schedule_remove(&job, &key).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(missing(&job, &key))
+    }
+}
+
+/// Pause, resume or trigger, answered with the schedule as it now is.
+async fn act(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+    body: Option<Json<PauseBody>>,
+) -> ApiResult {
+    state.access.check_bearer(&headers)?;
+    let (job, key, action) = path.map(|Path(p)| p).map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let note = body.and_then(|Json(body)| body.note);
+    let done = match action.as_str() {
+        "pause" => state.store.keyed_schedule_pause(&job, &key, true, note.as_deref()).await?,
+        "resume" => state.store.keyed_schedule_pause(&job, &key, false, None).await?,
+        "trigger" => state.store.keyed_schedule_trigger(&job, &key).await?,
+        other => {
+            return Err(ApiError::not_found(format!("no action {other:?}: pause, resume or trigger")));
+        }
+    };
+    if !done {
+        return Err(missing(&job, &key));
+    }
+    let status = state.store.keyed_schedules(Some(&job), Some(&key)).await?;
+    Ok(Json(status.into_iter().next()).into_response())
+}

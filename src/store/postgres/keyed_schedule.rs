@@ -1,0 +1,268 @@
+//! Keyed schedules in PostgreSQL (`jobhost.keyed_schedules`): writes go
+//! through the functions applications call (`jobhost.schedule_upsert`,
+//! `jobhost.schedule_remove`), and a pass locks what is due, writes its
+//! ticks' jobs and moves the cursors in one transaction.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{PgConnection, Row};
+
+use super::PgStore;
+use crate::store::driver::{KeyedScheduleDriver, TickDecider};
+use crate::store::fleet::MISSED_HEARTBEATS;
+use crate::store::keyed_schedule::{
+    DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
+};
+use crate::store::{Enqueued, Error, Result};
+
+/// The function's refusal of a field (SQLSTATE 22023) as the caller's error.
+fn refused_as_invalid(error: sqlx::Error) -> Error {
+    match error.as_database_error() {
+        Some(db) if db.code().as_deref() == Some("22023") => {
+            Error::InvalidSchedule(db.message().trim_start_matches("invalid schedule: ").to_string())
+        }
+        _ => Error::from(error),
+    }
+}
+
+/// What its writer gave, from a row with the writer's columns.
+fn schedule_of(row: &PgRow) -> Result<KeyedSchedule> {
+    let overlap: String = row.try_get("overlap")?;
+    let Json(payload): Json<serde_json::Map<String, serde_json::Value>> = row.try_get("payload")?;
+    Ok(KeyedSchedule {
+        job: row.try_get("job")?,
+        key: row.try_get("key")?,
+        cron: row.try_get("cron")?,
+        time_zone: row.try_get("time_zone")?,
+        payload,
+        overlap: Overlap::parse(&overlap).map_err(Error::Decode)?,
+        jitter_ms: u64::try_from(row.try_get::<i64, _>("jitter_ms")?).unwrap_or(0),
+        backfill: u32::try_from(row.try_get::<i32, _>("backfill")?).unwrap_or(0),
+        starts_at: row.try_get("starts_at")?,
+        ends_at: row.try_get("ends_at")?,
+        paused: row.try_get("paused").unwrap_or(false),
+        note: row.try_get("note")?,
+    })
+}
+
+fn status_of(row: &PgRow) -> Result<KeyedScheduleStatus> {
+    Ok(KeyedScheduleStatus {
+        schedule: schedule_of(row)?,
+        since: row.try_get("since")?,
+        last_tick: row.try_get("last_tick")?,
+        last_job: row.try_get("last_job")?,
+        buffered_tick: row.try_get("buffered_tick")?,
+        skipped: row.try_get("skipped")?,
+        next_tick: row.try_get("next_tick")?,
+        error: row.try_get("error")?,
+        triggered_at: row.try_get("triggered_at")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+/// A due schedule from a row of `sql/keyed_due.sql`, without its type's
+/// configuration when the stored one cannot be read (reported; it stops
+/// no other).
+fn due_of(row: &PgRow) -> Result<DueSchedule> {
+    let Json(config): Json<serde_json::Value> = row.try_get("config")?;
+    let job: String = row.try_get("job")?;
+    let config = serde_json::from_value(config)
+        .inspect_err(|error| {
+            tracing::warn!(job, %error, "a job type's stored configuration cannot be read: its keyed schedules wait");
+        })
+        .ok();
+    let handover = match (row.try_get("handover_cron")?, row.try_get("handover_time_zone")?) {
+        (Some(cron), Some(time_zone)) => Some(Handover {
+            cron,
+            time_zone,
+            from: row.try_get("handover_from")?,
+            until: row.try_get("handover_until")?,
+        }),
+        _ => None,
+    };
+    Ok(DueSchedule {
+        schedule: schedule_of(row)?,
+        config,
+        since: row.try_get("since")?,
+        last_tick: row.try_get("last_tick")?,
+        last_job_live: row.try_get("live")?,
+        buffered_tick: row.try_get("buffered_tick")?,
+        triggered_at: row.try_get("triggered_at")?,
+        looked_at: row.try_get("looked_at")?,
+        handover,
+    })
+}
+
+/// Writes each plan's jobs: those of types the database cannot refuse in
+/// one call, the others each in a savepoint (a refused one is counted
+/// skipped, and the rest stand). Returns each plan's latest job.
+async fn write_jobs(conn: &mut PgConnection, plans: &mut [TickPlan]) -> Result<Vec<Option<i64>>> {
+    let plain: Vec<_> = plans.iter().filter(|p| !p.may_refuse).flat_map(|p| &p.jobs).collect();
+    let mut written = super::job::insert(conn, &plain).await?.into_iter();
+    let mut last_jobs = Vec::with_capacity(plans.len());
+    for plan in plans.iter_mut() {
+        if plan.jobs.is_empty() {
+            last_jobs.push(None);
+        } else if !plan.may_refuse {
+            let mine: Vec<Enqueued> = written.by_ref().take(plan.jobs.len()).collect();
+            last_jobs.push(TickPlan::last_job(&mine));
+        } else {
+            let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+            let jobs: Vec<_> = plan.jobs.iter().collect();
+            match super::job::insert(&mut savepoint, &jobs).await {
+                Ok(mine) => {
+                    savepoint.commit().await?;
+                    last_jobs.push(TickPlan::last_job(&mine));
+                }
+                Err(error) if error.is_refusal() => {
+                    savepoint.rollback().await?;
+                    *plan = plan.clone().refused(error.to_string());
+                    last_jobs.push(None);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+    Ok(last_jobs)
+}
+
+/// Moves each schedule as its plan says.
+async fn write_moves(conn: &mut PgConnection, plans: &[TickPlan], last_jobs: &[Option<i64>]) -> Result<()> {
+    sqlx::query(include_str!("sql/keyed_moved.sql"))
+        .bind(plans.iter().map(|p| p.job.as_str()).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.key.as_str()).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.last_tick).collect::<Vec<_>>())
+        .bind(last_jobs)
+        .bind(plans.iter().map(|p| p.buffered_tick).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.skipped).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.look_at).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.next_tick).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.error.as_deref()).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.handover_done).collect::<Vec<_>>())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl KeyedScheduleDriver for PgStore {
+    async fn keyed_schedule_upsert(&self, s: &KeyedSchedule) -> Result<bool> {
+        sqlx::query_scalar("SELECT jobhost.schedule_upsert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
+            .bind(&s.job)
+            .bind(&s.key)
+            .bind(&s.cron)
+            .bind(&s.time_zone)
+            .bind(Json(&s.payload))
+            .bind(s.overlap.as_str())
+            .bind(i64::try_from(s.jitter_ms).unwrap_or(i64::MAX))
+            .bind(i32::try_from(s.backfill).unwrap_or(i32::MAX))
+            .bind(s.starts_at)
+            .bind(s.ends_at)
+            .bind(s.paused)
+            .bind(&s.note)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(refused_as_invalid)
+    }
+
+    async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
+        // A resume counts from now: ticks while paused are not made up.
+        let done = sqlx::query(
+            "UPDATE jobhost.keyed_schedules
+             SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
+                 since = CASE WHEN paused AND NOT $3 THEN greatest(clock_timestamp(), last_tick, since) ELSE since END,
+                 buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
+                 look_at = now(), updated_at = now()
+             WHERE job = $1 AND key = $2",
+        )
+        .bind(job)
+        .bind(key)
+        .bind(paused)
+        .bind(note)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT jobhost.schedule_remove($1, $2)")
+            .bind(job)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE jobhost.keyed_schedules SET triggered_at = clock_timestamp(), look_at = now()
+             WHERE job = $1 AND key = $2",
+        )
+        .bind(job)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn keyed_schedules(&self, job: Option<&str>, key: Option<&str>) -> Result<Vec<KeyedScheduleStatus>> {
+        let rows = sqlx::query(
+            "SELECT * FROM jobhost.keyed_schedules
+             WHERE ($1::text IS NULL OR job = $1) AND ($2::text IS NULL OR key = $2)
+             ORDER BY job, key",
+        )
+        .bind(job)
+        .bind(key)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(status_of).collect()
+    }
+
+    async fn keyed_ticks(&self, now: Option<DateTime<Utc>>, batch: i64, decide: &TickDecider) -> Result<KeyedPass> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(include_str!("sql/keyed_due.sql"))
+            .bind(now)
+            .bind(batch)
+            .bind(MISSED_HEARTBEATS)
+            .fetch_all(&mut *tx)
+            .await?;
+        let due: Vec<DueSchedule> = rows.iter().map(due_of).collect::<Result<Vec<_>>>()?;
+        let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= batch;
+        let work: Result<(Vec<TickPlan>, DateTime<Utc>, Option<DateTime<Utc>>)> = async {
+            let mut plans = Vec::new();
+            if let Some(row) = rows.first() {
+                let clock: DateTime<Utc> = row.try_get("now")?;
+                plans = due.iter().map(|due| decide(due, clock)).collect();
+                let last_jobs = write_jobs(&mut tx, &mut plans).await?;
+                write_moves(&mut tx, &plans, &last_jobs).await?;
+            }
+            let (clock, next_look) = sqlx::query_as(include_str!("sql/keyed_next.sql"))
+                .bind(now)
+                .bind(MISSED_HEARTBEATS)
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok((plans, clock, next_look))
+        }
+        .await;
+        let (plans, clock, next_look) = super::commit_or_roll_back(tx, work).await?;
+        let clock = rows.first().map(|row| row.try_get("now")).transpose()?.unwrap_or(clock);
+        Ok(KeyedPass { next_look, ..KeyedPass::of(&plans, clock, full) })
+    }
+
+    async fn keyed_looked(&self, at: DateTime<Utc>) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO jobhost.schedule_looks (job, looked_at)
+             SELECT DISTINCT served_job, $1::timestamptz FROM jobhost.hosts h, unnest(h.job_types) AS served_job
+             WHERE h.last_seen_at >= now() - $2 * h.heartbeat_ms * interval '1 millisecond'
+             ON CONFLICT (job) DO UPDATE SET looked_at = EXCLUDED.looked_at
+             WHERE jobhost.schedule_looks.looked_at < EXCLUDED.looked_at",
+        )
+        .bind(at)
+        .bind(MISSED_HEARTBEATS)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
