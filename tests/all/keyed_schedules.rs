@@ -369,6 +369,7 @@ on_both_backends!(
     a_bad_schedule_is_refused_naming_the_field_and_nothing_is_stored,
     a_pass_looks_only_at_the_schedules_due,
     the_api_writes_pauses_triggers_and_removes_schedules,
+    a_fleet_ticks_each_key_once_without_a_gap_through_a_killed_and_a_frozen_host,
 );
 
 /// PostgreSQL: an application writes and removes schedules in its own
@@ -534,4 +535,75 @@ async fn the_api_writes_pauses_triggers_and_removes_schedules(db: TestDb) {
     assert_eq!(server.get("/api/schedules/report/customer%2042").await.status, StatusCode::NOT_FOUND);
     let missing = server.post("/api/schedules/report/nobody/trigger", serde_json::json!({})).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+/// A fleet of three `jobhost run` processes ticking many keyed schedules
+/// every two seconds; one is killed (SIGKILL) mid-run, and on PostgreSQL
+/// another is frozen (SIGSTOP) past its lease and thawed, perhaps holding
+/// a pass's locks. Afterwards, from the database: each key's ticks once
+/// each, every two seconds from its first to its last with no gap, and
+/// every key ticking to the end. (SQLite: a process frozen while it holds
+/// the file's write lock stops every process on the file, so it is killed.)
+async fn a_fleet_ticks_each_key_once_without_a_gap_through_a_killed_and_a_frozen_host(db: TestDb) {
+    use common::fleet::{ONE_FLEET, components, start_host, wait_serving};
+    let _one = ONE_FLEET.lock().await;
+    let keys = if db.backend == Backend::Postgres { 1_000 } else { 300 };
+    let hello = common::job_config("hello");
+    db.store.job_types_register(&[(hello, "seed".into())]).await.unwrap();
+    for n in 0..keys {
+        let schedule = KeyedSchedule::new("hello", format!("account-{n:04}"), "*/2 * * * * *");
+        db.store.keyed_schedule_upsert(&schedule).await.unwrap();
+    }
+    let components = components(&["hello"]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut hosts: Vec<_> = (0..3).map(|_| start_host(&db, components.path(), cache.path())).collect();
+    wait_serving(&db, &hosts.iter().collect::<Vec<_>>(), 1).await;
+
+    let clock_ms =
+        db.dialect("(extract(epoch FROM now()) * 1000)::bigint", "CAST(unixepoch('subsec') * 1000 AS INTEGER)");
+    let clock = || async { db.scalar(format!("SELECT {clock_ms}")).await };
+    let after = |ms: i64| async move {
+        let until = clock().await + ms;
+        common::eventually(Duration::from_secs(60), || async { clock().await >= until }).await;
+    };
+    let jobs = "SELECT count(*) FROM (SELECT id FROM jobhost.jobs WHERE job = 'hello'
+                UNION ALL SELECT id FROM jobhost.archive WHERE job = 'hello') j";
+    common::eventually(Duration::from_secs(60), || async { db.scalar(jobs).await >= 2 * keys }).await;
+    hosts[0].signal(libc::SIGKILL);
+    if db.backend == Backend::Postgres {
+        hosts[1].signal(libc::SIGSTOP);
+        after(4_000).await;
+        hosts[1].signal(libc::SIGCONT);
+    } else {
+        hosts[1].signal(libc::SIGKILL);
+    }
+    after(6_000).await;
+    for host in &mut hosts {
+        if host.is_running() {
+            host.stop().await;
+        }
+    }
+
+    let rows = db
+        .texts(
+            "SELECT (payload->>'_schedule') || ' ' || (payload->>'_tick') FROM jobhost.jobs WHERE job = 'hello'
+             UNION ALL
+             SELECT (payload->>'_schedule') || ' ' || (payload->>'_tick') FROM jobhost.archive WHERE job = 'hello'
+             ORDER BY 1",
+        )
+        .await;
+    let mut per_key: BTreeMap<&str, Vec<DateTime<Utc>>> = BTreeMap::new();
+    for row in &rows {
+        let (key, tick) = row.split_once(' ').unwrap();
+        per_key.entry(key).or_default().push(DateTime::parse_from_rfc3339(tick).unwrap().to_utc());
+    }
+    assert_eq!(per_key.len(), keys as usize, "every key ticked");
+    let latest = per_key.values().filter_map(|ticks| ticks.last()).max().copied().unwrap();
+    for (key, ticks) in &per_key {
+        for pair in ticks.windows(2) {
+            assert_eq!(pair[1] - pair[0], TimeDelta::seconds(2), "{key}: each tick once, no gap: {ticks:?}");
+        }
+        assert!(*ticks.last().unwrap() >= latest - TimeDelta::seconds(2), "{key} ticked to the end: {ticks:?}");
+        assert!(ticks.len() >= 5, "{key} ticked through the faults: {ticks:?}");
+    }
 }
