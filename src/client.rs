@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::store::keyed_schedule::{KeyedSchedule, KeyedScheduleStatus};
 use crate::store::{
     Batch, CreatedWorkflow, EnqueueParams, Enqueued, JobDetail, NewBatch, NewWorkflow, Result, Store, Workflow,
     WorkflowCancel,
@@ -131,6 +132,52 @@ impl Client {
         idempotency_key: Option<&str>,
     ) -> Result<crate::store::wait::SentEvent> {
         self.store.event_send(key, payload, idempotency_key, "client").await
+    }
+
+    /// Creates or replaces the schedule of a job type and key
+    /// (docs/schedules.md, "Schedules made at run time"): true when it
+    /// created one. A changed calendar hands over without losing or
+    /// doubling a tick.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`](crate::store::Error::InvalidSchedule)
+    /// naming the bad field (nothing is stored); a database error.
+    pub async fn schedule_upsert(&self, schedule: &KeyedSchedule) -> Result<bool> {
+        self.store.keyed_schedule_upsert(schedule).await
+    }
+
+    /// Pauses a schedule, with a note, or resumes it (from its next tick):
+    /// false when there is none.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
+        self.store.keyed_schedule_pause(job, key, paused, note).await
+    }
+
+    /// Removes a schedule: no tick after this returns. False when there was none.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
+        self.store.keyed_schedule_remove(job, key).await
+    }
+
+    /// Asks for one tick now, under the schedule's overlap policy: false
+    /// when there is no such schedule.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
+        self.store.keyed_schedule_trigger(job, key).await
+    }
+
+    /// The schedules made at run time, of one type when given.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn schedules(&self, job: Option<&str>) -> Result<Vec<KeyedScheduleStatus>> {
+        self.store.keyed_schedules(job, None).await
     }
 
     /// A workflow's state and each step's.

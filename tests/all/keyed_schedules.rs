@@ -220,12 +220,14 @@ async fn a_paused_schedule_ticks_nothing_and_resumes_from_its_next_tick(db: Test
 async fn a_tick_asked_for_now_is_enqueued_once_under_the_policy(db: TestDb) {
     registered(&db, "report").await;
     let schedule = KeyedSchedule { overlap: Overlap::Skip, ..KeyedSchedule::new("report", "acme", "0 0 9 1 1 *") };
-    db.store.keyed_schedule_upsert(&schedule).await.unwrap();
+    let client = jobhost::Client::from_store(db.dyn_store());
+    assert!(client.schedule_upsert(&schedule).await.unwrap());
+    assert_eq!(client.schedules(Some("report")).await.unwrap().len(), 1);
     let mut host = scheduler(db.dyn_store());
     host.run_once(None).await.unwrap();
     assert!(ticks(&db).await.is_empty(), "its calendar's next tick is in January");
 
-    assert!(db.store.keyed_schedule_trigger("report", "acme").await.unwrap());
+    assert!(client.schedule_trigger("report", "acme").await.unwrap());
     assert!(status(&db, "acme").await.triggered_at.is_some());
     let report = host.run_once(None).await.unwrap();
     assert_eq!(report.keyed.enqueued, 1);
