@@ -634,3 +634,82 @@ async fn an_approval_in_a_real_browser() {
     let state = db.store.workflow_get(id).await.unwrap().unwrap().steps[0].state;
     assert_eq!(state, jobhost::store::StepState::Waiting, "nothing sent");
 }
+
+/// The schedules page with schedules made at run time, in a real browser
+/// at both widths: each listed with its state (a paused one with its note),
+/// the page no wider than the screen; Pause (confirmed) and Run now
+/// clicked change the schedule in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_schedules_in_a_real_browser() {
+    use jobhost::store::keyed_schedule::{KeyedSchedule, Overlap};
+    let db = TestDb::postgres().await;
+    db.store.job_types_register(&[(job_config("weekly_report"), "v1".into())]).await.unwrap();
+    let long_key = "customer:4f1d2c3b-9a8e-4b7c-8d6e-5f4a3b2c1d0e/region:eu-central-1";
+    let schedules = [
+        KeyedSchedule {
+            time_zone: "Europe/Berlin".into(),
+            overlap: Overlap::Skip,
+            ..KeyedSchedule::new("weekly_report", "acme", "0 9 * * MON")
+        },
+        KeyedSchedule {
+            overlap: Overlap::BufferOne,
+            jitter_ms: 300_000,
+            ..KeyedSchedule::new("weekly_report", long_key, "*/5 * * * *")
+        },
+        KeyedSchedule {
+            paused: true,
+            note: "moving to the annual plan, back in January".into(),
+            ..KeyedSchedule::new("weekly_report", "globex", "0 9 1 * *")
+        },
+    ];
+    for schedule in &schedules {
+        db.store.keyed_schedule_upsert(schedule).await.unwrap();
+    }
+    let driver = Driver::start();
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    for screen in [Screen::Desktop, Screen::Phone] {
+        db.store.keyed_schedule_pause("weekly_report", "acme", false, None).await.unwrap();
+        let browser = driver.session(screen).await;
+        sign_in(&browser, &server, screen, "/schedules").await;
+        let page = text(&browser, "main").await;
+        assert!(page.contains("Made at run time") && page.contains("moving to the annual plan"), "{page}");
+        let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+        assert!(
+            overflow.as_i64().unwrap() <= 0,
+            "the page is wider than the {} screen by {overflow} px",
+            screen.name()
+        );
+        screenshot(&browser, screen, "schedules-keyed").await;
+
+        let pause = "form[action='/schedules/pause'] input[name='key'][value='acme']";
+        let button = browser.find(Locator::Css(pause)).await.unwrap();
+        let form = button.find(Locator::XPath("..")).await.unwrap();
+        form.find(Locator::Css("button")).await.unwrap().click().await.unwrap();
+        browser.accept_alert().await.unwrap();
+        let notice =
+            "const n = document.querySelector('.notice'); return n !== null && n.textContent.includes('paused')";
+        until(&browser, WAIT, "the pause's notice", notice).await;
+        let acme = db.store.keyed_schedules(Some("weekly_report"), Some("acme")).await.unwrap().remove(0);
+        assert!(acme.schedule.paused, "paused in the database");
+
+        let run = format!("form[action='/schedules/trigger'] input[name='key'][value='{long_key}']");
+        let input = browser.find(Locator::Css(&run)).await.unwrap();
+        input
+            .find(Locator::XPath(".."))
+            .await
+            .unwrap()
+            .find(Locator::Css("button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let notice =
+            "const n = document.querySelector('.notice'); return n !== null && n.textContent.includes('triggered')";
+        until(&browser, WAIT, "the trigger's notice", notice).await;
+        let long = db.store.keyed_schedules(Some("weekly_report"), Some(long_key)).await.unwrap().remove(0);
+        assert!(long.triggered_at.is_some(), "triggered in the database");
+        screenshot(&browser, screen, "schedules-keyed-acted").await;
+        browser.close().await.unwrap();
+    }
+}

@@ -60,6 +60,7 @@ pub fn routes() -> Router<AppState> {
         .route("/workflows/{id}", get(workflow_page))
         .route("/workflows/{id}/decide", post(workflow_decide))
         .route("/schedules", get(schedules))
+        .route("/schedules/{action}", post(schedule_act))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))
         .route("/jobs/{id}/retry", post(job_retry))
@@ -430,8 +431,48 @@ async fn schedules(
     Extension(caller): Extension<Caller>,
 ) -> Response {
     page!(state, caller, headers, uri, "Schedules", "/schedules", |context| {
-        Ok(pages::schedules(&views::schedules(&state.store).await?, Utc::now()))
+        let keyed = state.store.keyed_schedules(None, None).await?;
+        Ok(pages::schedules(&context, &views::schedules(&state.store).await?, &keyed, Utc::now()))
     })
+}
+
+/// A keyed schedule's form: its common fields, type and key.
+#[derive(Debug, Deserialize)]
+struct ScheduleForm {
+    #[serde(default)]
+    csrf: String,
+    return_to: Option<String>,
+    job: String,
+    key: String,
+}
+
+/// `POST /schedules/pause`, `/schedules/resume` and `/schedules/trigger`.
+async fn schedule_act(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    Path(action): Path<String>,
+    Form(form): Form<ScheduleForm>,
+) -> Response {
+    let store = state.store.clone();
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+        let (job, key) = (&form.job, &form.key);
+        let done = match action.as_str() {
+            "pause" => store.keyed_schedule_pause(job, key, true, Some("paused from the dashboard")).await,
+            "resume" => store.keyed_schedule_pause(job, key, false, None).await,
+            "trigger" => store.keyed_schedule_trigger(job, key).await,
+            other => return Err(format!("{other:?} is no schedule action: pause, resume or trigger")),
+        };
+        match done.map_err(|e| e.to_string())? {
+            true if action == "trigger" => {
+                Ok(format!("Schedule {job} {key:?} triggered: its tick is enqueued within a second"))
+            }
+            true => Ok(format!("Schedule {job} {key:?} {action}d")),
+            false => Err(format!("there is no schedule {job} {key:?}")),
+        }
+    })
+    .await
 }
 
 /// Where a form returns to: a path on this server, never another site.

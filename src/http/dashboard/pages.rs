@@ -11,6 +11,7 @@ use super::layout::{
 };
 use crate::http::query::{JobQuery, encode};
 use crate::http::views::{JobTypeView, QueueView, Throughput};
+use crate::store::keyed_schedule::KeyedScheduleStatus;
 use crate::store::rate::RateKeyStatus;
 use crate::store::{Batch, HostRow, JobDetail, JobRow, JobState, KeyStatus, ScheduleStatus, Stats};
 
@@ -716,10 +717,17 @@ pub fn batch(batch: &Batch, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// The schedules.
-pub fn schedules(schedules: &[ScheduleStatus], now: DateTime<Utc>) -> Markup {
+/// The schedules: those job types declare, then those made at run time,
+/// with pause, resume and trigger-now for a caller who may change things.
+pub fn schedules(
+    context: &Context,
+    schedules: &[ScheduleStatus],
+    keyed: &[KeyedScheduleStatus],
+    now: DateTime<Utc>,
+) -> Markup {
     html! {
         h1 { "Schedules" }
+        h2 { "Declared by job types" }
         @if schedules.is_empty() {
             p.muted { "No job type declares a schedule." }
         } @else {
@@ -736,6 +744,83 @@ pub fn schedules(schedules: &[ScheduleStatus], now: DateTime<Utc>) -> Markup {
                     }
                 }
             }))
+        }
+        h2 { "Made at run time" }
+        @if keyed.is_empty() {
+            p.muted { "None yet: " code { "jobhost schedule add JOB KEY --cron ..." } ", " code { "PUT /api/schedules/JOB/KEY" } " or SQL's " code { "jobhost.schedule_upsert" } " makes one." }
+        } @else {
+            div.stacked.keyed-schedules {
+                (table(&[Head::Text("Schedule"), Head::Text("Calendar"), Head::Text("Ticks"), Head::Text("State"), Head::Text("")], html! {
+                    @for status in keyed {
+                        @let s = &status.schedule;
+                        tr {
+                            td {
+                                a href={ "/jobs?job=" (encode(&s.job)) } { (s.job) }
+                                " " code.key { (s.key) }
+                            }
+                            td {
+                                code { (s.cron) } " " span.muted { (s.time_zone) }
+                                br;
+                                span.muted { "overlap " (s.overlap.as_str().replace('_', "-")) }
+                                @if s.jitter_ms > 0 {
+                                    span.muted { ", jitter " (humantime::format_duration(std::time::Duration::from_millis(s.jitter_ms))) }
+                                }
+                            }
+                            td {
+                                span.muted { "last " } (time(status.last_tick, now))
+                                @if let Some(id) = status.last_job { " " a href={ "/jobs/" (id) } { "job " (id) } }
+                                br;
+                                span.muted { "next " }
+                                @if s.paused { span.muted { "paused" } } @else { (time(status.next_tick, now)) }
+                            }
+                            td {
+                                @if s.paused {
+                                    (state_badge("paused"))
+                                    @if !s.note.is_empty() { " " span.note { (s.note) } }
+                                } @else if let Some(error) = &status.error {
+                                    span.warning-text { (error) }
+                                } @else if status.buffered_tick.is_some() {
+                                    "a tick buffered"
+                                } @else if status.triggered_at.is_some() {
+                                    "triggered"
+                                } @else {
+                                    (state_badge("alive"))
+                                }
+                                @if status.skipped > 0 { br; span.muted { (status.skipped) " skipped" } }
+                            }
+                            td.actions {
+                                @if s.paused {
+                                    (schedule_button(context, status, "resume", "Resume", None))
+                                } @else {
+                                    (schedule_button(context, status, "pause", "Pause", Some("Pause this schedule? Its ticks until it is resumed are not made up.")))
+                                }
+                                (schedule_button(context, status, "trigger", "Run now", None))
+                            }
+                        }
+                    }
+                }))
+            }
+        }
+    }
+}
+
+/// A button pausing, resuming or triggering a keyed schedule, its type and
+/// key in the form (a key may hold any character).
+fn schedule_button(
+    context: &Context,
+    status: &KeyedScheduleStatus,
+    action: &str,
+    label: &str,
+    confirm: Option<&str>,
+) -> Markup {
+    html! {
+        @if context.csrf.is_some() {
+            form.inline method="post" action={ "/schedules/" (action) } data-confirm=[confirm] {
+                (hidden_fields(context))
+                input type="hidden" name="job" value=(status.schedule.job);
+                input type="hidden" name="key" value=(status.schedule.key);
+                button type="submit" { (label) }
+            }
         }
     }
 }
