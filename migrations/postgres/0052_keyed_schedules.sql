@@ -13,8 +13,9 @@ CREATE TABLE jobhost.keyed_schedules (
     overlap       text        NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
     jitter_ms     bigint      NOT NULL DEFAULT 0 CHECK (jitter_ms BETWEEN 0 AND 86400000),
     backfill      integer     NOT NULL DEFAULT 1 CHECK (backfill BETWEEN 0 AND 1000),
-    starts_at     timestamptz,
-    ends_at       timestamptz CHECK (ends_at > starts_at),
+    -- Finite, and within what hosts read (years 1 to 9999).
+    starts_at     timestamptz CHECK (starts_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 00:00:00+00'),
+    ends_at       timestamptz CHECK (ends_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 00:00:00+00'),
     paused        boolean     NOT NULL DEFAULT false,
     note          text        NOT NULL DEFAULT '' CHECK (char_length(note) <= 1000),
     -- When the calendar (cron, zone) was written: no tick at or before it.
@@ -34,27 +35,30 @@ CREATE TABLE jobhost.keyed_schedules (
     -- A change of the calendar hands over at an instant: ticks of the old
     -- calendar up to it that no pass enqueued yet are still enqueued, and
     -- the new calendar's count from after it (none lost, none doubled).
-    handover_cron      text,
-    handover_time_zone text,
-    handover_from      timestamptz,
-    handover_until     timestamptz,
+    -- Each replaced calendar, oldest first, until a pass has done its
+    -- ticks: {"cron", "time_zone", "from", "until"}.
+    handovers     jsonb       NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(handovers) = 'array'),
     next_tick     timestamptz,
     error         text,
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job, key)
+    PRIMARY KEY (job, key),
+    CHECK (ends_at > starts_at)
 );
 
 CREATE INDEX keyed_schedules_due ON jobhost.keyed_schedules (job, look_at)
     WHERE look_at IS NOT NULL AND NOT paused;
 
 -- The fleet's latest pass over each job type's keyed schedules, written
--- every few seconds: a tick that came due after it is enqueued however
--- late; ticks before it were missed while no host looked (up to each
--- schedule's backfill are enqueued).
+-- every few seconds (`passed_at`), and how far it vouches (`looked_at`):
+-- its clock, or just before the earliest schedule it left due (one another
+-- transaction held). While the pass is recent, a tick after `looked_at`
+-- is enqueued however late; ticks before it were missed while no host
+-- looked (up to each schedule's backfill are enqueued).
 CREATE TABLE jobhost.schedule_looks (
     job       text        PRIMARY KEY,
-    looked_at timestamptz NOT NULL
+    looked_at timestamptz NOT NULL,
+    passed_at timestamptz NOT NULL
 );
 
 -- The zones a schedule written through SQL may name, as the server's

@@ -12,8 +12,8 @@ CREATE TABLE keyed_schedules (
     overlap       TEXT    NOT NULL DEFAULT 'allow' CHECK (overlap IN ('allow', 'skip', 'buffer_one')),
     jitter_ms     INTEGER NOT NULL DEFAULT 0 CHECK (jitter_ms BETWEEN 0 AND 86400000),
     backfill      INTEGER NOT NULL DEFAULT 1 CHECK (backfill BETWEEN 0 AND 1000),
-    starts_at     INTEGER,
-    ends_at       INTEGER CHECK (ends_at > starts_at),
+    starts_at     INTEGER CHECK (starts_at BETWEEN -62135596800000 AND 253402214400000),
+    ends_at       INTEGER CHECK (ends_at BETWEEN -62135596800000 AND 253402214400000),
     paused        INTEGER NOT NULL DEFAULT 0,
     note          TEXT    NOT NULL DEFAULT '' CHECK (length(note) <= 1000),
     since         INTEGER NOT NULL,
@@ -23,15 +23,13 @@ CREATE TABLE keyed_schedules (
     skipped       INTEGER NOT NULL DEFAULT 0,
     triggered_at  INTEGER,
     look_at       INTEGER,
-    handover_cron      TEXT,
-    handover_time_zone TEXT,
-    handover_from      INTEGER,
-    handover_until     INTEGER,
+    handovers     TEXT    NOT NULL DEFAULT '[]' CHECK (json_type(handovers) = 'array'),
     next_tick     INTEGER,
     error         TEXT,
     created_at    INTEGER NOT NULL,
     updated_at    INTEGER NOT NULL,
-    PRIMARY KEY (job, key)
+    PRIMARY KEY (job, key),
+    CHECK (ends_at > starts_at)
 ) STRICT;
 
 CREATE INDEX keyed_schedules_due ON keyed_schedules (job, look_at)
@@ -39,5 +37,6 @@ CREATE INDEX keyed_schedules_due ON keyed_schedules (job, look_at)
 
 CREATE TABLE schedule_looks (
     job       TEXT    PRIMARY KEY,
-    looked_at INTEGER NOT NULL
+    looked_at INTEGER NOT NULL,
+    passed_at INTEGER NOT NULL
 ) STRICT;

@@ -361,15 +361,32 @@ pub fn keyed_lines(status: &KeyedScheduleStatus) -> Vec<String> {
             humantime::format_duration(std::time::Duration::from_millis(s.jitter_ms))
         ));
     }
-    let head = format!("{} {:?} {:?}", s.job, s.key, s.cron);
-    let mut lines = if head.chars().count() + 1 + policy.chars().count() <= WIDTH {
-        vec![format!("{head} {policy}")]
+    let whole = format!("{} {:?} {:?} {policy}", s.job, s.key, s.cron);
+    let mut lines = if whole.chars().count() <= WIDTH {
+        vec![whole]
     } else {
-        vec![clip(&head, WIDTH), clip(&format!("  {policy}"), WIDTH)]
+        // The key is what gives: the calendar keeps a line of its own.
+        let calendar = format!("  {:?} {policy}", s.cron);
+        let mut lines = vec![clip(&format!("{} {:?}", s.job, s.key), WIDTH)];
+        match calendar.split_once(", ") {
+            Some((when, how)) if calendar.chars().count() > WIDTH => {
+                lines.push(clip(when, WIDTH));
+                lines.push(clip(&format!("  {how}"), WIDTH));
+            }
+            _ => lines.push(clip(&calendar, WIDTH)),
+        }
+        lines
     };
     let job = status.last_job.map_or(String::new(), |id| format!(" (job {id})"));
     let next = if s.paused { "paused".to_string() } else { time(status.next_tick) };
-    lines.push(clip(&format!("  last tick {}{job}  next tick {next}", time(status.last_tick)), WIDTH));
+    let last = format!("  last tick {}{job}", time(status.last_tick));
+    let next = format!("next tick {next}");
+    if last.chars().count() + 2 + next.chars().count() <= WIDTH {
+        lines.push(format!("{last}  {next}"));
+    } else {
+        lines.push(last);
+        lines.push(format!("  {next}"));
+    }
     let mut notes = Vec::new();
     if s.paused && !s.note.is_empty() {
         notes.push(format!("note {:?}", s.note));
@@ -413,7 +430,7 @@ mod tests {
             schedule,
             since: at("2026-12-01T00:00:00Z"),
             last_tick: Some(at("2026-12-07T08:00:00Z")),
-            last_job: Some(123_456_789),
+            last_job: Some(1_234_567_890),
             buffered_tick: Some(at("2026-12-07T09:00:00Z")),
             skipped: 12,
             next_tick: Some(at("2026-12-08T08:00:00Z")),
@@ -425,8 +442,21 @@ mod tests {
         let lines = keyed_lines(&status);
         assert!(lines.iter().all(|line| line.chars().count() <= WIDTH), "{lines:#?}");
         assert!(lines[0].starts_with("weekly_customer_report \"customer:"));
+        assert!(
+            lines.iter().any(|line| line.contains("\"0 0 9 * * MON-FRI\" in America")),
+            "the calendar is kept: {lines:#?}"
+        );
         assert!(lines.iter().any(|line| line.contains("buffer-one, jitter 1m 30s")), "{lines:#?}");
-        assert!(lines.iter().any(|line| line.contains("(job 123456789)  next tick paused")), "{lines:#?}");
+        assert!(lines.iter().any(|line| line.contains("(job 1234567890)")), "{lines:#?}");
+        assert!(lines.iter().any(|line| line.ends_with("next tick paused")), "{lines:#?}");
+        let running = KeyedScheduleStatus {
+            schedule: KeyedSchedule { paused: false, ..status.schedule.clone() },
+            next_tick: Some(at("2026-12-08T08:00:00Z")),
+            ..status.clone()
+        };
+        let running = keyed_lines(&running);
+        assert!(running.iter().all(|line| line.chars().count() <= WIDTH), "{running:#?}");
+        assert!(running.iter().any(|line| line == "  next tick 2026-12-08T08:00:00Z"), "its own line: {running:#?}");
         assert!(lines.iter().any(|line| line.contains("note \"the customer asked")), "{lines:#?}");
         assert!(lines.iter().any(|line| line == "  12 skipped"), "{lines:#?}");
         assert!(lines.iter().any(|line| line.starts_with("  error: payload of job")), "{lines:#?}");

@@ -158,6 +158,13 @@ impl KeyedSchedule {
         }
     }
 
+    /// The pause a write sets: none when it is neither paused nor noted, so
+    /// a write that rewrites a schedule keeps an operator's pause and note
+    /// (a resume is its own command).
+    pub fn pause_written(&self) -> Option<(bool, &str)> {
+        (self.paused || !self.note.is_empty()).then_some((self.paused, self.note.as_str()))
+    }
+
     /// Checks everything but the job type's existence, naming the field.
     ///
     /// # Errors
@@ -187,6 +194,13 @@ impl KeyedSchedule {
         }
         if self.jitter_ms > MAX_JITTER_MS {
             return invalid("jitter", format!("{} ms is more than a day", self.jitter_ms));
+        }
+        let years = |at: &DateTime<Utc>| (1..=9998).contains(&chrono::Datelike::year(at));
+        if self.starts_at.is_some_and(|at| !years(&at)) {
+            return invalid("starts_at", "must be a time between the years 1 and 9999".into());
+        }
+        if self.ends_at.is_some_and(|at| !years(&at)) {
+            return invalid("ends_at", "must be a time between the years 1 and 9999".into());
         }
         if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
             && ends <= starts
@@ -268,21 +282,28 @@ pub struct DueSchedule {
     pub since: DateTime<Utc>,
     /// The cursor: every tick at or before it is done.
     pub last_tick: Option<DateTime<Utc>>,
-    /// Whether the job of its latest enqueued tick has not ended yet.
+    /// The job of its latest enqueued tick.
+    pub last_job: Option<i64>,
+    /// Whether that job has not ended yet.
     pub last_job_live: bool,
     /// A tick kept for when that job ends.
     pub buffered_tick: Option<DateTime<Utc>>,
     /// A tick asked for now.
     pub triggered_at: Option<DateTime<Utc>>,
-    /// The fleet's latest pass over the job type's schedules.
+    /// How far the fleet's latest pass over the job type's schedules
+    /// vouches: every tick up to it was handled, but those of schedules
+    /// still due.
     pub looked_at: Option<DateTime<Utc>>,
-    /// The calendar a change replaced, while its last ticks may be due.
-    pub handover: Option<Handover>,
+    /// When that pass was: only a recent one vouches.
+    pub passed_at: Option<DateTime<Utc>>,
+    /// The calendars changes replaced, oldest first, while their last ticks
+    /// may be due.
+    pub handovers: Vec<Handover>,
 }
 
-/// The calendar a change of a schedule replaced: its ticks after `from`,
-/// up to `until` (the change), are still the schedule's.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A calendar a change of a schedule replaced: its ticks after `from` up
+/// to `until` (the change, or its end) are still the schedule's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handover {
     /// The old expression.
     pub cron: String,
@@ -319,8 +340,10 @@ pub struct TickPlan {
     /// Whether the job type may refuse an enqueue in the database (a
     /// `raise` limit or uniqueness): its jobs are written in a savepoint.
     pub may_refuse: bool,
-    /// Whether the hand-over from a replaced calendar is done.
-    pub handover_done: bool,
+    /// The replaced calendars whose ticks are not all done yet.
+    pub handovers: Vec<Handover>,
+    /// Whether a tick asked for now was handled (enqueued or skipped).
+    pub trigger_done: bool,
 }
 
 impl TickPlan {
@@ -338,6 +361,17 @@ impl TickPlan {
         written.last().map(|enqueued| match enqueued {
             Enqueued::New(id) | Enqueued::Duplicate(id) | Enqueued::Replaced(id) => *id,
         })
+    }
+}
+
+/// Whether a trigger was taken, from whether the schedule is paused.
+///
+/// # Errors
+/// [`Error::InvalidSchedule`] for a paused schedule: it ticks nothing.
+pub fn triggered(paused: Option<bool>) -> Result<bool> {
+    match paused {
+        Some(true) => Err(Error::InvalidSchedule("the schedule is paused: resume it to run a tick".into())),
+        found => Ok(found.is_some()),
     }
 }
 
@@ -364,7 +398,8 @@ pub fn plan(due: &DueSchedule, now: DateTime<Utc>, max_pause: TimeDelta, limits:
         next_tick: None,
         error: None,
         may_refuse: due.config.as_ref().is_some_and(may_refuse),
-        handover_done: false,
+        handovers: due.handovers.clone(),
+        trigger_done: false,
     };
     let Some(config) = &due.config else {
         plan.error = Some(format!("the job type {:?} has a stored configuration this host cannot read", schedule.job));
@@ -382,9 +417,10 @@ pub fn plan(due: &DueSchedule, now: DateTime<Utc>, max_pause: TimeDelta, limits:
     if let Some(starts) = schedule.starts_at {
         cursor = cursor.max(starts - TimeDelta::milliseconds(1));
     }
-    let watching_since = due.looked_at.filter(|at| now - *at <= max_pause);
+    let recent = due.passed_at.is_some_and(|at| now - at <= max_pause);
+    let watching_since = due.looked_at.filter(|_| recent);
     let mut ticks = Vec::new();
-    if let Some(handover) = &due.handover {
+    for handover in &due.handovers {
         let old = ScheduleConfig {
             cron: handover.cron.clone(),
             time_zone: handover.time_zone.clone(),
@@ -393,10 +429,10 @@ pub fn plan(due: &DueSchedule, now: DateTime<Utc>, max_pause: TimeDelta, limits:
         // A calendar that was ticking can be read; one that cannot gives up its last ticks.
         if let Ok(old) = Calendar::new(&old) {
             let from = due.last_tick.unwrap_or(handover.from).max(handover.from);
-            ticks = due_ticks(&old, from, watching_since, now.min(handover.until), schedule.backfill);
+            ticks.extend(due_ticks(&old, from, watching_since, now.min(handover.until), schedule.backfill));
         }
-        plan.handover_done = handover.until <= now;
     }
+    plan.handovers.retain(|handover| handover.until > now);
     ticks.extend(due_ticks(&calendar, cursor, watching_since, now, schedule.backfill));
     let ticks: Vec<_> = ticks.into_iter().filter(|tick| schedule.ends_at.is_none_or(|end| *tick <= end)).collect();
     if let Some(last) = ticks.last() {
@@ -414,6 +450,7 @@ pub fn plan(due: &DueSchedule, now: DateTime<Utc>, max_pause: TimeDelta, limits:
     }
     let mut candidates = ticks;
     candidates.extend(due.triggered_at);
+    plan.trigger_done = due.triggered_at.is_some();
     for tick in candidates {
         match schedule.overlap {
             Overlap::Allow => emit.push(tick),
@@ -435,7 +472,7 @@ pub fn plan(due: &DueSchedule, now: DateTime<Utc>, max_pause: TimeDelta, limits:
         }
     }
 
-    let from = now.max(plan.last_tick.unwrap_or(cursor));
+    let from = now.max(plan.last_tick.unwrap_or(cursor)).max(cursor);
     plan.next_tick = calendar.next_after(from).filter(|next| schedule.ends_at.is_none_or(|end| *next <= end));
     plan.look_at = plan.next_tick;
     if plan.buffered_tick.is_some() {
@@ -549,11 +586,13 @@ mod tests {
             config: Some(config()),
             since: at("2026-01-01T00:00:00Z"),
             last_tick: Some(at(last_tick)),
+            last_job: Some(7),
             last_job_live: live,
             buffered_tick: None,
             triggered_at: None,
             looked_at: Some(at("2026-01-01T00:00:00Z")),
-            handover: None,
+            passed_at: Some(at("2026-01-01T00:00:30Z")),
+            handovers: Vec::new(),
         }
     }
 
@@ -606,7 +645,11 @@ mod tests {
     fn a_tick_asked_for_now_follows_the_policy() {
         let mut asked = due(Overlap::Skip, "2026-01-01T00:00:30Z", false);
         asked.triggered_at = Some(at("2026-01-01T00:00:33Z"));
-        assert_eq!(ticks(&planned(&asked)), ["2026-01-01T00:00:33Z"]);
+        let plan = planned(&asked);
+        assert_eq!((ticks(&plan), plan.trigger_done), (vec!["2026-01-01T00:00:33Z".to_string()], true));
+        asked.schedule.time_zone = "Mars/Olympus".into();
+        assert!(!planned(&asked).trigger_done, "kept for when the calendar can be read");
+        asked.schedule.time_zone = "UTC".into();
         asked.last_job_live = true;
         let plan = planned(&asked);
         assert_eq!((plan.jobs.len(), plan.skipped), (0, 1));
@@ -619,15 +662,35 @@ mod tests {
         let mut changed = due(Overlap::Allow, "2026-01-01T00:00:10Z", false);
         changed.schedule.cron = "*/15 * * * * *".into();
         changed.since = at("2026-01-01T00:00:25Z");
-        changed.handover = Some(Handover {
+        changed.handovers = vec![Handover {
             cron: "*/10 * * * * *".into(),
             time_zone: "UTC".into(),
             from: at("2026-01-01T00:00:10Z"),
             until: at("2026-01-01T00:00:25Z"),
-        });
+        }];
         let plan = planned(&changed);
         assert_eq!(ticks(&plan), ["2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z"]);
-        assert!(plan.handover_done);
+        assert!(plan.handovers.is_empty(), "done");
+        // Two changes before a pass: every calendar's ticks in its own span.
+        changed.handovers = vec![
+            Handover {
+                cron: "*/10 * * * * *".into(),
+                time_zone: "UTC".into(),
+                from: at("2026-01-01T00:00:10Z"),
+                until: at("2026-01-01T00:00:17Z"),
+            },
+            Handover {
+                cron: "*/4 * * * * *".into(),
+                time_zone: "UTC".into(),
+                from: at("2026-01-01T00:00:17Z"),
+                until: at("2026-01-01T00:00:25Z"),
+            },
+        ];
+        assert_eq!(
+            ticks(&planned(&changed)),
+            ["2026-01-01T00:00:20Z", "2026-01-01T00:00:24Z", "2026-01-01T00:00:30Z"],
+            "the middle calendar's ticks too"
+        );
         assert_eq!(plan.next_tick, Some(at("2026-01-01T00:00:45Z")));
     }
 
@@ -648,6 +711,22 @@ mod tests {
         let plan = planned(&bad);
         assert!(plan.error.unwrap().contains("Mars/Olympus"));
         assert_eq!((plan.jobs.len(), plan.look_at), (0, None));
+    }
+
+    #[test]
+    fn only_a_recent_pass_vouches_for_late_ticks() {
+        // The fleet's record is old: only the latest tick (the backfill) of those due.
+        let mut stale = due(Overlap::Allow, "2026-01-01T00:00:00Z", false);
+        stale.passed_at = Some(at("2025-12-31T00:00:00Z"));
+        assert_eq!(ticks(&planned(&stale)), ["2026-01-01T00:00:30Z"]);
+        // A recent pass vouches only up to where it did: a schedule another
+        // transaction held keeps its late ticks.
+        let mut held = due(Overlap::Allow, "2026-01-01T00:00:00Z", false);
+        held.looked_at = Some(at("2026-01-01T00:00:09Z"));
+        assert_eq!(ticks(&planned(&held)).len(), 3);
+        held.schedule.backfill = 0;
+        held.looked_at = Some(at("2026-01-01T00:00:15Z"));
+        assert_eq!(ticks(&planned(&held)), ["2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z"]);
     }
 
     #[test]

@@ -241,6 +241,33 @@ async fn a_tick_asked_for_now_is_enqueued_once_under_the_policy(db: TestDb) {
     assert_eq!(ticks(&db).await.len(), 1);
     assert_eq!(status(&db, "acme").await.skipped, 1);
     assert!(!db.store.keyed_schedule_trigger("report", "nobody").await.unwrap());
+
+    // A trigger waiting when the schedule is paused is dropped, and a
+    // paused schedule refuses one: it ticks nothing.
+    db.store.job_cancel(live_ids(&db).await[0]).await.unwrap();
+    client.schedule_trigger("report", "acme").await.unwrap();
+    client.schedule_pause("report", "acme", true, None).await.unwrap();
+    assert_eq!(status(&db, "acme").await.triggered_at, None);
+    match client.schedule_trigger("report", "acme").await {
+        Err(Error::InvalidSchedule(reason)) => assert!(reason.contains("paused"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    client.schedule_pause("report", "acme", false, None).await.unwrap();
+    host.run_once(None).await.unwrap();
+    assert_eq!(ticks(&db).await.len(), 1, "nothing ran for the dropped trigger");
+
+    // An application rewriting the schedule keeps an operator's pause.
+    client.schedule_pause("report", "acme", true, Some("billing dispute")).await.unwrap();
+    client
+        .schedule_upsert(&KeyedSchedule {
+            payload: serde_json::Map::from_iter([("v".into(), 2.into())]),
+            ..schedule.clone()
+        })
+        .await
+        .unwrap();
+    let kept = status(&db, "acme").await;
+    assert!(kept.schedule.paused && kept.schedule.note == "billing dispute", "{kept:?}");
+    assert_eq!(kept.schedule.payload["v"], 2);
 }
 
 /// A change of the calendar while a tick of the old one is due and not yet
@@ -405,6 +432,9 @@ mod sql {
             ("'report', 'a', '* * * * *', 'UTC', '{}', 'sometimes'", "overlap"),
             ("'nobody', 'a', '* * * * *'", "job"),
             ("'report', '', '* * * * *'", "key"),
+            ("'report', 'a', '* * * * *', 'UTC', '{}', 'allow', 0, 1, NULL, 'infinity'", "ends_at"),
+            ("'report', 'a', '* * * * *', 'UTC', '{}', 'allow', 0, 1, '-infinity'", "starts_at"),
+            ("'report', 'a', '* * * * *', 'UTC', '{}', 'allow', 0, 1, '270000-01-01'", "starts_at"),
         ] {
             let error = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT jobhost.schedule_upsert({call})")))
                 .execute(pool)
@@ -414,6 +444,12 @@ mod sql {
             assert!(message.starts_with(&format!("invalid schedule: {field}:")), "{call}: {message}");
         }
         assert_eq!(db.store.keyed_schedules(None, None).await.unwrap().len(), 1, "nothing more stored");
+        let direct = sqlx::query(
+            "INSERT INTO jobhost.keyed_schedules (job, key, cron, ends_at) VALUES ('report', 'b', '* * * * *', 'infinity')",
+        )
+        .execute(pool)
+        .await;
+        assert!(direct.is_err(), "the table refuses a time hosts cannot read");
 
         let mut host = scheduler(db.dyn_store());
         host.run_once(None).await.unwrap();
@@ -436,6 +472,36 @@ mod sql {
         host.run_once(Some(later + TimeDelta::seconds(10))).await.unwrap();
         assert_eq!(ticks(&db).await.len(), after, "no tick after the removal commits");
     }
+}
+
+/// A schedule another transaction holds while passes go on keeps its late
+/// ticks, even with no backfill: the fleet's record of its passes vouches
+/// only up to the earliest schedule it left due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_held_by_another_transaction_keeps_its_ticks() {
+    let db = TestDb::new(Backend::Postgres).await;
+    registered(&db, "report").await;
+    for key in ["held", "free"] {
+        db.store.keyed_schedule_upsert(&KeyedSchedule { backfill: 0, ..every_second(key) }).await.unwrap();
+    }
+    let since = status(&db, "held").await.since.max(status(&db, "free").await.since);
+    let first = whole_second_after(since);
+    let mut host = scheduler(db.dyn_store());
+    host.run_once(Some(first - TimeDelta::milliseconds(500))).await.unwrap();
+    let mut app = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobhost.keyed_schedules WHERE key = 'held' FOR UPDATE")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    for n in 0..5 {
+        let report = host.run_once(Some(first + TimeDelta::milliseconds(1_000 * n + 700))).await.unwrap();
+        assert_eq!(report.keyed.looked, 1, "the held schedule is passed over");
+    }
+    app.commit().await.unwrap();
+    host.run_once(Some(first + TimeDelta::milliseconds(4_900))).await.unwrap();
+    let held: Vec<String> = ticks(&db).await.into_iter().filter(|(k, _)| k == "held").map(|(_, t)| t).collect();
+    let expected: Vec<String> = (0..5).map(|n| text(first + TimeDelta::seconds(n))).collect();
+    assert_eq!(held, expected, "every tick while it was held, late, none missed");
 }
 
 /// The CLI: add (refused when one exists), set, list at 80 columns, show,

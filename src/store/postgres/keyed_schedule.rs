@@ -74,26 +74,40 @@ fn due_of(row: &PgRow) -> Result<DueSchedule> {
             tracing::warn!(job, %error, "a job type's stored configuration cannot be read: its keyed schedules wait");
         })
         .ok();
-    let handover = match (row.try_get("handover_cron")?, row.try_get("handover_time_zone")?) {
-        (Some(cron), Some(time_zone)) => Some(Handover {
-            cron,
-            time_zone,
-            from: row.try_get("handover_from")?,
-            until: row.try_get("handover_until")?,
-        }),
-        _ => None,
-    };
+    let Json(handovers): Json<Vec<Handover>> = row.try_get("handovers")?;
     Ok(DueSchedule {
         schedule: schedule_of(row)?,
         config,
         since: row.try_get("since")?,
         last_tick: row.try_get("last_tick")?,
-        last_job_live: row.try_get("live")?,
+        last_job: row.try_get("last_job")?,
+        last_job_live: false,
         buffered_tick: row.try_get("buffered_tick")?,
         triggered_at: row.try_get("triggered_at")?,
         looked_at: row.try_get("looked_at")?,
-        handover,
+        passed_at: row.try_get("passed_at")?,
+        handovers,
     })
+}
+
+/// Marks each schedule whose latest job has not ended (it waits, runs, is
+/// blocked or waits to retry), read in a statement of its own after the
+/// rows are locked, so it sees a job the pass before committed.
+async fn with_live_jobs(conn: &mut PgConnection, mut due: Vec<DueSchedule>) -> Result<Vec<DueSchedule>> {
+    let ids: Vec<i64> = due.iter().filter_map(|d| d.last_job).collect();
+    if ids.is_empty() {
+        return Ok(due);
+    }
+    let live: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM jobhost.jobs WHERE id = ANY($1) UNION ALL SELECT id FROM jobhost.blocked_jobs WHERE id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?;
+    for schedule in &mut due {
+        schedule.last_job_live = schedule.last_job.is_some_and(|id| live.contains(&id));
+    }
+    Ok(due)
 }
 
 /// Writes each plan's jobs: those of types the database cannot refuse in
@@ -141,7 +155,8 @@ async fn write_moves(conn: &mut PgConnection, plans: &[TickPlan], last_jobs: &[O
         .bind(plans.iter().map(|p| p.look_at).collect::<Vec<_>>())
         .bind(plans.iter().map(|p| p.next_tick).collect::<Vec<_>>())
         .bind(plans.iter().map(|p| p.error.as_deref()).collect::<Vec<_>>())
-        .bind(plans.iter().map(|p| p.handover_done).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| p.trigger_done).collect::<Vec<_>>())
+        .bind(plans.iter().map(|p| Json(&p.handovers)).collect::<Vec<_>>())
         .execute(conn)
         .await?;
     Ok(())
@@ -161,8 +176,8 @@ impl KeyedScheduleDriver for PgStore {
             .bind(i32::try_from(s.backfill).unwrap_or(i32::MAX))
             .bind(s.starts_at)
             .bind(s.ends_at)
-            .bind(s.paused)
-            .bind(&s.note)
+            .bind(s.pause_written().map(|(paused, _)| paused))
+            .bind(s.pause_written().map(|(_, note)| note))
             .fetch_one(&self.pool)
             .await
             .map_err(refused_as_invalid)
@@ -175,7 +190,8 @@ impl KeyedScheduleDriver for PgStore {
              SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
                  since = CASE WHEN paused AND NOT $3 THEN greatest(clock_timestamp(), last_tick, since) ELSE since END,
                  buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
-                 look_at = now(), updated_at = now()
+                 triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
+                 look_at = least(look_at, now()), updated_at = now()
              WHERE job = $1 AND key = $2",
         )
         .bind(job)
@@ -196,15 +212,18 @@ impl KeyedScheduleDriver for PgStore {
     }
 
     async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE jobhost.keyed_schedules SET triggered_at = clock_timestamp(), look_at = now()
-             WHERE job = $1 AND key = $2",
+        let paused: Option<bool> = sqlx::query_scalar(
+            "UPDATE jobhost.keyed_schedules
+             SET triggered_at = CASE WHEN paused THEN triggered_at ELSE clock_timestamp() END,
+                 look_at = CASE WHEN paused THEN look_at ELSE least(look_at, now()) END
+             WHERE job = $1 AND key = $2
+             RETURNING paused",
         )
         .bind(job)
         .bind(key)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(done.rows_affected() > 0)
+        crate::store::keyed_schedule::triggered(paused)
     }
 
     async fn keyed_schedules(&self, job: Option<&str>, key: Option<&str>) -> Result<Vec<KeyedScheduleStatus>> {
@@ -229,6 +248,7 @@ impl KeyedScheduleDriver for PgStore {
             .fetch_all(&mut *tx)
             .await?;
         let due: Vec<DueSchedule> = rows.iter().map(due_of).collect::<Result<Vec<_>>>()?;
+        let due = with_live_jobs(&mut tx, due).await?;
         let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= batch;
         let work: Result<(Vec<TickPlan>, DateTime<Utc>, Option<DateTime<Utc>>)> = async {
             let mut plans = Vec::new();
@@ -252,12 +272,20 @@ impl KeyedScheduleDriver for PgStore {
     }
 
     async fn keyed_looked(&self, at: DateTime<Utc>) -> Result<()> {
+        // It vouches up to `at`, or to just before the earliest schedule of
+        // the type still due (one another transaction held).
         sqlx::query(
-            "INSERT INTO jobhost.schedule_looks (job, looked_at)
-             SELECT DISTINCT served_job, $1::timestamptz FROM jobhost.hosts h, unnest(h.job_types) AS served_job
-             WHERE h.last_seen_at >= now() - $2 * h.heartbeat_ms * interval '1 millisecond'
-             ON CONFLICT (job) DO UPDATE SET looked_at = EXCLUDED.looked_at
-             WHERE jobhost.schedule_looks.looked_at < EXCLUDED.looked_at",
+            "INSERT INTO jobhost.schedule_looks (job, looked_at, passed_at)
+             SELECT served.job,
+                    least($1::timestamptz,
+                          (SELECT s.look_at - interval '1 millisecond' FROM jobhost.keyed_schedules s
+                           WHERE s.job = served.job AND s.look_at <= $1 AND NOT s.paused
+                           ORDER BY s.look_at LIMIT 1)),
+                    $1
+             FROM (SELECT DISTINCT served_job AS job FROM jobhost.hosts h, unnest(h.job_types) AS served_job
+                   WHERE h.last_seen_at >= now() - $2 * h.heartbeat_ms * interval '1 millisecond') served
+             ON CONFLICT (job) DO UPDATE SET looked_at = EXCLUDED.looked_at, passed_at = EXCLUDED.passed_at
+             WHERE jobhost.schedule_looks.passed_at < EXCLUDED.passed_at",
         )
         .bind(at)
         .bind(MISSED_HEARTBEATS)

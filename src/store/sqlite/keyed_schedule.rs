@@ -72,22 +72,19 @@ fn due_of(row: &SqliteRow) -> Result<DueSchedule> {
             tracing::warn!(job, %error, "a job type's stored configuration cannot be read: its keyed schedules wait");
         })
         .ok();
-    let handover = match (row.try_get("handover_cron")?, row.try_get("handover_time_zone")?) {
-        (Some(cron), Some(time_zone)) => {
-            Some(Handover { cron, time_zone, from: time(row, "handover_from")?, until: time(row, "handover_until")? })
-        }
-        _ => None,
-    };
+    let Json(handovers): Json<Vec<Handover>> = row.try_get("handovers")?;
     Ok(DueSchedule {
         schedule: schedule_of(row)?,
         config,
         since: time(row, "since")?,
         last_tick: time_opt(row, "last_tick")?,
+        last_job: row.try_get("last_job")?,
         last_job_live: row.try_get("live")?,
         buffered_tick: time_opt(row, "buffered_tick")?,
         triggered_at: time_opt(row, "triggered_at")?,
         looked_at: time_opt(row, "looked_at")?,
-        handover,
+        passed_at: time_opt(row, "passed_at")?,
+        handovers,
     })
 }
 
@@ -122,11 +119,8 @@ async fn write_move(conn: &mut SqliteConnection, plan: &TickPlan, last_job: Opti
     sqlx::query(
         "UPDATE keyed_schedules
          SET last_tick = $3, last_job = coalesce($4, last_job), buffered_tick = $5, skipped = skipped + $6,
-             look_at = $7, next_tick = $8, error = $9, triggered_at = NULL,
-             handover_cron = CASE WHEN $10 THEN NULL ELSE handover_cron END,
-             handover_time_zone = CASE WHEN $10 THEN NULL ELSE handover_time_zone END,
-             handover_from = CASE WHEN $10 THEN NULL ELSE handover_from END,
-             handover_until = CASE WHEN $10 THEN NULL ELSE handover_until END
+             look_at = $7, next_tick = $8, error = $9,
+             triggered_at = CASE WHEN $10 THEN NULL ELSE triggered_at END, handovers = $11
          WHERE job = $1 AND key = $2",
     )
     .bind(&plan.job)
@@ -138,7 +132,8 @@ async fn write_move(conn: &mut SqliteConnection, plan: &TickPlan, last_job: Opti
     .bind(ms(plan.look_at))
     .bind(ms(plan.next_tick))
     .bind(plan.error.as_deref())
-    .bind(plan.handover_done)
+    .bind(plan.trigger_done)
+    .bind(Json(&plan.handovers))
     .execute(conn)
     .await?;
     Ok(())
@@ -147,7 +142,7 @@ async fn write_move(conn: &mut SqliteConnection, plan: &TickPlan, last_job: Opti
 /// The due schedules of types a live host serves (renewed within `$4` of
 /// its heartbeats by `$3`, this machine's clock), by the clock `$1`, at
 /// most `$2`, as `sql/keyed_due.sql` reads them on PostgreSQL.
-const DUE: &str = "SELECT s.*, t.config, l.looked_at,
+const DUE: &str = "SELECT s.*, t.config, l.looked_at, l.passed_at,
        s.last_job IS NOT NULL AND (EXISTS (SELECT 1 FROM jobs j WHERE j.id = s.last_job)
                                    OR EXISTS (SELECT 1 FROM blocked_jobs b WHERE b.id = s.last_job)) AS live
 FROM keyed_schedules s
@@ -166,12 +161,18 @@ WHERE job IN (SELECT j.value FROM hosts h, json_each(h.job_types) j
               WHERE h.last_seen_at >= $1 - $2 * h.heartbeat_ms)
   AND look_at IS NOT NULL AND NOT paused";
 
-/// Records a pass at `$3` for every type a live host serves.
-const LOOKED: &str = "INSERT INTO schedule_looks (job, looked_at)
-SELECT DISTINCT j.value, $3 FROM hosts h, json_each(h.job_types) j
-WHERE h.last_seen_at >= $1 - $2 * h.heartbeat_ms
-ON CONFLICT (job) DO UPDATE SET looked_at = excluded.looked_at
-WHERE schedule_looks.looked_at < excluded.looked_at";
+/// Records a pass at `$3` for every type a live host serves, vouching up
+/// to it or to just before the earliest schedule of the type still due.
+const LOOKED: &str = "INSERT INTO schedule_looks (job, looked_at, passed_at)
+SELECT served.job,
+       min($3, coalesce((SELECT min(s.look_at) - 1 FROM keyed_schedules s
+                         WHERE s.job = served.job AND s.look_at <= $3 AND NOT s.paused), $3)),
+       $3
+FROM (SELECT DISTINCT j.value AS job FROM hosts h, json_each(h.job_types) j
+      WHERE h.last_seen_at >= $1 - $2 * h.heartbeat_ms) served
+WHERE true
+ON CONFLICT (job) DO UPDATE SET looked_at = excluded.looked_at, passed_at = excluded.passed_at
+WHERE schedule_looks.passed_at < excluded.passed_at";
 
 #[async_trait]
 impl KeyedScheduleDriver for SqliteStore {
@@ -192,32 +193,38 @@ impl KeyedScheduleDriver for SqliteStore {
                  ON CONFLICT (job, key) DO UPDATE SET
                      cron = excluded.cron, time_zone = excluded.time_zone, payload = excluded.payload,
                      overlap = excluded.overlap, jitter_ms = excluded.jitter_ms, backfill = excluded.backfill,
-                     starts_at = excluded.starts_at, ends_at = excluded.ends_at, paused = excluded.paused,
-                     note = excluded.note,
-                     handover_cron = CASE
-                         WHEN handover_until IS NOT NULL OR paused THEN handover_cron
-                         WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at THEN cron END,
-                     handover_time_zone = CASE
-                         WHEN handover_until IS NOT NULL OR paused THEN handover_time_zone
-                         WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at THEN time_zone END,
-                     handover_from = CASE
-                         WHEN handover_until IS NOT NULL OR paused THEN handover_from
-                         WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at THEN max(coalesce(last_tick, since), since) END,
-                     handover_until = CASE
-                         WHEN handover_until IS NOT NULL OR paused THEN handover_until
-                         WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at
-                             THEN max(excluded.since, coalesce(last_tick, since), since) END,
+                     starts_at = excluded.starts_at, ends_at = excluded.ends_at,
+                     paused = coalesce($14, paused), note = coalesce($15, note),
+                     handovers = CASE
+                         WHEN NOT paused
+                              AND (cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
+                                   OR starts_at IS NOT excluded.starts_at)
+                              AND max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since))
+                                  < min(max(excluded.since, coalesce(last_tick, since), since),
+                                        coalesce(ends_at, 253402300799999))
+                             THEN json_insert(
+                                 CASE WHEN json_array_length(handovers) >= 16 THEN json_remove(handovers, '$[0]')
+                                      ELSE handovers END,
+                                 '$[#]',
+                                 json_object(
+                                     'cron', cron, 'time_zone', time_zone,
+                                     'from', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                         max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since)) / 1000.0,
+                                         'unixepoch'),
+                                     'until', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                         min(max(excluded.since, coalesce(last_tick, since), since),
+                                             coalesce(ends_at, 253402300799999)) / 1000.0,
+                                         'unixepoch')))
+                         ELSE handovers END,
                      since = CASE
                          WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at OR (paused AND NOT excluded.paused)
+                              OR starts_at IS NOT excluded.starts_at OR (paused AND NOT coalesce($14, paused))
                              THEN max(excluded.since, coalesce(last_tick, since), since)
                          ELSE since END,
-                     buffered_tick = CASE WHEN excluded.paused THEN NULL ELSE buffered_tick END,
-                     look_at = excluded.look_at, error = NULL, updated_at = excluded.updated_at",
+                     buffered_tick = CASE WHEN coalesce($14, paused) THEN NULL ELSE buffered_tick END,
+                     triggered_at = CASE WHEN coalesce($14, paused) THEN NULL ELSE triggered_at END,
+                     look_at = min(coalesce(look_at, excluded.look_at), excluded.look_at), error = NULL,
+                     updated_at = excluded.updated_at",
             )
             .bind(&s.job)
             .bind(&s.key)
@@ -232,6 +239,8 @@ impl KeyedScheduleDriver for SqliteStore {
             .bind(s.paused)
             .bind(&s.note)
             .bind(now_ms())
+            .bind(s.pause_written().map(|(paused, _)| paused))
+            .bind(s.pause_written().map(|(_, note)| note))
             .execute(&mut **tx)
             .await?;
             Ok(!exists)
@@ -246,7 +255,8 @@ impl KeyedScheduleDriver for SqliteStore {
                  SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
                      since = CASE WHEN paused AND NOT $3 THEN max($5, coalesce(last_tick, since), since) ELSE since END,
                      buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
-                     look_at = $5, updated_at = $5
+                     triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
+                     look_at = min(coalesce(look_at, $5), $5), updated_at = $5
                  WHERE job = $1 AND key = $2",
             )
             .bind(job)
@@ -275,14 +285,19 @@ impl KeyedScheduleDriver for SqliteStore {
 
     async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
         self.write_outside_jobs(async |tx| {
-            let done =
-                sqlx::query("UPDATE keyed_schedules SET triggered_at = $3, look_at = $3 WHERE job = $1 AND key = $2")
-                    .bind(job)
-                    .bind(key)
-                    .bind(now_ms())
-                    .execute(&mut **tx)
-                    .await?;
-            Ok(done.rows_affected() > 0)
+            let paused: Option<bool> = sqlx::query_scalar(
+                "UPDATE keyed_schedules
+                 SET triggered_at = CASE WHEN paused THEN triggered_at ELSE $3 END,
+                     look_at = CASE WHEN paused THEN look_at ELSE min(coalesce(look_at, $3), $3) END
+                 WHERE job = $1 AND key = $2
+                 RETURNING paused",
+            )
+            .bind(job)
+            .bind(key)
+            .bind(now_ms())
+            .fetch_optional(&mut **tx)
+            .await?;
+            crate::store::keyed_schedule::triggered(paused)
         })
         .await
     }

@@ -10,18 +10,21 @@
 -- schedule, false when it replaced one.
 --
 -- A change of the calendar (cron, zone or start) hands over at this
--- instant: ticks of the old one up to it that no pass has enqueued yet are
--- still enqueued, and the new one counts from after it; a resume counts
--- from now (ticks while paused are not made up). The row's lock orders
--- this against a pass: one that holds it first has done its ticks, and
--- one that comes after reads this.
+-- instant: ticks of the old one up to it (within its start and end) that
+-- no pass has enqueued yet are still enqueued, and the new one counts from
+-- after it; each replaced calendar is kept in `handovers` until a pass has
+-- done its ticks (the 16 latest). A resume counts from now (ticks while
+-- paused are not made up). `paused` and `note` left null keep what the
+-- schedule has (an application rewriting a schedule does not undo an
+-- operator's pause). The row's lock orders this against a pass: one that
+-- holds it first has done its ticks, and one that comes after reads this.
 CREATE OR REPLACE FUNCTION jobhost.schedule_upsert(
     schedule_job text, schedule_key text, schedule_cron text,
     schedule_time_zone text DEFAULT 'UTC', schedule_payload jsonb DEFAULT '{}',
     schedule_overlap text DEFAULT 'allow', schedule_jitter_ms bigint DEFAULT 0,
     schedule_backfill integer DEFAULT 1, schedule_starts_at timestamptz DEFAULT NULL,
-    schedule_ends_at timestamptz DEFAULT NULL, schedule_paused boolean DEFAULT false,
-    schedule_note text DEFAULT '')
+    schedule_ends_at timestamptz DEFAULT NULL, schedule_paused boolean DEFAULT NULL,
+    schedule_note text DEFAULT NULL)
     RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -30,6 +33,8 @@ DECLARE
     fields text[] := regexp_split_to_array(btrim(coalesce(schedule_cron, '')), '\s+');
     max_payload_bytes bigint :=
         coalesce(nullif(current_setting('jobhost.max_payload_bytes', true), '')::bigint, 1048576);
+    earliest constant timestamptz := '0001-01-01 00:00:00+00';
+    latest constant timestamptz := '9999-12-31 00:00:00+00';
     created boolean;
     changed_at timestamptz;
 BEGIN
@@ -75,6 +80,12 @@ BEGIN
     IF schedule_backfill IS NULL OR schedule_backfill NOT BETWEEN 0 AND 1000 THEN
         RAISE EXCEPTION 'invalid schedule: backfill: must be between 0 and 1000' USING ERRCODE = '22023';
     END IF;
+    IF schedule_starts_at NOT BETWEEN earliest AND latest THEN
+        RAISE EXCEPTION 'invalid schedule: starts_at: must be a time between the years 1 and 9999' USING ERRCODE = '22023';
+    END IF;
+    IF schedule_ends_at NOT BETWEEN earliest AND latest THEN
+        RAISE EXCEPTION 'invalid schedule: ends_at: must be a time between the years 1 and 9999' USING ERRCODE = '22023';
+    END IF;
     IF schedule_ends_at <= schedule_starts_at THEN
         RAISE EXCEPTION 'invalid schedule: ends_at: must be after starts_at' USING ERRCODE = '22023';
     END IF;
@@ -91,34 +102,31 @@ BEGIN
     ON CONFLICT (job, key) DO UPDATE SET
         cron = EXCLUDED.cron, time_zone = EXCLUDED.time_zone, payload = EXCLUDED.payload,
         overlap = EXCLUDED.overlap, jitter_ms = EXCLUDED.jitter_ms, backfill = EXCLUDED.backfill,
-        starts_at = EXCLUDED.starts_at, ends_at = EXCLUDED.ends_at, paused = EXCLUDED.paused, note = EXCLUDED.note,
-        -- The old calendar's ticks up to now stay due, unless it was paused
-        -- (they are not made up) or a hand-over is already pending (its
-        -- older calendar keeps it).
-        handover_cron = CASE
-            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_cron
-            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
-                THEN s.cron END,
-        handover_time_zone = CASE
-            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_time_zone
-            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
-                THEN s.time_zone END,
-        handover_from = CASE
-            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_from
-            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
-                THEN greatest(s.last_tick, s.since) END,
-        handover_until = CASE
-            WHEN s.handover_until IS NOT NULL OR s.paused THEN s.handover_until
-            WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
-                THEN greatest(changed_at, s.last_tick, s.since) END,
+        starts_at = EXCLUDED.starts_at, ends_at = EXCLUDED.ends_at,
+        paused = coalesce(schedule_paused, s.paused), note = coalesce(schedule_note, s.note),
+        -- The old calendar's ticks after its cursor (and its start) up to
+        -- now (and its end) stay due, unless it was paused.
+        handovers = CASE
+            WHEN NOT s.paused
+                 AND (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
+                 AND greatest(s.last_tick, s.since, s.starts_at - interval '1 millisecond')
+                     < least(greatest(changed_at, s.last_tick, s.since), s.ends_at)
+                THEN (CASE WHEN jsonb_array_length(s.handovers) >= 16 THEN s.handovers - 0 ELSE s.handovers END)
+                     || jsonb_build_array(jsonb_build_object(
+                            'cron', s.cron, 'time_zone', s.time_zone,
+                            'from', greatest(s.last_tick, s.since, s.starts_at - interval '1 millisecond'),
+                            'until', least(greatest(changed_at, s.last_tick, s.since), s.ends_at)))
+            ELSE s.handovers END,
         since = CASE
             WHEN (s.cron, s.time_zone, s.starts_at) IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.time_zone, EXCLUDED.starts_at)
-                 OR (s.paused AND NOT EXCLUDED.paused)
+                 OR (s.paused AND NOT coalesce(schedule_paused, s.paused))
                 THEN greatest(changed_at, s.last_tick, s.since)
             ELSE s.since END,
-        -- A paused schedule keeps nothing buffered to start later.
-        buffered_tick = CASE WHEN EXCLUDED.paused THEN NULL ELSE s.buffered_tick END,
-        look_at = now(), error = NULL, updated_at = now()
+        -- A paused schedule keeps nothing buffered or asked for, to start later.
+        buffered_tick = CASE WHEN coalesce(schedule_paused, s.paused) THEN NULL ELSE s.buffered_tick END,
+        triggered_at = CASE WHEN coalesce(schedule_paused, s.paused) THEN NULL ELSE s.triggered_at END,
+        -- Looked at again now, never later than it was due.
+        look_at = least(s.look_at, now()), error = NULL, updated_at = now()
     RETURNING xmax = 0 INTO created;
     RETURN created;
 END

@@ -1,7 +1,7 @@
 -- What a pass did to each schedule it locked (the arrays' positions): the
 -- cursor, the latest job, a buffered tick, ticks skipped, when to look
--- again, the next tick and the pass's error; a tick asked for now is done,
--- and a finished hand-over from a replaced calendar cleared.
+-- again, the next tick and the pass's error, the replaced calendars not
+-- yet done, and a tick asked for now cleared once handled.
 UPDATE jobhost.keyed_schedules s
 SET last_tick = m.last_tick,
     last_job = coalesce(m.last_job, s.last_job),
@@ -10,12 +10,9 @@ SET last_tick = m.last_tick,
     look_at = m.look_at,
     next_tick = m.next_tick,
     error = m.error,
-    triggered_at = NULL,
-    handover_cron = CASE WHEN m.handover_done THEN NULL ELSE s.handover_cron END,
-    handover_time_zone = CASE WHEN m.handover_done THEN NULL ELSE s.handover_time_zone END,
-    handover_from = CASE WHEN m.handover_done THEN NULL ELSE s.handover_from END,
-    handover_until = CASE WHEN m.handover_done THEN NULL ELSE s.handover_until END
+    triggered_at = CASE WHEN m.trigger_done THEN NULL ELSE s.triggered_at END,
+    handovers = m.handovers
 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::timestamptz[], $6::bigint[],
-            $7::timestamptz[], $8::timestamptz[], $9::text[], $10::boolean[])
-     AS m (job, key, last_tick, last_job, buffered_tick, skipped, look_at, next_tick, error, handover_done)
+            $7::timestamptz[], $8::timestamptz[], $9::text[], $10::boolean[], $11::jsonb[])
+     AS m (job, key, last_tick, last_job, buffered_tick, skipped, look_at, next_tick, error, trigger_done, handovers)
 WHERE s.job = m.job AND s.key = m.key
