@@ -10,7 +10,8 @@
 # grows it by three steps and whose last step receives the outputs of all
 # before it, an approval that waits for its event, a job's progress while it runs, a wait
 # for a job's result, a schedule enqueueing a job every second once it
-# is dropped in, a component deployed through the database, and a handler
+# is dropped in, schedules made at run time for three customers, a
+# component deployed through the database, and a handler
 # calling a small local HTTP API with a secret it never sees (and a request
 # refused, with the command that would allow it); all of it on the web dashboard, whose address it prints
 # (run from a terminal, it keeps the dashboard up at the end until Ctrl-C).
@@ -138,6 +139,17 @@ until [ "$("$jobhost" jobs --job ticker --state completed | grep -c .)" -ge 3 ];
 step "$jobhost" schedules
 step "$jobhost" jobs --job ticker --limit 3
 step "$jobhost" job "$("$jobhost" jobs --job ticker --state completed --limit 1 --json | sed -E 's/^\{"id":([0-9]+).*/\1/')"
+# Schedules made at run time, one per customer (docs/schedules.md): acme
+# every two seconds, skipped while its last job still runs; globex every
+# second by Berlin's clock; initech paused with a note. Each job carries
+# its tick and its key.
+step "$jobhost" schedule add hello acme --cron "*/2 * * * * *" --payload '{"name": "acme"}' --overlap skip
+step "$jobhost" schedule add hello globex --cron "* * * * * *" --zone Europe/Berlin --payload '{"name": "globex"}'
+step "$jobhost" schedule add hello initech --cron "0 9 * * MON" --paused --note "trial ended"
+until "$jobhost" schedule show hello acme --json | grep -q '"last_job": [0-9]'; do sleep 0.2; done
+step "$jobhost" schedule list
+step "$jobhost" job "$("$jobhost" schedule show hello acme --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["last_job"])')"
+step "$jobhost" schedule remove hello globex
 # Deployed through the database instead of copied into the directory: the
 # host (serving `--components DIR,db`) loads it within a second or two.
 step "$jobhost" deploy guests/dist/limited.wasm
