@@ -172,6 +172,23 @@ impl Client {
         self.store.keyed_schedule_trigger(job, key).await
     }
 
+    /// Enqueues the ticks of a past range of a schedule, each once (a tick
+    /// a job of the schedule already has is not enqueued again): `None`
+    /// when there is no such schedule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`](crate::store::Error::InvalidSchedule) for
+    /// a range in the future or of more than 1,000 ticks; a database error.
+    pub async fn schedule_backfill(
+        &self,
+        job: &str,
+        key: &str,
+        from: chrono::DateTime<chrono::Utc>,
+        to: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<crate::store::keyed_schedule::Backfilled>> {
+        self.store.keyed_schedule_backfill(job, key, from, to).await
+    }
+
     /// The schedules made at run time, of one type when given.
     ///
     /// # Errors

@@ -154,7 +154,7 @@ enum Command {
         action: event::EventAction,
     },
     /// Schedules made at run time, one per job type and key: add, set,
-    /// pause, resume, remove, trigger, list, show.
+    /// pause, resume, remove, trigger, backfill, list, show.
     Schedule {
         #[command(subcommand)]
         action: schedule::ScheduleAction,

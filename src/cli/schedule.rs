@@ -65,6 +65,26 @@ pub enum ScheduleAction {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Enqueue the ticks of a past range, each once (a tick a job of the
+    /// schedule already has is not enqueued again), whatever the overlap
+    /// policy; at most 1,000 ticks.
+    Backfill {
+        /// The job type.
+        job: String,
+        /// The schedule's key.
+        key: String,
+        /// The range's first instant (RFC 3339), included.
+        #[arg(long)]
+        from: DateTime<Utc>,
+        /// The range's last instant (RFC 3339), included; not after now.
+        #[arg(long)]
+        to: DateTime<Utc>,
+        /// One JSON object: the ticks enqueued with their jobs, and how many were there already.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// List the schedules made at run time (`jobhost schedules` lists the
     /// declared ones too).
     List {
@@ -162,6 +182,7 @@ pub async fn run(action: ScheduleAction) -> ExitCode {
         ScheduleAction::Resume { job, key, db } => pause(&job, &key, false, None, &db).await,
         ScheduleAction::Remove { job, key, db } => remove(&job, &key, &db).await,
         ScheduleAction::Trigger { job, key, db } => trigger(&job, &key, &db).await,
+        ScheduleAction::Backfill { job, key, from, to, json, db } => backfill(&job, &key, from, to, json, &db).await,
         ScheduleAction::List { job, json, db } => list(job.as_deref(), json, &db).await,
         ScheduleAction::Show { job, key, json, db } => show(&job, &key, json, &db).await,
     }
@@ -241,6 +262,32 @@ async fn trigger(job: &str, key: &str, db: &DbArgs) -> ExitCode {
     };
     let what = "triggered: the next pass enqueues its tick";
     done_or_missing(store.keyed_schedule_trigger(job, key).await, job, key, what)
+}
+
+async fn backfill(job: &str, key: &str, from: DateTime<Utc>, to: DateTime<Utc>, json: bool, db: &DbArgs) -> ExitCode {
+    let store = match open_existing(db).await {
+        Ok(store) => store,
+        Err(code) => return code,
+    };
+    match store.keyed_schedule_backfill(job, key, from, to).await {
+        Ok(Some(done)) if json => {
+            println!("{}", serde_json::to_string(&done).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(Some(done)) => {
+            let ids: Vec<String> = done.enqueued.iter().map(|tick| tick.id.to_string()).collect();
+            let jobs = if ids.is_empty() { String::new() } else { format!(" (jobs {})", ids.join(", ")) };
+            println!(
+                "schedule {job} {key:?}: {} ticks enqueued{}, {} there already",
+                done.enqueued.len(),
+                clip(&jobs, WIDTH),
+                done.already
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(None) => fail(format!("there is no schedule {job} {key:?} (`jobhost schedule list` lists them)")),
+        Err(error) => fail_store(error),
+    }
 }
 
 async fn list(job: Option<&str>, json: bool, db: &DbArgs) -> ExitCode {

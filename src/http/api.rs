@@ -456,7 +456,9 @@ mod tests {
             .map(|rest| rest.split('"').next().unwrap().to_string())
             .flat_map(|path| match (path.strip_suffix("{action}"), path.strip_suffix("{verb}")) {
                 (Some(stem), _) => vec![format!("{stem}pause"), format!("{stem}resume")],
-                (_, Some(stem)) => vec![format!("{stem}pause"), format!("{stem}resume"), format!("{stem}trigger")],
+                (_, Some(stem)) => {
+                    ["pause", "resume", "trigger", "backfill"].map(|verb| format!("{stem}{verb}")).to_vec()
+                }
                 _ => vec![path],
             })
             .collect();

@@ -49,12 +49,16 @@ pub struct ScheduleBody {
     note: String,
 }
 
-/// A pause's body: an optional note.
+/// An action's body: a pause's optional note; a backfill's range.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PauseBody {
+pub struct ActBody {
     #[serde(default)]
     note: Option<String>,
+    #[serde(default)]
+    from: Option<DateTime<Utc>>,
+    #[serde(default)]
+    to: Option<DateTime<Utc>>,
 }
 
 /// The list's filter.
@@ -138,17 +142,27 @@ async fn act(
     State(state): State<AppState>,
     headers: HeaderMap,
     path: Result<Path<(String, String, String)>, PathRejection>,
-    body: Option<Json<PauseBody>>,
+    body: Option<Json<ActBody>>,
 ) -> ApiResult {
     state.access.check_bearer(&headers)?;
     let (job, key, action) = path.map(|Path(p)| p).map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let note = body.and_then(|Json(body)| body.note);
+    let body = body.map(|Json(body)| body).unwrap_or_default();
+    let note = body.note;
+    if action == "backfill" {
+        let (Some(from), Some(to)) = (body.from, body.to) else {
+            return Err(ApiError::bad_request("a backfill's body needs `from` and `to`"));
+        };
+        return match state.store.keyed_schedule_backfill(&job, &key, from, to).await? {
+            Some(done) => Ok(Json(done).into_response()),
+            None => Err(missing(&job, &key)),
+        };
+    }
     let done = match action.as_str() {
         "pause" => state.store.keyed_schedule_pause(&job, &key, true, note.as_deref()).await?,
         "resume" => state.store.keyed_schedule_pause(&job, &key, false, None).await?,
         "trigger" => state.store.keyed_schedule_trigger(&job, &key).await?,
         other => {
-            return Err(ApiError::not_found(format!("no action {other:?}: pause, resume or trigger")));
+            return Err(ApiError::not_found(format!("no action {other:?}: pause, resume, trigger or backfill")));
         }
     };
     if !done {

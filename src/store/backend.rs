@@ -57,6 +57,18 @@ pub(crate) trait Backend: Send + Sync {
     /// calendar, and nothing was written.
     async fn ticks_write(&self, write: TickWrite) -> Result<Option<Vec<Enqueued>>>;
 
+    /// Writes a backfill of a keyed schedule in one transaction, its row
+    /// locked (two backfills of one schedule go one after the other): each
+    /// of `jobs` (a tick's) whose tick no job of the schedule has yet, live
+    /// or archived, is written as [`Backend::jobs_write`] does. `None` when
+    /// there is no such schedule.
+    async fn backfill_write(
+        &self,
+        job: &str,
+        key: &str,
+        jobs: Vec<(chrono::DateTime<chrono::Utc>, PreparedJob)>,
+    ) -> Result<Option<super::keyed_schedule::Backfilled>>;
+
     /// Moves a live job to the archive as failed with `reason` as its last
     /// error, keeping its earlier errors or not, in one transaction; a
     /// blocked job is left where it is. Whether the job was there.

@@ -666,6 +666,39 @@ impl Store {
         self.driver.keyed_schedules(job, key).await
     }
 
+    /// Enqueues the ticks of a keyed schedule from `from` to `to` (a past
+    /// range, at most 1,000 ticks), each once: a tick a job of the
+    /// schedule already has, live or archived, is not enqueued again. Every
+    /// tick is enqueued whatever the overlap policy; each job has its own
+    /// `_tick`. `None` when there is no such schedule.
+    ///
+    /// # Errors
+    /// [`super::Error::InvalidSchedule`] for a range in the future, or too long.
+    pub async fn keyed_schedule_backfill(
+        &self,
+        job: &str,
+        key: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<keyed_schedule::Backfilled>> {
+        let Some(status) = self.driver.keyed_schedules(Some(job), Some(key)).await?.pop() else {
+            return Ok(None);
+        };
+        let ticks = keyed_schedule::backfill_ticks(&status.schedule, from, to, Utc::now())?;
+        let configs = self.driver.configs_read(&[job.to_string()]).await?;
+        let config = configs.get(job).ok_or_else(|| super::Error::UnknownJobType(job.to_string()))?;
+        let limits = self.driver.limits();
+        let jobs = ticks
+            .into_iter()
+            .map(|tick| {
+                let mut schedule = status.schedule.clone();
+                schedule.jitter_ms = 0;
+                Ok((tick, keyed_schedule::prepare_keyed_tick(&schedule, config, tick, limits)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.driver.backfill_write(job, key, jobs).await
+    }
+
     /// One pass over up to `batch` keyed schedules that are due: their
     /// ticks planned by [`keyed_schedule::plan`] (a tick missed by more
     /// than `max_pause` counts against the schedule's backfill), written

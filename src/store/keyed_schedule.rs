@@ -521,6 +521,77 @@ pub fn jitter_ms(job: &str, key: &str, tick: DateTime<Utc>, window_ms: u64) -> u
     hash % (window_ms + 1)
 }
 
+/// The most ticks one backfill enqueues.
+pub const MAX_BACKFILL_TICKS: usize = 1_000;
+
+/// The ticks of `schedule`'s calendar from `from` to `to` (both included),
+/// oldest first: a backfill's (each enqueued once, whatever the overlap
+/// policy: they were asked for).
+///
+/// # Errors
+/// [`Error::InvalidSchedule`]: a range that is not in the past, or holds
+/// more than [`MAX_BACKFILL_TICKS`] ticks.
+pub fn backfill_ticks(
+    schedule: &KeyedSchedule,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<DateTime<Utc>>> {
+    let invalid = |reason: String| Err(Error::InvalidSchedule(reason));
+    if to < from {
+        return invalid("backfill: the range ends before it starts".into());
+    }
+    if to > now {
+        return invalid("backfill: the range must be in the past (its ticks from now on are the schedule's)".into());
+    }
+    let calendar = Calendar::new(&schedule.calendar_config()).map_err(Error::InvalidSchedule)?;
+    let mut ticks = Vec::new();
+    let mut next = calendar.next_after(from - TimeDelta::milliseconds(1));
+    while let Some(tick) = next.filter(|tick| *tick <= to) {
+        if ticks.len() == MAX_BACKFILL_TICKS {
+            return invalid(format!("backfill: the range holds more than {MAX_BACKFILL_TICKS} ticks: narrow it"));
+        }
+        ticks.push(tick);
+        next = calendar.next_after(tick);
+    }
+    Ok(ticks)
+}
+
+/// What a backfill did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Backfilled {
+    /// Each tick enqueued, with its job.
+    pub enqueued: Vec<BackfilledTick>,
+    /// Ticks of the range a job of this schedule already has (live or
+    /// archived): not enqueued again.
+    pub already: usize,
+}
+
+impl Backfilled {
+    /// What a backfill of `asked` ticks did: `fresh` ones written, as `written` says.
+    pub fn of(fresh: &[&(DateTime<Utc>, PreparedJob)], written: &[Enqueued], asked: usize) -> Self {
+        let enqueued = fresh
+            .iter()
+            .zip(written)
+            .map(|((tick, _), enqueued)| BackfilledTick {
+                tick: *tick,
+                id: TickPlan::last_job(std::slice::from_ref(enqueued)).unwrap_or_default(),
+            })
+            .collect();
+        Backfilled { enqueued, already: asked - fresh.len() }
+    }
+}
+
+/// One tick a backfill enqueued.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackfilledTick {
+    /// The tick.
+    #[serde(serialize_with = "super::timestamp::serialize")]
+    pub tick: DateTime<Utc>,
+    /// Its job (or the job holding its unique key).
+    pub id: i64,
+}
+
 /// What one pass over the keyed schedules did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyedPass {
@@ -756,6 +827,21 @@ mod tests {
             offset.unwrap_or(0),
             i64::try_from(jitter_ms("report", "acme", at("2026-01-01T00:00:30Z"), 5_000)).unwrap()
         );
+    }
+
+    #[test]
+    fn a_backfill_takes_each_tick_of_a_past_range_bounded() {
+        let hourly = KeyedSchedule::new("report", "acme", "0 * * * *");
+        let now = at("2026-03-02T00:00:00Z");
+        let ticks = backfill_ticks(&hourly, at("2026-03-01T09:00:00Z"), at("2026-03-01T12:00:00Z"), now).unwrap();
+        assert_eq!(ticks.len(), 4, "both ends included: {ticks:?}");
+        let refused = |from, to| match backfill_ticks(&hourly, at(from), at(to), now) {
+            Err(Error::InvalidSchedule(reason)) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused("2026-03-01T12:00:00Z", "2026-03-01T09:00:00Z").contains("ends before"));
+        assert!(refused("2026-03-01T12:00:00Z", "2026-03-03T09:00:00Z").contains("in the past"));
+        assert!(refused("2025-01-01T00:00:00Z", "2026-03-01T00:00:00Z").contains("more than 1000"));
     }
 
     #[test]

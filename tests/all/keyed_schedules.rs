@@ -387,7 +387,43 @@ async fn a_pass_looks_only_at_the_schedules_due(db: TestDb) {
     assert_eq!(looked, 7);
 }
 
+/// A backfill enqueues each tick of a past range once, with its own tick:
+/// the same range again enqueues nothing, an overlapping one only the new
+/// ticks, a range in the future is refused.
+async fn a_backfill_enqueues_each_tick_of_a_past_range_once(db: TestDb) {
+    registered(&db, "report").await;
+    let hourly = KeyedSchedule { overlap: Overlap::Skip, ..KeyedSchedule::new("report", "acme", "0 * * * *") };
+    db.store.keyed_schedule_upsert(&hourly).await.unwrap();
+    let at = |text: &str| DateTime::parse_from_rfc3339(text).unwrap().to_utc();
+    let client = jobhost::Client::from_store(db.dyn_store());
+    let first = client
+        .schedule_backfill("report", "acme", at("2026-03-01T09:00:00Z"), at("2026-03-01T12:00:00Z"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.enqueued.len(), first.already), (4, 0), "every tick, whatever the overlap policy");
+    let again = client
+        .schedule_backfill("report", "acme", at("2026-03-01T10:30:00Z"), at("2026-03-01T14:00:00Z"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((again.enqueued.len(), again.already), (2, 2), "only the ticks not enqueued yet");
+    let all: Vec<String> = ticks(&db).await.into_iter().map(|(_, tick)| tick).collect();
+    let expected: Vec<String> = (9..=14).map(|h| format!("2026-03-01T{h:02}:00:00Z")).collect();
+    assert_eq!(all, expected, "each tick once");
+    let future = client.schedule_backfill("report", "acme", Utc::now(), Utc::now() + TimeDelta::hours(3)).await;
+    assert!(matches!(future, Err(Error::InvalidSchedule(_))), "{future:?}");
+    assert!(
+        client
+            .schedule_backfill("report", "nobody", at("2026-03-01T09:00:00Z"), at("2026-03-01T10:00:00Z"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 on_both_backends!(
+    a_backfill_enqueues_each_tick_of_a_past_range_once,
     each_tick_of_each_key_is_enqueued_once_by_hosts_passing_at_once,
     skip_enqueues_nothing_while_the_previous_job_has_not_ended,
     buffer_one_keeps_one_tick_for_when_the_job_before_it_ends,
@@ -556,6 +592,17 @@ async fn the_cli_writes_lists_and_removes_schedules() {
 
     assert!(run(&["schedule", "resume", "report", "customer-42"]).status.success());
     assert!(run(&["schedule", "trigger", "report", "customer-42"]).status.success());
+    let backfill = run(&[
+        "schedule",
+        "backfill",
+        "report",
+        "customer-42",
+        "--from",
+        "2026-03-02T00:00:00Z",
+        "--to",
+        "2026-03-09T23:00:00Z",
+    ]);
+    assert!(text(&backfill).contains("2 ticks enqueued (jobs "), "{}", text(&backfill));
     assert!(status(&db, "customer-42").await.triggered_at.is_some());
     assert!(run(&["schedule", "remove", "report", "customer-42"]).status.success());
     let gone = run(&["schedule", "remove", "report", "customer-42"]);
@@ -603,6 +650,13 @@ async fn the_api_writes_pauses_triggers_and_removes_schedules(db: TestDb) {
     assert_eq!(server.get("/api/schedules/report/customer%2042").await.status, StatusCode::NOT_FOUND);
     let missing = server.post("/api/schedules/report/nobody/trigger", serde_json::json!({})).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    put(body.clone(), Some(TOKEN)).await;
+    let range = serde_json::json!({"from": "2026-03-02T08:00:00Z", "to": "2026-03-16T08:00:00Z"});
+    let backfilled = server.post("/api/schedules/report/customer%2042/backfill", range.clone()).await;
+    assert_eq!(backfilled.status, StatusCode::OK, "{}", backfilled.body);
+    assert_eq!(backfilled.json()["enqueued"].as_array().unwrap().len(), 3, "three Mondays at 09:00 in Berlin");
+    let again = server.post("/api/schedules/report/customer%2042/backfill", range).await.json();
+    assert_eq!((again["enqueued"].as_array().unwrap().len(), again["already"].as_u64()), (0, Some(3)));
 }
 
 /// A fleet of three `jobhost run` processes ticking many keyed schedules

@@ -10,10 +10,12 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 
 use super::PgStore;
+use crate::calendar::tick_text;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
+use crate::store::enqueue::PreparedJob;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::keyed_schedule::{
-    DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
+    Backfilled, DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
 };
 use crate::store::{Enqueued, Error, Result};
 
@@ -160,6 +162,44 @@ async fn write_moves(conn: &mut PgConnection, plans: &[TickPlan], last_jobs: &[O
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// The ticks a job of the schedule already has, live or archived, among `ticks`.
+const TICKS_HAD: &str = "SELECT payload->>'_tick' FROM jobhost.jobs
+     WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' = ANY($3)
+     UNION SELECT payload->>'_tick' FROM jobhost.blocked_jobs
+     WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' = ANY($3)
+     UNION SELECT payload->>'_tick' FROM jobhost.archive
+     WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' = ANY($3)";
+
+/// [`crate::store::Backend::backfill_write`] on PostgreSQL.
+pub(super) async fn backfill_write(
+    pool: &sqlx::PgPool,
+    job: &str,
+    key: &str,
+    jobs: Vec<(DateTime<Utc>, PreparedJob)>,
+) -> Result<Option<Backfilled>> {
+    let mut tx = pool.begin().await?;
+    let work: Result<Option<Backfilled>> = async {
+        let found: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM jobhost.keyed_schedules WHERE job = $1 AND key = $2 FOR UPDATE")
+                .bind(job)
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if found.is_none() {
+            return Ok(None);
+        }
+        let texts: Vec<String> = jobs.iter().map(|(tick, _)| tick_text(tick)).collect();
+        let had: Vec<String> =
+            sqlx::query_scalar(TICKS_HAD).bind(job).bind(key).bind(&texts).fetch_all(&mut *tx).await?;
+        let fresh: Vec<&(DateTime<Utc>, PreparedJob)> =
+            jobs.iter().filter(|(tick, _)| !had.contains(&tick_text(tick))).collect();
+        let written = super::job::insert(&mut tx, &fresh.iter().map(|(_, job)| job).collect::<Vec<_>>()).await?;
+        Ok(Some(Backfilled::of(&fresh, &written, jobs.len())))
+    }
+    .await;
+    super::commit_or_roll_back(tx, work).await
 }
 
 #[async_trait]

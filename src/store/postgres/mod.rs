@@ -310,6 +310,15 @@ impl Backend for PgStore {
         schedule::write(&self.pool, write).await
     }
 
+    async fn backfill_write(
+        &self,
+        job: &str,
+        key: &str,
+        jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
+    ) -> Result<Option<crate::store::keyed_schedule::Backfilled>> {
+        keyed_schedule::backfill_write(&self.pool, job, key, jobs).await
+    }
+
     async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
         job::quarantine(&self.sweeps, id, reason, keep_errors).await
     }

@@ -10,10 +10,12 @@ use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
 use super::encode::{now_ms, time_of};
+use crate::calendar::tick_text;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
+use crate::store::enqueue::PreparedJob;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::keyed_schedule::{
-    DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
+    Backfilled, DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
 };
 use crate::store::{Error, Result};
 
@@ -173,6 +175,42 @@ FROM (SELECT DISTINCT j.value AS job FROM hosts h, json_each(h.job_types) j
 WHERE true
 ON CONFLICT (job) DO UPDATE SET looked_at = excluded.looked_at, passed_at = excluded.passed_at
 WHERE schedule_looks.passed_at < excluded.passed_at";
+
+/// [`crate::store::Backend::backfill_write`] on SQLite, in the caller's write.
+pub(super) async fn backfill_write(
+    conn: &mut SqliteConnection,
+    job: &str,
+    key: &str,
+    jobs: &[(DateTime<Utc>, PreparedJob)],
+    now: i64,
+) -> Result<Option<Backfilled>> {
+    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM keyed_schedules WHERE job = $1 AND key = $2")
+        .bind(job)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if found.is_none() {
+        return Ok(None);
+    }
+    let texts: Vec<String> = jobs.iter().map(|(tick, _)| tick_text(tick)).collect();
+    let had: Vec<String> = sqlx::query_scalar(
+        "SELECT payload->>'_tick' FROM jobs
+         WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' IN (SELECT value FROM json_each($3))
+         UNION SELECT payload->>'_tick' FROM blocked_jobs
+         WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' IN (SELECT value FROM json_each($3))
+         UNION SELECT payload->>'_tick' FROM archive
+         WHERE job = $1 AND payload->>'_schedule' = $2 AND payload->>'_tick' IN (SELECT value FROM json_each($3))",
+    )
+    .bind(job)
+    .bind(key)
+    .bind(Json(&texts))
+    .fetch_all(&mut *conn)
+    .await?;
+    let fresh: Vec<&(DateTime<Utc>, PreparedJob)> =
+        jobs.iter().filter(|(tick, _)| !had.contains(&tick_text(tick))).collect();
+    let written = super::job::insert(conn, &fresh.iter().map(|(_, job)| job).collect::<Vec<_>>(), now).await?;
+    Ok(Some(Backfilled::of(&fresh, &written, jobs.len())))
+}
 
 #[async_trait]
 impl KeyedScheduleDriver for SqliteStore {

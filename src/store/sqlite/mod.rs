@@ -242,6 +242,18 @@ impl Backend for SqliteStore {
         Ok(written)
     }
 
+    async fn backfill_write(
+        &self,
+        job: &str,
+        key: &str,
+        jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
+    ) -> Result<Option<crate::store::keyed_schedule::Backfilled>> {
+        let done =
+            self.write_with(async |tx| keyed_schedule::backfill_write(tx, job, key, &jobs, now_ms()).await).await?;
+        self.announce(done.as_ref().is_some_and(|done| !done.enqueued.is_empty()));
+        Ok(done)
+    }
+
     async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {
         self.write_with(async |tx| job::quarantine(tx, id, reason, keep_errors, now_ms()).await).await
     }
