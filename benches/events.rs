@@ -138,16 +138,7 @@ async fn to_start(db: &BenchDb, components: &Path, cache: &Path) -> ((f64, f64),
         .await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for i in 0..LATENCIES {
-        store.job_enqueue(&[EnqueueParams::new("hello", json!({"name": format!("plain {i}")}))]).await.unwrap();
-        db.wait_for(
-            "SELECT count(*)::float8 FROM jobhost.archive WHERE payload ->> 'name' LIKE 'plain %'",
-            "SELECT CAST(count(*) AS REAL) FROM archive WHERE payload ->> 'name' LIKE 'plain %'",
-            (i + 1) as f64,
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let plains = db.plain_to_start(LATENCIES).await;
     stop(host);
     let mut events = db
         .floats(
@@ -159,15 +150,7 @@ async fn to_start(db: &BenchDb, components: &Path, cache: &Path) -> ((f64, f64),
              JOIN workflow_steps s ON s.id = w.step_id JOIN archive a ON a.id = s.job_id",
         )
         .await;
-    let mut plains = db
-        .floats(
-            "SELECT (extract(epoch FROM started_at - enqueued_at) * 1000)::float8 FROM jobhost.archive
-             WHERE payload ->> 'name' LIKE 'plain %'",
-            "SELECT CAST(started_at - enqueued_at AS REAL) FROM archive WHERE payload ->> 'name' LIKE 'plain %'",
-        )
-        .await;
     events.sort_by(f64::total_cmp);
-    plains.sort_by(f64::total_cmp);
     let p = |v: &[f64]| (percentile(v, 0.5), percentile(v, 0.95));
     (p(&events), p(&plains))
 }

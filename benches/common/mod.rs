@@ -154,6 +154,45 @@ impl BenchDb {
         }
     }
 
+    /// Plain enqueues of `hello` to an idle host, one at a time, each
+    /// waited for: ms from each enqueue to its start by the database's
+    /// clock, sorted.
+    pub async fn plain_to_start(&self, jobs: usize) -> Vec<f64> {
+        let store = self.store();
+        for i in 0..jobs {
+            let job = jobhost::store::EnqueueParams::new("hello", serde_json::json!({"name": format!("plain {i}")}));
+            store.job_enqueue(&[job]).await.unwrap();
+            self.wait_for(
+                "SELECT count(*)::float8 FROM jobhost.archive WHERE payload ->> 'name' LIKE 'plain %'",
+                "SELECT CAST(count(*) AS REAL) FROM archive WHERE payload ->> 'name' LIKE 'plain %'",
+                (i + 1) as f64,
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut plains = self
+            .floats(
+                "SELECT (extract(epoch FROM started_at - enqueued_at) * 1000)::float8 FROM jobhost.archive
+                 WHERE payload ->> 'name' LIKE 'plain %'",
+                "SELECT CAST(started_at - enqueued_at AS REAL) FROM archive WHERE payload ->> 'name' LIKE 'plain %'",
+            )
+            .await;
+        plains.sort_by(f64::total_cmp);
+        plains
+    }
+
+    /// Runs the backend's spelling of a statement.
+    pub async fn execute(&self, postgres: &str, sqlite: &str) {
+        match self {
+            BenchDb::Postgres { store, .. } => {
+                sqlx::query(sqlx::AssertSqlSafe(postgres.to_string())).execute(store.pool()).await.unwrap();
+            }
+            BenchDb::Sqlite { store, .. } => {
+                sqlx::query(sqlx::AssertSqlSafe(sqlite.to_string())).execute(store.pool()).await.unwrap();
+            }
+        }
+    }
+
     pub async fn float(&self, postgres: &str, sqlite: &str) -> f64 {
         self.floats(postgres, sqlite).await.first().copied().unwrap_or(0.0)
     }

@@ -92,7 +92,7 @@ pub struct LookReport {
 
 /// Sleeps shorter than this are rounded up: a tick a few milliseconds away
 /// is not worth a look of its own.
-const MIN_SLEEP: Duration = Duration::from_millis(5);
+const MIN_SLEEP: Duration = Duration::from_millis(2);
 
 /// The schedule loop of one host.
 pub struct Scheduler {
@@ -275,8 +275,11 @@ impl Scheduler {
     /// tick between looks, by the clock the look read (the database's).
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
+            let started = std::time::Instant::now();
             let sleep = match self.run_once(None).await {
-                Ok(report) => self.sleep_after(&report),
+                // The look's clock was read as it began: the time it took
+                // is already part of the wait for the next tick.
+                Ok(report) => self.sleep_after(&report).saturating_sub(started.elapsed()).max(MIN_SLEEP),
                 Err(error) => {
                     tracing::warn!(%error, "cannot read the schedules; looking again shortly");
                     self.config.max_sleep

@@ -90,28 +90,34 @@ fn due_of(row: &SqliteRow) -> Result<DueSchedule> {
     })
 }
 
-/// Writes each plan's jobs, those of types that may be refused each in a
-/// savepoint (a refused one is counted skipped); each plan's latest job.
+/// Writes each plan's jobs: those of types the database cannot refuse in
+/// one call, the others each in a savepoint (a refused one is counted
+/// skipped, and the rest stand). Returns each plan's latest job.
 async fn write_jobs(conn: &mut SqliteConnection, plans: &mut [TickPlan], now: i64) -> Result<Vec<Option<i64>>> {
+    let plain: Vec<_> = plans.iter().filter(|p| !p.may_refuse).flat_map(|p| &p.jobs).collect();
+    let mut written = super::job::insert(conn, &plain, now).await?.into_iter();
     let mut last_jobs = Vec::with_capacity(plans.len());
     for plan in plans.iter_mut() {
         if plan.jobs.is_empty() {
             last_jobs.push(None);
-            continue;
-        }
-        let jobs: Vec<_> = plan.jobs.iter().collect();
-        let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-        match super::job::insert(&mut savepoint, &jobs, now).await {
-            Ok(written) => {
-                savepoint.commit().await?;
-                last_jobs.push(TickPlan::last_job(&written));
+        } else if !plan.may_refuse {
+            let mine: Vec<_> = written.by_ref().take(plan.jobs.len()).collect();
+            last_jobs.push(TickPlan::last_job(&mine));
+        } else {
+            let jobs: Vec<_> = plan.jobs.iter().collect();
+            let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+            match super::job::insert(&mut savepoint, &jobs, now).await {
+                Ok(mine) => {
+                    savepoint.commit().await?;
+                    last_jobs.push(TickPlan::last_job(&mine));
+                }
+                Err(error) if error.is_refusal() => {
+                    savepoint.rollback().await?;
+                    *plan = plan.clone().refused(error.to_string());
+                    last_jobs.push(None);
+                }
+                Err(error) => return Err(error),
             }
-            Err(error) if error.is_refusal() => {
-                savepoint.rollback().await?;
-                *plan = plan.clone().refused(error.to_string());
-                last_jobs.push(None);
-            }
-            Err(error) => return Err(error),
         }
     }
     Ok(last_jobs)
