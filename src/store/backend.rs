@@ -13,6 +13,10 @@ use super::finish::{FinishPlan, Written};
 use super::job::{Enqueued, FetchParams};
 use super::schedule::TickWrite;
 
+/// Each tick a backfill wrote and what became of its job, and how many
+/// ticks a job of the schedule had already.
+pub(crate) type BackfillWritten = (Vec<(chrono::DateTime<chrono::Utc>, Enqueued)>, usize);
+
 /// The narrow interface each backend implements under the shared rules.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync {
@@ -61,13 +65,14 @@ pub(crate) trait Backend: Send + Sync {
     /// locked (two backfills of one schedule go one after the other): each
     /// of `jobs` (a tick's) whose tick no job of the schedule has yet, live
     /// or archived, is written as [`Backend::jobs_write`] does. `None` when
-    /// there is no such schedule.
+    /// there is no such schedule; else what became of each tick written,
+    /// and how many were there already.
     async fn backfill_write(
         &self,
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, PreparedJob)>,
-    ) -> Result<Option<super::keyed_schedule::Backfilled>>;
+    ) -> Result<Option<BackfillWritten>>;
 
     /// Moves a live job to the archive as failed with `reason` as its last
     /// error, keeping its earlier errors or not, in one transaction; a

@@ -696,7 +696,8 @@ impl Store {
                 Ok((tick, keyed_schedule::prepare_keyed_tick(&schedule, config, tick, limits)?))
             })
             .collect::<Result<Vec<_>>>()?;
-        self.driver.backfill_write(job, key, jobs).await
+        let written = self.driver.backfill_write(job, key, jobs).await?;
+        Ok(written.map(|(written, already)| keyed_schedule::Backfilled::of(written, already)))
     }
 
     /// One pass over up to `batch` keyed schedules that are due: their

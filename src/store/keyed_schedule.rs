@@ -568,17 +568,17 @@ pub struct Backfilled {
 }
 
 impl Backfilled {
-    /// What a backfill of `asked` ticks did: `fresh` ones written, as `written` says.
-    pub fn of(fresh: &[&(DateTime<Utc>, PreparedJob)], written: &[Enqueued], asked: usize) -> Self {
-        let enqueued = fresh
-            .iter()
-            .zip(written)
-            .map(|((tick, _), enqueued)| BackfilledTick {
-                tick: *tick,
-                id: TickPlan::last_job(std::slice::from_ref(enqueued)).unwrap_or_default(),
+    /// What a backfill did: each tick written with what became of its job,
+    /// and how many were there already.
+    pub fn of(written: Vec<(DateTime<Utc>, Enqueued)>, already: usize) -> Self {
+        let enqueued = written
+            .into_iter()
+            .map(|(tick, enqueued)| BackfilledTick {
+                tick,
+                id: TickPlan::last_job(std::slice::from_ref(&enqueued)).unwrap_or_default(),
             })
             .collect();
-        Backfilled { enqueued, already: asked - fresh.len() }
+        Backfilled { enqueued, already }
     }
 }
 

@@ -11,11 +11,12 @@ use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::calendar::tick_text;
+use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::keyed_schedule::{
-    Backfilled, DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
+    DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
 };
 use crate::store::{Enqueued, Error, Result};
 
@@ -178,9 +179,9 @@ pub(super) async fn backfill_write(
     job: &str,
     key: &str,
     jobs: Vec<(DateTime<Utc>, PreparedJob)>,
-) -> Result<Option<Backfilled>> {
+) -> Result<Option<BackfillWritten>> {
     let mut tx = pool.begin().await?;
-    let work: Result<Option<Backfilled>> = async {
+    let work: Result<Option<BackfillWritten>> = async {
         let found: Option<i32> =
             sqlx::query_scalar("SELECT 1 FROM jobhost.keyed_schedules WHERE job = $1 AND key = $2 FOR UPDATE")
                 .bind(job)
@@ -196,7 +197,8 @@ pub(super) async fn backfill_write(
         let fresh: Vec<&(DateTime<Utc>, PreparedJob)> =
             jobs.iter().filter(|(tick, _)| !had.contains(&tick_text(tick))).collect();
         let written = super::job::insert(&mut tx, &fresh.iter().map(|(_, job)| job).collect::<Vec<_>>()).await?;
-        Ok(Some(Backfilled::of(&fresh, &written, jobs.len())))
+        let ticks = fresh.iter().map(|(tick, _)| *tick).zip(written).collect();
+        Ok(Some((ticks, jobs.len() - fresh.len())))
     }
     .await;
     super::commit_or_roll_back(tx, work).await

@@ -315,7 +315,7 @@ impl Backend for PgStore {
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
-    ) -> Result<Option<crate::store::keyed_schedule::Backfilled>> {
+    ) -> Result<Option<crate::store::backend::BackfillWritten>> {
         keyed_schedule::backfill_write(&self.pool, job, key, jobs).await
     }
 

@@ -11,11 +11,12 @@ use sqlx::{Row, SqliteConnection};
 use super::SqliteStore;
 use super::encode::{now_ms, time_of};
 use crate::calendar::tick_text;
+use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
 use crate::store::fleet::MISSED_HEARTBEATS;
 use crate::store::keyed_schedule::{
-    Backfilled, DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
+    DueSchedule, Handover, KeyedPass, KeyedSchedule, KeyedScheduleStatus, Overlap, TickPlan,
 };
 use crate::store::{Error, Result};
 
@@ -189,7 +190,7 @@ pub(super) async fn backfill_write(
     key: &str,
     jobs: &[(DateTime<Utc>, PreparedJob)],
     now: i64,
-) -> Result<Option<Backfilled>> {
+) -> Result<Option<BackfillWritten>> {
     let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM keyed_schedules WHERE job = $1 AND key = $2")
         .bind(job)
         .bind(key)
@@ -215,7 +216,8 @@ pub(super) async fn backfill_write(
     let fresh: Vec<&(DateTime<Utc>, PreparedJob)> =
         jobs.iter().filter(|(tick, _)| !had.contains(&tick_text(tick))).collect();
     let written = super::job::insert(conn, &fresh.iter().map(|(_, job)| job).collect::<Vec<_>>(), now).await?;
-    Ok(Some(Backfilled::of(&fresh, &written, jobs.len())))
+    let ticks = fresh.iter().map(|(tick, _)| *tick).zip(written).collect();
+    Ok(Some((ticks, jobs.len() - fresh.len())))
 }
 
 #[async_trait]

@@ -247,10 +247,10 @@ impl Backend for SqliteStore {
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
-    ) -> Result<Option<crate::store::keyed_schedule::Backfilled>> {
+    ) -> Result<Option<crate::store::backend::BackfillWritten>> {
         let done =
             self.write_with(async |tx| keyed_schedule::backfill_write(tx, job, key, &jobs, now_ms()).await).await?;
-        self.announce(done.as_ref().is_some_and(|done| !done.enqueued.is_empty()));
+        self.announce(done.as_ref().is_some_and(|(written, _)| !written.is_empty()));
         Ok(done)
     }
 
