@@ -59,6 +59,7 @@ fn completed(job: &jobhost::store::FetchedJob) -> Finish {
             batches: Default::default(),
             workflows: Default::default(),
             events: Default::default(),
+            schedules: Default::default(),
         },
         log: json!({}),
         progress: None,

@@ -64,6 +64,7 @@ fn completed(store_job: &jobhost::store::FetchedJob) -> Finish {
             batches: Default::default(),
             workflows: Default::default(),
             events: Default::default(),
+            schedules: Default::default(),
         },
         log: json!({}),
         progress: None,

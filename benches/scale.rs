@@ -116,6 +116,7 @@ fn done(job: &FetchedJob) -> Finish {
             batches: Default::default(),
             workflows: Default::default(),
             events: Default::default(),
+            schedules: Default::default(),
         },
         log: json!({}),
         progress: None,

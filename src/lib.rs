@@ -43,6 +43,7 @@ pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod outbound;
+pub mod schedule_spec;
 pub mod step;
 pub mod store;
 pub mod supervisor;

@@ -641,6 +641,9 @@ pub struct RunEffects {
     /// Events the guest sent, written with this job's completion.
     #[serde(default)]
     pub events: Vec<ChildEvent>,
+    /// Changes the guest made to keyed schedules, written with this job's completion.
+    #[serde(default)]
+    pub schedules: Vec<crate::schedule_spec::ScheduleChange>,
     /// How many times the guest called `heartbeat`.
     pub heartbeats: u32,
     /// The run's outbound HTTP requests, the last 100, oldest first.

@@ -89,6 +89,7 @@ async fn fifty_heavy_jobs(db: &TestDb) {
                     batches: Default::default(),
                     workflows: Default::default(),
                     events: Default::default(),
+                    schedules: Default::default(),
                 };
                 jobhost::store::Finish { log: json!({ "lines": [blob('l', MIB)] }), ..finish(run, outcome) }
             })

@@ -2,7 +2,7 @@
 //! from `wit/` (the current version) and `wit/archive/` (earlier versions a
 //! host still loads), and the conversions between them and [`crate::types`].
 
-/// The current world, `jobhost:job@0.7.0`.
+/// The current world, `jobhost:job@0.8.0`.
 mod current {
     wasmtime::component::bindgen!({
         path: "wit",
@@ -16,10 +16,28 @@ mod current {
             "jobhost:job/batches.enqueue": async | trappable,
             "jobhost:job/workflows.current-step": async | trappable,
             "jobhost:job/workflows.add-step": async | trappable,
+            // A schedule's type is checked against the fleet's, as a child's.
+            "jobhost:job/schedules.set": async | trappable,
             default: trappable,
         },
         // Exports are called on the async executor so a guest blocked on a WASI
         // clock or spinning (epoch yields) never holds a thread.
+        exports: { default: async },
+    });
+}
+
+/// `jobhost:job@0.7.0`, for components built before 0.8.0 (see `legacy_v7`).
+pub mod v0_7 {
+    wasmtime::component::bindgen!({
+        path: "wit/archive/0.7.0",
+        world: "job",
+        imports: {
+            "jobhost:job/host.enqueue": async | trappable,
+            "jobhost:job/batches.enqueue": async | trappable,
+            "jobhost:job/workflows.current-step": async | trappable,
+            "jobhost:job/workflows.add-step": async | trappable,
+            default: trappable,
+        },
         exports: { default: async },
     });
 }
@@ -106,9 +124,11 @@ pub mod v0_1 {
 
 pub use current::jobhost::job::batches::{BatchOptions, BatchRef};
 pub use current::jobhost::job::host::{EnqueueOptions, Level};
+pub use current::jobhost::job::schedules::{Overlap as WitOverlap, ScheduleSpec};
 pub use current::jobhost::job::types as wit;
 pub use current::jobhost::job::workflows::{
-    Dependency as WitDependency, IfFailed as WitIfFailed, NewStep, StepOf, StepWait as WitStepWait, WorkflowRef,
+    Dependency as WitDependency, EventWait as WitEventWait, IfFailed as WitIfFailed, NewStep, StepOf,
+    StepWait as WitStepWait, WorkflowRef,
 };
 pub use current::{Job, JobPre, jobhost};
 

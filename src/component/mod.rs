@@ -14,6 +14,7 @@ pub mod metadata;
 mod progress;
 pub mod registry;
 mod sandbox;
+mod schedules;
 mod stop;
 pub mod variables;
 pub mod watcher;

@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, Job, Level, v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, v0_7, wit,
 };
 use crate::component::budget::RunBudget;
 use crate::component::capture::CapturedOutput;
@@ -212,6 +212,7 @@ pub fn link(linker: &mut Linker<SandboxState>) -> wasmtime::Result<()> {
     Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_5::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_6::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
+    v0_7::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_4::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_3::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
     v0_2::Job::add_to_linker::<SandboxState, HasSelf<SandboxState>>(linker, |state| state)?;
@@ -518,6 +519,11 @@ impl SandboxState {
     /// may then add to it.
     pub fn set_in_batch(&mut self, in_batch: bool) {
         self.in_batch = in_batch;
+    }
+
+    /// The largest payload a job may have, as JSON text.
+    pub(super) fn max_payload_bytes(&self) -> usize {
+        self.limits.max_payload_bytes
     }
 
     /// Notes the run's job and how to find which workflow step it is, for

@@ -8,15 +8,17 @@ use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
 use crate::component::bindings::{
-    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, NewStep, WitDependency, WitIfFailed, WorkflowRef,
-    v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, wit,
+    self, BatchOptions, BatchRef, EnqueueOptions, JobPre, Level, NewStep, WitDependency, WitEventWait, WitIfFailed,
+    WitStepWait, WorkflowRef, v0_1, v0_2, v0_3, v0_4, v0_5, v0_6, v0_7, wit,
 };
 use crate::component::sandbox::SandboxState;
 
 /// A linked component of one world version, ready to instantiate.
 pub enum WorldPre {
-    /// `jobhost:job@0.7.0`.
+    /// `jobhost:job@0.8.0`.
     Current(JobPre<SandboxState>),
+    /// `jobhost:job@0.7.0`.
+    V0_7(v0_7::JobPre<SandboxState>),
     /// `jobhost:job@0.6.0`.
     V0_6(v0_6::JobPre<SandboxState>),
     /// `jobhost:job@0.5.0`.
@@ -41,6 +43,9 @@ impl WorldPre {
             Ok(current) => return Ok(WorldPre::Current(current)),
             Err(reason) => reason,
         };
+        if let Ok(v0_7) = v0_7::JobPre::new(pre.clone()) {
+            return Ok(WorldPre::V0_7(v0_7));
+        }
         if let Ok(v0_6) = v0_6::JobPre::new(pre.clone()) {
             return Ok(WorldPre::V0_6(v0_6));
         }
@@ -63,6 +68,9 @@ impl WorldPre {
     pub async fn describe(&self, store: &mut Store<SandboxState>) -> wasmtime::Result<wit::JobConfig> {
         match self {
             WorldPre::Current(pre) => pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await,
+            WorldPre::V0_7(pre) => {
+                Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
+            }
             WorldPre::V0_6(pre) => {
                 Ok(pre.instantiate_async(&mut *store).await?.call_describe(&mut *store).await?.into())
             }
@@ -96,6 +104,12 @@ impl WorldPre {
                 let job = pre.instantiate_async(&mut *store).await?;
                 store.data_mut().note_instantiated();
                 job.call_run(&mut *store, context, payload).await
+            }
+            WorldPre::V0_7(pre) => {
+                let job = pre.instantiate_async(&mut *store).await?;
+                store.data_mut().note_instantiated();
+                let returned = job.call_run(&mut *store, &context.clone().into(), payload).await?;
+                Ok(returned.map_err(Into::into))
             }
             WorldPre::V0_6(pre) => {
                 let job = pre.instantiate_async(&mut *store).await?;
@@ -206,12 +220,16 @@ macro_rules! earlier_world {
 
 /// A configuration of a world from 0.2.0 on (`$types`), converted field by
 /// field; `$outbound` reads the outbound rules from `$old` (none before
-/// 0.4.0), and `$rate` its rate limit (none before 0.6.0).
+/// 0.4.0), `$rate` its rate limit (none before 0.6.0) and `$events` its
+/// event keys (none before 0.7.0).
 macro_rules! config_since_v2 {
     ($types:ident, $old:ident => $outbound:expr) => {
         config_since_v2!($types, $old => $outbound, None);
     };
     ($types:ident, $old:ident => $outbound:expr, $rate:expr) => {
+        config_since_v2!($types, $old => $outbound, $rate, None);
+    };
+    ($types:ident, $old:ident => $outbound:expr, $rate:expr, $events:expr) => {
         impl From<$types::JobConfig> for wit::JobConfig {
             fn from($old: $types::JobConfig) -> Self {
                 wit::JobConfig {
@@ -252,7 +270,7 @@ macro_rules! config_since_v2 {
                     }),
                     outbound: $outbound,
                     rate_limit: $rate,
-                    on_events: None,
+                    on_events: $events,
                 }
             }
         }
@@ -379,11 +397,14 @@ config_since_v2!(v5, old => old.outbound.map(|rules| {
 earlier_world!(v5, v5_host);
 batches_since_v3!(v5_batches, v5_host);
 
-/// The `workflows` imports of a world from 0.5.0 to 0.6.0 (`$workflows`),
-/// served by the current ones: its steps wait for nothing but their
-/// dependencies.
+/// The `workflows` imports of a world from 0.5.0 on (`$workflows`), served
+/// by the current ones; `$wait` reads a step's wait from `$step` (none
+/// before 0.7.0: its steps wait for nothing but their dependencies).
 macro_rules! workflows_since_v5 {
     ($workflows:ident) => {
+        workflows_since_v5!($workflows, _step => None);
+    };
+    ($workflows:ident, $step:ident => $wait:expr) => {
         impl $workflows::Host for SandboxState {
             async fn current_step(&mut self) -> wasmtime::Result<Result<Option<$workflows::StepOf>, String>> {
                 let step = bindings::jobhost::job::workflows::Host::current_step(self).await?;
@@ -408,6 +429,8 @@ macro_rules! workflows_since_v5 {
                     $workflows::WorkflowRef::Current => WorkflowRef::Current,
                     $workflows::WorkflowRef::Opened(n) => WorkflowRef::Opened(n),
                 };
+                let $step = &step;
+                let wait = $wait;
                 let options = step.options;
                 let step = NewStep {
                     name: step.name,
@@ -424,7 +447,7 @@ macro_rules! workflows_since_v5 {
                         .map(|d| WitDependency { step: d.step, if_failed: d.if_failed.map(if_failed) })
                         .collect(),
                     if_failed: step.if_failed.map(if_failed),
-                    wait: None,
+                    wait,
                 };
                 bindings::jobhost::job::workflows::Host::add_step(self, workflow, step).await
             }
@@ -449,3 +472,46 @@ config_since_v2!(v6, old => old.outbound.map(|rules| {
 earlier_world!(v6, v6_host, v6::JobError::Throttled(ms) => wit::JobError::Throttled(ms));
 batches_since_v3!(v6_batches, v6_host);
 workflows_since_v5!(v6_workflows);
+
+use v0_7::jobhost::job::batches as v7_batches;
+use v0_7::jobhost::job::events as v7_events;
+use v0_7::jobhost::job::host as v7_host;
+use v0_7::jobhost::job::types as v7;
+use v0_7::jobhost::job::workflows as v7_workflows;
+
+// 0.8.0 added only the `schedules` interface: the types are the same.
+config_since_v2!(v7, old => old.outbound.map(|rules| {
+    rules
+        .into_iter()
+        .map(|r| wit::OutboundRule { origin: r.origin, methods: r.methods, secrets: r.secrets })
+        .collect()
+}), old.rate_limit.map(|r| wit::RateLimit { limit: r.limit, period_ms: r.period_ms, key: r.key }), old.on_events);
+earlier_world!(v7, v7_host, v7::JobError::Throttled(ms) => wit::JobError::Throttled(ms));
+batches_since_v3!(v7_batches, v7_host);
+workflows_since_v5!(v7_workflows, step => step.wait.clone().map(wait_of_v7));
+
+/// A 0.7.0 step's wait, as the current one.
+fn wait_of_v7(wait: v7_workflows::StepWait) -> WitStepWait {
+    let if_failed = |policy: v7_workflows::IfFailed| match policy {
+        v7_workflows::IfFailed::Cancel => WitIfFailed::Cancel,
+        v7_workflows::IfFailed::Run => WitIfFailed::Run,
+        v7_workflows::IfFailed::Fail => WitIfFailed::Fail,
+    };
+    match wait {
+        v7_workflows::StepWait::SleepMs(ms) => WitStepWait::SleepMs(ms),
+        v7_workflows::StepWait::UntilMs(ms) => WitStepWait::UntilMs(ms),
+        v7_workflows::StepWait::Event(event) => WitStepWait::Event(WitEventWait {
+            key: event.key,
+            match_fields: event.match_fields,
+            timeout_ms: event.timeout_ms,
+            on_timeout: event.on_timeout.map(if_failed),
+            lookback_ms: event.lookback_ms,
+        }),
+    }
+}
+
+impl v7_events::Host for SandboxState {
+    fn send(&mut self, key: String, payload: String) -> wasmtime::Result<Result<(), String>> {
+        bindings::jobhost::job::events::Host::send(self, key, payload)
+    }
+}

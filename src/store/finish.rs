@@ -14,6 +14,7 @@ use super::enqueue::{Configs, EnqueueLimits, PreparedJob, job_names, prepare_reg
 use super::job::{EnqueueParams, FetchParams, FetchedJob, Finish, FinishOutcome, FinishResult, JobState, LockedKeys};
 use super::workflow::{NewWorkflow, PreparedWorkflow, prepare as prepare_workflow, prepare_grown};
 use super::{Backend, Result, RunId};
+use crate::schedule_spec::ScheduleChange;
 use crate::types::{BatchRequest, ChildBatch, ChildEvent, ChildJob, JsonText, StepTarget, WorkflowEffects};
 
 /// Writes a batch of results and, when `next` asks for any, leases jobs to
@@ -70,6 +71,10 @@ pub struct FinishPlan {
     /// The events the completed runs sent, each with its run's job: sent
     /// in the same transaction, only for a run whose ending was written.
     pub events: Vec<(i64, ChildEvent)>,
+    /// The changes the completed runs made to keyed schedules, each with
+    /// its run's job, in the order the run made them: written in the same
+    /// transaction, only for a run whose ending was written.
+    pub schedules: Vec<(i64, ScheduleChange)>,
     /// Runs holding a concurrency key, or in a batch, whose write is left
     /// out while another transaction holds that key's semaphore or that
     /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
@@ -172,6 +177,7 @@ impl FinishPlan {
             workflows: Vec::new(),
             growths: Vec::new(),
             events: Vec::new(),
+            schedules: Vec::new(),
             deferrable: Vec::new(),
             lock_first: Vec::new(),
             order: Vec::with_capacity(runs.len()),
@@ -198,10 +204,11 @@ impl FinishPlan {
         let Finish { id, lease_token, attempt, outcome, log, progress, batch_id, traceparent, .. } = run;
         let entry = |error: String, log: &serde_json::Value| ErrorEntry { attempt, error, log: log.clone() };
         let (delay_ms, refund, error) = match outcome {
-            FinishOutcome::Completed { output, children, batches, workflows, events } => {
+            FinishOutcome::Completed { output, children, batches, workflows, events, schedules } => {
                 let parent = Parent { id, batch_id, traceparent };
                 let prepared = prepare_children(parent, &children, &batches, configs, limits)
-                    .and_then(|children| Ok((children, prepare_workflows(&workflows, configs, limits)?)));
+                    .and_then(|children| Ok((children, prepare_workflows(&workflows, configs, limits)?)))
+                    .and_then(|prepared| check_schedule_changes(&schedules, configs).map(|()| prepared));
                 let (state, output, error) = match prepared {
                     Ok(((prepared, opened), (created, grown))) => {
                         self.children.extend(prepared);
@@ -211,6 +218,7 @@ impl FinishPlan {
                             self.growths.push(Growth { job_id: id, lease_token, steps });
                         }
                         self.events.extend(events.iter().map(|event| (id, event.clone())));
+                        self.schedules.extend(schedules.iter().map(|change| (id, change.clone())));
                         (JobState::Completed, output, None)
                     }
                     Err(problem) => (JobState::Failed, None, Some(entry(problem, &log))),
@@ -266,6 +274,11 @@ impl FinishPlan {
         self.events.iter().filter(|(parent, _)| written.contains(parent))
     }
 
+    /// The schedule changes made by the runs whose ending was written, in order.
+    pub fn schedules_of(&self, written: &HashSet<i64>) -> impl Iterator<Item = &ScheduleChange> {
+        self.schedules.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, change)| change)
+    }
+
     /// Whether the plan writes anything beyond the runs themselves.
     pub fn has_children(&self) -> bool {
         !self.children.is_empty()
@@ -273,6 +286,7 @@ impl FinishPlan {
             || !self.workflows.is_empty()
             || !self.growths.is_empty()
             || !self.events.is_empty()
+            || !self.schedules.is_empty()
     }
 
     /// One result per planned run, in order.
@@ -399,18 +413,37 @@ fn prepare_workflows(
     Ok((created, grown))
 }
 
+/// Checks that the schedules a completed run creates or replaces are of
+/// job types registered now: their fields and a tick's job were checked
+/// at the call ([`crate::component`]'s `schedules` imports), against the
+/// types as the host knew them then. Like a child, one whose type is gone
+/// fails its run with the reason instead of the whole transaction.
+fn check_schedule_changes(changes: &[ScheduleChange], configs: &Configs) -> Result<(), String> {
+    match changes.iter().find(|change| matches!(change, ScheduleChange::Set(_)) && !configs.contains_key(change.job()))
+    {
+        Some(change) => Err(format!("could not write a schedule: job: no job type {:?} is registered", change.job())),
+        None => Ok(()),
+    }
+}
+
 /// The job types of every child that the completed runs among `runs`
-/// enqueue, and of the callbacks of the batches they open, each once.
+/// enqueue, of the callbacks of the batches they open, and of the
+/// schedules they write, each once.
 fn child_names(runs: &[Finish]) -> Vec<String> {
     job_names(runs.iter().flat_map(|f| match &f.outcome {
-        FinishOutcome::Completed { children, batches, workflows, .. } => {
+        FinishOutcome::Completed { children, batches, workflows, schedules, .. } => {
             let callbacks = batches.iter().flat_map(|b| [&b.on_finish, &b.on_success, &b.on_failure]);
             let steps = workflows.steps.iter().map(|s| s.step.job.as_str());
+            let scheduled = schedules.iter().filter_map(|c| match c {
+                ScheduleChange::Set(schedule) => Some(schedule.job.as_str()),
+                _ => None,
+            });
             children
                 .iter()
                 .map(|c| c.job.as_str())
                 .chain(callbacks.flatten().map(String::as_str))
                 .chain(steps)
+                .chain(scheduled)
                 .collect()
         }
         _ => Vec::new(),
@@ -494,6 +527,7 @@ mod tests {
             batches: Default::default(),
             workflows: Default::default(),
             events: Default::default(),
+            schedules: Default::default(),
         };
         Finish { outcome, concurrency_key: Some("k".into()), ..run(id, id * 10) }
     }

@@ -633,13 +633,8 @@ impl Store {
     /// enqueue rules refuse is [`super::Error::InvalidSchedule`] naming the
     /// field, and nothing is stored. True when it created the schedule.
     pub async fn keyed_schedule_upsert(&self, schedule: &KeyedSchedule) -> Result<bool> {
-        schedule.check()?;
         let configs = self.driver.configs_read(std::slice::from_ref(&schedule.job)).await?;
-        let config = configs.get(&schedule.job).ok_or_else(|| {
-            super::Error::InvalidSchedule(format!("job: no job type {:?} is registered", schedule.job))
-        })?;
-        keyed_schedule::prepare_keyed_tick(schedule, config, Utc::now(), self.driver.limits())
-            .map_err(|error| super::Error::InvalidSchedule(format!("payload: {error}")))?;
+        keyed_schedule::check_registered(schedule, configs.get(&schedule.job), self.driver.limits())?;
         self.driver.keyed_schedule_upsert(schedule).await
     }
 

@@ -229,6 +229,8 @@ pub enum FinishOutcome {
         workflows: std::sync::Arc<crate::types::WorkflowEffects>,
         /// Events the run sent, sent in its completion's transaction.
         events: std::sync::Arc<[crate::types::ChildEvent]>,
+        /// Changes the run made to keyed schedules, written in its completion's transaction.
+        schedules: std::sync::Arc<[crate::schedule_spec::ScheduleChange]>,
     },
     /// Back to scheduled after a backoff, keeping the error.
     Retry {

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::enqueue::{EnqueueLimits, PreparedJob, prepare};
 use super::{EnqueueParams, Enqueued, Error, Result};
 use crate::calendar::{Calendar, MAX_BACKFILL, TICK_FIELD, due_ticks, tick_text};
+pub use crate::schedule_spec::{KeyedSchedule, Overlap};
 use crate::types::{JobConfig, OnConflict, OnDuplicate, ScheduleConfig};
 
 /// The payload field in which the host gives a keyed schedule's job its key.
@@ -42,112 +43,7 @@ pub const BUFFER_RECHECK: TimeDelta = TimeDelta::seconds(1);
 /// read is looked at again (by any host: one of a newer version may).
 pub const UNREADABLE_RECHECK: TimeDelta = TimeDelta::minutes(1);
 
-/// What a tick does while the job of the schedule's previous tick has not
-/// ended (waits, runs, or waits to retry).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Overlap {
-    /// Enqueue it anyway.
-    #[default]
-    Allow,
-    /// Enqueue nothing; the tick is counted as skipped.
-    Skip,
-    /// Keep it, one at most, and enqueue it when that job ends; a further
-    /// tick meanwhile is counted as skipped.
-    BufferOne,
-}
-
-impl Overlap {
-    /// The stored and shown name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Overlap::Allow => "allow",
-            Overlap::Skip => "skip",
-            Overlap::BufferOne => "buffer_one",
-        }
-    }
-
-    /// A policy by name (`buffer-one` as well as `buffer_one`).
-    ///
-    /// # Errors
-    /// An unknown name, listing the known ones.
-    pub fn parse(name: &str) -> std::result::Result<Self, String> {
-        match name {
-            "allow" => Ok(Overlap::Allow),
-            "skip" => Ok(Overlap::Skip),
-            "buffer_one" | "buffer-one" => Ok(Overlap::BufferOne),
-            other => Err(format!("overlap {other:?} is not one of allow, skip, buffer-one")),
-        }
-    }
-}
-
-/// A schedule as its writer gives it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KeyedSchedule {
-    /// The job type each tick enqueues.
-    pub job: String,
-    /// Names the schedule among its type's (a customer, an account).
-    pub key: String,
-    /// A cron expression: five fields, or six with seconds first.
-    pub cron: String,
-    /// The IANA zone the expression is read in.
-    #[serde(default = "utc")]
-    pub time_zone: String,
-    /// Each job's payload before the host adds `_tick` and `_schedule`.
-    #[serde(default)]
-    pub payload: serde_json::Map<String, serde_json::Value>,
-    /// What a tick does while the previous tick's job has not ended.
-    #[serde(default)]
-    pub overlap: Overlap,
-    /// Each tick's job is due up to this long after the tick, by an amount
-    /// fixed for the tick (the same on every host).
-    #[serde(default)]
-    pub jitter_ms: u64,
-    /// How many ticks missed while no host looked are enqueued late.
-    #[serde(default = "one")]
-    pub backfill: u32,
-    /// No tick before this.
-    #[serde(default, serialize_with = "super::timestamp::serialize_option")]
-    pub starts_at: Option<DateTime<Utc>>,
-    /// No tick after this.
-    #[serde(default, serialize_with = "super::timestamp::serialize_option")]
-    pub ends_at: Option<DateTime<Utc>>,
-    /// A paused schedule ticks nothing; its ticks meanwhile are not made up.
-    #[serde(default)]
-    pub paused: bool,
-    /// Why it is paused, for the next operator.
-    #[serde(default)]
-    pub note: String,
-}
-
-fn utc() -> String {
-    "UTC".into()
-}
-
-fn one() -> u32 {
-    1
-}
-
 impl KeyedSchedule {
-    /// A schedule with the defaults: UTC, an empty payload, overlap allowed,
-    /// no jitter, one catch-up tick, running.
-    pub fn new(job: impl Into<String>, key: impl Into<String>, cron: impl Into<String>) -> Self {
-        KeyedSchedule {
-            job: job.into(),
-            key: key.into(),
-            cron: cron.into(),
-            time_zone: utc(),
-            payload: serde_json::Map::new(),
-            overlap: Overlap::Allow,
-            jitter_ms: 0,
-            backfill: 1,
-            starts_at: None,
-            ends_at: None,
-            paused: false,
-            note: String::new(),
-        }
-    }
-
     /// The calendar part, as a declared schedule has it.
     pub fn calendar_config(&self) -> ScheduleConfig {
         ScheduleConfig {
@@ -156,13 +52,6 @@ impl KeyedSchedule {
             payload: self.payload.clone(),
             backfill: self.backfill,
         }
-    }
-
-    /// The pause a write sets: none when it is neither paused nor noted, so
-    /// a write that rewrites a schedule keeps an operator's pause and note
-    /// (a resume is its own command).
-    pub fn pause_written(&self) -> Option<(bool, &str)> {
-        (self.paused || !self.note.is_empty()).then_some((self.paused, self.note.as_str()))
     }
 
     /// Checks everything but the job type's existence, naming the field.
@@ -212,6 +101,21 @@ impl KeyedSchedule {
         }
         Ok(())
     }
+}
+
+/// Checks a schedule as every writer's is checked: its fields, its job
+/// type registered (`config`, as read), and each tick's job passing the
+/// enqueue rules (its payload with `_tick` and `_schedule` added).
+///
+/// # Errors
+/// [`Error::InvalidSchedule`] naming the field.
+pub fn check_registered(schedule: &KeyedSchedule, config: Option<&JobConfig>, limits: &EnqueueLimits) -> Result<()> {
+    schedule.check()?;
+    let config =
+        config.ok_or_else(|| Error::InvalidSchedule(format!("job: no job type {:?} is registered", schedule.job)))?;
+    prepare_keyed_tick(schedule, config, Utc::now(), limits)
+        .map_err(|error| Error::InvalidSchedule(format!("payload: {error}")))?;
+    Ok(())
 }
 
 /// Checks a schedule's key: not empty (the empty key is the type's declared

@@ -38,7 +38,8 @@ pub fn finish_of(job: &FetchedJob, config: &JobConfig, report: RunReport, host: 
             let batches = std::mem::take(&mut effects.batches).into();
             let workflows = std::sync::Arc::new(std::mem::take(&mut effects.workflows));
             let events = std::mem::take(&mut effects.events).into();
-            FinishOutcome::Completed { output, children, batches, workflows, events }
+            let schedules = std::mem::take(&mut effects.schedules).into();
+            FinishOutcome::Completed { output, children, batches, workflows, events, schedules }
         }
         RunOutcome::Retry { reason } => retry_or_fail(reason),
         RunOutcome::Failed { reason } => FinishOutcome::Failed { error: head(reason, ERROR_REASON_BYTES) },
@@ -122,8 +123,9 @@ fn without_nul_text(text: String) -> String {
 
 fn without_nul_outcome(outcome: FinishOutcome) -> FinishOutcome {
     match outcome {
-        FinishOutcome::Completed { output, children, batches, workflows, events } => {
-            FinishOutcome::Completed { output: output.map(output_without_nul), children, batches, workflows, events }
+        FinishOutcome::Completed { output, children, batches, workflows, events, schedules } => {
+            let output = output.map(output_without_nul);
+            FinishOutcome::Completed { output, children, batches, workflows, events, schedules }
         }
         FinishOutcome::Retry { error, delay_ms } => FinishOutcome::Retry { error: without_nul_text(error), delay_ms },
         FinishOutcome::Failed { error } => FinishOutcome::Failed { error: without_nul_text(error) },

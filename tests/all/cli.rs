@@ -90,6 +90,7 @@ async fn jobs_and_stats_print_the_documented_json(db: TestDb) {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     let finish = Finish {
         id: job.id,
@@ -236,6 +237,7 @@ async fn json_timestamps_have_one_fixed_width(db: TestDb) {
                     batches: Default::default(),
                     workflows: Default::default(),
                     events: Default::default(),
+                    schedules: Default::default(),
                 }
             },
             log: json!({}),

@@ -222,6 +222,7 @@ async fn every_blocked_payload_is_a_json_object(db: TestDb) {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap();
     db.store

@@ -161,6 +161,39 @@ async fn a_javascript_step_grows_its_workflow() {
     grows_its_workflow(TestDb::postgres().await, &JAVASCRIPT).await;
 }
 
+/// A handler in the language makes a schedule through the SDK, written
+/// with its completion, and receives the refusal of a bad one, naming the field.
+async fn makes_a_schedule(db: TestDb, lang: &Language) {
+    let host = TestHost::start(&db, &[&lang.hello(), "hello"], |_| {}).await;
+    let schedule = json!({"key": "ada", "cron": "0 9 * * MON", "zone": "Europe/Berlin", "overlap": "buffer-one", "jitter_ms": 250});
+    let id =
+        db.enqueue_new(&lang.hello(), json!({"name": "Ada", "schedule": schedule, "bad_cron": "61 * * * *"})).await;
+    let job = ended(&db, id).await;
+    assert_eq!(job.row.state, JobState::Completed, "{job:?}");
+    let refused = job.output.as_ref().unwrap()["refused"].as_str().unwrap_or_default().to_string();
+    assert!(refused.starts_with("cron:"), "the refusal names the field: {job:?}");
+    let listed = db.store.keyed_schedules(Some("hello"), None).await.unwrap();
+    assert_eq!(listed.len(), 1, "the refused schedule stored nothing: {listed:?}");
+    let made = &listed[0].schedule;
+    assert_eq!(
+        (made.key.as_str(), made.cron.as_str(), made.time_zone.as_str()),
+        ("ada", "0 9 * * MON", "Europe/Berlin")
+    );
+    assert_eq!(made.overlap, jobhost::store::keyed_schedule::Overlap::BufferOne);
+    assert_eq!((made.jitter_ms, made.payload["name"].as_str()), (250, Some("ada")));
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_handler_makes_a_schedule() {
+    makes_a_schedule(TestDb::postgres().await, &PYTHON).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_handler_makes_a_schedule() {
+    makes_a_schedule(TestDb::postgres().await, &JAVASCRIPT).await;
+}
+
 async fn a_python_handler_logs_reports_progress_and_enqueues(db: TestDb) {
     logs_reports_progress_and_enqueues(db, &PYTHON).await;
 }

@@ -228,6 +228,25 @@ async fn a_component_of_the_sixth_world_version_loads_and_runs() {
     );
 }
 
+#[tokio::test]
+async fn a_component_of_the_seventh_world_version_loads_and_runs() {
+    let (runtime, _cache) = runtime();
+    let legacy = load(&runtime, "legacy_v7").await;
+    assert_eq!(legacy.config.max_attempts, 7);
+    assert_eq!(legacy.config.on_events, ["legacy.ping"], "its 0.7.0 event keys came through");
+    let report = run(&runtime, &legacy, json!({"id": 13})).await;
+    assert_eq!(common::completed_output(&report.outcome), json!({"id": 13}));
+    let logged: Vec<&str> = report.effects.logs.iter().map(|line| line.message.as_str()).collect();
+    assert_eq!(logged, ["0.7.0 run of job 7"]);
+    let sent: Vec<(&str, &serde_json::Value)> =
+        report.effects.events.iter().map(|event| (event.key.as_str(), &event.payload)).collect();
+    assert_eq!(sent, [("legacy.pong", &json!({"id": 13}))], "sent through the 0.7.0 events import");
+    let steps = &report.effects.workflows.steps;
+    assert_eq!(steps.len(), 1, "a step added through the 0.7.0 workflows import");
+    assert_eq!(steps[0].step.wait, Some(jobhost::step::Wait::sleep_ms(1500)), "with its 0.7.0 wait");
+    assert!(report.effects.schedules.is_empty());
+}
+
 /// A component instantiating `module` `count` times.
 fn instantiating(module: &str, count: usize) -> Vec<u8> {
     let instances: String = (0..count).map(|_| "(core instance (instantiate $m))").collect();

@@ -27,6 +27,7 @@ mod docs;
 mod faults;
 mod faults_sqlite;
 mod fleet;
+mod guest_schedules;
 mod handler_languages;
 mod history;
 mod host_health;

@@ -343,6 +343,7 @@ async fn a_completion_waits_out_a_lock_under_a_database_wide_lock_timeout() {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     let finishing = tokio::spawn({
         let store = store.clone();

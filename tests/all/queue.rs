@@ -169,6 +169,7 @@ async fn a_stale_lease_token_completes_nothing(db: TestDb) {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     assert_eq!(db.store.job_finish(vec![finish(&first, late)]).await.unwrap(), [FinishResult::Duplicate]);
     let retry = FinishOutcome::Retry { error: "late".into(), delay_ms: 0 };
@@ -221,6 +222,7 @@ async fn a_stale_result_batched_with_the_current_one_is_a_duplicate(db: TestDb) 
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     let retry = || FinishOutcome::Retry { error: "again".into(), delay_ms: 3_600_000 };
     for (round, current) in [retry(), completed()].into_iter().enumerate() {
@@ -267,6 +269,7 @@ async fn children_are_written_only_with_their_parents_completion(db: TestDb) {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     let failed = FinishOutcome::Failed { error: "gave up".into() };
     db.store.job_finish(vec![finish(&fetched[0], done), finish(&fetched[1], failed)]).await.unwrap();
@@ -293,6 +296,7 @@ async fn a_child_of_an_unknown_type_fails_its_parent_instead_of_the_batch(db: Te
                     batches: Default::default(),
                     workflows: Default::default(),
                     events: Default::default(),
+                    schedules: Default::default(),
                 },
             ),
             finish(&fetched[1], completed()),

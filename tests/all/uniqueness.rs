@@ -280,6 +280,7 @@ async fn a_duplicate_child_is_skipped_with_its_parents_completion(db: TestDb) {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     };
     assert_eq!(db.store.job_finish(vec![finish(&parent, outcome)]).await.unwrap(), vec![FinishResult::Done]);
     assert_eq!(db.state_of(parent.id).await, JobState::Completed, "a duplicate child never fails its parent");

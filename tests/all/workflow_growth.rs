@@ -206,6 +206,7 @@ fn growing(parts: usize) -> FinishOutcome {
         batches: Default::default(),
         workflows: Arc::new(WorkflowEffects { opened: Vec::new(), steps }),
         events: Default::default(),
+        schedules: Default::default(),
     }
 }
 

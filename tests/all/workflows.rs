@@ -42,6 +42,7 @@ fn completed_with(output: Value) -> FinishOutcome {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     }
 }
 

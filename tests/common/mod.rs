@@ -233,6 +233,7 @@ pub fn completed() -> jobhost::store::FinishOutcome {
         batches: Default::default(),
         workflows: Default::default(),
         events: Default::default(),
+        schedules: Default::default(),
     }
 }
 

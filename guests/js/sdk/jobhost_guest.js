@@ -29,9 +29,15 @@
  * `TypeError: ...`)" with the original error's text.
  */
 
-import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.7.0';
-import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.7.0';
-import { send as hostSend } from 'jobhost:job/events@0.7.0';
+import { enqueue as hostEnqueue, log as hostLog, progress as hostProgress } from 'jobhost:job/host@0.8.0';
+import { addStep as hostAddStep, currentStep as hostCurrentStep, open as hostOpen } from 'jobhost:job/workflows@0.8.0';
+import { send as hostSend } from 'jobhost:job/events@0.8.0';
+import {
+  pause as schedulePause,
+  remove as scheduleRemove,
+  resume as scheduleResume,
+  set as scheduleSet,
+} from 'jobhost:job/schedules@0.8.0';
 
 /**
  * A job type's configuration; every option left out takes the host's default.
@@ -182,8 +188,8 @@ export function progress(done, total) {
 
 /** Why the host refused an enqueue. Not a job error: uncaught, it traps the run. */
 export class EnqueueError extends Error {
-  constructor(job, reason) {
-    super(`enqueue of ${job} refused: ${reason}`);
+  constructor(job, reason, what = `enqueue of ${job}`) {
+    super(`${what} refused: ${reason}`);
     this.name = 'EnqueueError';
     this.reason = reason;
   }
@@ -249,14 +255,55 @@ export function addStep(name, job, payload, { after = [], workflow, queue, prior
  * subscribed to it (`onEvents`). Throws EnqueueError when the host refuses it.
  */
 export function sendEvent(key, payload) {
+  refusable(key, () => hostSend(key, json(payload ?? {})), `event ${key}`);
+}
+
+/** Calls a host import, turning its refusal into an EnqueueError about `job` (`what` it was). */
+function refusable(job, call, what) {
   try {
-    hostSend(key, json(payload ?? {}));
+    call();
   } catch (error) {
     if (error && Object.prototype.hasOwnProperty.call(error, 'payload')) {
-      throw new EnqueueError(key, error.payload);
+      throw new EnqueueError(job, error.payload, what);
     }
     throw error;
   }
+}
+
+/**
+ * Creates or replaces the schedule of `job` for `key` (a customer, an
+ * account) when this job completes (docs/schedules.md, "Schedules made at
+ * run time"): `cron` read in `timeZone` (default UTC), each tick enqueuing a
+ * job with `payload` plus `_tick` and `_schedule`; `overlap` is `'allow'`,
+ * `'skip'` or `'buffer-one'`. Throws EnqueueError naming a refused field.
+ */
+export function setSchedule(job, key, cron, { timeZone, payload, overlap, jitterMs, backfill, startsAtMs, endsAtMs } = {}) {
+  const spec = {
+    cron,
+    timeZone,
+    payload: payload === undefined ? undefined : json(payload),
+    overlap,
+    jitterMs: u64(jitterMs),
+    backfill,
+    startsAtMs: u64(startsAtMs),
+    endsAtMs: u64(endsAtMs),
+  };
+  refusable(job, () => scheduleSet(job, key, spec), `schedule ${job} ${JSON.stringify(key)}`);
+}
+
+/** Pauses the schedule of `job` for `key` when this job completes, with a `note` for the next operator. */
+export function pauseSchedule(job, key, note) {
+  refusable(job, () => schedulePause(job, key, note), `schedule ${job} ${JSON.stringify(key)}`);
+}
+
+/** Resumes the schedule of `job` for `key` when this job completes. */
+export function resumeSchedule(job, key) {
+  refusable(job, () => scheduleResume(job, key), `schedule ${job} ${JSON.stringify(key)}`);
+}
+
+/** Removes the schedule of `job` for `key` when this job completes. */
+export function removeSchedule(job, key) {
+  refusable(job, () => scheduleRemove(job, key), `schedule ${job} ${JSON.stringify(key)}`);
 }
 
 /**

@@ -26,7 +26,7 @@ pub mod http;
 pub use bindings::jobhost::job::types::{
     Backoff, Concurrency, OnConflict, OnDuplicate, OutboundRule, RateLimit, Schedule, UniqueStrategy, Uniqueness,
 };
-pub use bindings::jobhost::job::{batches, events, host, workflows};
+pub use bindings::jobhost::job::{batches, events, host, schedules, workflows};
 pub use bindings::{Guest, JobConfig, JobContext, JobError, export};
 
 impl JobConfig {
@@ -57,6 +57,24 @@ impl OutboundRule {
     pub fn allow(origin: &str, methods: &[&str], secrets: &[&str]) -> Self {
         let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
         OutboundRule { origin: origin.into(), methods: strings(methods), secrets: strings(secrets) }
+    }
+}
+
+impl schedules::ScheduleSpec {
+    /// A schedule on the cron expression `cron` with every other field the
+    /// host's default: UTC, an empty payload, overlap allowed, no jitter,
+    /// one catch-up tick, no start or end.
+    pub fn cron(cron: &str) -> Self {
+        schedules::ScheduleSpec {
+            cron: cron.to_string(),
+            time_zone: None,
+            payload: None,
+            overlap: None,
+            jitter_ms: None,
+            backfill: None,
+            starts_at_ms: None,
+            ends_at_ms: None,
+        }
     }
 }
 

@@ -53,6 +53,9 @@ pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&Fet
             // It may have enqueued or released jobs: a fetch finds out.
             released = true;
         }
+        for change in plan.schedules_of(&written.written) {
+            super::keyed_schedule::change_in(&mut tx, change).await?;
+        }
         if let Some(next) = next {
             written.leased = super::job::fetch(&mut *tx, next).await?;
         }

@@ -11,6 +11,7 @@ use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::calendar::tick_text;
+use crate::schedule_spec::ScheduleChange;
 use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
@@ -204,53 +205,88 @@ pub(super) async fn backfill_write(
     super::commit_or_roll_back(tx, work).await
 }
 
+/// Creates or replaces a schedule through `jobhost.schedule_upsert`, on
+/// `conn` (the caller's transaction, or none). True when it created it.
+async fn upsert_in(conn: &mut PgConnection, s: &KeyedSchedule) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT jobhost.schedule_upsert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
+        .bind(&s.job)
+        .bind(&s.key)
+        .bind(&s.cron)
+        .bind(&s.time_zone)
+        .bind(Json(&s.payload))
+        .bind(s.overlap.as_str())
+        .bind(i64::try_from(s.jitter_ms).unwrap_or(i64::MAX))
+        .bind(i32::try_from(s.backfill).unwrap_or(i32::MAX))
+        .bind(s.starts_at)
+        .bind(s.ends_at)
+        .bind(s.pause_written().map(|(paused, _)| paused))
+        .bind(s.pause_written().map(|(_, note)| note))
+        .fetch_one(conn)
+        .await
+}
+
+/// Pauses (keeping the note unless one is given) or resumes a schedule,
+/// on `conn`. False when there is none.
+async fn pause_in(conn: &mut PgConnection, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
+    // A resume counts from now: ticks while paused are not made up.
+    let done = sqlx::query(
+        "UPDATE jobhost.keyed_schedules
+         SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
+             since = CASE WHEN paused AND NOT $3 THEN greatest(clock_timestamp(), last_tick, since) ELSE since END,
+             buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
+             triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
+             look_at = least(look_at, now()), updated_at = now()
+         WHERE job = $1 AND key = $2",
+    )
+    .bind(job)
+    .bind(key)
+    .bind(paused)
+    .bind(note)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Removes a schedule through `jobhost.schedule_remove`, on `conn`.
+async fn remove_in(conn: &mut PgConnection, job: &str, key: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar("SELECT jobhost.schedule_remove($1, $2)").bind(job).bind(key).fetch_one(conn).await?)
+}
+
+/// Writes a run's change to a schedule in its completion's transaction.
+/// A field the function refuses stays the database's error (a refusal,
+/// SQLSTATE 22023): the result writer then fails that run with the reason
+/// (`worker::complete`), rather than failing the batch again and again.
+/// A pause, resume or removal of a schedule that is not there changes nothing.
+pub(super) async fn change_in(conn: &mut PgConnection, change: &ScheduleChange) -> Result<()> {
+    match change {
+        ScheduleChange::Set(schedule) => {
+            upsert_in(conn, schedule).await?;
+        }
+        ScheduleChange::Pause { job, key, note } => {
+            pause_in(conn, job, key, true, note.as_deref()).await?;
+        }
+        ScheduleChange::Resume { job, key } => {
+            pause_in(conn, job, key, false, None).await?;
+        }
+        ScheduleChange::Remove { job, key } => {
+            remove_in(conn, job, key).await?;
+        }
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl KeyedScheduleDriver for PgStore {
     async fn keyed_schedule_upsert(&self, s: &KeyedSchedule) -> Result<bool> {
-        sqlx::query_scalar("SELECT jobhost.schedule_upsert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
-            .bind(&s.job)
-            .bind(&s.key)
-            .bind(&s.cron)
-            .bind(&s.time_zone)
-            .bind(Json(&s.payload))
-            .bind(s.overlap.as_str())
-            .bind(i64::try_from(s.jitter_ms).unwrap_or(i64::MAX))
-            .bind(i32::try_from(s.backfill).unwrap_or(i32::MAX))
-            .bind(s.starts_at)
-            .bind(s.ends_at)
-            .bind(s.pause_written().map(|(paused, _)| paused))
-            .bind(s.pause_written().map(|(_, note)| note))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(refused_as_invalid)
+        upsert_in(&mut *self.pool.acquire().await?, s).await.map_err(refused_as_invalid)
     }
 
     async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
-        // A resume counts from now: ticks while paused are not made up.
-        let done = sqlx::query(
-            "UPDATE jobhost.keyed_schedules
-             SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
-                 since = CASE WHEN paused AND NOT $3 THEN greatest(clock_timestamp(), last_tick, since) ELSE since END,
-                 buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
-                 triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
-                 look_at = least(look_at, now()), updated_at = now()
-             WHERE job = $1 AND key = $2",
-        )
-        .bind(job)
-        .bind(key)
-        .bind(paused)
-        .bind(note)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        pause_in(&mut *self.pool.acquire().await?, job, key, paused, note).await
     }
 
     async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
-        Ok(sqlx::query_scalar("SELECT jobhost.schedule_remove($1, $2)")
-            .bind(job)
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await?)
+        remove_in(&mut *self.pool.acquire().await?, job, key).await
     }
 
     async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {

@@ -100,6 +100,9 @@ pub async fn write(
         let sent = super::wait::send(conn, &event.key, &event.payload, None, &source, limits, now).await?;
         triggered |= sent.jobs.iter().any(|job| job.id.is_some());
     }
+    for change in plan.schedules_of(&written) {
+        super::keyed_schedule::change_in(conn, change, now).await?;
+    }
     let (leased, sent_back) = match next {
         Some(next) => job::fetch(conn, next, now).await?,
         None => (Vec::new(), 0),

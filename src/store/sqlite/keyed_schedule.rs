@@ -11,6 +11,7 @@ use sqlx::{Row, SqliteConnection};
 use super::SqliteStore;
 use super::encode::{now_ms, time_of};
 use crate::calendar::tick_text;
+use crate::schedule_spec::ScheduleChange;
 use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
@@ -220,113 +221,149 @@ pub(super) async fn backfill_write(
     Ok(Some((ticks, jobs.len() - fresh.len())))
 }
 
+/// Creates or replaces a schedule on `conn`, inside the caller's write
+/// transaction, at `now` (ms). True when it created it.
+async fn upsert_in(conn: &mut SqliteConnection, s: &KeyedSchedule, now: i64) -> Result<bool> {
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM keyed_schedules WHERE job = $1 AND key = $2)")
+        .bind(&s.job)
+        .bind(&s.key)
+        .fetch_one(&mut *conn)
+        .await?;
+    // As jobhost.schedule_upsert does on PostgreSQL: a changed
+    // calendar hands over now, a resume counts from now.
+    sqlx::query(
+        "INSERT INTO keyed_schedules
+             (job, key, cron, time_zone, payload, overlap, jitter_ms, backfill, starts_at, ends_at, paused, note,
+              since, look_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $13, $13)
+         ON CONFLICT (job, key) DO UPDATE SET
+             cron = excluded.cron, time_zone = excluded.time_zone, payload = excluded.payload,
+             overlap = excluded.overlap, jitter_ms = excluded.jitter_ms, backfill = excluded.backfill,
+             starts_at = excluded.starts_at, ends_at = excluded.ends_at,
+             paused = coalesce($14, paused), note = coalesce($15, note),
+             handovers = CASE
+                 WHEN NOT paused
+                      AND (cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
+                           OR starts_at IS NOT excluded.starts_at)
+                      AND max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since))
+                          < min(max(excluded.since, coalesce(last_tick, since), since),
+                                coalesce(ends_at, 253402300799999))
+                     THEN json_insert(
+                         CASE WHEN json_array_length(handovers) >= 16 THEN json_remove(handovers, '$[0]')
+                              ELSE handovers END,
+                         '$[#]',
+                         json_object(
+                             'cron', cron, 'time_zone', time_zone,
+                             'from', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                 max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since)) / 1000.0,
+                                 'unixepoch'),
+                             'until', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                 min(max(excluded.since, coalesce(last_tick, since), since),
+                                     coalesce(ends_at, 253402300799999)) / 1000.0,
+                                 'unixepoch')))
+                 ELSE handovers END,
+             since = CASE
+                 WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
+                      OR starts_at IS NOT excluded.starts_at OR (paused AND NOT coalesce($14, paused))
+                     THEN max(excluded.since, coalesce(last_tick, since), since)
+                 ELSE since END,
+             buffered_tick = CASE WHEN coalesce($14, paused) THEN NULL ELSE buffered_tick END,
+             triggered_at = CASE WHEN coalesce($14, paused) THEN NULL ELSE triggered_at END,
+             look_at = min(coalesce(look_at, excluded.look_at), excluded.look_at), error = NULL,
+             updated_at = excluded.updated_at",
+    )
+    .bind(&s.job)
+    .bind(&s.key)
+    .bind(s.cron.trim())
+    .bind(&s.time_zone)
+    .bind(Json(&s.payload))
+    .bind(s.overlap.as_str())
+    .bind(i64::try_from(s.jitter_ms).unwrap_or(i64::MAX))
+    .bind(i64::from(s.backfill))
+    .bind(ms(s.starts_at))
+    .bind(ms(s.ends_at))
+    .bind(s.paused)
+    .bind(&s.note)
+    .bind(now)
+    .bind(s.pause_written().map(|(paused, _)| paused))
+    .bind(s.pause_written().map(|(_, note)| note))
+    .execute(&mut *conn)
+    .await?;
+    Ok(!exists)
+}
+
+/// Pauses (keeping the note unless one is given) or resumes a schedule
+/// on `conn` at `now` (ms). False when there is none.
+async fn pause_in(
+    conn: &mut SqliteConnection,
+    job: &str,
+    key: &str,
+    paused: bool,
+    note: Option<&str>,
+    now: i64,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE keyed_schedules
+         SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
+             since = CASE WHEN paused AND NOT $3 THEN max($5, coalesce(last_tick, since), since) ELSE since END,
+             buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
+             triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
+             look_at = min(coalesce(look_at, $5), $5), updated_at = $5
+         WHERE job = $1 AND key = $2",
+    )
+    .bind(job)
+    .bind(key)
+    .bind(paused)
+    .bind(note)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Removes a schedule on `conn`. False when there was none.
+async fn remove_in(conn: &mut SqliteConnection, job: &str, key: &str) -> Result<bool> {
+    let done = sqlx::query("DELETE FROM keyed_schedules WHERE job = $1 AND key = $2")
+        .bind(job)
+        .bind(key)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Writes a run's change to a schedule in its completion's transaction,
+/// at `now` (ms). A pause, resume or removal of a schedule that is not
+/// there changes nothing.
+pub(super) async fn change_in(conn: &mut SqliteConnection, change: &ScheduleChange, now: i64) -> Result<()> {
+    match change {
+        ScheduleChange::Set(schedule) => {
+            upsert_in(conn, schedule, now).await?;
+        }
+        ScheduleChange::Pause { job, key, note } => {
+            pause_in(conn, job, key, true, note.as_deref(), now).await?;
+        }
+        ScheduleChange::Resume { job, key } => {
+            pause_in(conn, job, key, false, None, now).await?;
+        }
+        ScheduleChange::Remove { job, key } => {
+            remove_in(conn, job, key).await?;
+        }
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl KeyedScheduleDriver for SqliteStore {
     async fn keyed_schedule_upsert(&self, s: &KeyedSchedule) -> Result<bool> {
-        self.write_outside_jobs(async |tx| {
-            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM keyed_schedules WHERE job = $1 AND key = $2)")
-                .bind(&s.job)
-                .bind(&s.key)
-                .fetch_one(&mut **tx)
-                .await?;
-            // As jobhost.schedule_upsert does on PostgreSQL: a changed
-            // calendar hands over now, a resume counts from now.
-            sqlx::query(
-                "INSERT INTO keyed_schedules
-                     (job, key, cron, time_zone, payload, overlap, jitter_ms, backfill, starts_at, ends_at, paused, note,
-                      since, look_at, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $13, $13)
-                 ON CONFLICT (job, key) DO UPDATE SET
-                     cron = excluded.cron, time_zone = excluded.time_zone, payload = excluded.payload,
-                     overlap = excluded.overlap, jitter_ms = excluded.jitter_ms, backfill = excluded.backfill,
-                     starts_at = excluded.starts_at, ends_at = excluded.ends_at,
-                     paused = coalesce($14, paused), note = coalesce($15, note),
-                     handovers = CASE
-                         WHEN NOT paused
-                              AND (cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                                   OR starts_at IS NOT excluded.starts_at)
-                              AND max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since))
-                                  < min(max(excluded.since, coalesce(last_tick, since), since),
-                                        coalesce(ends_at, 253402300799999))
-                             THEN json_insert(
-                                 CASE WHEN json_array_length(handovers) >= 16 THEN json_remove(handovers, '$[0]')
-                                      ELSE handovers END,
-                                 '$[#]',
-                                 json_object(
-                                     'cron', cron, 'time_zone', time_zone,
-                                     'from', strftime('%Y-%m-%dT%H:%M:%fZ',
-                                         max(coalesce(last_tick, since), since, coalesce(starts_at - 1, since)) / 1000.0,
-                                         'unixepoch'),
-                                     'until', strftime('%Y-%m-%dT%H:%M:%fZ',
-                                         min(max(excluded.since, coalesce(last_tick, since), since),
-                                             coalesce(ends_at, 253402300799999)) / 1000.0,
-                                         'unixepoch')))
-                         ELSE handovers END,
-                     since = CASE
-                         WHEN cron IS NOT excluded.cron OR time_zone IS NOT excluded.time_zone
-                              OR starts_at IS NOT excluded.starts_at OR (paused AND NOT coalesce($14, paused))
-                             THEN max(excluded.since, coalesce(last_tick, since), since)
-                         ELSE since END,
-                     buffered_tick = CASE WHEN coalesce($14, paused) THEN NULL ELSE buffered_tick END,
-                     triggered_at = CASE WHEN coalesce($14, paused) THEN NULL ELSE triggered_at END,
-                     look_at = min(coalesce(look_at, excluded.look_at), excluded.look_at), error = NULL,
-                     updated_at = excluded.updated_at",
-            )
-            .bind(&s.job)
-            .bind(&s.key)
-            .bind(s.cron.trim())
-            .bind(&s.time_zone)
-            .bind(Json(&s.payload))
-            .bind(s.overlap.as_str())
-            .bind(i64::try_from(s.jitter_ms).unwrap_or(i64::MAX))
-            .bind(i64::from(s.backfill))
-            .bind(ms(s.starts_at))
-            .bind(ms(s.ends_at))
-            .bind(s.paused)
-            .bind(&s.note)
-            .bind(now_ms())
-            .bind(s.pause_written().map(|(paused, _)| paused))
-            .bind(s.pause_written().map(|(_, note)| note))
-            .execute(&mut **tx)
-            .await?;
-            Ok(!exists)
-        })
-        .await
+        self.write_outside_jobs(async |tx| upsert_in(tx, s, now_ms()).await).await
     }
 
     async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
-        self.write_outside_jobs(async |tx| {
-            let done = sqlx::query(
-                "UPDATE keyed_schedules
-                 SET paused = $3, note = coalesce($4, CASE WHEN $3 THEN note ELSE '' END),
-                     since = CASE WHEN paused AND NOT $3 THEN max($5, coalesce(last_tick, since), since) ELSE since END,
-                     buffered_tick = CASE WHEN $3 THEN NULL ELSE buffered_tick END,
-                     triggered_at = CASE WHEN $3 THEN NULL ELSE triggered_at END,
-                     look_at = min(coalesce(look_at, $5), $5), updated_at = $5
-                 WHERE job = $1 AND key = $2",
-            )
-            .bind(job)
-            .bind(key)
-            .bind(paused)
-            .bind(note)
-            .bind(now_ms())
-            .execute(&mut **tx)
-            .await?;
-            Ok(done.rows_affected() > 0)
-        })
-        .await
+        self.write_outside_jobs(async |tx| pause_in(tx, job, key, paused, note, now_ms()).await).await
     }
 
     async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| {
-            let done = sqlx::query("DELETE FROM keyed_schedules WHERE job = $1 AND key = $2")
-                .bind(job)
-                .bind(key)
-                .execute(&mut **tx)
-                .await?;
-            Ok(done.rows_affected() > 0)
-        })
-        .await
+        self.write_outside_jobs(async |tx| remove_in(tx, job, key).await).await
     }
 
     async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {

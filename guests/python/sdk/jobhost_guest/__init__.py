@@ -20,7 +20,7 @@ These helpers spare it the generated types' positional noise:
 import json
 
 from componentize_py_types import Err
-from wit_world.imports import events, host, workflows
+from wit_world.imports import events, host, schedules, workflows
 
 try:  # built against the `job-http` world, where wasi:http brings a `types` of its own
     from wit_world.imports import jobhost_job_types as types
@@ -29,7 +29,8 @@ except ImportError:  # built against `job`
 
 __all__ = ["config", "allow", "limit", "rate", "unique", "parse_payload", "output", "retry", "fail", "snooze",
            "throttled", "log", "progress", "enqueue",
-           "add_step", "open_workflow", "current_step"]
+           "add_step", "open_workflow", "current_step", "send_event",
+           "set_schedule", "pause_schedule", "resume_schedule", "remove_schedule"]
 
 _CONFLICT = {"block": types.OnConflict.BLOCK, "discard": types.OnConflict.DISCARD, "raise": types.OnConflict.RAISE}
 _STRATEGY = {
@@ -201,3 +202,38 @@ def send_event(key, payload):
     enqueues the types subscribed to it. Raises ``Err(str)`` when the host
     refuses it (a bad key, a payload too large)."""
     events.send(key, json.dumps(payload))
+
+
+_OVERLAP = {"allow": schedules.Overlap.ALLOW, "skip": schedules.Overlap.SKIP,
+            "buffer-one": schedules.Overlap.BUFFER_ONE}
+
+
+def set_schedule(job, key, cron, time_zone=None, payload=None, overlap=None, jitter_ms=None, backfill=None,
+                 starts_at_ms=None, ends_at_ms=None):
+    """Creates or replaces the schedule of ``job`` for ``key`` (a customer,
+    an account) when this job completes (docs/schedules.md, "Schedules made
+    at run time"): ``cron`` read in ``time_zone`` (default UTC), each tick
+    enqueuing a job with the dict ``payload`` plus ``_tick`` and
+    ``_schedule``; ``overlap`` is ``"allow"``, ``"skip"`` or
+    ``"buffer-one"``. Raises ``Err(str)`` naming a refused field."""
+    spec = schedules.ScheduleSpec(cron=cron, time_zone=time_zone,
+                                  payload=None if payload is None else json.dumps(payload),
+                                  overlap=_OVERLAP[overlap] if overlap else None, jitter_ms=jitter_ms,
+                                  backfill=backfill, starts_at_ms=starts_at_ms, ends_at_ms=ends_at_ms)
+    schedules.set(job, key, spec)
+
+
+def pause_schedule(job, key, note=None):
+    """Pauses the schedule of ``job`` for ``key`` when this job completes,
+    with a ``note`` for the next operator."""
+    schedules.pause(job, key, note)
+
+
+def resume_schedule(job, key):
+    """Resumes the schedule of ``job`` for ``key`` when this job completes."""
+    schedules.resume(job, key)
+
+
+def remove_schedule(job, key):
+    """Removes the schedule of ``job`` for ``key`` when this job completes."""
+    schedules.remove(job, key)

@@ -1,0 +1,214 @@
+//! The `schedules` imports (WIT 0.8.0): a run creates, replaces, pauses,
+//! resumes and removes schedules made at run time. Each change is checked
+//! at the call with the rules every writer's schedule passes (its fields,
+//! and through the [`crate::component::ChildCheck`] its type registered
+//! and a tick's job accepted by the enqueue rules), then held for the
+//! completion transaction, so a run that fails or is lost changes nothing.
+
+use chrono::{DateTime, Utc};
+
+use crate::calendar::{TICK_FIELD, tick_text};
+use crate::component::bindings::{ScheduleSpec, WitOverlap, jobhost};
+use crate::component::children::ChildProbe;
+use crate::component::sandbox::SandboxState;
+use crate::schedule_spec::{KeyedSchedule, Overlap, ScheduleChange};
+use crate::store::Error;
+use crate::store::keyed_schedule::{KEY_FIELD, MAX_NOTE_CHARS, check_key};
+use crate::types::{ChildJob, check_name};
+
+/// Most schedule changes one run may make.
+const SCHEDULE_CHANGE_LIMIT: usize = 1_000;
+
+impl jobhost::job::schedules::Host for SandboxState {
+    async fn set(&mut self, job: String, key: String, spec: ScheduleSpec) -> wasmtime::Result<Result<(), String>> {
+        Ok(self.set_schedule(job, key, spec).await)
+    }
+
+    fn pause(&mut self, job: String, key: String, note: Option<String>) -> wasmtime::Result<Result<(), String>> {
+        let note = match note {
+            Some(note) if note.chars().count() > MAX_NOTE_CHARS => {
+                return Ok(Err(format!("note: is longer than {MAX_NOTE_CHARS} characters")));
+            }
+            note => note,
+        };
+        let held = note.as_ref().map_or(0, String::len);
+        Ok(self.hold_change(|job, key| ScheduleChange::Pause { job, key, note }, job, key, held))
+    }
+
+    fn resume(&mut self, job: String, key: String) -> wasmtime::Result<Result<(), String>> {
+        Ok(self.hold_change(|job, key| ScheduleChange::Resume { job, key }, job, key, 0))
+    }
+
+    fn remove(&mut self, job: String, key: String) -> wasmtime::Result<Result<(), String>> {
+        Ok(self.hold_change(|job, key| ScheduleChange::Remove { job, key }, job, key, 0))
+    }
+}
+
+impl SandboxState {
+    /// A schedule the run creates or replaces, checked as every writer's
+    /// is, then held for the completion transaction.
+    async fn set_schedule(&mut self, job: String, key: String, spec: ScheduleSpec) -> Result<(), String> {
+        let held = job.len() + key.len() + spec.cron.len() + spec.payload.as_ref().map_or(0, String::len);
+        self.room_for_change(&job, &key, held)?;
+        let payload_bytes = spec.payload.as_ref().map_or(0, String::len);
+        if payload_bytes > self.max_payload_bytes() {
+            return Err(format!(
+                "payload: {payload_bytes} bytes, more than the largest accepted, {} bytes",
+                self.max_payload_bytes()
+            ));
+        }
+        let schedule = schedule_of(job, key, spec)?;
+        schedule.check().map_err(|error| refusal_text(&error))?;
+        if let Some(check) = self.child_check.clone() {
+            // A tick's job, as the completion will check it: the type is
+            // registered and the payload, with what the host adds, passes
+            // the enqueue rules. Its limit's room is no concern of a write.
+            let mut payload = schedule.payload.clone();
+            payload.insert(TICK_FIELD.to_string(), tick_text(&Utc::now()).into());
+            payload.insert(KEY_FIELD.to_string(), schedule.key.clone().into());
+            let child = ChildJob {
+                job: schedule.job.clone(),
+                payload: serde_json::Value::Object(payload),
+                queue: None,
+                priority: None,
+                delay_ms: None,
+                batch: None,
+            };
+            let probe = ChildProbe { child, earlier: Default::default(), at_release: true };
+            check(probe).await.map_err(|reason| format!("job: {reason}"))?;
+        }
+        self.budget.try_take(held);
+        self.effects.schedules.push(ScheduleChange::Set(schedule));
+        Ok(())
+    }
+
+    /// A pause, resume or removal, checked on the run's terms and held.
+    fn hold_change(
+        &mut self,
+        change: impl FnOnce(String, String) -> ScheduleChange,
+        job: String,
+        key: String,
+        extra: usize,
+    ) -> Result<(), String> {
+        let held = job.len() + key.len() + extra;
+        self.room_for_change(&job, &key, held)?;
+        self.budget.try_take(held);
+        self.effects.schedules.push(change(job, key));
+        Ok(())
+    }
+
+    /// Whether the run may hold one more change of `held` bytes to the
+    /// schedule of `job` and `key`, whose names are checked here.
+    fn room_for_change(&self, job: &str, key: &str, held: usize) -> Result<(), String> {
+        if self.effects.schedules.len() >= SCHEDULE_CHANGE_LIMIT {
+            return Err(format!("a run may make at most {SCHEDULE_CHANGE_LIMIT} schedule changes"));
+        }
+        if held > self.budget.left() {
+            return Err(self.budget.refusal("this schedule change", held));
+        }
+        check_name(job).map_err(|reason| format!("job: {reason}"))?;
+        check_key(key).map_err(|reason| format!("key: {reason}"))
+    }
+}
+
+/// The schedule a guest's spec describes, with the defaults for what it
+/// leaves out; the times and the payload's JSON are checked here, the
+/// rest by [`KeyedSchedule::check`].
+fn schedule_of(job: String, key: String, spec: ScheduleSpec) -> Result<KeyedSchedule, String> {
+    let mut schedule = KeyedSchedule::new(job, key, spec.cron);
+    if let Some(zone) = spec.time_zone {
+        schedule.time_zone = zone;
+    }
+    if let Some(text) = spec.payload {
+        schedule.payload = match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            Ok(_) => return Err("payload: must be a JSON object".to_string()),
+            Err(error) => return Err(format!("payload: is not valid JSON: {error}")),
+        };
+    }
+    schedule.overlap = match spec.overlap.unwrap_or(WitOverlap::Allow) {
+        WitOverlap::Allow => Overlap::Allow,
+        WitOverlap::Skip => Overlap::Skip,
+        WitOverlap::BufferOne => Overlap::BufferOne,
+    };
+    schedule.jitter_ms = spec.jitter_ms.unwrap_or(0);
+    schedule.backfill = spec.backfill.unwrap_or(1);
+    schedule.starts_at = spec.starts_at_ms.map(|ms| instant("starts_at", ms)).transpose()?;
+    schedule.ends_at = spec.ends_at_ms.map(|ms| instant("ends_at", ms)).transpose()?;
+    Ok(schedule)
+}
+
+/// An instant given in milliseconds since the Unix epoch.
+fn instant(field: &str, ms: u64) -> Result<DateTime<Utc>, String> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(DateTime::from_timestamp_millis)
+        .ok_or_else(|| format!("{field}: must be a time between the years 1 and 9999"))
+}
+
+/// A refused schedule's reason, naming the field, as the guest receives it.
+fn refusal_text(error: &Error) -> String {
+    match error {
+        Error::InvalidSchedule(reason) => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(cron: &str) -> ScheduleSpec {
+        ScheduleSpec {
+            cron: cron.to_string(),
+            time_zone: None,
+            payload: None,
+            overlap: None,
+            jitter_ms: None,
+            backfill: None,
+            starts_at_ms: None,
+            ends_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_spec_left_out_takes_the_defaults_of_every_writer() {
+        let schedule = schedule_of("report".into(), "acme".into(), spec("0 9 * * 1")).unwrap();
+        assert_eq!(schedule, KeyedSchedule::new("report", "acme", "0 9 * * 1"));
+    }
+
+    #[test]
+    fn a_spec_is_converted_field_by_field() {
+        let spec = ScheduleSpec {
+            time_zone: Some("Europe/Berlin".into()),
+            payload: Some(r#"{"customer": 7}"#.into()),
+            overlap: Some(WitOverlap::BufferOne),
+            jitter_ms: Some(500),
+            backfill: Some(3),
+            starts_at_ms: Some(1_800_000_000_000),
+            ends_at_ms: Some(1_900_000_000_000),
+            ..spec("*/5 * * * *")
+        };
+        let schedule = schedule_of("sync".into(), "acct-1".into(), spec).unwrap();
+        assert_eq!(schedule.time_zone, "Europe/Berlin");
+        assert_eq!(schedule.payload["customer"], 7);
+        assert_eq!(schedule.overlap, Overlap::BufferOne);
+        assert_eq!((schedule.jitter_ms, schedule.backfill), (500, 3));
+        assert_eq!(schedule.starts_at.unwrap().timestamp_millis(), 1_800_000_000_000);
+        assert_eq!(schedule.ends_at.unwrap().timestamp_millis(), 1_900_000_000_000);
+    }
+
+    #[test]
+    fn a_payload_that_is_no_json_object_is_refused_naming_the_field() {
+        let list = ScheduleSpec { payload: Some("[1]".into()), ..spec("* * * * *") };
+        assert_eq!(schedule_of("a".into(), "k".into(), list).unwrap_err(), "payload: must be a JSON object");
+        let broken = ScheduleSpec { payload: Some("{".into()), ..spec("* * * * *") };
+        assert!(schedule_of("a".into(), "k".into(), broken).unwrap_err().starts_with("payload: is not valid JSON"));
+    }
+
+    #[test]
+    fn an_instant_past_what_a_time_holds_is_refused() {
+        let far = ScheduleSpec { ends_at_ms: Some(u64::MAX), ..spec("* * * * *") };
+        assert!(schedule_of("a".into(), "k".into(), far).unwrap_err().starts_with("ends_at:"));
+    }
+}
