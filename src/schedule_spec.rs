@@ -155,6 +155,17 @@ pub enum ScheduleChange {
 }
 
 impl ScheduleChange {
+    /// The schedule it changes: its job type and key.
+    pub fn schedule(&self) -> (String, String) {
+        let (job, key) = match self {
+            ScheduleChange::Set(schedule) => (&schedule.job, &schedule.key),
+            ScheduleChange::Pause { job, key, .. }
+            | ScheduleChange::Resume { job, key }
+            | ScheduleChange::Remove { job, key } => (job, key),
+        };
+        (job.clone(), key.clone())
+    }
+
     /// The job type of the schedule it changes.
     pub fn job(&self) -> &str {
         match self {

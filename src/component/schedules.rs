@@ -13,11 +13,16 @@ use crate::component::children::ChildProbe;
 use crate::component::sandbox::SandboxState;
 use crate::schedule_spec::{KeyedSchedule, Overlap, ScheduleChange};
 use crate::store::Error;
-use crate::store::keyed_schedule::{KEY_FIELD, MAX_NOTE_CHARS, check_key};
+use crate::store::keyed_schedule::{KEY_FIELD, check_key, check_note, check_payload_size};
 use crate::types::{ChildJob, check_name};
 
 /// Most schedule changes one run may make.
 const SCHEDULE_CHANGE_LIMIT: usize = 1_000;
+
+/// How the fleet's check begins its refusal of a type no host has loaded
+/// (`store::Error::UnknownJobType`): that refusal is of the `job` field,
+/// any other of the payload.
+const UNKNOWN_TYPE: &str = "unknown job type";
 
 impl jobhost::job::schedules::Host for SandboxState {
     async fn set(&mut self, job: String, key: String, spec: ScheduleSpec) -> wasmtime::Result<Result<(), String>> {
@@ -25,12 +30,9 @@ impl jobhost::job::schedules::Host for SandboxState {
     }
 
     fn pause(&mut self, job: String, key: String, note: Option<String>) -> wasmtime::Result<Result<(), String>> {
-        let note = match note {
-            Some(note) if note.chars().count() > MAX_NOTE_CHARS => {
-                return Ok(Err(format!("note: is longer than {MAX_NOTE_CHARS} characters")));
-            }
-            note => note,
-        };
+        if let Some(Err(reason)) = note.as_deref().map(check_note) {
+            return Ok(Err(format!("note: {reason}")));
+        }
         let held = note.as_ref().map_or(0, String::len);
         Ok(self.hold_change(|job, key| ScheduleChange::Pause { job, key, note }, job, key, held))
     }
@@ -48,10 +50,12 @@ impl SandboxState {
     /// A schedule the run creates or replaces, checked as every writer's
     /// is, then held for the completion transaction.
     async fn set_schedule(&mut self, job: String, key: String, spec: ScheduleSpec) -> Result<(), String> {
-        let held = job.len() + key.len() + spec.cron.len() + spec.payload.as_ref().map_or(0, String::len);
+        let text = |field: &Option<String>| field.as_ref().map_or(0, String::len);
+        let held = job.len() + key.len() + spec.cron.len() + text(&spec.time_zone) + text(&spec.payload);
         self.room_for_change(&job, &key, held)?;
-        let payload_bytes = spec.payload.as_ref().map_or(0, String::len);
-        if payload_bytes > self.max_payload_bytes() {
+        // Measured as text first, so a payload far past the limit is not parsed.
+        let payload_bytes = text(&spec.payload);
+        if payload_bytes > self.max_payload_bytes().saturating_mul(2) {
             return Err(format!(
                 "payload: {payload_bytes} bytes, more than the largest accepted, {} bytes",
                 self.max_payload_bytes()
@@ -59,6 +63,7 @@ impl SandboxState {
         }
         let schedule = schedule_of(job, key, spec)?;
         schedule.check().map_err(|error| refusal_text(&error))?;
+        check_payload_size(&schedule, self.max_payload_bytes()).map_err(|error| refusal_text(&error))?;
         if let Some(check) = self.child_check.clone() {
             // A tick's job, as the completion will check it: the type is
             // registered and the payload, with what the host adds, passes
@@ -75,9 +80,15 @@ impl SandboxState {
                 batch: None,
             };
             let probe = ChildProbe { child, earlier: Default::default(), at_release: true };
-            check(probe).await.map_err(|reason| format!("job: {reason}"))?;
+            check(probe).await.map_err(|reason| match reason.starts_with(UNKNOWN_TYPE) {
+                true => format!("job: {reason}"),
+                false => format!("payload: {reason}"),
+            })?;
         }
-        self.budget.try_take(held);
+        // The check awaited: take the bytes now, refusing if they are gone.
+        if !self.budget.try_take(held) {
+            return Err(self.budget.refusal("this schedule change", held));
+        }
         self.effects.schedules.push(ScheduleChange::Set(schedule));
         Ok(())
     }
@@ -92,7 +103,9 @@ impl SandboxState {
     ) -> Result<(), String> {
         let held = job.len() + key.len() + extra;
         self.room_for_change(&job, &key, held)?;
-        self.budget.try_take(held);
+        if !self.budget.try_take(held) {
+            return Err(self.budget.refusal("this schedule change", held));
+        }
         self.effects.schedules.push(change(job, key));
         Ok(())
     }
@@ -204,6 +217,13 @@ mod tests {
         assert_eq!(schedule_of("a".into(), "k".into(), list).unwrap_err(), "payload: must be a JSON object");
         let broken = ScheduleSpec { payload: Some("{".into()), ..spec("* * * * *") };
         assert!(schedule_of("a".into(), "k".into(), broken).unwrap_err().starts_with("payload: is not valid JSON"));
+    }
+
+    #[test]
+    fn the_fleets_refusal_of_an_unknown_type_is_told_apart_from_the_payloads() {
+        assert!(Error::UnknownJobType("report".into()).to_string().starts_with(UNKNOWN_TYPE));
+        let payload = Error::PayloadTooLarge { job: "report".into(), bytes: 9, max: 8 };
+        assert!(!payload.to_string().starts_with(UNKNOWN_TYPE));
     }
 
     #[test]

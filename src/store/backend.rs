@@ -4,6 +4,8 @@
 //! a backend never decides a key, a default, a job's fate or a tick's
 //! payload, it only writes.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 
 use super::Result;
@@ -44,6 +46,14 @@ pub(crate) trait Backend: Send + Sync {
     /// that can tell another transaction holds a key's semaphore leaves the
     /// plan's deferrable runs of that key out instead of waiting.
     async fn plan_write(&self, plan: &FinishPlan, next: Option<&FetchParams>) -> Result<Written>;
+
+    /// Of the keyed schedules named, those another transaction holds (an
+    /// application's open write, a pass): a result that would change one
+    /// is deferred rather than made to wait with the whole batch behind
+    /// it. None where a write cannot be held up by another's row lock.
+    async fn keyed_schedules_held(&self, _schedules: &[(String, String)]) -> Result<HashSet<(String, String)>> {
+        Ok(HashSet::new())
+    }
 
     /// Readies what result writes go out on before the first one, so a
     /// host's first writes are as quick as its later ones. Nothing to do

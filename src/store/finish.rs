@@ -32,7 +32,12 @@ pub(crate) async fn finish(
     let (runs, order) = current_runs(finishes);
     let names = child_names(&runs);
     let configs = if names.is_empty() { Configs::new() } else { backend.configs_read(&names).await? };
-    let plan = FinishPlan::new(runs, &configs, backend.limits(), locked);
+    let changed = changed_schedules(&runs);
+    let held = match locked {
+        LockedKeys::Defer if !changed.is_empty() => backend.keyed_schedules_held(&changed).await?,
+        _ => HashSet::new(),
+    };
+    let plan = FinishPlan::new(runs, &configs, backend.limits(), locked, &held);
     let written = backend.plan_write(&plan, next).await?;
     if !written.deferred.is_empty() {
         tracing::debug!(
@@ -75,6 +80,10 @@ pub struct FinishPlan {
     /// its run's job, in the order the run made them: written in the same
     /// transaction, only for a run whose ending was written.
     pub schedules: Vec<(i64, ScheduleChange)>,
+    /// Runs left out of this write because a schedule they change is held
+    /// by another transaction ([`LockedKeys::Defer`]): deferred, as a run
+    /// whose key is held is, and written later, waiting for the row.
+    pub held_back: HashSet<i64>,
     /// Runs holding a concurrency key, or in a batch, whose write is left
     /// out while another transaction holds that key's semaphore or that
     /// batch's row ([`LockedKeys::Defer`]); empty when the write waits instead.
@@ -167,8 +176,16 @@ pub struct Written {
 
 impl FinishPlan {
     /// Plans the current runs of a batch (see [`current_runs`]). `configs`
-    /// holds the registered types of their children (`child_names`).
-    pub fn new(runs: Vec<Finish>, configs: &Configs, limits: &EnqueueLimits, locked: LockedKeys) -> FinishPlan {
+    /// holds the registered types of their children (`child_names`);
+    /// `held`, the schedules another transaction holds, whose changers
+    /// are held back.
+    pub fn new(
+        runs: Vec<Finish>,
+        configs: &Configs,
+        limits: &EnqueueLimits,
+        locked: LockedKeys,
+        held: &HashSet<(String, String)>,
+    ) -> FinishPlan {
         let mut plan = FinishPlan {
             endings: Vec::new(),
             requeues: Vec::new(),
@@ -178,12 +195,17 @@ impl FinishPlan {
             growths: Vec::new(),
             events: Vec::new(),
             schedules: Vec::new(),
+            held_back: HashSet::new(),
             deferrable: Vec::new(),
             lock_first: Vec::new(),
             order: Vec::with_capacity(runs.len()),
         };
         for run in runs {
             plan.order.push(run.id);
+            if !held.is_empty() && schedule_keys(&run).any(|key| held.contains(&key)) {
+                plan.held_back.insert(run.id);
+                continue;
+            }
             if grows(&run) {
                 // Its growth is checked against its lease before its
                 // ending is written: the ending must not be deferred.
@@ -274,6 +296,11 @@ impl FinishPlan {
         self.events.iter().filter(|(parent, _)| written.contains(parent))
     }
 
+    /// The schedules the planned runs change, each once, in (type, key) order.
+    pub fn changed_schedules(&self) -> Vec<(String, String)> {
+        sorted_once(self.schedules.iter().map(|(_, change)| change.schedule()))
+    }
+
     /// The schedule changes made by the runs whose ending was written, in order.
     pub fn schedules_of(&self, written: &HashSet<i64>) -> impl Iterator<Item = &ScheduleChange> {
         self.schedules.iter().filter(|(parent, _)| written.contains(parent)).map(|(_, change)| change)
@@ -294,7 +321,7 @@ impl FinishPlan {
         self.order
             .iter()
             .map(|id| match () {
-                () if written.deferred.contains(id) => FinishResult::Deferred,
+                () if written.deferred.contains(id) || self.held_back.contains(id) => FinishResult::Deferred,
                 () if written.written.contains(id) => FinishResult::Done,
                 () => FinishResult::Duplicate,
             })
@@ -424,6 +451,26 @@ fn check_schedule_changes(changes: &[ScheduleChange], configs: &Configs) -> Resu
         Some(change) => Err(format!("could not write a schedule: job: no job type {:?} is registered", change.job())),
         None => Ok(()),
     }
+}
+
+/// The schedules (job type, key) a completed run changes.
+fn schedule_keys(run: &Finish) -> impl Iterator<Item = (String, String)> + '_ {
+    let changes = match &run.outcome {
+        FinishOutcome::Completed { schedules, .. } => &schedules[..],
+        _ => &[],
+    };
+    changes.iter().map(ScheduleChange::schedule)
+}
+
+/// The schedules the completed runs among `runs` change, each once, in
+/// (type, key) order: the order a write locks them in.
+fn changed_schedules(runs: &[Finish]) -> Vec<(String, String)> {
+    sorted_once(runs.iter().flat_map(schedule_keys))
+}
+
+fn sorted_once(schedules: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let once: std::collections::BTreeSet<(String, String)> = schedules.collect();
+    once.into_iter().collect()
 }
 
 /// The job types of every child that the completed runs among `runs`
@@ -561,7 +608,7 @@ mod tests {
             completed(1, vec![child("mail", serde_json::json!({})), child("ghost", serde_json::json!({}))]),
             completed(2, vec![child("mail", serde_json::json!({"n": 1}))]),
         ];
-        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Wait);
+        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Wait, &HashSet::new());
         let states: Vec<_> = plan.endings.iter().map(|e| (e.id, e.state)).collect();
         assert_eq!(states, [(1, JobState::Failed), (2, JobState::Completed)]);
         let reason = &plan.endings[0].error.as_ref().unwrap().error;
@@ -574,7 +621,7 @@ mod tests {
     #[test]
     fn only_the_children_of_written_parents_are_written() {
         let runs = vec![completed(1, vec![child("mail", serde_json::json!({}))]), completed(2, vec![])];
-        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Defer);
+        let plan = FinishPlan::new(runs, &configs(), &EnqueueLimits::default(), LockedKeys::Defer, &HashSet::new());
         assert_eq!(plan.deferrable.len(), 2);
         assert!(plan.children_of(&HashSet::from([2])).is_empty());
         assert_eq!(plan.children_of(&HashSet::from([1])).len(), 1);
@@ -585,8 +632,13 @@ mod tests {
         let snooze = Finish { outcome: FinishOutcome::Snooze { delay_ms: 5 }, ..run(1, 1) };
         let release = Finish { outcome: FinishOutcome::Release { reason: "stop".into() }, ..run(2, 1) };
         let retry = Finish { outcome: FinishOutcome::Retry { error: "boom".into(), delay_ms: 7 }, ..run(3, 1) };
-        let plan =
-            FinishPlan::new(vec![snooze, release, retry], &Configs::new(), &EnqueueLimits::default(), LockedKeys::Wait);
+        let plan = FinishPlan::new(
+            vec![snooze, release, retry],
+            &Configs::new(),
+            &EnqueueLimits::default(),
+            LockedKeys::Wait,
+            &HashSet::new(),
+        );
         let requeues: Vec<_> = plan
             .requeues
             .iter()

@@ -641,6 +641,10 @@ impl Store {
     /// Pauses a keyed schedule (with a note for the next operator) or
     /// resumes it; a resume counts from now. False when there is none.
     pub async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
+        if let Some(note) = note {
+            keyed_schedule::check_note(note)
+                .map_err(|reason| super::Error::InvalidSchedule(format!("note: {reason}")))?;
+        }
         self.driver.keyed_schedule_pause(job, key, paused, note).await
     }
 

@@ -18,6 +18,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::enqueue::{EnqueueLimits, PreparedJob, prepare};
+use super::wait::{holds_nul, jsonb_text_len};
 use super::{EnqueueParams, Enqueued, Error, Result};
 use crate::calendar::{Calendar, MAX_BACKFILL, TICK_FIELD, due_ticks, tick_text};
 pub use crate::schedule_spec::{KeyedSchedule, Overlap};
@@ -61,6 +62,15 @@ impl KeyedSchedule {
     pub fn check(&self) -> Result<()> {
         let invalid = |field: &str, reason: String| Err(Error::InvalidSchedule(format!("{field}: {reason}")));
         check_key(&self.key).map_err(|reason| Error::InvalidSchedule(format!("key: {reason}")))?;
+        // The shape `jobhost.schedule_upsert` accepts, so every writer and
+        // both backends refuse the same expressions (the parser alone also
+        // takes nicknames such as `@daily` and a seventh field, the year).
+        let fields: Vec<&str> = self.cron.split_whitespace().collect();
+        let cron_chars = |f: &&str| f.chars().all(|c| c.is_ascii_alphanumeric() || "*?/,#-".contains(c));
+        if !(5..=6).contains(&fields.len()) || !fields.iter().all(cron_chars) {
+            let reason = format!("{:?} is not a cron expression of five fields, or six with seconds first", self.cron);
+            return invalid("cron", reason);
+        }
         if let Err(reason) = Calendar::new(&self.calendar_config()) {
             let field = if reason.contains("time zone") { "time_zone" } else { "cron" };
             return invalid(field, reason);
@@ -96,11 +106,42 @@ impl KeyedSchedule {
         {
             return invalid("ends_at", "must be after starts_at".into());
         }
-        if self.note.chars().count() > MAX_NOTE_CHARS {
-            return invalid("note", format!("is longer than {MAX_NOTE_CHARS} characters"));
+        check_note(&self.note).map_err(|reason| Error::InvalidSchedule(format!("note: {reason}")))?;
+        if holds_nul(&serde_json::Value::Object(self.payload.clone())) {
+            return invalid("payload", "may not hold the character U+0000".into());
         }
         Ok(())
     }
+}
+
+/// Checks a pause's note: at most [`MAX_NOTE_CHARS`], no U+0000 (which
+/// PostgreSQL's text cannot hold).
+///
+/// # Errors
+/// Why the note is refused.
+pub fn check_note(note: &str) -> std::result::Result<(), String> {
+    if note.chars().count() > MAX_NOTE_CHARS {
+        return Err(format!("is longer than {MAX_NOTE_CHARS} characters"));
+    }
+    if note.contains('\0') {
+        return Err("may not hold the character U+0000".into());
+    }
+    Ok(())
+}
+
+/// Checks a schedule's payload against the payload limit as PostgreSQL
+/// measures it (its `jsonb` text), as `jobhost.schedule_upsert` does.
+///
+/// # Errors
+/// [`Error::InvalidSchedule`] naming the payload.
+pub fn check_payload_size(schedule: &KeyedSchedule, max_bytes: usize) -> Result<()> {
+    let bytes = jsonb_text_len(&serde_json::Value::Object(schedule.payload.clone()));
+    if bytes > max_bytes {
+        return Err(Error::InvalidSchedule(format!(
+            "payload: {bytes} bytes of JSON, more than the largest accepted, {max_bytes} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a schedule as every writer's is checked: its fields, its job
@@ -111,6 +152,7 @@ impl KeyedSchedule {
 /// [`Error::InvalidSchedule`] naming the field.
 pub fn check_registered(schedule: &KeyedSchedule, config: Option<&JobConfig>, limits: &EnqueueLimits) -> Result<()> {
     schedule.check()?;
+    check_payload_size(schedule, limits.max_payload_bytes)?;
     let config =
         config.ok_or_else(|| Error::InvalidSchedule(format!("job: no job type {:?} is registered", schedule.job)))?;
     prepare_keyed_tick(schedule, config, Utc::now(), limits)
@@ -768,6 +810,35 @@ mod tests {
         assert_eq!(field_of(KeyedSchedule { jitter_ms: MAX_JITTER_MS + 1, ..good.clone() }), "jitter");
         assert_eq!(field_of(KeyedSchedule { backfill: MAX_BACKFILL + 1, ..good.clone() }), "backfill");
         let starts_at = Some(at("2026-02-01T00:00:00Z"));
-        assert_eq!(field_of(KeyedSchedule { starts_at, ends_at: starts_at, ..good }), "ends_at");
+        assert_eq!(field_of(KeyedSchedule { starts_at, ends_at: starts_at, ..good.clone() }), "ends_at");
+        assert_eq!(field_of(KeyedSchedule { note: "a\0b".into(), ..good.clone() }), "note");
+        let mut payload = serde_json::Map::new();
+        payload.insert("name".into(), serde_json::json!("a\0b"));
+        assert_eq!(field_of(KeyedSchedule { payload, ..good }), "payload");
+    }
+
+    /// What `jobhost.schedule_upsert` refuses, every writer refuses: the
+    /// parser alone would take a nickname or a seventh field (the year).
+    #[test]
+    fn a_cron_is_five_fields_or_six_as_sql_takes_it() {
+        for cron in ["@daily", "@hourly", "0 9 * * MON 2027", "0 0 9 * * MON 2027", "0 9 * *"] {
+            let schedule = KeyedSchedule::new("report", "acme", cron);
+            assert!(matches!(schedule.check(), Err(Error::InvalidSchedule(r)) if r.starts_with("cron:")), "{cron}");
+        }
+        for cron in ["0 9 * * MON", "*/10 0 9 * * MON-FRI", "0 9 L * ?", "0 9 * * 1#2"] {
+            assert!(KeyedSchedule::new("report", "acme", cron).check().is_ok(), "{cron}");
+        }
+    }
+
+    #[test]
+    fn a_payload_is_measured_as_the_database_measures_it() {
+        let mut schedule = KeyedSchedule::new("report", "acme", "0 9 * * MON");
+        schedule.payload.insert("a".into(), serde_json::json!(1));
+        schedule.payload.insert("b".into(), serde_json::json!(2));
+        // `{"a": 1, "b": 2}` is 16 bytes as jsonb text, 13 compact.
+        assert!(check_payload_size(&schedule, 16).is_ok());
+        assert!(
+            matches!(check_payload_size(&schedule, 15), Err(Error::InvalidSchedule(r)) if r.starts_with("payload:"))
+        );
     }
 }

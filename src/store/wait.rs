@@ -364,7 +364,7 @@ pub fn check_event(key: &str, payload: &serde_json::Value, max_bytes: usize) -> 
 }
 
 /// Whether any string of `value`, a key or a value, holds a NUL.
-fn holds_nul(value: &serde_json::Value) -> bool {
+pub(crate) fn holds_nul(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::String(text) => text.contains('\0'),
         serde_json::Value::Array(items) => items.iter().any(holds_nul),

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use crate::common;
 
-use jobhost::store::JobState;
-use jobhost::store::keyed_schedule::{KeyedScheduleStatus, Overlap};
+use jobhost::schedule_spec::ScheduleChange;
+use jobhost::store::keyed_schedule::{KeyedSchedule, KeyedScheduleStatus, Overlap};
+use jobhost::store::{Finish, FinishOutcome, FinishResult, JobState};
 use serde_json::{Value, json};
 
 use common::db::{Backend, TestDb, on_both_backends};
@@ -142,4 +143,63 @@ async fn postgres_a_schedule_the_database_refuses_fails_its_run_alone() {
     assert!(error.contains("time_zone"), "the reason is kept: {error}");
     assert_eq!(keys(&schedules(&db).await), ["utc"]);
     host.stop().await;
+}
+
+/// PostgreSQL: while an application's transaction holds a schedule's row,
+/// a result changing that schedule is deferred at once (its job still
+/// leased), not made to wait in the write with the results beside it,
+/// which are written; written again waiting for the row, it commits once
+/// the application does, its change after the application's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_result_changing_a_held_schedule_is_deferred_alone() {
+    let db = TestDb::new(Backend::Postgres).await;
+    report_registered(&db).await;
+    db.store.job_types_register(&[(common::job_config("planner"), "d-planner".into())]).await.unwrap();
+    let pool = db.pool();
+    sqlx::query("SELECT jobhost.schedule_upsert('report', 'acme', '0 9 * * *')").execute(pool).await.unwrap();
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query("SELECT jobhost.schedule_upsert('report', 'acme', '0 7 * * *')").execute(&mut *app).await.unwrap();
+
+    let changer = db.enqueue_new("planner", json!({})).await;
+    let beside = db.enqueue_new("planner", json!({})).await;
+    let fetched = db.store.job_fetch(&common::fetch_params("h", &["planner"], 2)).await.unwrap();
+    assert_eq!(fetched.len(), 2);
+    let mut change = KeyedSchedule::new("report", "acme", "0 8 * * *");
+    change.payload.insert("by".into(), json!("run"));
+    let finishes: Vec<Finish> = fetched
+        .iter()
+        .map(|job| {
+            let mut outcome = common::completed();
+            if let FinishOutcome::Completed { schedules, .. } = &mut outcome
+                && job.id == changer
+            {
+                *schedules = vec![ScheduleChange::Set(change.clone())].into();
+            }
+            common::finish(job, outcome)
+        })
+        .collect();
+    // A write that waited for the row would not return while the
+    // application holds it: the bound turns that into a failure here.
+    let next = common::fetch_params("h", &["nothing"], 1);
+    let written = tokio::time::timeout(WITHIN, db.store.job_finish_and_fetch(finishes.clone(), &next))
+        .await
+        .expect("the write does not wait for the application's row")
+        .unwrap()
+        .0;
+    let results: std::collections::HashMap<i64, FinishResult> = fetched.iter().map(|job| job.id).zip(written).collect();
+    assert_eq!((results[&changer], results[&beside]), (FinishResult::Deferred, FinishResult::Done));
+    assert_eq!(db.scalar(format!("SELECT count(*) FROM jobhost.jobs WHERE id = {changer}")).await, 1, "still leased");
+
+    // Written again waiting for its row, as the host does with a deferred result.
+    let store = db.store.clone();
+    let again = vec![finishes[fetched.iter().position(|job| job.id == changer).unwrap()].clone()];
+    let waiting = tokio::spawn(async move { store.job_finish(again).await });
+    app.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), [FinishResult::Done]);
+    let written = &schedules(&db).await[0].schedule;
+    assert_eq!(
+        (written.cron.as_str(), &written.payload["by"]),
+        ("0 8 * * *", &json!("run")),
+        "after the application's"
+    );
 }

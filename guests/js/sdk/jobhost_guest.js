@@ -281,7 +281,7 @@ export function setSchedule(job, key, cron, { timeZone, payload, overlap, jitter
   const spec = {
     cron,
     timeZone,
-    payload: payload === undefined ? undefined : json(payload),
+    payload: payload == null ? undefined : json(payload),
     overlap,
     jitterMs: u64(jitterMs),
     backfill,

@@ -30,6 +30,9 @@ pub async fn write(conn: &mut PgConnection, plan: &FinishPlan, next: Option<&Fet
     // waiting on a child's key never holds up a claim another fetch waits on.
     let mut tx = conn.begin().await?;
     let work = async {
+        if !plan.schedules.is_empty() {
+            super::keyed_schedule::lock_changed(&mut tx, &plan.changed_schedules()).await?;
+        }
         if !plan.lock_first.is_empty() {
             sqlx::query("SELECT jobhost.lock_for_ending($1)").bind(&plan.lock_first).execute(&mut *tx).await?;
         }

@@ -3,6 +3,8 @@
 //! `jobhost.schedule_remove`), and a pass locks what is due, writes its
 //! ticks' jobs and moves the cursors in one transaction.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
@@ -250,6 +252,43 @@ async fn pause_in(conn: &mut PgConnection, job: &str, key: &str, paused: bool, n
 /// Removes a schedule through `jobhost.schedule_remove`, on `conn`.
 async fn remove_in(conn: &mut PgConnection, job: &str, key: &str) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT jobhost.schedule_remove($1, $2)").bind(job).bind(key).fetch_one(conn).await?)
+}
+
+/// Of the schedules named, those another transaction holds locked: the
+/// rows that exist but cannot be locked now. Asked outside any write, so
+/// the locks it takes end with the statement.
+pub(super) async fn held(pool: &sqlx::PgPool, schedules: &[(String, String)]) -> Result<HashSet<(String, String)>> {
+    let (jobs, keys): (Vec<&str>, Vec<&str>) = schedules.iter().map(|(j, k)| (j.as_str(), k.as_str())).unzip();
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT s.job, s.key FROM jobhost.keyed_schedules s
+         WHERE (s.job, s.key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+           AND NOT EXISTS (SELECT 1 FROM jobhost.keyed_schedules free
+                           WHERE free.job = s.job AND free.key = s.key FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(&jobs)
+    .bind(&keys)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Locks the rows of the schedules a completion changes, in (type, key)
+/// order, before anything else the write locks: a pass locks a schedule's
+/// row before the semaphores its ticks' jobs take, so a completion that
+/// gives back a slot and then changed the schedule whose ticks use it
+/// would otherwise wait for the pass while the pass waits for it.
+pub(super) async fn lock_changed(conn: &mut PgConnection, schedules: &[(String, String)]) -> Result<()> {
+    let (jobs, keys): (Vec<&str>, Vec<&str>) = schedules.iter().map(|(j, k)| (j.as_str(), k.as_str())).unzip();
+    sqlx::query(
+        "SELECT 1 FROM jobhost.keyed_schedules
+         WHERE (job, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+         ORDER BY job, key FOR UPDATE",
+    )
+    .bind(&jobs)
+    .bind(&keys)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Writes a run's change to a schedule in its completion's transaction.

@@ -274,6 +274,13 @@ impl Backend for PgStore {
         fleet::job_types_get(&self.pool, names).await
     }
 
+    async fn keyed_schedules_held(
+        &self,
+        schedules: &[(String, String)],
+    ) -> Result<std::collections::HashSet<(String, String)>> {
+        keyed_schedule::held(&self.pool, schedules).await
+    }
+
     async fn jobs_write(&self, jobs: Vec<PreparedJob>) -> Result<Vec<Enqueued>> {
         let mut tx = self.pool.begin().await?;
         let enqueued = job::insert_bulk(&mut tx, &jobs.iter().collect::<Vec<_>>(), Some(&self.claims)).await?;

@@ -205,7 +205,7 @@ def send_event(key, payload):
 
 
 _OVERLAP = {"allow": schedules.Overlap.ALLOW, "skip": schedules.Overlap.SKIP,
-            "buffer-one": schedules.Overlap.BUFFER_ONE}
+            "buffer-one": schedules.Overlap.BUFFER_ONE, "buffer_one": schedules.Overlap.BUFFER_ONE}
 
 
 def set_schedule(job, key, cron, time_zone=None, payload=None, overlap=None, jitter_ms=None, backfill=None,
