@@ -142,11 +142,18 @@ async fn act(
     State(state): State<AppState>,
     headers: HeaderMap,
     path: Result<Path<(String, String, String)>, PathRejection>,
-    body: Option<Json<ActBody>>,
+    body: axum::body::Bytes,
 ) -> ApiResult {
     state.access.check_bearer(&headers)?;
     let (job, key, action) = path.map(|Path(p)| p).map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let body = body.map(|Json(body)| body).unwrap_or_default();
+    // The body is optional (a pause without a note, a trigger): none is
+    // the defaults, and one that does not read is refused as JSON says why.
+    let body: ActBody = match body.is_empty() {
+        true => ActBody::default(),
+        false => {
+            serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body does not read: {e}")))?
+        }
+    };
     let note = body.note;
     if action == "backfill" {
         let (Some(from), Some(to)) = (body.from, body.to) else {
