@@ -61,11 +61,28 @@ pub struct ActBody {
     to: Option<DateTime<Utc>>,
 }
 
-/// The list's filter.
+/// The list's filter and page.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     job: Option<String>,
+    /// `JOB/KEY`: the page starts after this schedule (the last one of the
+    /// page before).
+    after: Option<String>,
+    /// How many; default [`LIST_DEFAULT`], at most [`LIST_MOST`].
+    limit: Option<i64>,
+}
+
+/// A list page's length unless the caller asks for another.
+const LIST_DEFAULT: i64 = 500;
+
+/// The longest page of the list.
+pub const LIST_MOST: i64 = 5_000;
+
+/// A list's `after`, `JOB/KEY`, as (type, key): a type's name holds no `/`,
+/// so the first one ends it and the key may hold any.
+pub fn after_of(after: &str) -> Option<(&str, &str)> {
+    after.split_once('/')
 }
 
 fn path_of(path: Result<Path<(String, String)>, PathRejection>) -> Result<(String, String), ApiError> {
@@ -78,7 +95,15 @@ fn missing(job: &str, key: &str) -> ApiError {
 
 async fn list(State(state): State<AppState>, query: Result<Query<ListQuery>, QueryRejection>) -> ApiResult {
     let query = query.map(|Query(q)| q).map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok(Json(state.store.keyed_schedules(query.job.as_deref(), None).await?).into_response())
+    let limit = query.limit.unwrap_or(LIST_DEFAULT);
+    if !(1..=LIST_MOST).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be 1 to {LIST_MOST}")));
+    }
+    let after = match query.after.as_deref() {
+        Some(after) => Some(after_of(after).ok_or_else(|| ApiError::bad_request("after must be JOB/KEY"))?),
+        None => None,
+    };
+    Ok(Json(state.store.keyed_schedules_page(query.job.as_deref(), after, limit).await?).into_response())
 }
 
 async fn get_one(State(state): State<AppState>, path: Result<Path<(String, String)>, PathRejection>) -> ApiResult {

@@ -312,6 +312,16 @@ pub trait KeyedScheduleDriver: Send + Sync {
         key: Option<&str>,
     ) -> Result<Vec<keyed_schedule::KeyedScheduleStatus>>;
 
+    /// Up to `limit` schedules (of one type when given) after `after`, a
+    /// (type, key), by type and key: a page of a list that may hold
+    /// hundreds of thousands.
+    async fn keyed_schedules_page(
+        &self,
+        job: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<keyed_schedule::KeyedScheduleStatus>>;
+
     /// One pass: up to `batch` due schedules of served types, each planned
     /// by `decide` with its row locked, their jobs and cursors written in
     /// one transaction. `now` overrides the database's clock, for tests.

@@ -665,6 +665,17 @@ impl Store {
         self.driver.keyed_schedules(job, key).await
     }
 
+    /// Up to `limit` keyed schedules (of one type when given) after
+    /// `after`, a (type, key), by type and key: a page of the list.
+    pub async fn keyed_schedules_page(
+        &self,
+        job: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<KeyedScheduleStatus>> {
+        self.driver.keyed_schedules_page(job, after, limit).await
+    }
+
     /// Enqueues the ticks of a keyed schedule from `from` to `to` (a past
     /// range, at most 1,000 ticks), each once: a tick a job of the
     /// schedule already has, live or archived, is not enqueued again. Every

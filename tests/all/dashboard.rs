@@ -635,6 +635,26 @@ async fn an_approval_in_a_real_browser() {
     assert_eq!(state, jobhost::store::StepState::Waiting, "nothing sent");
 }
 
+/// The schedules page shows those made at run time a page at a time (a
+/// fleet may have hundreds of thousands), each page linking to the next
+/// from where it ended.
+#[tokio::test]
+async fn the_schedules_page_pages_through_schedules_made_at_run_time() {
+    let db = TestDb::sqlite().await;
+    db.store.job_types_register(&[(common::job_config("report"), "v1".into())]).await.unwrap();
+    for n in 0..105 {
+        let schedule = jobhost::store::keyed_schedule::KeyedSchedule::new("report", format!("c-{n:03}"), "0 9 * * *");
+        db.store.keyed_schedule_upsert(&schedule).await.unwrap();
+    }
+    let server = common::http::TestServer::start(db.dyn_store(), None).await;
+    let first = server.get("/schedules").await.body;
+    assert!(first.contains("c-099") && !first.contains("c-100"), "the first hundred");
+    assert!(first.contains("href=\"/schedules?after=report%2Fc-099\""), "a link to the next page");
+    let second = server.get("/schedules?after=report%2Fc-099").await.body;
+    assert!(second.contains("c-100") && second.contains("c-104") && !second.contains("c-099"));
+    assert!(second.contains("First page") && !second.contains("Next 100"), "the last page");
+}
+
 /// The schedules page with schedules made at run time, in a real browser
 /// at both widths: each listed with its state (a paused one with its note),
 /// the page no wider than the screen; Pause (confirmed) and Run now

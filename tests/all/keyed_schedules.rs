@@ -650,6 +650,28 @@ async fn the_api_writes_pauses_triggers_and_removes_schedules(db: TestDb) {
 
     let listed = server.get("/api/schedules/keyed?job=report").await.json();
     assert_eq!(listed.as_array().unwrap().len(), 1);
+    for key in ["a/1", "b", "c"] {
+        db.store.keyed_schedule_upsert(&KeyedSchedule::new("report", key, "0 9 * * *")).await.unwrap();
+    }
+    let keys = |answer: serde_json::Value| -> Vec<String> {
+        answer.as_array().unwrap().iter().map(|s| s["key"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(keys(server.get("/api/schedules/keyed?limit=2").await.json()), ["a/1", "b"]);
+    let next = server.get("/api/schedules/keyed?limit=2&after=report/b").await.json();
+    assert_eq!(keys(next), ["c", "customer 42"], "the page after the last one's type and key");
+    assert_eq!(
+        keys(server.get("/api/schedules/keyed?after=report/a/1&limit=1").await.json()),
+        ["b"],
+        "a key may hold `/`"
+    );
+    for refused in
+        ["/api/schedules/keyed?limit=0", "/api/schedules/keyed?limit=5001", "/api/schedules/keyed?after=report"]
+    {
+        assert_eq!(server.get(refused).await.status, StatusCode::BAD_REQUEST, "{refused}");
+    }
+    for key in ["a/1", "b", "c"] {
+        db.store.keyed_schedule_remove("report", key).await.unwrap();
+    }
     let paused = server.post("/api/schedules/report/customer%2042/pause", serde_json::json!({"note": "on hold"})).await;
     assert_eq!(paused.status, StatusCode::OK, "{}", paused.body);
     assert_eq!((paused.json()["paused"].as_bool(), paused.json()["note"].as_str()), (Some(true), Some("on hold")));

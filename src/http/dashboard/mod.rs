@@ -429,11 +429,28 @@ async fn schedules(
     headers: HeaderMap,
     uri: Uri,
     Extension(caller): Extension<Caller>,
+    query: Result<Query<SchedulesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let after = match query {
+        Ok(Query(query)) => query.after,
+        Err(rejection) => return bad_request(&context(&state, &caller, &headers, &uri), &rejection.body_text()),
+    };
     page!(state, caller, headers, uri, "Schedules", "/schedules", |context| {
-        let keyed = state.store.keyed_schedules(None, None).await?;
-        Ok(pages::schedules(&context, &views::schedules(&state.store).await?, &keyed, Utc::now()))
+        let from = after.as_deref().and_then(crate::http::schedules::after_of);
+        let mut keyed = state.store.keyed_schedules_page(None, from, pages::KEYED_PAGE + 1).await?;
+        let more = keyed.len() > pages::KEYED_PAGE as usize;
+        keyed.truncate(pages::KEYED_PAGE as usize);
+        let declared = views::schedules(&state.store).await?;
+        Ok(pages::schedules(&context, &declared, &keyed, more, after.is_some(), Utc::now()))
     })
+}
+
+/// The schedules page's place in the list of those made at run time
+/// (there may be hundreds of thousands): after the `JOB/KEY` the page
+/// before ended on.
+#[derive(Debug, Deserialize)]
+struct SchedulesQuery {
+    after: Option<String>,
 }
 
 /// A keyed schedule's form: its common fields, type and key.

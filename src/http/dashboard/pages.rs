@@ -717,12 +717,19 @@ pub fn batch(batch: &Batch, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// The schedules: those job types declare, then those made at run time,
-/// with pause, resume and trigger-now for a caller who may change things.
+/// How many schedules made at run time one page of the schedules shows.
+pub const KEYED_PAGE: i64 = 100;
+
+/// The schedules: those job types declare, then a page of those made at
+/// run time (`more` when a page follows, `later` when this is not the
+/// first), with pause, resume and trigger-now for a caller who may change
+/// things.
 pub fn schedules(
     context: &Context,
     schedules: &[ScheduleStatus],
     keyed: &[KeyedScheduleStatus],
+    more: bool,
+    later: bool,
     now: DateTime<Utc>,
 ) -> Markup {
     html! {
@@ -746,7 +753,9 @@ pub fn schedules(
             }))
         }
         h2 { "Made at run time" }
-        @if keyed.is_empty() {
+        @if keyed.is_empty() && later {
+            p.muted { "No more. " a href="/schedules" { "← First page" } }
+        } @else if keyed.is_empty() {
             p.muted { "None yet: " code { "jobhost schedule add JOB KEY --cron ..." } ", " code { "PUT /api/schedules/JOB/KEY" } " or SQL's " code { "jobhost.schedule_upsert" } " makes one." }
         } @else {
             div.stacked.keyed-schedules {
@@ -799,6 +808,15 @@ pub fn schedules(
                         }
                     }
                 }))
+            }
+            @if later || more {
+                p.pager {
+                    @if later { a href="/schedules" { "← First page" } }
+                    @if later && more { " · " }
+                    @if let (true, Some(last)) = (more, keyed.last()) {
+                        a href={ "/schedules?after=" (encode(&format!("{}/{}", last.schedule.job, last.schedule.key))) } { "Next " (KEYED_PAGE) " →" }
+                    }
+                }
             }
         }
     }

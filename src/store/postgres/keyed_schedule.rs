@@ -356,6 +356,26 @@ impl KeyedScheduleDriver for PgStore {
         rows.iter().map(status_of).collect()
     }
 
+    async fn keyed_schedules_page(
+        &self,
+        job: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<KeyedScheduleStatus>> {
+        let rows = sqlx::query(
+            "SELECT * FROM jobhost.keyed_schedules
+             WHERE ($1::text IS NULL OR job = $1) AND ($2::text IS NULL OR (job, key) > ($2, $3))
+             ORDER BY job, key LIMIT $4",
+        )
+        .bind(job)
+        .bind(after.map(|(job, _)| job))
+        .bind(after.map(|(_, key)| key))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(status_of).collect()
+    }
+
     async fn keyed_ticks(&self, now: Option<DateTime<Utc>>, batch: i64, decide: &TickDecider) -> Result<KeyedPass> {
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(include_str!("sql/keyed_due.sql"))

@@ -396,6 +396,26 @@ impl KeyedScheduleDriver for SqliteStore {
         rows.iter().map(status_of).collect()
     }
 
+    async fn keyed_schedules_page(
+        &self,
+        job: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<KeyedScheduleStatus>> {
+        let rows = sqlx::query(
+            "SELECT * FROM keyed_schedules
+             WHERE ($1 IS NULL OR job = $1) AND ($2 IS NULL OR (job, key) > ($2, $3))
+             ORDER BY job, key LIMIT $4",
+        )
+        .bind(job)
+        .bind(after.map(|(job, _)| job))
+        .bind(after.map(|(_, key)| key))
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(status_of).collect()
+    }
+
     async fn keyed_ticks(&self, now: Option<DateTime<Utc>>, batch: i64, decide: &TickDecider) -> Result<KeyedPass> {
         let wall = now_ms();
         let clock = now.map_or(wall, |t| t.timestamp_millis());
