@@ -26,52 +26,39 @@ mod current {
     });
 }
 
+/// The bindings of an archived world from 0.5.0 on (`$path`), whose host
+/// imports are those of 0.5.0: the enqueues and the workflow calls that
+/// ask the database are async, as in the current world.
+macro_rules! archived_world_since_v5 {
+    ($path:tt) => {
+        wasmtime::component::bindgen!({
+            path: $path,
+            world: "job",
+            imports: {
+                "jobhost:job/host.enqueue": async | trappable,
+                "jobhost:job/batches.enqueue": async | trappable,
+                "jobhost:job/workflows.current-step": async | trappable,
+                "jobhost:job/workflows.add-step": async | trappable,
+                default: trappable,
+            },
+            exports: { default: async },
+        });
+    };
+}
+
 /// `jobhost:job@0.7.0`, for components built before 0.8.0 (see `legacy_v7`).
 pub mod v0_7 {
-    wasmtime::component::bindgen!({
-        path: "wit/archive/0.7.0",
-        world: "job",
-        imports: {
-            "jobhost:job/host.enqueue": async | trappable,
-            "jobhost:job/batches.enqueue": async | trappable,
-            "jobhost:job/workflows.current-step": async | trappable,
-            "jobhost:job/workflows.add-step": async | trappable,
-            default: trappable,
-        },
-        exports: { default: async },
-    });
+    archived_world_since_v5!("wit/archive/0.7.0");
 }
 
 /// `jobhost:job@0.6.0`, for components built before 0.7.0 (see `legacy_v6`).
 pub mod v0_6 {
-    wasmtime::component::bindgen!({
-        path: "wit/archive/0.6.0",
-        world: "job",
-        imports: {
-            "jobhost:job/host.enqueue": async | trappable,
-            "jobhost:job/batches.enqueue": async | trappable,
-            "jobhost:job/workflows.current-step": async | trappable,
-            "jobhost:job/workflows.add-step": async | trappable,
-            default: trappable,
-        },
-        exports: { default: async },
-    });
+    archived_world_since_v5!("wit/archive/0.6.0");
 }
 
 /// `jobhost:job@0.5.0`, for components built before 0.6.0 (see `legacy_v5`).
 pub mod v0_5 {
-    wasmtime::component::bindgen!({
-        path: "wit/archive/0.5.0",
-        world: "job",
-        imports: {
-            "jobhost:job/host.enqueue": async | trappable,
-            "jobhost:job/batches.enqueue": async | trappable,
-            "jobhost:job/workflows.current-step": async | trappable,
-            "jobhost:job/workflows.add-step": async | trappable,
-            default: trappable,
-        },
-        exports: { default: async },
-    });
+    archived_world_since_v5!("wit/archive/0.5.0");
 }
 
 /// `jobhost:job@0.4.0`, for components built before 0.5.0 (see `legacy_v4`).
