@@ -89,7 +89,7 @@ pub(super) fn body_of<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiE
 
 /// serde names the Rust type a body maps to ("expected struct EnqueueBody
 /// with 7 elements"): a client is told what to send instead.
-fn without_type_names(text: String) -> String {
+pub(super) fn without_type_names(text: String) -> String {
     let Some(at) = text.find("expected struct ") else { return text };
     // serde's sentence starts after the rejection's own "…: " prefix.
     let start = text[..at].rfind(": ").map_or(0, |colon| colon + 2);

@@ -175,9 +175,9 @@ async fn act(
     // the defaults, and one that does not read is refused as JSON says why.
     let body: ActBody = match body.is_empty() {
         true => ActBody::default(),
-        false => {
-            serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body does not read: {e}")))?
-        }
+        false => serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(super::api::without_type_names(format!("the body does not read: {e}")))
+        })?,
     };
     let note = body.note;
     if action == "backfill" {

@@ -653,6 +653,7 @@ async fn the_schedules_page_pages_through_schedules_made_at_run_time() {
     let second = server.get("/schedules?after=report%2Fc-099").await.body;
     assert!(second.contains("c-100") && second.contains("c-104") && !second.contains("c-099"));
     assert!(second.contains("First page") && !second.contains("Next 100"), "the last page");
+    assert_eq!(server.get("/schedules?after=nothing-to-split").await.status, StatusCode::BAD_REQUEST);
 }
 
 /// The schedules page with schedules made at run time, in a real browser

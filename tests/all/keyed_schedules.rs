@@ -681,6 +681,10 @@ async fn the_api_writes_pauses_triggers_and_removes_schedules(db: TestDb) {
     let garbled = server.send(Method::POST, "/api/schedules/report/customer%2042/pause", garbled, Some(TOKEN)).await;
     assert_eq!(garbled.status, StatusCode::BAD_REQUEST);
     assert!(garbled.json()["error"].as_str().is_some_and(|e| e.contains("does not read")), "{}", garbled.body);
+    let list = Some(("application/json", "\"on hold\"".to_string()));
+    let list = server.send(Method::POST, "/api/schedules/report/customer%2042/pause", list, Some(TOKEN)).await;
+    assert_eq!(list.status, StatusCode::BAD_REQUEST);
+    assert!(!list.body.contains("ActBody"), "no Rust type named to the client: {}", list.body);
     let triggered = server.post("/api/schedules/report/customer%2042/trigger", serde_json::json!({})).await.json();
     assert!(triggered["triggered_at"].is_string(), "{triggered}");
     let removed = server.send(Method::DELETE, "/api/schedules/report/customer%2042", None, Some(TOKEN)).await;

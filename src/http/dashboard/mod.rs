@@ -435,8 +435,15 @@ async fn schedules(
         Ok(Query(query)) => query.after,
         Err(rejection) => return bad_request(&context(&state, &caller, &headers, &uri), &rejection.body_text()),
     };
+    let from = match after.as_deref().map(crate::http::schedules::after_of) {
+        Some(None) => {
+            return bad_request(&context(&state, &caller, &headers, &uri), "The page's `after` must be JOB/KEY.");
+        }
+        Some(Some((job, key))) => Some((job.to_string(), key.to_string())),
+        None => None,
+    };
     page!(state, caller, headers, uri, "Schedules", "/schedules", |context| {
-        let from = after.as_deref().and_then(crate::http::schedules::after_of);
+        let from = from.as_ref().map(|(job, key)| (job.as_str(), key.as_str()));
         let mut keyed = state.store.keyed_schedules_page(None, from, pages::KEYED_PAGE + 1).await?;
         let more = keyed.len() > pages::KEYED_PAGE as usize;
         keyed.truncate(pages::KEYED_PAGE as usize);

@@ -362,17 +362,28 @@ impl KeyedScheduleDriver for PgStore {
         after: Option<(&str, &str)>,
         limit: i64,
     ) -> Result<Vec<KeyedScheduleStatus>> {
-        let rows = sqlx::query(
-            "SELECT * FROM jobhost.keyed_schedules
-             WHERE ($1::text IS NULL OR job = $1) AND ($2::text IS NULL OR (job, key) > ($2, $3))
-             ORDER BY job, key LIMIT $4",
-        )
-        .bind(job)
-        .bind(after.map(|(job, _)| job))
-        .bind(after.map(|(_, key)| key))
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        // One statement per shape, with no `IS NULL OR`: a kept generic
+        // plan would otherwise scan from the first schedule for every page.
+        let query = match (job, after) {
+            (None, None) => sqlx::query("SELECT * FROM jobhost.keyed_schedules ORDER BY job, key LIMIT $1").bind(limit),
+            (Some(job), None) => {
+                sqlx::query("SELECT * FROM jobhost.keyed_schedules WHERE job = $1 ORDER BY job, key LIMIT $2").bind(job).bind(limit)
+            }
+            (None, Some((after_job, after_key))) => {
+                sqlx::query("SELECT * FROM jobhost.keyed_schedules WHERE (job, key) > ($1, $2) ORDER BY job, key LIMIT $3")
+                    .bind(after_job)
+                    .bind(after_key)
+                    .bind(limit)
+            }
+            (Some(job), Some((after_job, after_key))) => sqlx::query(
+                "SELECT * FROM jobhost.keyed_schedules WHERE job = $1 AND (job, key) > ($2, $3) ORDER BY job, key LIMIT $4",
+            )
+            .bind(job)
+            .bind(after_job)
+            .bind(after_key)
+            .bind(limit),
+        };
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(status_of).collect()
     }
 

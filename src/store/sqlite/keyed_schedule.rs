@@ -402,17 +402,28 @@ impl KeyedScheduleDriver for SqliteStore {
         after: Option<(&str, &str)>,
         limit: i64,
     ) -> Result<Vec<KeyedScheduleStatus>> {
-        let rows = sqlx::query(
-            "SELECT * FROM keyed_schedules
-             WHERE ($1 IS NULL OR job = $1) AND ($2 IS NULL OR (job, key) > ($2, $3))
-             ORDER BY job, key LIMIT $4",
-        )
-        .bind(job)
-        .bind(after.map(|(job, _)| job))
-        .bind(after.map(|(_, key)| key))
-        .bind(limit)
-        .fetch_all(&self.reader)
-        .await?;
+        // One statement per shape, with no `IS NULL OR`: SQLite plans
+        // before binding, and an OR keeps the key's range from the index.
+        let query = match (job, after) {
+            (None, None) => sqlx::query("SELECT * FROM keyed_schedules ORDER BY job, key LIMIT $1").bind(limit),
+            (Some(job), None) => sqlx::query("SELECT * FROM keyed_schedules WHERE job = $1 ORDER BY job, key LIMIT $2")
+                .bind(job)
+                .bind(limit),
+            (None, Some((after_job, after_key))) => {
+                sqlx::query("SELECT * FROM keyed_schedules WHERE (job, key) > ($1, $2) ORDER BY job, key LIMIT $3")
+                    .bind(after_job)
+                    .bind(after_key)
+                    .bind(limit)
+            }
+            (Some(job), Some((after_job, after_key))) => sqlx::query(
+                "SELECT * FROM keyed_schedules WHERE job = $1 AND (job, key) > ($2, $3) ORDER BY job, key LIMIT $4",
+            )
+            .bind(job)
+            .bind(after_job)
+            .bind(after_key)
+            .bind(limit),
+        };
+        let rows = query.fetch_all(&self.reader).await?;
         rows.iter().map(status_of).collect()
     }
 
