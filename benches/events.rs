@@ -32,19 +32,6 @@ const HELD: usize = 100_000;
 const SAMPLES: usize = 200;
 const LATENCIES: usize = 200;
 
-const JOB_TYPES: (&str, &str) =
-    ("SELECT count(*)::float8 FROM jobhost.job_types", "SELECT CAST(count(*) AS REAL) FROM job_types");
-const HOSTS: (&str, &str) = ("SELECT count(*)::float8 FROM jobhost.hosts", "SELECT CAST(count(*) AS REAL) FROM hosts");
-
-/// A fresh database with `hello` registered by a host that then stops.
-async fn registered(sqlite: bool, components: &Path, cache: &Path) -> BenchDb {
-    let db = BenchDb::fresh(sqlite).await;
-    let probe = start_host(db.url(), components, cache);
-    db.wait_for(JOB_TYPES.0, JOB_TYPES.1, 1.0).await;
-    stop(probe);
-    db
-}
-
 /// Workflows of `steps` steps, each waiting for its own key `PREFIX.N`.
 fn waiting(prefix: &str, first: usize, steps: usize) -> NewWorkflow {
     let steps = (first..first + steps)
@@ -123,7 +110,7 @@ async fn bystanders(store: &Store) -> (f64, f64, f64) {
 async fn to_start(db: &BenchDb, components: &Path, cache: &Path) -> ((f64, f64), (f64, f64)) {
     let store = db.store();
     let host = start_host(db.url(), components, cache);
-    db.wait_for(HOSTS.0, HOSTS.1, 1.0).await;
+    db.wait_for(common::HOSTS.0, common::HOSTS.1, 1.0).await;
     for i in 0..LATENCIES {
         store.workflow_create(&waiting("late", i, 1)).await.unwrap();
     }
@@ -172,7 +159,7 @@ async fn main() {
         if only.as_deref().is_some_and(|b| b != if sqlite { "sqlite" } else { "postgres" }) {
             continue;
         }
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let store = db.store();
         let (mut enqueue, mut create, mut deliver) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
@@ -189,7 +176,7 @@ async fn main() {
             d / e
         );
 
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let store = db.store();
         let (pass0, fetch0, send0) = bystanders(&store).await;
         for first in (0..HELD).step_by(10_000) {
@@ -202,7 +189,7 @@ async fn main() {
              {send0:.0} / {send:.0} µs |"
         );
 
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let ((e50, e95), (p50, p95)) = to_start(&db, components, cache).await;
         println!(
             "| {backend} | to start on an idle host, {LATENCIES} each: event sent → its step's start / plain \

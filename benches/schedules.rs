@@ -35,19 +35,6 @@ fn ticking() -> usize {
 const TICK_SECONDS: u64 = 20;
 const PLAIN: usize = 200;
 
-const JOB_TYPES: (&str, &str) =
-    ("SELECT count(*)::float8 FROM jobhost.job_types", "SELECT CAST(count(*) AS REAL) FROM job_types");
-const HOSTS: (&str, &str) = ("SELECT count(*)::float8 FROM jobhost.hosts", "SELECT CAST(count(*) AS REAL) FROM hosts");
-
-/// A fresh database with `hello` registered by a host that then stops.
-async fn registered(sqlite: bool, components: &Path, cache: &Path) -> BenchDb {
-    let db = BenchDb::fresh(sqlite).await;
-    let probe = start_host(db.url(), components, cache);
-    db.wait_for(JOB_TYPES.0, JOB_TYPES.1, 1.0).await;
-    stop(probe);
-    db
-}
-
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -132,7 +119,7 @@ async fn passes(db: &BenchDb) -> (f64, f64) {
 async fn to_start(db: &BenchDb, components: &Path, cache: &Path) -> [(f64, f64); 3] {
     let store = db.store();
     let host = start_host(db.url(), components, cache);
-    db.wait_for(HOSTS.0, HOSTS.1, 1.0).await;
+    db.wait_for(common::HOSTS.0, common::HOSTS.1, 1.0).await;
     for n in 0..ticking() {
         store.keyed_schedule_upsert(&KeyedSchedule::new("hello", format!("t{n}"), "* * * * * *")).await.unwrap();
     }
@@ -187,11 +174,11 @@ async fn main() {
         if only.as_deref().is_some_and(|b| b != if sqlite { "sqlite" } else { "postgres" }) {
             continue;
         }
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let rate = upserts(&db).await;
         println!("| {backend} | upserts, one client, {UPSERTS} one after another | {rate:.0} a second |");
 
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let serving = HostInfo::current(vec!["hello".into()], Duration::from_secs(3600));
         db.store().host_upsert(&serving).await.unwrap();
         let mut held = 0;
@@ -205,7 +192,7 @@ async fn main() {
             );
         }
 
-        let db = registered(sqlite, components, cache).await;
+        let db = BenchDb::registered(sqlite, components, cache).await;
         let [(f50, f95), (t50, t95), (p50, p95)] = to_start(&db, components, cache).await;
         println!(
             "| {backend} | to start on an idle host: {} schedules every second for {TICK_SECONDS} s, \

@@ -50,6 +50,14 @@ fn migrated_by_host_binary(url: &str) -> bool {
     true
 }
 
+/// How many job types are registered, on each backend, for `wait_for`.
+pub const JOB_TYPES: (&str, &str) =
+    ("SELECT count(*)::float8 FROM jobhost.job_types", "SELECT CAST(count(*) AS REAL) FROM job_types");
+
+/// How many hosts have a row, on each backend, for `wait_for`.
+pub const HOSTS: (&str, &str) =
+    ("SELECT count(*)::float8 FROM jobhost.hosts", "SELECT CAST(count(*) AS REAL) FROM hosts");
+
 pub fn start_host(url: &str, components: &Path, cache: &Path) -> Child {
     start_host_with(url, components, cache, &[])
 }
@@ -113,6 +121,16 @@ impl BenchDb {
     /// SQLite file in a temporary directory (on the same disk as PostgreSQL's data).
     pub async fn fresh(sqlite: bool) -> BenchDb {
         BenchDb::fresh_named(sqlite, "jobhost_bench").await
+    }
+
+    /// A fresh database with the components in `components` registered by
+    /// a host that then stops.
+    pub async fn registered(sqlite: bool, components: &Path, cache: &Path) -> BenchDb {
+        let db = BenchDb::fresh(sqlite).await;
+        let probe = start_host(db.url(), components, cache);
+        db.wait_for(JOB_TYPES.0, JOB_TYPES.1, 1.0).await;
+        stop(probe);
+        db
     }
 
     /// [`BenchDb::fresh`], PostgreSQL's under another name, for a benchmark
