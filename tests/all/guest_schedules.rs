@@ -203,3 +203,20 @@ async fn postgres_a_result_changing_a_held_schedule_is_deferred_alone() {
         "after the application's"
     );
 }
+
+/// A guest cannot make the host hold changes without bound: past 1,000 a
+/// run's calls are refused (the run still completes, with what it held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_makes_at_most_a_thousand_schedule_changes() {
+    let db = TestDb::new(Backend::Postgres).await;
+    report_registered(&db).await;
+    let host = common::TestHost::start(&db, &["planner"], |_| {}).await;
+    let changes: Vec<Value> = (0..1_001).map(|n| json!({"remove": "report", "key": format!("k{n}")})).collect();
+    let (state, output) = plan(&db, Value::Array(changes), 0).await;
+    assert_eq!(state, JobState::Completed);
+    let output = output.unwrap();
+    let results = output["results"].as_array().unwrap();
+    assert!(results[..1_000].iter().all(|r| r == "ok"));
+    assert_eq!(results[1_000], "a run may make at most 1000 schedule changes");
+    host.stop().await;
+}
