@@ -21,6 +21,7 @@ mod schedule;
 mod secret;
 mod serve;
 mod signals;
+mod token;
 mod variable;
 mod webhook;
 mod workflow;
@@ -237,6 +238,11 @@ enum Command {
     Secret {
         #[command(subcommand)]
         action: secret::SecretAction,
+    },
+    /// Named tokens with roles, for the HTTP API and the dashboard.
+    Token {
+        #[command(subcommand)]
+        action: token::TokenAction,
     },
     /// Plain variables of a job type, given to its runs' environment in clear.
     Var {
@@ -479,6 +485,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Grants(args) => grant::grants(args).await,
             Command::Secret { action } => secret::run(action).await,
             Command::Var { action } => variable::run(action).await,
+            Command::Token { action } => token::run(action).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,
             Command::Watch { components, runtime } => components::watch(components, &runtime).await,

@@ -3,7 +3,7 @@
 //! `POST` needs the token.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -13,9 +13,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::access::{Caller, within_queues};
 use super::error::ApiError;
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction, QueueActionError};
+use crate::store::token::{Role, TokenHolder};
 use crate::store::{Cancel, EnqueueParams, Enqueued, NewWorkflow};
 
 /// The OpenAPI description of everything below.
@@ -186,11 +188,15 @@ struct EnqueueBody {
 
 async fn jobs_enqueue(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Result<Json<EnqueueBody>, JsonRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = operator(&state, &caller)?;
     let body = body_of(body)?;
+    // A token limited to queues names the queue: the type's own is not
+    // known until the store renders the job.
+    within_queues(holder, body.queue.as_deref(), "enqueue without naming one of its queues")?;
     let delay_ms = body.delay.as_deref().map(delay_of).transpose()?;
     if delay_ms.is_some() && body.run_at.is_some() {
         return Err(ApiError::bad_request("give delay or run_at, not both"));
@@ -242,24 +248,46 @@ async fn job_get(State(state): State<AppState>, id: Result<Path<i64>, PathReject
     }
 }
 
+/// The operator a change comes from: what [`super::guard::admit`] let
+/// through, checked again where the change is made.
+fn operator<'a>(state: &AppState, caller: &'a Caller) -> Result<&'a TokenHolder, ApiError> {
+    Ok(caller.check_role(&state.access, true, Role::Operate)?)
+}
+
+/// Checks that `holder` may change job `id`, by the queue it is in.
+pub(super) async fn job_within_queues(
+    state: &AppState,
+    holder: &TokenHolder,
+    id: i64,
+    what: &str,
+) -> Result<(), ApiError> {
+    if holder.queues.is_none() {
+        return Ok(());
+    }
+    let job = state.store.job_get(id).await?.ok_or_else(|| ApiError::not_found(format!("job {id} does not exist")))?;
+    Ok(within_queues(holder, Some(&job.row.queue), what)?)
+}
+
 async fn job_retry(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<i64>, PathRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = operator(&state, &caller)?;
     let id = id_of(id)?;
+    job_within_queues(&state, holder, id, "retry a job").await?;
     state.store.job_retry(id).await?;
     ok(json!({ "id": id, "retried": true }))
 }
 
 async fn job_cancel(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<i64>, PathRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = operator(&state, &caller)?;
     let id = id_of(id)?;
+    job_within_queues(&state, holder, id, "cancel a job").await?;
     let cancel = match state.store.job_cancel(id).await? {
         Cancel::Cancelled => "cancelled",
         Cancel::Requested => "requested",
@@ -269,28 +297,29 @@ async fn job_cancel(
 
 async fn jobs_retry_bulk(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Result<Json<JobQuery>, JsonRejection>,
 ) -> ApiResult {
-    bulk(state, headers, body, BulkAction::Retry).await
+    bulk(state, caller, body, BulkAction::Retry).await
 }
 
 async fn jobs_cancel_bulk(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Result<Json<JobQuery>, JsonRejection>,
 ) -> ApiResult {
-    bulk(state, headers, body, BulkAction::Cancel).await
+    bulk(state, caller, body, BulkAction::Cancel).await
 }
 
 async fn bulk(
     state: AppState,
-    headers: HeaderMap,
+    caller: Caller,
     body: Result<Json<JobQuery>, JsonRejection>,
     action: BulkAction,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = operator(&state, &caller)?;
     let query = body_of(body)?;
+    within_queues(holder, query.queue.as_deref(), "act on jobs in bulk without naming one of its queues")?;
     if !query.narrows() {
         return Err(ApiError::bad_request(
             "a bulk action needs a filter (state, job, queue, key, batch, since or until): it never applies to every job",
@@ -307,13 +336,14 @@ async fn queues(State(state): State<AppState>) -> ApiResult {
 /// `POST /api/queues/{name}/pause` and `.../resume`.
 async fn queue_act(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(String, QueueAction)>, PathRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = operator(&state, &caller)?;
     let Ok(Path((name, action))) = path else {
         return Err(not_found().await);
     };
+    within_queues(holder, Some(&name), "pause or resume a queue")?;
     let changed = action.apply(&state.store, &name).await.map_err(|refused| match refused {
         QueueActionError::BadName(_) => ApiError::bad_request(refused.to_string()),
         QueueActionError::Store(error) => ApiError::from(error),
@@ -377,20 +407,20 @@ async fn workflow_get(State(state): State<AppState>, id: Result<Path<i64>, PathR
 
 async fn workflow_create(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Result<Json<NewWorkflow>, JsonRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    within_queues(operator(&state, &caller)?, None, "create a workflow, whose steps span queues")?;
     let created = state.store.workflow_create(&body_of(body)?).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 async fn workflow_cancel(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<i64>, PathRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    within_queues(operator(&state, &caller)?, None, "cancel a workflow, whose steps span queues")?;
     let id = id_of(id)?;
     match state.store.workflow_cancel(id).await? {
         Some(done) => ok(done),
@@ -418,11 +448,12 @@ async fn events_list(State(state): State<AppState>, query: Result<Query<EventsQu
 /// `Idempotency-Key` header makes a retried send store nothing twice.
 async fn event_send(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     key: Result<Path<String>, PathRejection>,
     body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    within_queues(operator(&state, &caller)?, None, "send an event, which any queue's steps may wait for")?;
     let key = key.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
     let idempotency = match headers.get("idempotency-key").map(|v| v.to_str()) {
         Some(Ok(value)) => Some(value.to_string()),

@@ -42,12 +42,7 @@ impl IntoResponse for ApiError {
 
 impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> Self {
-        let status = match refusal {
-            Refusal::ReadOnly | Refusal::Forged => StatusCode::FORBIDDEN,
-            Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
-        };
-        ApiError { status, message: refusal.message().to_string() }
+        ApiError { status: refusal.status(), message: refusal.message() }
     }
 }
 

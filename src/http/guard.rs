@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use super::AppState;
 use super::access::Refusal;
 use super::error::ApiError;
+use super::roles::Need;
+use crate::store::token::Role;
 
 /// Refuses a request whose declared length is past the limit before any of
 /// its body is read; one that declares none is cut off at the limit as it
@@ -86,23 +88,15 @@ pub async fn within(timeout: std::time::Duration, request: Request, next: Next) 
     }
 }
 
-/// Paths anyone may reach, whatever the server's access: whether it is up,
-/// what its API is, how to sign in, the sign-in page's style and script,
-/// and inbound webhooks (each request checked by its signature). `/metrics` has its own token ([`super::access::Access::may_scrape`]).
-fn open_to_all(path: &str) -> bool {
-    matches!(path, "/api/health" | "/api/openapi.json" | "/login")
-        || path.starts_with("/assets/")
-        // An inbound webhook proves itself by its signature, not a token.
-        || path.starts_with(super::hooks::PREFIX)
-}
-
-/// Works out who the request comes from (its bearer token, its signed-in
-/// session) and refuses what that caller may not do, before any of the
-/// body is read or parsed: a change needs the token (`/api`) or a session
-/// (a dashboard form; signing in excepted), and on a server with a token a
-/// read needs one of them too, unless the server reads publicly. An
-/// address that keeps sending wrong tokens is refused for a while. The
-/// caller goes on to the handlers, which check a form's CSRF token.
+/// Works out who the request comes from (the holder of its bearer token,
+/// its signed-in session) and refuses what that caller may not do, before
+/// any of the body is read or parsed: each route needs what its row in
+/// [`super::roles::ROUTES`] says. A change through the API needs a bearer
+/// token with the role, one through a dashboard form a session with it; on
+/// a server with `--token` a read needs a token or a session too, unless
+/// the server reads publicly. An address that keeps sending wrong tokens
+/// is refused for a while. The caller goes on to the handlers, which check
+/// a form's CSRF token and a token's queues.
 pub async fn admit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let access = &state.access;
     let from: Option<IpAddr> = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
@@ -112,27 +106,28 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
     if access.throttled(from) {
         return refused(&state, &request, Refusal::Throttled);
     }
-    if access.wrong_bearer(request.headers()) && access.wrong_token(from, "bearer") {
+    let caller = access.caller(&state.store, request.headers()).await;
+    if caller.wrong_bearer && access.wrong_token(from, "bearer") {
         return refused(&state, &request, Refusal::Throttled);
     }
-    let caller = access.caller(&state.store, request.headers()).await;
+    let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
+    let need = super::roles::need(request.method(), route.as_deref());
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
-    let refusal = if path == "/metrics" {
-        (!access.may_scrape(request.headers())).then_some(Refusal::Unauthorized)
-    } else if open_to_all(&path) {
-        None
-    } else if reading {
-        (!caller.may_read(access)).then_some(Refusal::Unauthorized)
-    } else if api {
-        access.check_bearer(request.headers()).err()
-    } else if !access.writable() {
-        Some(Refusal::ReadOnly)
-    } else {
-        caller.session.is_none().then_some(Refusal::Unauthorized)
+    let refusal = match need {
+        Need::Anyone => None,
+        Need::Scrape => (!access.may_scrape(request.headers(), &caller)).then_some(Refusal::Unauthorized),
+        Need::Session => caller.session.is_none().then_some(Refusal::Unauthorized),
+        Need::Role(Role::Read) if reading => (!caller.may_read(access)).then_some(Refusal::Unauthorized),
+        Need::Role(role) => caller.check_role(access, api, role).err(),
     };
     if let Some(refusal) = refusal {
         // A page a browser asks for goes to the sign-in form, and back.
-        if reading && !api && path != "/metrics" && !request.headers().contains_key(super::dashboard::LIVE_HEADER) {
+        if reading
+            && !api
+            && path != "/metrics"
+            && refusal == Refusal::Unauthorized
+            && !request.headers().contains_key(super::dashboard::LIVE_HEADER)
+        {
             let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
             let to = format!("/login?return_to={}", super::dashboard::encode_component(back));
             return Redirect::to(&to).into_response();

@@ -20,6 +20,7 @@ mod error;
 mod guard;
 mod hooks;
 mod query;
+mod roles;
 mod schedules;
 mod scrape;
 mod views;
@@ -37,6 +38,7 @@ use crate::store::Store;
 pub use crate::store::session::SessionLifetime;
 pub use access::{MIN_TOKEN_BITS, token_bits};
 pub use connections::ConnectionLimits;
+pub use roles::{Need, ROUTES};
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
@@ -97,7 +99,7 @@ impl HttpConfig {
         let access = match (self.token.is_some(), self.public_read) {
             (true, false) => "reads and changes need the token",
             (true, true) => "changes need the token; reads are public",
-            (false, _) => "read-only: no --token",
+            (false, _) => "read-only but to named tokens: no --token",
         };
         format!("dashboard and API on http://{bound} ({access})")
     }

@@ -1,10 +1,11 @@
 //! The API's schedules made at run time (`/api/schedules/{job}/{key}`):
 //! written with `PUT` (an upsert), paused, resumed, ticked now and removed;
-//! every change needs the token, as every `POST` does.
+//! writing and removing needs an admin, pausing, resuming and ticking an
+//! operator not limited to queues.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -12,8 +13,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::AppState;
+use super::access::{Caller, within_queues};
 use super::error::ApiError;
 use crate::store::keyed_schedule::{KeyedSchedule, Overlap};
+use crate::store::token::Role;
 
 type ApiResult = Result<Response, ApiError>;
 
@@ -114,11 +117,11 @@ async fn get_one(State(state): State<AppState>, path: Result<Path<(String, Strin
 
 async fn put(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Result<Json<ScheduleBody>, JsonRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    caller.check_role(&state.access, true, Role::Admin)?;
     let (job, key) = path_of(path)?;
     let body = super::api::body_of(body)?;
     let payload = match body.payload {
@@ -150,10 +153,10 @@ async fn put(
 
 async fn delete(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    caller.check_role(&state.access, true, Role::Admin)?;
     let (job, key) = path_of(path)?;
     if state.store.keyed_schedule_remove(&job, &key).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -165,11 +168,12 @@ async fn delete(
 /// Pause, resume or trigger, answered with the schedule as it now is.
 async fn act(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     path: Result<Path<(String, String, String)>, PathRejection>,
     body: axum::body::Bytes,
 ) -> ApiResult {
-    state.access.check_bearer(&headers)?;
+    let holder = caller.check_role(&state.access, true, Role::Operate)?;
+    within_queues(holder, None, "act on a schedule")?;
     let (job, key, action) = path.map(|Path(p)| p).map_err(|e| ApiError::bad_request(e.body_text()))?;
     // The body is optional (a pause without a note, a trigger): none is
     // the defaults, and one that does not read is refused as JSON says why.

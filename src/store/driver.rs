@@ -15,8 +15,8 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, keyed_schedule, secret, session, variable,
-    wait, webhook, workflow,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, keyed_schedule, secret, session, token,
+    variable, wait, webhook, workflow,
 };
 
 /// The database itself: its schema, where it is, whether it answers.
@@ -340,13 +340,34 @@ pub trait KeyedScheduleDriver: Send + Sync {
 #[async_trait]
 pub trait SessionDriver: Send + Sync {
     /// [`Store::session_create`](super::Store::session_create) on this backend.
-    async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<()>;
+    async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime, token: Option<&str>)
+    -> Result<()>;
 
     /// [`Store::session_check`](super::Store::session_check) on this backend.
-    async fn session_check(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<bool>;
+    async fn session_check(
+        &self,
+        digest: &str,
+        lifetime: session::SessionLifetime,
+    ) -> Result<Option<session::SignedIn>>;
 
     /// [`Store::session_revoke`](super::Store::session_revoke) on this backend.
     async fn session_revoke(&self, digest: &str) -> Result<()>;
+}
+
+/// Named access tokens.
+#[async_trait]
+pub trait TokenDriver: Send + Sync {
+    /// [`Store::token_create`](super::Store::token_create) on this backend.
+    async fn token_create(&self, token: &token::NewToken) -> Result<token::Created>;
+
+    /// [`Store::token_revoke`](super::Store::token_revoke) on this backend.
+    async fn token_revoke(&self, name: &str) -> Result<bool>;
+
+    /// [`Store::tokens`](super::Store::tokens) on this backend.
+    async fn tokens(&self) -> Result<Vec<token::TokenInfo>>;
+
+    /// [`Store::token_holder`](super::Store::token_holder) on this backend.
+    async fn token_holder(&self, digest: &str) -> Result<Option<token::TokenHolder>>;
 }
 
 /// Outbound grants.
@@ -433,6 +454,7 @@ pub trait Driver:
     + ScheduleDriver
     + KeyedScheduleDriver
     + SessionDriver
+    + TokenDriver
     + GrantDriver
     + SecretDriver
     + VariableDriver
@@ -462,6 +484,8 @@ impl<T> Driver for T where
         + ScheduleDriver
         + KeyedScheduleDriver
         + SessionDriver
+        + TokenDriver
+        + TokenDriver
         + GrantDriver
         + SecretDriver
         + VariableDriver

@@ -44,14 +44,19 @@ pub struct SilentHost {
     pub heartbeat_ms: i64,
 }
 
+/// This machine's name, or `localhost` where it has none to read.
+pub fn this_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 impl HostInfo {
     /// This process's identity, serving `job_types`, heartbeating every `heartbeat`.
     pub fn current(job_types: Vec<String>, heartbeat: std::time::Duration) -> Self {
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_string());
+        let hostname = this_hostname();
         let pid = std::process::id();
         let suffix: u32 = rand_suffix();
         HostInfo {

@@ -17,7 +17,7 @@ use super::{
     FetchedJob, Finish, FinishOutcome, FinishResult, Fired, HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState,
     JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew, LeaseRenewal, LockedKeys, NewBatch, Result, RunId,
     ScheduleState, Schedules, SemaphoreFix, Stats, batch, concurrency, enqueue, finish, grant, schedule, secret,
-    session, variable, workflow,
+    session, token, variable, workflow,
 };
 
 /// The durable queue. Enqueue and finish are the shared rules over the
@@ -733,14 +733,49 @@ impl Store {
 
     /// Records a new signed-in session, known by its id's digest, and
     /// forgets the sessions that expired under `lifetime`.
-    pub async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<()> {
-        self.driver.session_create(digest, lifetime).await
+    /// `token` names the named token it signed in with (`None` for the
+    /// server's own), whose life bounds the session's.
+    pub async fn session_create(
+        &self,
+        digest: &str,
+        lifetime: session::SessionLifetime,
+        token: Option<&str>,
+    ) -> Result<()> {
+        self.driver.session_create(digest, lifetime, token).await
     }
 
-    /// Whether the session is signed in and not expired under `lifetime`;
-    /// records its use (every [`session::TOUCH_EVERY_SECS`] at most).
-    pub async fn session_check(&self, digest: &str, lifetime: session::SessionLifetime) -> Result<bool> {
+    /// The session, if it is signed in and not expired under `lifetime`
+    /// (nor its token revoked or expired); records its use (every
+    /// [`session::TOUCH_EVERY_SECS`] at most).
+    pub async fn session_check(
+        &self,
+        digest: &str,
+        lifetime: session::SessionLifetime,
+    ) -> Result<Option<session::SignedIn>> {
         self.driver.session_check(digest, lifetime).await
+    }
+
+    /// Makes a named token, known by its value's digest; a live token of
+    /// the same name stays, and [`token::Created::NameTaken`] says so.
+    pub async fn token_create(&self, token: &token::NewToken) -> Result<token::Created> {
+        self.driver.token_create(token).await
+    }
+
+    /// Revokes a named token and ends its sessions, on every server at
+    /// once; false when no live token has the name.
+    pub async fn token_revoke(&self, name: &str) -> Result<bool> {
+        self.driver.token_revoke(name).await
+    }
+
+    /// Every named token, revoked ones too, by name; never a value.
+    pub async fn tokens(&self) -> Result<Vec<token::TokenInfo>> {
+        self.driver.tokens().await
+    }
+
+    /// Who holds the live token whose value has `digest`, if any; records
+    /// its use (every [`token::TOUCH_EVERY_SECS`] at most).
+    pub async fn token_holder(&self, digest: &str) -> Result<Option<token::TokenHolder>> {
+        self.driver.token_holder(digest).await
     }
 
     /// Ends a session: a sign-out, on every server of the fleet.

@@ -62,6 +62,7 @@ pub mod secret;
 pub mod session;
 pub mod sqlite;
 pub(crate) mod timestamp;
+pub mod token;
 pub mod variable;
 pub mod wait;
 pub mod webhook;

@@ -24,3 +24,11 @@ impl Default for SessionLifetime {
 /// page that refreshes every two seconds writes once a minute, not thirty
 /// times.
 pub const TOUCH_EVERY_SECS: f64 = 60.0;
+
+/// A session the store knows and has not expired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedIn {
+    /// The named token it signed in with, still live; `None` for the
+    /// server's own token.
+    pub token: Option<super::token::TokenHolder>,
+}

@@ -651,6 +651,8 @@ async fn the_schedules_page_pages_through_schedules_made_at_run_time() {
     assert!(first.contains("c-099") && !first.contains("c-100"), "the first hundred");
     assert!(first.contains("href=\"/schedules?after=report%2Fc-099\""), "a link to the next page");
     let second = server.get("/schedules?after=report%2Fc-099").await.body;
+    // The page's own list, not the header's sign-in link back to it.
+    let second = second.split("<main").nth(1).expect("a main element").to_string();
     assert!(second.contains("c-100") && second.contains("c-104") && !second.contains("c-099"));
     assert!(second.contains("First page") && !second.contains("Next 100"), "the last page");
     assert_eq!(server.get("/schedules?after=nothing-to-split").await.status, StatusCode::BAD_REQUEST);

@@ -184,9 +184,12 @@ async fn without_the_token_nothing_changes(db: TestDb) {
     let guarded = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
     for (path, body) in changes(id) {
         let body = Some(("application/json", body.to_string()));
-        let refused = read_only.send(Method::POST, &path, body.clone(), Some(TOKEN)).await;
+        let refused = read_only.send(Method::POST, &path, body.clone(), None).await;
         assert_eq!(refused.status, StatusCode::FORBIDDEN, "{path} on a read-only server");
         assert!(refused.json()["error"].as_str().unwrap().contains("read-only"));
+        // A token it does not know, named or its own, is a wrong token there.
+        let unknown = read_only.send(Method::POST, &path, body.clone(), Some(TOKEN)).await;
+        assert_eq!(unknown.status, StatusCode::UNAUTHORIZED, "{path} on a read-only server");
         assert_eq!(guarded.send(Method::POST, &path, body.clone(), None).await.status, StatusCode::UNAUTHORIZED);
         let wrong = guarded.send(Method::POST, &path, body, Some("not-the-token-at-all")).await;
         assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{path} with the wrong token");
@@ -598,7 +601,10 @@ async fn serve_prints_its_address_and_stops_on_sigterm() {
     assert!(line.contains("read-only"), "{line}");
     let server = client_for(address_in(&line, "http://"), None).await;
     assert_eq!(server.get("/api/health").await.json()["database"], "ok");
-    assert_eq!(server.post("/api/queues/default/pause", json!({})).await.status, StatusCode::FORBIDDEN);
+    // A token it does not know is refused; none at all, as read-only.
+    assert_eq!(server.post("/api/queues/default/pause", json!({})).await.status, StatusCode::UNAUTHORIZED);
+    let none = server.send(Method::POST, "/api/queues/default/pause", None, None).await;
+    assert_eq!(none.status, StatusCode::FORBIDDEN, "{}", none.body);
     serving.stop().await;
 }
 

@@ -48,6 +48,7 @@ mod rate_limits;
 mod sandbox;
 mod schedules;
 mod schema;
+mod tokens;
 mod traces;
 mod triggers;
 mod uniqueness;

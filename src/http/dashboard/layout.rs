@@ -14,8 +14,19 @@ pub struct Context {
     pub csrf: Option<String>,
     /// Whether the server takes changes at all.
     pub writable: bool,
+    /// The signed-in session's token and role.
+    pub signed_in: Option<(String, crate::store::token::Role)>,
     /// The result of the action that led here, shown once.
     pub notice: Option<String>,
+}
+
+impl Context {
+    /// Whether the page shows the forms that change jobs, queues, waits
+    /// and schedules: only to a session whose role may send them.
+    pub fn may_operate(&self) -> bool {
+        self.csrf.is_some()
+            && self.signed_in.as_ref().is_some_and(|(_, role)| *role >= crate::store::token::Role::Operate)
+    }
 }
 
 /// The sections, in the navigation's order: (path, label).
@@ -60,6 +71,13 @@ pub fn page_with(
                         }
                     }
                     div.session {
+                        @if let Some((name, role)) = &context.signed_in
+                            && name != crate::http::access::SERVER_TOKEN_NAME
+                        {
+                            span.muted title="The token this session signed in with, and its role" {
+                                (name) " · " (role.as_str())
+                            }
+                        }
                         @if context.csrf.is_some() {
                             form method="post" action="/logout" {
                                 (hidden_fields(context))
@@ -68,7 +86,9 @@ pub fn page_with(
                         } @else if context.writable {
                             a href=(sign_in_link(&context.here)) { "Sign in" }
                         } @else {
-                            span.badge.muted title="Started without --token: nothing can be changed here" { "read-only" }
+                            span.badge.muted title="Started without --token: only a named token may change things here" { "read-only" }
+                            " "
+                            a href=(sign_in_link(&context.here)) { "Sign in" }
                         }
                     }
                 }
@@ -92,10 +112,10 @@ pub fn hidden_fields(context: &Context) -> Markup {
     }
 }
 
-/// A button posting to `action`, shown only in a signed-in session.
+/// A button posting to `action`, shown only to a session that may operate.
 pub fn action_button(context: &Context, action: &str, label: &str, confirm: Option<&str>) -> Markup {
     html! {
-        @if context.csrf.is_some() {
+        @if context.may_operate() {
             form.inline method="post" action=(action) data-confirm=[confirm] {
                 (hidden_fields(context))
                 button type="submit" { (label) }

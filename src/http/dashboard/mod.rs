@@ -25,11 +25,12 @@ use maud::Markup;
 use serde::Deserialize;
 
 use super::AppState;
-use super::access::{Caller, Refusal};
+use super::access::{Caller, Refusal, within_queues};
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction};
 use crate::store::Cancel;
 use crate::store::history::HistoryRange;
+use crate::store::token::Role;
 use layout::Context;
 
 /// The stylesheet and script, compiled in.
@@ -137,6 +138,7 @@ fn context(state: &AppState, caller: &Caller, headers: &HeaderMap, uri: &Uri) ->
         here: uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
         csrf: caller.csrf().map(str::to_string),
         writable: state.access.writable(),
+        signed_in: caller.session.as_ref().map(|s| (s.holder.name.clone(), s.holder.role)),
         notice: super::access::cookie(headers, NOTICE_COOKIE).and_then(|signed| state.access.notice_read(signed)),
     }
 }
@@ -145,12 +147,7 @@ fn context(state: &AppState, caller: &Caller, headers: &HeaderMap, uri: &Uri) ->
 /// [`super::guard::admit`]).
 pub fn refusal_page(state: &AppState, request: &axum::extract::Request, refusal: Refusal) -> Response {
     let context = context(state, &Caller::default(), request.headers(), request.uri());
-    let status = match refusal {
-        Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-        Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
-        Refusal::ReadOnly | Refusal::Forged => StatusCode::FORBIDDEN,
-    };
-    (status, layout::problem(&context, "Not allowed", refusal.message())).into_response()
+    (refusal.status(), layout::problem(&context, "Not allowed", &refusal.message())).into_response()
 }
 
 /// A path as a query parameter's value: every byte but letters, digits
@@ -480,7 +477,8 @@ async fn schedule_act(
     Form(form): Form<ScheduleForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Spanning("act on a schedule");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         let (job, key) = (&form.job, &form.key);
         let done = match action.as_str() {
             "pause" => store.keyed_schedule_pause(job, key, true, Some("paused from the dashboard")).await,
@@ -524,17 +522,9 @@ async fn login_form(
     Query(query): Query<ReturnQuery>,
 ) -> Response {
     let context = context(&state, &caller, &headers, &uri);
-    if !state.access.writable() {
-        return read_only(&context);
-    }
     let return_to = return_path(query.return_to.as_deref().unwrap_or("/"));
     let form = pages::login(return_to, state.access.reads_need_login(), None);
     layout::page_with(&context, "Sign in", "", None, form, false).into_response()
-}
-
-fn read_only(context: &Context) -> Response {
-    let message = super::access::Refusal::ReadOnly.message();
-    (StatusCode::FORBIDDEN, layout::problem(context, "Read-only", message)).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -553,19 +543,16 @@ async fn login(
 ) -> Response {
     let context = context(&state, &caller, &headers, &uri);
     let return_to = return_path(form.return_to.as_deref().unwrap_or("/"));
-    if !state.access.writable() {
-        return read_only(&context);
-    }
-    if !state.access.token_matches(&form.token) {
+    let Some(holder) = state.access.holder_of(&state.store, &form.token).await else {
         let (status, problem) = if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
             (StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
         } else {
-            (StatusCode::UNAUTHORIZED, "That is not this server's token.")
+            (StatusCode::UNAUTHORIZED, "That is not this server's token, nor a live named token.".to_string())
         };
-        let form = pages::login(return_to, state.access.reads_need_login(), Some(problem));
+        let form = pages::login(return_to, state.access.reads_need_login(), Some(&problem));
         return (status, layout::page_with(&context, "Sign in", "", None, form, false)).into_response();
-    }
-    let id = match state.access.sign_in(&state.store).await {
+    };
+    let id = match state.access.sign_in(&state.store, &holder).await {
         Ok(id) => id,
         Err(error) => return failed(&context, error),
     };
@@ -575,7 +562,12 @@ async fn login(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|proto| proto.eq_ignore_ascii_case("https"));
     let cookie = state.access.session_cookie(&id, secure);
-    redirect_with(&state.access, return_to, Some(cookie), "Signed in: changes are allowed")
+    let notice = match holder.role {
+        _ if holder.name == super::access::SERVER_TOKEN_NAME => "Signed in: changes are allowed".to_string(),
+        Role::Read => format!("Signed in as {}, who may read", holder.name),
+        role => format!("Signed in as {}, with the {role} role", holder.name),
+    };
+    redirect_with(&state.access, return_to, Some(cookie), &notice)
 }
 
 /// A form's common fields.
@@ -654,8 +646,39 @@ fn redirect_with(access: &super::access::Access, path: &str, cookie: Option<Stri
     response
 }
 
-/// Checks a form, runs `action` and returns to the form's page with what
-/// it did (or why it could not).
+/// What a form changes, for the checks of who may send it.
+enum Scope {
+    /// Nothing but the session: signing out.
+    Session,
+    /// What spans queues: a token limited to some may not.
+    Spanning(&'static str),
+    /// The jobs of one queue (`None`: of any).
+    Queue(Option<String>, &'static str),
+    /// One job, of whichever queue it is in.
+    Job(i64, &'static str),
+}
+
+/// Checks that the caller may send a form changing `scope`: the status
+/// and the reason if not.
+async fn check_scope(state: &AppState, caller: &Caller, scope: Scope) -> Result<(), (StatusCode, String)> {
+    let refused = |refusal: Refusal| (refusal.status(), refusal.message());
+    if let Scope::Session = scope {
+        return Ok(());
+    }
+    let holder = caller.check_role(&state.access, false, Role::Operate).map_err(refused)?;
+    match scope {
+        Scope::Session => Ok(()),
+        Scope::Spanning(what) => within_queues(holder, None, what).map_err(refused),
+        Scope::Queue(queue, what) => within_queues(holder, queue.as_deref(), what).map_err(refused),
+        Scope::Job(id, what) => {
+            super::api::job_within_queues(state, holder, id, what).await.map_err(|e| (e.status, e.message))
+        }
+    }
+}
+
+/// Checks a form and who sent it, runs `action` and returns to the form's
+/// page with what it did (or why it could not).
+#[allow(clippy::too_many_arguments)]
 async fn act<F, D>(
     state: &AppState,
     caller: &Caller,
@@ -663,19 +686,20 @@ async fn act<F, D>(
     uri: &Uri,
     csrf: &str,
     return_to: Option<&str>,
+    scope: Scope,
     action: F,
 ) -> Response
 where
     F: std::future::Future<Output = Result<D, String>>,
     D: Into<Done>,
 {
-    if let Err(refusal) = caller.check_form(&state.access, headers, csrf) {
+    if let Err(refusal) = caller.check_form(headers, csrf) {
         let context = context(state, caller, headers, uri);
-        let status = match refusal {
-            super::access::Refusal::Unauthorized => StatusCode::UNAUTHORIZED,
-            _ => StatusCode::FORBIDDEN,
-        };
-        return (status, layout::problem(&context, "Not allowed", refusal.message())).into_response();
+        return (refusal.status(), layout::problem(&context, "Not allowed", &refusal.message())).into_response();
+    }
+    if let Err((status, why)) = check_scope(state, caller, scope).await {
+        let context = context(state, caller, headers, uri);
+        return (status, layout::problem(&context, "Not allowed", &why)).into_response();
     }
     let back = return_path(return_to.unwrap_or("/"));
     match action.await.map(Into::into) {
@@ -695,7 +719,7 @@ async fn logout(
 ) -> Response {
     let store = state.store.clone();
     let ending = caller.session.as_ref().map(|s| s.digest.clone()).unwrap_or_default();
-    let mut response = act(&state, &caller, &headers, &uri, &form.csrf, Some("/"), async move {
+    let mut response = act(&state, &caller, &headers, &uri, &form.csrf, Some("/"), Scope::Session, async move {
         // Ended in the database: the cookie signs no one in anywhere again.
         store.session_revoke(&ending).await.map(|()| "Signed out".to_string()).map_err(|e| e.to_string())
     })
@@ -730,7 +754,8 @@ async fn workflow_decide(
     Form(form): Form<DecisionForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Spanning("decide a wait, whose event any queue's steps may wait for");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         let approved = match form.decision.as_str() {
             "approve" => true,
             "reject" => false,
@@ -768,7 +793,8 @@ async fn job_retry(
     Form(form): Form<ActionForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Job(id, "retry a job");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         store.job_retry(id).await.map(|()| format!("Job {id} will run again")).map_err(|e| e.to_string())
     })
     .await
@@ -783,7 +809,8 @@ async fn job_cancel(
     Form(form): Form<ActionForm>,
 ) -> Response {
     let store = state.store.clone();
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Job(id, "cancel a job");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         match store.job_cancel(id).await {
             Ok(Cancel::Cancelled) => Ok(format!("Job {id} cancelled")),
             Ok(Cancel::Requested) => Ok(format!("Job {id} is running: its host stops it within two heartbeats")),
@@ -824,7 +851,8 @@ async fn bulk(
     let store = state.store.clone();
     let budget = state.work_budget;
     let query = form.query();
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Queue(query.queue.clone(), "act on jobs in bulk without naming one of its queues");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         if !query.narrows() {
             return Err("a bulk action needs a filter".to_string());
         }
@@ -874,7 +902,8 @@ async fn queue_act(
 ) -> Response {
     let store = state.store.clone();
     let name = form.queue;
-    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), async move {
+    let scope = Scope::Queue(Some(name.clone()), "pause or resume a queue");
+    act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         match action.apply(&store, &name).await {
             Ok(_) => Ok(action.done(&name)),
             Err(error) => Err(error.to_string()),

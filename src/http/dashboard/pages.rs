@@ -87,7 +87,7 @@ pub fn overview(
 /// resolve away in a path.
 fn queue_button(context: &Context, queue: &str, action: &str, label: &str, confirm: Option<&str>) -> Markup {
     html! {
-        @if context.csrf.is_some() {
+        @if context.may_operate() {
             form.inline method="post" action={ "/queues/" (action) } data-confirm=[confirm] {
                 (hidden_fields(context))
                 input type="hidden" name="queue" value=(queue);
@@ -137,7 +137,7 @@ pub fn jobs(context: &Context, query: &JobQuery, rows: &[JobRow], next: Option<i
     let ended = JobState::parse(selected).is_some_and(JobState::is_final);
     let retry_all = JobState::parse(selected).is_some_and(|s| retryable(s) || s == JobState::Scheduled);
     html! {
-        @if context.csrf.is_some() && query.narrows() {
+        @if context.may_operate() && query.narrows() {
             div.bulk {
                 @if retry_all {
                     form.inline method="post" action="/jobs/retry" data-confirm="Retry every job this filter matches?" {
@@ -832,7 +832,7 @@ fn schedule_button(
     confirm: Option<&str>,
 ) -> Markup {
     html! {
-        @if context.csrf.is_some() {
+        @if context.may_operate() {
             form.inline method="post" action={ "/schedules/" (action) } data-confirm=[confirm] {
                 (hidden_fields(context))
                 input type="hidden" name="job" value=(status.schedule.job);

@@ -119,7 +119,7 @@ fn decidable(step: &WorkflowStep) -> bool {
 /// decision in its payload; shown only in a signed-in session.
 fn decision_buttons(context: &Context, workflow: i64, step: &WorkflowStep) -> Markup {
     html! {
-        @if context.csrf.is_some() {
+        @if context.may_operate() {
             @for (decision, label, confirm) in [
                 ("approve", "Approve", "Send the event this step waits for, approving it?"),
                 ("reject", "Reject", "Send the event this step waits for, rejecting it?"),

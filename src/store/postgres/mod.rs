@@ -89,6 +89,7 @@ mod rate;
 mod schedule;
 mod secret;
 mod session;
+mod token;
 mod trace;
 mod unique;
 mod variable;

@@ -6,9 +6,10 @@ use sqlx::PgPool;
 use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
-use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
+use crate::store::session::{SessionLifetime, SignedIn, TOUCH_EVERY_SECS};
+use crate::store::token::TokenHolder;
 
-pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Result<()> {
+pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "DELETE FROM jobhost.http_sessions
@@ -18,17 +19,27 @@ pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> R
     .bind(lifetime.idle.as_secs_f64())
     .execute(&mut *tx)
     .await?;
-    sqlx::query("INSERT INTO jobhost.http_sessions (digest) VALUES ($1)").bind(digest).execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO jobhost.http_sessions (digest, token_name) VALUES ($1, $2)")
+        .bind(digest)
+        .bind(token)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(())
 }
 
-pub async fn check(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
-    // A read; a write only once a session's last record is a minute old.
-    let stale: Option<bool> = sqlx::query_scalar(
-        "SELECT last_seen_at < now() - $4 * interval '1 second' FROM jobhost.http_sessions
-         WHERE digest = $1 AND created_at >= now() - $2 * interval '1 second'
-           AND last_seen_at >= now() - $3 * interval '1 second'",
+type CheckRow = (bool, Option<String>, Option<String>, Option<Vec<String>>, Option<bool>);
+
+pub async fn check(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Result<Option<SignedIn>> {
+    // A read; a write only once a session's last record is a minute old. A
+    // session of a named token lives only as long as the token does.
+    let row: Option<CheckRow> = sqlx::query_as(
+        "SELECT s.last_seen_at < now() - $4 * interval '1 second', t.name, t.role, t.queues, t.payloads
+         FROM jobhost.http_sessions s LEFT JOIN jobhost.access_tokens t ON t.name = s.token_name
+         WHERE s.digest = $1 AND s.created_at >= now() - $2 * interval '1 second'
+           AND s.last_seen_at >= now() - $3 * interval '1 second'
+           AND (s.token_name IS NULL
+                OR (t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())))",
     )
     .bind(digest)
     .bind(lifetime.absolute.as_secs_f64())
@@ -36,13 +47,20 @@ pub async fn check(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Re
     .bind(TOUCH_EVERY_SECS)
     .fetch_optional(pool)
     .await?;
-    if stale == Some(true) {
+    let Some((stale, name, role, queues, payloads)) = row else { return Ok(None) };
+    if stale {
         sqlx::query("UPDATE jobhost.http_sessions SET last_seen_at = now() WHERE digest = $1")
             .bind(digest)
             .execute(pool)
             .await?;
     }
-    Ok(stale.is_some())
+    let token = match (name, role) {
+        (Some(name), Some(role)) => {
+            Some(TokenHolder { name, role: super::token::role_of(&role)?, queues, payloads: payloads.unwrap_or(false) })
+        }
+        _ => None,
+    };
+    Ok(Some(SignedIn { token }))
 }
 
 pub async fn revoke(pool: &PgPool, digest: &str) -> Result<()> {
@@ -52,11 +70,11 @@ pub async fn revoke(pool: &PgPool, digest: &str) -> Result<()> {
 
 #[async_trait]
 impl SessionDriver for PgStore {
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
-        create(&self.pool, digest, lifetime).await
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
+        create(&self.pool, digest, lifetime, token).await
     }
 
-    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<Option<SignedIn>> {
         check(&self.pool, digest, lifetime).await
     }
 

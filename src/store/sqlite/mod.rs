@@ -45,6 +45,7 @@ mod rate;
 mod schedule;
 mod secret;
 mod session;
+mod token;
 mod trace;
 mod trigger;
 mod unique;

@@ -58,6 +58,19 @@ CREATE INDEX workflow_waits_open_key ON workflow_waits (key, match_one)
 
 CREATE INDEX workflows_created ON workflows (created_at);
 
+CREATE TABLE access_tokens (
+    name         TEXT    PRIMARY KEY,
+    digest       TEXT    NOT NULL UNIQUE,
+    role         TEXT    NOT NULL CHECK (role IN ('read', 'operate', 'deploy', 'admin')),
+    queues       TEXT    CHECK (queues IS NULL OR json_array_length(queues) BETWEEN 1 AND 100),
+    payloads     INTEGER NOT NULL DEFAULT 0,
+    created_at   INTEGER NOT NULL,
+    created_by   TEXT    NOT NULL,
+    expires_at   INTEGER,
+    revoked_at   INTEGER,
+    last_used_at INTEGER
+) STRICT;
+
 CREATE TABLE archive (
     id              INTEGER PRIMARY KEY,
     job             TEXT    NOT NULL,
@@ -201,7 +214,7 @@ CREATE TABLE http_sessions (
     digest       TEXT    PRIMARY KEY,
     created_at   INTEGER NOT NULL,
     last_seen_at INTEGER NOT NULL
-) STRICT;
+, token_name TEXT REFERENCES access_tokens (name) ON DELETE CASCADE) STRICT;
 
 CREATE TABLE job_traces (
     job_id      INTEGER PRIMARY KEY,

@@ -7,39 +7,69 @@ use super::SqliteStore;
 use super::encode::now_ms;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
-use crate::store::session::{SessionLifetime, TOUCH_EVERY_SECS};
+use crate::store::session::{SessionLifetime, SignedIn, TOUCH_EVERY_SECS};
+use crate::store::token::TokenHolder;
 
 fn ms(duration: std::time::Duration) -> i64 {
     duration.as_millis().min(i64::MAX as u128) as i64
 }
 
-pub async fn create(conn: &mut SqliteConnection, digest: &str, lifetime: SessionLifetime, now: i64) -> Result<()> {
+pub async fn create(
+    conn: &mut SqliteConnection,
+    digest: &str,
+    lifetime: SessionLifetime,
+    token: Option<&str>,
+    now: i64,
+) -> Result<()> {
     sqlx::query("DELETE FROM http_sessions WHERE created_at < $1 - $2 OR last_seen_at < $1 - $3")
         .bind(now)
         .bind(ms(lifetime.absolute))
         .bind(ms(lifetime.idle))
         .execute(&mut *conn)
         .await?;
-    sqlx::query("INSERT INTO http_sessions (digest, created_at, last_seen_at) VALUES ($1, $2, $2)")
+    sqlx::query("INSERT INTO http_sessions (digest, created_at, last_seen_at, token_name) VALUES ($1, $2, $2, $3)")
         .bind(digest)
         .bind(now)
+        .bind(token)
         .execute(conn)
         .await?;
     Ok(())
 }
 
-/// Whether the session is valid at `now`, and whether its use is to be recorded.
-pub async fn check(pool: &SqlitePool, digest: &str, lifetime: SessionLifetime, now: i64) -> Result<Option<bool>> {
-    Ok(sqlx::query_scalar(
-        "SELECT last_seen_at < $4 FROM http_sessions
-         WHERE digest = $1 AND created_at >= $2 AND last_seen_at >= $3",
+type CheckRow = (bool, Option<String>, Option<String>, Option<String>, Option<bool>);
+
+/// The session if it is valid at `now` (a named token's only while the
+/// token is), and whether its use is to be recorded.
+pub async fn check(
+    pool: &SqlitePool,
+    digest: &str,
+    lifetime: SessionLifetime,
+    now: i64,
+) -> Result<Option<(SignedIn, bool)>> {
+    let row: Option<CheckRow> = sqlx::query_as(
+        "SELECT s.last_seen_at < $4, t.name, t.role, t.queues, t.payloads
+         FROM http_sessions s LEFT JOIN access_tokens t ON t.name = s.token_name
+         WHERE s.digest = $1 AND s.created_at >= $2 AND s.last_seen_at >= $3
+           AND (s.token_name IS NULL OR (t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $5)))",
     )
     .bind(digest)
     .bind(now - ms(lifetime.absolute))
     .bind(now - ms(lifetime.idle))
     .bind(now - (TOUCH_EVERY_SECS * 1000.0) as i64)
+    .bind(now)
     .fetch_optional(pool)
-    .await?)
+    .await?;
+    let Some((stale, name, role, queues, payloads)) = row else { return Ok(None) };
+    let token = match (name, role) {
+        (Some(name), Some(role)) => Some(TokenHolder {
+            name,
+            role: super::token::role_of(&role)?,
+            queues: super::token::queues_of(queues)?,
+            payloads: payloads.unwrap_or(false),
+        }),
+        _ => None,
+    };
+    Ok(Some((SignedIn { token }, stale)))
 }
 
 pub async fn touch(conn: &mut SqliteConnection, digest: &str, now: i64) -> Result<()> {
@@ -58,19 +88,19 @@ pub async fn revoke(conn: &mut SqliteConnection, digest: &str) -> Result<()> {
 
 #[async_trait]
 impl SessionDriver for SqliteStore {
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime) -> Result<()> {
-        self.write_outside_jobs(async |tx| create(tx, digest, lifetime, now_ms()).await).await
+    async fn session_create(&self, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
+        self.write_outside_jobs(async |tx| create(tx, digest, lifetime, token, now_ms()).await).await
     }
 
-    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<bool> {
+    async fn session_check(&self, digest: &str, lifetime: SessionLifetime) -> Result<Option<SignedIn>> {
         let now = now_ms();
-        let Some(stale) = check(&self.reader, digest, lifetime, now).await? else {
-            return Ok(false);
+        let Some((signed_in, stale)) = check(&self.reader, digest, lifetime, now).await? else {
+            return Ok(None);
         };
         if stale {
             self.write_outside_jobs(async |tx| touch(tx, digest, now).await).await?;
         }
-        Ok(true)
+        Ok(Some(signed_in))
     }
 
     async fn session_revoke(&self, digest: &str) -> Result<()> {
