@@ -2,13 +2,14 @@
 -- known by the SHA-256 digest of its value (hex): the value is printed once
 -- by `jobhost token create` and kept nowhere, so a copy of this table
 -- signs no one in. A revoked token's row stays, so its name still shows in
--- the list and the audit trail; its name may be taken again by a new one.
+-- `jobhost token list`, until a new token takes its name.
 -- Roles rise read < operate < deploy < admin, each holding the ones below.
 CREATE TABLE jobhost.access_tokens (
     name         text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'),
     digest       text        NOT NULL UNIQUE,
     role         text        NOT NULL CHECK (role IN ('read', 'operate', 'deploy', 'admin')),
-    -- The queues whose jobs it may change; NULL for every queue.
+    -- The queues whose jobs it may change (an operate token's); NULL for
+    -- every queue.
     queues       text[]      CHECK (cardinality(queues) BETWEEN 1 AND 100),
     -- Whether it is shown payloads, outputs and logs (admin always is).
     payloads     boolean     NOT NULL DEFAULT false,

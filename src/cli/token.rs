@@ -25,8 +25,9 @@ pub enum TokenAction {
         /// What it may do: read, operate, deploy or admin (each holds the ones before it).
         #[arg(long, value_parser = role_of)]
         role: Role,
-        /// The only queues whose jobs it may change, comma-separated: it may
-        /// not then act on what spans queues (workflows, events, schedules).
+        /// The only queues whose jobs an operate token may change,
+        /// comma-separated: it may not then act on what spans queues
+        /// (workflows, events, schedules, batches).
         #[arg(long, value_delimiter = ',', num_args = 1..)]
         queues: Option<Vec<String>>,
         /// Show it payloads, outputs and logs (an admin always sees them).
@@ -47,7 +48,7 @@ pub enum TokenAction {
         db: DbArgs,
     },
     /// Revoke a token: every server refuses it, and ends its dashboard
-    /// sessions, from its next request.
+    /// sessions, from its next request. Its name may then be given again.
     Revoke {
         /// The token's name.
         name: String,
@@ -94,10 +95,16 @@ async fn create(
     expires: Option<Duration>,
     db: &DbArgs,
 ) -> ExitCode {
-    if let Some(queues) = &queues
-        && (queues.len() > MAX_QUEUES || queues.iter().any(|q| q.trim().is_empty()))
-    {
-        return fail(format!("--queues names 1 to {MAX_QUEUES} queues, none of them empty"));
+    let queues = queues.map(|queues| queues.iter().map(|q| q.trim().to_string()).collect::<Vec<_>>());
+    if let Some(queues) = &queues {
+        if queues.len() > MAX_QUEUES || queues.iter().any(String::is_empty) {
+            return fail(format!("--queues names 1 to {MAX_QUEUES} queues, none of them empty"));
+        }
+        // What a deploy or admin token does (a component, a schedule) spans
+        // every queue, so a limit to some would be a promise not kept.
+        if role > Role::Operate {
+            return fail(format!("--queues limits an operate token; a {role} token acts on every queue"));
+        }
     }
     let expires_at = match expires.map(chrono::Duration::from_std) {
         None => None,

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::store::Store;
-use crate::store::session::SessionLifetime;
+use crate::store::session::{SessionLifetime, SignedInWith};
 use crate::store::token::{Role, TokenHolder};
 
 /// The name the server's own token (`--token`, `JOBHOST_TOKEN`) goes by:
@@ -161,6 +161,19 @@ pub struct Session {
     pub holder: TokenHolder,
 }
 
+/// What a presented token turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The server's own, or a live named token.
+    Held(TokenHolder),
+    /// The metrics token, which opens nothing but `/metrics`.
+    Metrics,
+    /// No live token: a wrong one.
+    Unknown,
+    /// The store could not be read: not counted as wrong.
+    Unread,
+}
+
 /// The holder of the server's own token: an admin.
 pub fn server_token_holder() -> TokenHolder {
     TokenHolder { name: SERVER_TOKEN_NAME.to_string(), role: Role::Admin, queues: None, payloads: true }
@@ -236,6 +249,7 @@ impl Access {
     }
 
     /// Whether the request bears the server's own token.
+    #[cfg(test)]
     fn bears_server_token(&self, headers: &HeaderMap) -> bool {
         self.token.is_some_and(|token| Self::bearer(headers).is_some_and(|presented| digest(presented) == token))
     }
@@ -247,36 +261,39 @@ impl Access {
         caller.bearer.is_some() || Self::bearer(headers).is_some_and(|presented| digest(presented) == *metrics)
     }
 
-    /// Who holds `token`: the server's own, or a live named token. A store
-    /// that cannot be read knows no named token.
-    pub async fn holder_of(&self, store: &Store, token: &str) -> Option<TokenHolder> {
+    /// Who holds `token`: the server's own, or a live named token.
+    pub async fn holder_of(&self, store: &Store, token: &str) -> Lookup {
         let presented = digest(token.trim());
         if self.token == Some(presented) {
-            return Some(server_token_holder());
+            return Lookup::Held(server_token_holder());
         }
         if self.metrics_token == Some(presented) {
-            return None;
+            return Lookup::Metrics;
         }
         match store.token_holder(&hex::encode(presented)).await {
-            Ok(holder) => holder,
+            Ok(Some(holder)) => Lookup::Held(holder),
+            Ok(None) => Lookup::Unknown,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the named tokens; taking the request as bearing none");
-                None
+                Lookup::Unread
             }
         }
     }
 
     /// Who the request comes from: the holder of its bearer token, and its
     /// session if the store knows it and neither it nor its token has
-    /// expired. A store that cannot be read signs no one in.
+    /// expired. A store that cannot be read signs no one in, and counts no
+    /// token as wrong.
     pub async fn caller(&self, store: &Store, headers: &HeaderMap) -> Caller {
-        let presented = Self::bearer(headers);
-        let bearer = match presented {
-            Some(_) if self.bears_server_token(headers) => Some(server_token_holder()),
+        let lookup = match Self::bearer(headers) {
             Some(token) => self.holder_of(store, token).await,
-            None => None,
+            None => Lookup::Unknown,
         };
-        let wrong_bearer = presented.is_some_and(|token| bearer.is_none() && self.metrics_token != Some(digest(token)));
+        let wrong_bearer = Self::bearer(headers).is_some() && matches!(lookup, Lookup::Unknown);
+        let bearer = match lookup {
+            Lookup::Held(holder) => Some(holder),
+            _ => None,
+        };
         let Some(id) = cookie(headers, &self.cookie) else {
             return Caller { bearer, session: None, wrong_bearer };
         };
@@ -294,18 +311,26 @@ impl Access {
         Caller { bearer, session, wrong_bearer }
     }
 
-    /// Starts a session: its cookie's value, stored by its digest.
+    /// Starts a session for whoever holds `token`: its cookie's value,
+    /// stored by its digest; `None` when a named token is no longer live
+    /// (revoked, or made again under its name, since it was checked), and
+    /// the session then ends with its token.
     ///
     /// # Errors
     /// The store's.
-    /// `holder` is who signed in: its session ends with its token.
-    pub async fn sign_in(&self, store: &Store, holder: &TokenHolder) -> crate::store::Result<String> {
+    pub async fn sign_in(
+        &self,
+        store: &Store,
+        token: &str,
+        holder: &TokenHolder,
+    ) -> crate::store::Result<Option<String>> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).expect("the operating system's random numbers");
         let id = hex::encode(bytes);
-        let token = (holder.name != SERVER_TOKEN_NAME).then_some(holder.name.as_str());
-        store.session_create(&hex::encode(digest(&id)), self.lifetime, token).await?;
-        Ok(id)
+        let with = (holder.name != SERVER_TOKEN_NAME)
+            .then(|| SignedInWith { name: holder.name.clone(), digest: hex::encode(digest(token.trim())) });
+        let started = store.session_create(&hex::encode(digest(&id)), self.lifetime, with.as_ref()).await?;
+        Ok(started.then_some(id))
     }
 
     /// The cookie carrying session `id`: this server's name, for the
@@ -367,6 +392,15 @@ impl Caller {
     /// site can act through the browser).
     pub fn acting(&self, api: bool) -> Option<&TokenHolder> {
         if api { self.bearer.as_ref() } else { self.session.as_ref().map(|s| &s.holder) }
+    }
+
+    /// Whether the request is shown payloads, outputs and logs: by its
+    /// bearer token if it presents one, else by its session. A request with
+    /// neither, on a server that lets such read, is shown them, as before
+    /// roles.
+    pub fn sees_payloads(&self) -> bool {
+        let holder = self.bearer.as_ref().or(self.session.as_ref().map(|s| &s.holder));
+        holder.is_none_or(TokenHolder::sees_payloads)
     }
 
     /// Checks that the request may act with `needs`.

@@ -197,6 +197,10 @@ async fn jobs_enqueue(
     // A token limited to queues names the queue: the type's own is not
     // known until the store renders the job.
     within_queues(holder, body.queue.as_deref(), "enqueue without naming one of its queues")?;
+    if body.batch.is_some() {
+        // A batch may hold jobs of any queue.
+        within_queues(holder, None, "add to a batch")?;
+    }
     let delay_ms = body.delay.as_deref().map(delay_of).transpose()?;
     if delay_ms.is_some() && body.run_at.is_some() {
         return Err(ApiError::bad_request("give delay or run_at, not both"));

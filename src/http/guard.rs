@@ -142,8 +142,10 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
         }
         .into_response();
     }
+    let hide = api && !caller.sees_payloads();
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    let response = next.run(request).await;
+    if hide { super::hide::hide_payloads(response).await } else { response }
 }
 
 /// The length a request says its body has.

@@ -18,6 +18,7 @@ mod dashboard;
 mod deploy;
 mod error;
 mod guard;
+mod hide;
 mod hooks;
 mod query;
 mod roles;

@@ -340,8 +340,12 @@ pub trait KeyedScheduleDriver: Send + Sync {
 #[async_trait]
 pub trait SessionDriver: Send + Sync {
     /// [`Store::session_create`](super::Store::session_create) on this backend.
-    async fn session_create(&self, digest: &str, lifetime: session::SessionLifetime, token: Option<&str>)
-    -> Result<()>;
+    async fn session_create(
+        &self,
+        digest: &str,
+        lifetime: session::SessionLifetime,
+        token: Option<&session::SignedInWith>,
+    ) -> Result<bool>;
 
     /// [`Store::session_check`](super::Store::session_check) on this backend.
     async fn session_check(
@@ -480,11 +484,9 @@ impl<T> Driver for T where
         + WorkflowDriver
         + EventDriver
         + WebhookDriver
-        + WebhookDriver
         + ScheduleDriver
         + KeyedScheduleDriver
         + SessionDriver
-        + TokenDriver
         + TokenDriver
         + GrantDriver
         + SecretDriver

@@ -733,14 +733,15 @@ impl Store {
 
     /// Records a new signed-in session, known by its id's digest, and
     /// forgets the sessions that expired under `lifetime`.
-    /// `token` names the named token it signed in with (`None` for the
-    /// server's own), whose life bounds the session's.
+    /// `token` is the named token it signed in with (`None` for the
+    /// server's own), whose life bounds the session's: false, and no
+    /// session, when that token is no longer live.
     pub async fn session_create(
         &self,
         digest: &str,
         lifetime: session::SessionLifetime,
-        token: Option<&str>,
-    ) -> Result<()> {
+        token: Option<&session::SignedInWith>,
+    ) -> Result<bool> {
         self.driver.session_create(digest, lifetime, token).await
     }
 

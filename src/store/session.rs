@@ -25,6 +25,17 @@ impl Default for SessionLifetime {
 /// times.
 pub const TOUCH_EVERY_SECS: f64 = 60.0;
 
+/// The named token a session signs in with: its name, and its value's
+/// digest, so that a token revoked and made again under the name between
+/// the check and the session's start signs no one in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedInWith {
+    /// The token's name.
+    pub name: String,
+    /// The SHA-256 digest of its value, in hex.
+    pub digest: String,
+}
+
 /// A session the store knows and has not expired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedIn {

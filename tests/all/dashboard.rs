@@ -736,3 +736,55 @@ async fn keyed_schedules_in_a_real_browser() {
         browser.close().await.unwrap();
     }
 }
+
+/// The dashboard as a support desk's `read` token sees it, and as an admin
+/// does, in a real browser at both widths: the reader's job page has no
+/// buttons and no payload, output or log, and says why; the admin's has
+/// them. Screenshots `job-as-read` and `job-as-admin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_in_a_real_browser() {
+    use sha2::{Digest, Sha256};
+    let db = TestDb::postgres().await;
+    let (failed, _, _) = populate(&db).await;
+    let reader = format!("jh_{}", "5c1f0a9e".repeat(8));
+    let support = jobhost::store::token::NewToken {
+        name: "support".into(),
+        digest: hex::encode(Sha256::digest(reader.as_bytes())),
+        role: jobhost::store::token::Role::Read,
+        queues: None,
+        payloads: false,
+        expires_at: None,
+        created_by: "tests@here".into(),
+    };
+    db.store.token_create(&support).await.unwrap();
+    let driver = Driver::start();
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let path = format!("/jobs/{failed}");
+    for screen in [Screen::Desktop, Screen::Phone] {
+        for (value, who) in [(reader.as_str(), "read"), (TOKEN, "admin")] {
+            let browser = driver.session(screen).await;
+            browser.goto(&format!("{}/login?return_to={}", server.url(), path.replace('/', "%2F"))).await.unwrap();
+            until(&browser, WAIT, "the sign-in form", "return document.querySelector('form.login') !== null").await;
+            let form = browser.form(Locator::Css("form.login")).await.unwrap();
+            form.set_by_name("token", value).await.unwrap().submit().await.unwrap();
+            until(&browser, WAIT, "signed in", "return document.querySelector('.notice') !== null").await;
+            let notice = text(&browser, ".notice").await;
+            let retry = format!("form[action=\"/jobs/{failed}/retry\"]");
+            let buttons = browser.find(Locator::Css(&retry)).await.is_ok();
+            let hidden = browser.find(Locator::Css(".hidden-data")).await.is_ok();
+            if who == "read" {
+                assert_eq!(notice, "Signed in as support, who may read");
+                assert!(!buttons, "a reader is shown no retry button");
+                assert!(hidden, "a reader is told the payload is hidden");
+                assert!(text(&browser, ".session").await.contains("support · read"));
+            } else {
+                assert!(buttons, "an admin is shown the retry button");
+                assert!(!hidden, "an admin sees the payload");
+            }
+            let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+            assert!(overflow.as_i64().unwrap() <= 0, "the page is wider than the {} screen", screen.name());
+            screenshot(&browser, screen, &format!("job-as-{who}")).await;
+            browser.close().await.unwrap();
+        }
+    }
+}

@@ -19,13 +19,18 @@ use common::job_config;
 /// Makes a token named `name` with `role`, limited to `queues`, and
 /// returns its value.
 async fn token(db: &TestDb, name: &str, role: Role, queues: Option<&[&str]>) -> String {
+    token_seeing(db, name, role, queues, false).await
+}
+
+/// [`token`], shown payloads if `payloads`.
+async fn token_seeing(db: &TestDb, name: &str, role: Role, queues: Option<&[&str]>, payloads: bool) -> String {
     let value = format!("jh_test_{name}_{role}_{}", "7f3a9c".repeat(8));
     let made = NewToken {
         name: name.into(),
         digest: hex::encode(Sha256::digest(value.as_bytes())),
         role,
         queues: queues.map(|q| q.iter().map(|q| q.to_string()).collect()),
-        payloads: false,
+        payloads,
         expires_at: None,
         created_by: "tests@here".into(),
     };
@@ -160,6 +165,7 @@ async fn a_token_limited_to_queues_changes_only_their_jobs(db: TestDb) {
         ("/api/queues/theirs/pause".to_string(), json!({})),
         ("/api/jobs".to_string(), json!({"job": "mail"})),
         ("/api/jobs".to_string(), json!({"job": "mail", "queue": "theirs"})),
+        ("/api/jobs".to_string(), json!({"job": "mail", "queue": "ours", "batch": 1})),
         ("/api/workflows".to_string(), json!({"steps": [{"name": "a", "job": "mail"}]})),
         ("/api/events/k".to_string(), json!({})),
         ("/api/schedules/mail/acme/trigger".to_string(), json!({})),
@@ -202,8 +208,20 @@ async fn a_revoked_or_expired_token_is_refused_at_once_everywhere(db: TestDb) {
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{}", refused.body);
     let after = two.send_with(Method::GET, "/", None, &[("cookie", &cookie)]).await;
     assert!(!after.body.contains("ci · deploy"), "its session ended with it");
-    // Its name may be taken again; the old value stays refused.
+    // Its name may be taken again; the old value stays refused, and signs
+    // in no session even if it was checked before the name was taken.
     let again = token(&db, "ci", Role::Read, None).await;
+    let old = jobhost::store::session::SignedInWith {
+        name: "ci".into(),
+        digest: hex::encode(Sha256::digest(value.as_bytes())),
+    };
+    let lifetime = jobhost::store::session::SessionLifetime::default();
+    assert!(!db.store.session_create(&"d".repeat(64), lifetime, Some(&old)).await.unwrap());
+    let new = jobhost::store::session::SignedInWith {
+        name: "ci".into(),
+        digest: hex::encode(Sha256::digest(again.as_bytes())),
+    };
+    assert!(db.store.session_create(&"e".repeat(64), lifetime, Some(&new)).await.unwrap());
     assert_eq!(one.send(Method::GET, "/api/stats", None, Some(&value)).await.status, StatusCode::UNAUTHORIZED);
     assert_eq!(one.send(Method::GET, "/api/stats", None, Some(&again)).await.status, StatusCode::OK);
     // A live name is not taken twice.
@@ -230,7 +248,77 @@ async fn a_revoked_or_expired_token_is_refused_at_once_everywhere(db: TestDb) {
     assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
 }
 
+/// What every job, batch, step, event and schedule here carries.
+const MARKER: &str = "CUSTOMER-DATA-7731";
+
+async fn a_token_without_payloads_is_shown_none_on_any_page_or_answer(db: TestDb) {
+    db.store.job_types_register(&[(job_config("mail"), "v1".to_string())]).await.unwrap();
+    let carried = json!({"marker": MARKER});
+    let done = db.enqueue_new("mail", carried.clone()).await;
+    let failed = db.enqueue_new("mail", carried.clone()).await;
+    let fetched = db.store.job_fetch(&common::fetch_params("h1", &["mail"], 2)).await.unwrap();
+    let finishes = fetched
+        .iter()
+        .map(|job| {
+            let mut finish = common::finish(job, common::completed());
+            finish.log = json!({"lines": [{"level": "info", "message": MARKER}], "stdout": MARKER});
+            if let jobhost::store::FinishOutcome::Completed { output, .. } = &mut finish.outcome {
+                *output = Some(jobhost::types::JsonText::from(&carried));
+            }
+            finish
+        })
+        .collect();
+    db.store.job_finish(finishes).await.unwrap();
+    let callback = NewBatch { callback_payload: Some(carried.clone()), ..NewBatch::default() };
+    let (batch, _) = db.store.batch_create(&callback, &[EnqueueParams::new("mail", carried.clone())]).await.unwrap();
+    let steps = vec![jobhost::store::NewStep::new("only", "mail", carried.clone())];
+    let workflow = db.store.workflow_create(&jobhost::store::NewWorkflow { label: None, steps }).await.unwrap().id;
+    db.store.event_send("k", &carried, None, "test").await.unwrap();
+    let mut schedule = jobhost::store::keyed_schedule::KeyedSchedule::new("mail", "acme", "0 0 9 * * *");
+    schedule.payload = carried.as_object().unwrap().clone();
+    db.store.keyed_schedule_upsert(&schedule).await.unwrap();
+    let server = TestServer::start(db.dyn_store(), Some(TOKEN)).await;
+    let desk = token(&db, "desk", Role::Operate, None).await;
+    let (cookie, _) = sign_in(&server, &desk).await;
+    let mut read = 0;
+    for job in [done, failed] {
+        for (method, path, need) in ROUTES {
+            if *method != "GET" || !matches!(need, Need::Role(_)) || *path == "/metrics" {
+                continue;
+            }
+            let url = concrete(path, job, batch, workflow);
+            let answer = if path.starts_with("/api") {
+                server.send(Method::GET, &url, None, Some(&desk)).await
+            } else {
+                server.send_with(Method::GET, &url, None, &[("cookie", &cookie)]).await
+            };
+            assert!(!answer.status.is_server_error(), "GET {url}: {}", answer.body);
+            assert!(!answer.body.contains(MARKER), "GET {url} shows what a job carries: {}", answer.body);
+            read += 1;
+        }
+    }
+    assert!(read > 50, "{read} pages and answers read");
+    for path in ["/api/events", "/api/schedules/keyed", "/api/jobs?state=completed"] {
+        let answer = server.send(Method::GET, path, None, Some(&desk)).await;
+        assert!(!answer.body.contains(MARKER), "{path}: {}", answer.body);
+    }
+    let hidden = server.send(Method::GET, &format!("/api/jobs/{done}"), None, Some(&desk)).await;
+    assert!(hidden.headers.contains_key("jobhost-hidden"));
+    assert_eq!(hidden.json()["payload"], serde_json::Value::Null);
+    let page = server.send_with(Method::GET, &format!("/jobs/{done}"), None, &[("cookie", &cookie)]).await;
+    assert!(page.body.contains("made without --payloads"), "the page says why");
+    // A token granted them, and the server's own, are shown them.
+    let seeing = token_seeing(&db, "auditor", Role::Read, None, true).await;
+    for value in [seeing.as_str(), TOKEN] {
+        let answer = server.send(Method::GET, &format!("/api/jobs/{done}"), None, Some(value)).await;
+        assert_eq!(answer.json()["payload"], carried);
+        assert_eq!(answer.json()["output"], carried);
+        assert!(!answer.headers.contains_key("jobhost-hidden"));
+    }
+}
+
 on_both_backends!(
+    a_token_without_payloads_is_shown_none_on_any_page_or_answer,
     every_route_answers_each_role_as_its_row_says,
     a_token_limited_to_queues_changes_only_their_jobs,
     a_revoked_or_expired_token_is_refused_at_once_everywhere,
@@ -266,6 +354,8 @@ async fn the_token_command_makes_lists_and_revokes() {
     assert!(String::from_utf8_lossy(&twice.stderr).contains("a live token is named support"));
     let bad = jobhost(&db, &["token", "create", "two words", "--role", "read"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a token name"));
+    let wide = jobhost(&db, &["token", "create", "ci", "--role", "deploy", "--queues", "mail"]);
+    assert!(String::from_utf8_lossy(&wide.stderr).contains("--queues limits an operate token"));
     let unknown = jobhost(&db, &["token", "create", "x", "--role", "root"]);
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("is no role"));
     assert!(jobhost(&db, &["token", "revoke", "support"]).status.success());

@@ -14,6 +14,8 @@ pub struct Context {
     pub csrf: Option<String>,
     /// Whether the server takes changes at all.
     pub writable: bool,
+    /// Whether the page shows what jobs carry (payloads, outputs, logs).
+    pub sees_payloads: bool,
     /// The signed-in session's token and role.
     pub signed_in: Option<(String, crate::store::token::Role)>,
     /// The result of the action that led here, shown once.

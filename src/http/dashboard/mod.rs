@@ -25,7 +25,7 @@ use maud::Markup;
 use serde::Deserialize;
 
 use super::AppState;
-use super::access::{Caller, Refusal, within_queues};
+use super::access::{Caller, Lookup, Refusal, within_queues};
 use super::query::{JobQuery, MAX_BULK, MAX_PAGE};
 use super::views::{self, BulkAction, QueueAction};
 use crate::store::Cancel;
@@ -138,6 +138,7 @@ fn context(state: &AppState, caller: &Caller, headers: &HeaderMap, uri: &Uri) ->
         here: uri.path_and_query().map_or("/".to_string(), |p| p.as_str().to_string()),
         csrf: caller.csrf().map(str::to_string),
         writable: state.access.writable(),
+        sees_payloads: caller.sees_payloads(),
         signed_in: caller.session.as_ref().map(|s| (s.holder.name.clone(), s.holder.role)),
         notice: super::access::cookie(headers, NOTICE_COOKIE).and_then(|signed| state.access.notice_read(signed)),
     }
@@ -543,17 +544,26 @@ async fn login(
 ) -> Response {
     let context = context(&state, &caller, &headers, &uri);
     let return_to = return_path(form.return_to.as_deref().unwrap_or("/"));
-    let Some(holder) = state.access.holder_of(&state.store, &form.token).await else {
-        let (status, problem) = if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
-            (StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
-        } else {
-            (StatusCode::UNAUTHORIZED, "That is not this server's token, nor a live named token.".to_string())
-        };
+    let refused = |status: StatusCode, problem: String| {
         let form = pages::login(return_to, state.access.reads_need_login(), Some(&problem));
-        return (status, layout::page_with(&context, "Sign in", "", None, form, false)).into_response();
+        (status, layout::page_with(&context, "Sign in", "", None, form, false)).into_response()
     };
-    let id = match state.access.sign_in(&state.store, &holder).await {
-        Ok(id) => id,
+    let holder = match state.access.holder_of(&state.store, &form.token).await {
+        Lookup::Held(holder) => holder,
+        Lookup::Unread => {
+            return refused(StatusCode::SERVICE_UNAVAILABLE, "The tokens cannot be read now: try again.".to_string());
+        }
+        Lookup::Metrics | Lookup::Unknown => {
+            return if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
+                refused(StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
+            } else {
+                refused(StatusCode::UNAUTHORIZED, "That is not this server's token, nor a live named token.".into())
+            };
+        }
+    };
+    let id = match state.access.sign_in(&state.store, &form.token, &holder).await {
+        Ok(Some(id)) => id,
+        Ok(None) => return refused(StatusCode::UNAUTHORIZED, "That token was revoked as you signed in.".into()),
         Err(error) => return failed(&context, error),
     };
     // Over TLS (a proxy in front says so), the cookie goes only over TLS.

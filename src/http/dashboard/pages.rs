@@ -253,19 +253,26 @@ pub fn job(context: &Context, job: &JobDetail, now: DateTime<Utc>) -> Markup {
             dt { "Started" } dd { (time(row.started_at, now)) }
             dt { "Finished" } dd { (time(row.finished_at, now)) }
         }
-        section { h2 { "Payload" } (json_block(&job.payload)) }
-        @if let Some(output) = &job.output { section { h2 { "Output" } (json_block(output)) } }
-        (attempt_timeline(&crate::attempts::of(job), now))
-        @if let Some(log) = job.log.as_ref().filter(|log| log.as_object().is_some_and(|l| !l.is_empty())) {
+        @if context.sees_payloads {
+            section { h2 { "Payload" } (json_block(&job.payload)) }
+            @if let Some(output) = &job.output { section { h2 { "Output" } (json_block(output)) } }
+        } @else {
+            section.hidden-data {
+                h2 { "Payload" }
+                p.muted { "The payload, output and logs are hidden: this session's token was made without --payloads." }
+            }
+        }
+        (attempt_timeline(&crate::attempts::of(job), now, context.sees_payloads))
+        @if let Some(log) = job.log.as_ref().filter(|log| context.sees_payloads && log.as_object().is_some_and(|l| !l.is_empty())) {
             section { h2 { "Log of the last attempt" } (run_log(log)) }
         }
     }
 }
 
 /// Every attempt, oldest first: host, start, run time, ending, error, its
-/// outbound requests and log (folded; the last attempt's is shown below),
-/// and the wait before it.
-fn attempt_timeline(attempts: &[crate::attempts::Attempt], now: DateTime<Utc>) -> Markup {
+/// outbound requests and log (folded; the last attempt's is shown below;
+/// none unless `logs`), and the wait before it.
+fn attempt_timeline(attempts: &[crate::attempts::Attempt], now: DateTime<Utc>, logs: bool) -> Markup {
     html! {
         @if !attempts.is_empty() {
             section {
@@ -291,7 +298,7 @@ fn attempt_timeline(attempts: &[crate::attempts::Attempt], now: DateTime<Utc>) -
                                 @if attempt.outbound > 0 { " · " (attempt.outbound) " outbound request" @if attempt.outbound > 1 { "s" } }
                             }
                             @if let Some(error) = &attempt.error { pre { (error) } }
-                            @if let Some(log) = attempt.log.as_ref().filter(|_| i + 1 < attempts.len()) {
+                            @if let Some(log) = attempt.log.as_ref().filter(|_| logs && i + 1 < attempts.len()) {
                                 @if log.get("lines").and_then(|l| l.as_array()).is_some_and(|l| !l.is_empty()) || attempt.outbound > 0 {
                                     details { summary { "Its log" } (run_log(log)) }
                                 }

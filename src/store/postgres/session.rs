@@ -6,10 +6,15 @@ use sqlx::PgPool;
 use super::PgStore;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
-use crate::store::session::{SessionLifetime, SignedIn, TOUCH_EVERY_SECS};
+use crate::store::session::{SessionLifetime, SignedIn, SignedInWith, TOUCH_EVERY_SECS};
 use crate::store::token::TokenHolder;
 
-pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
+pub async fn create(
+    pool: &PgPool,
+    digest: &str,
+    lifetime: SessionLifetime,
+    token: Option<&SignedInWith>,
+) -> Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "DELETE FROM jobhost.http_sessions
@@ -19,13 +24,21 @@ pub async fn create(pool: &PgPool, digest: &str, lifetime: SessionLifetime, toke
     .bind(lifetime.idle.as_secs_f64())
     .execute(&mut *tx)
     .await?;
-    sqlx::query("INSERT INTO jobhost.http_sessions (digest, token_name) VALUES ($1, $2)")
-        .bind(digest)
-        .bind(token)
-        .execute(&mut *tx)
-        .await?;
+    // A named token's session starts only while that very token is live.
+    let started = sqlx::query(
+        "INSERT INTO jobhost.http_sessions (digest, token_name)
+         SELECT $1, $2 WHERE $2::text IS NULL
+            OR EXISTS (SELECT 1 FROM jobhost.access_tokens
+                       WHERE name = $2 AND digest = $3 AND revoked_at IS NULL
+                         AND (expires_at IS NULL OR expires_at > now()))",
+    )
+    .bind(digest)
+    .bind(token.map(|t| &t.name))
+    .bind(token.map(|t| &t.digest))
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
-    Ok(())
+    Ok(started.rows_affected() == 1)
 }
 
 type CheckRow = (bool, Option<String>, Option<String>, Option<Vec<String>>, Option<bool>);
@@ -39,7 +52,7 @@ pub async fn check(pool: &PgPool, digest: &str, lifetime: SessionLifetime) -> Re
          WHERE s.digest = $1 AND s.created_at >= now() - $2 * interval '1 second'
            AND s.last_seen_at >= now() - $3 * interval '1 second'
            AND (s.token_name IS NULL
-                OR (t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())))",
+                OR (t.name IS NOT NULL AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())))",
     )
     .bind(digest)
     .bind(lifetime.absolute.as_secs_f64())
@@ -70,7 +83,12 @@ pub async fn revoke(pool: &PgPool, digest: &str) -> Result<()> {
 
 #[async_trait]
 impl SessionDriver for PgStore {
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
+    async fn session_create(
+        &self,
+        digest: &str,
+        lifetime: SessionLifetime,
+        token: Option<&SignedInWith>,
+    ) -> Result<bool> {
         create(&self.pool, digest, lifetime, token).await
     }
 

@@ -59,7 +59,7 @@ CREATE INDEX workflow_waits_open_key ON workflow_waits (key, match_one)
 CREATE INDEX workflows_created ON workflows (created_at);
 
 CREATE TABLE access_tokens (
-    name         TEXT    PRIMARY KEY,
+    name         TEXT    PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 64),
     digest       TEXT    NOT NULL UNIQUE,
     role         TEXT    NOT NULL CHECK (role IN ('read', 'operate', 'deploy', 'admin')),
     queues       TEXT    CHECK (queues IS NULL OR json_array_length(queues) BETWEEN 1 AND 100),

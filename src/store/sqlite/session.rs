@@ -7,7 +7,7 @@ use super::SqliteStore;
 use super::encode::now_ms;
 use crate::store::Result;
 use crate::store::driver::SessionDriver;
-use crate::store::session::{SessionLifetime, SignedIn, TOUCH_EVERY_SECS};
+use crate::store::session::{SessionLifetime, SignedIn, SignedInWith, TOUCH_EVERY_SECS};
 use crate::store::token::TokenHolder;
 
 fn ms(duration: std::time::Duration) -> i64 {
@@ -18,22 +18,30 @@ pub async fn create(
     conn: &mut SqliteConnection,
     digest: &str,
     lifetime: SessionLifetime,
-    token: Option<&str>,
+    token: Option<&SignedInWith>,
     now: i64,
-) -> Result<()> {
+) -> Result<bool> {
     sqlx::query("DELETE FROM http_sessions WHERE created_at < $1 - $2 OR last_seen_at < $1 - $3")
         .bind(now)
         .bind(ms(lifetime.absolute))
         .bind(ms(lifetime.idle))
         .execute(&mut *conn)
         .await?;
-    sqlx::query("INSERT INTO http_sessions (digest, created_at, last_seen_at, token_name) VALUES ($1, $2, $2, $3)")
-        .bind(digest)
-        .bind(now)
-        .bind(token)
-        .execute(conn)
-        .await?;
-    Ok(())
+    // A named token's session starts only while that very token is live.
+    let started = sqlx::query(
+        "INSERT INTO http_sessions (digest, created_at, last_seen_at, token_name)
+         SELECT $1, $2, $2, $3 WHERE $3 IS NULL
+            OR EXISTS (SELECT 1 FROM access_tokens
+                       WHERE name = $3 AND digest = $4 AND revoked_at IS NULL
+                         AND (expires_at IS NULL OR expires_at > $2))",
+    )
+    .bind(digest)
+    .bind(now)
+    .bind(token.map(|t| &t.name))
+    .bind(token.map(|t| &t.digest))
+    .execute(conn)
+    .await?;
+    Ok(started.rows_affected() == 1)
 }
 
 type CheckRow = (bool, Option<String>, Option<String>, Option<String>, Option<bool>);
@@ -50,7 +58,8 @@ pub async fn check(
         "SELECT s.last_seen_at < $4, t.name, t.role, t.queues, t.payloads
          FROM http_sessions s LEFT JOIN access_tokens t ON t.name = s.token_name
          WHERE s.digest = $1 AND s.created_at >= $2 AND s.last_seen_at >= $3
-           AND (s.token_name IS NULL OR (t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $5)))",
+           AND (s.token_name IS NULL
+                OR (t.name IS NOT NULL AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $5)))",
     )
     .bind(digest)
     .bind(now - ms(lifetime.absolute))
@@ -88,7 +97,12 @@ pub async fn revoke(conn: &mut SqliteConnection, digest: &str) -> Result<()> {
 
 #[async_trait]
 impl SessionDriver for SqliteStore {
-    async fn session_create(&self, digest: &str, lifetime: SessionLifetime, token: Option<&str>) -> Result<()> {
+    async fn session_create(
+        &self,
+        digest: &str,
+        lifetime: SessionLifetime,
+        token: Option<&SignedInWith>,
+    ) -> Result<bool> {
         self.write_outside_jobs(async |tx| create(tx, digest, lifetime, token, now_ms()).await).await
     }
 

@@ -138,8 +138,10 @@ impl TokenDriver for SqliteStore {
         let Some((holder, stale)) = holder(&self.reader, digest, now).await? else {
             return Ok(None);
         };
-        if stale {
-            self.write_outside_jobs(async |tx| touch(tx, &holder.name, now).await).await?;
+        // Recording the use is a courtesy to `token list`: a failure to
+        // write it (the file's writer busy) refuses no one.
+        if stale && let Err(error) = self.write_outside_jobs(async |tx| touch(tx, &holder.name, now).await).await {
+            tracing::debug!(%error, token = holder.name, "could not record a token's use");
         }
         Ok(Some(holder))
     }
