@@ -142,7 +142,8 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
         }
         .into_response();
     }
-    let hide = api && !caller.sees_payloads();
+    // What anyone may read (the API's own description) holds no job's data.
+    let hide = api && need != Need::Anyone && !caller.sees_payloads();
     request.extensions_mut().insert(caller);
     let response = next.run(request).await;
     if hide { super::hide::hide_payloads(response).await } else { response }

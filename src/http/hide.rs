@@ -12,9 +12,11 @@ use serde_json::Value;
 use super::error::ApiError;
 
 /// The fields that hold what a job carries: its payload (and a batch's
-/// callback payload), its output, and what its runs logged and printed.
-pub const HIDDEN_FIELDS: [&str; 8] =
-    ["payload", "callback_payload", "output", "outputs", "log", "logs", "stdout", "stderr"];
+/// callback payload), its output, what its runs logged and printed, and
+/// the values a step's wait matches (taken from its payload or its
+/// dependencies' outputs).
+pub const HIDDEN_FIELDS: [&str; 10] =
+    ["payload", "callback_payload", "output", "outputs", "log", "logs", "stdout", "stderr", "match", "match_later"];
 
 /// The header an answer with hidden fields carries, naming why.
 pub const HIDDEN_HEADER: &str = "jobhost-hidden";

@@ -224,6 +224,13 @@ pub struct StepWait {
 }
 
 impl StepWait {
+    /// This wait with the values it matches left out (the field names
+    /// kept): they come from a step's payload or its dependencies' outputs.
+    pub fn without_values(&self) -> StepWait {
+        let blank = |fields: &BTreeMap<String, String>| fields.keys().map(|f| (f.clone(), "…".to_string())).collect();
+        StepWait { matching: blank(&self.matching), match_later: self.match_later.as_ref().map(blank), ..self.clone() }
+    }
+
     /// One line for people: `event order.confirmed {order_id=42}, 2h 3m left (then fail)`.
     pub fn describe(&self, now: DateTime<Utc>) -> String {
         let matching = self.match_later.as_ref().unwrap_or(&self.matching);

@@ -271,8 +271,13 @@ async fn a_token_without_payloads_is_shown_none_on_any_page_or_answer(db: TestDb
     db.store.job_finish(finishes).await.unwrap();
     let callback = NewBatch { callback_payload: Some(carried.clone()), ..NewBatch::default() };
     let (batch, _) = db.store.batch_create(&callback, &[EnqueueParams::new("mail", carried.clone())]).await.unwrap();
-    let steps = vec![jobhost::store::NewStep::new("only", "mail", carried.clone())];
-    let workflow = db.store.workflow_create(&jobhost::store::NewWorkflow { label: None, steps }).await.unwrap().id;
+    // A step waiting for an event whose match is taken from its payload.
+    let waiting = json!({"steps": [
+        {"name": "only", "job": "mail", "payload": {"order": MARKER},
+         "wait": {"event": "order.approved", "match": {"order_id": "{order}"}, "timeout": "3d"}},
+    ]});
+    let waiting = serde_json::from_value(waiting).unwrap();
+    let workflow = db.store.workflow_create(&waiting).await.unwrap().id;
     db.store.event_send("k", &carried, None, "test").await.unwrap();
     let mut schedule = jobhost::store::keyed_schedule::KeyedSchedule::new("mail", "acme", "0 0 9 * * *");
     schedule.payload = carried.as_object().unwrap().clone();

@@ -96,7 +96,8 @@ pub fn workflow(context: &Context, workflow: &Workflow, now: DateTime<Utc>) -> M
                         (state_badge(step.state.as_str()))
                         @if let Some(error) = &step.error { " " span.warning-text { (error) } }
                         @if let Some(wait) = &step.wait {
-                            div.wait { (if wait.ended_by.is_some() { "Waited for " } else { "Waits for " }) (wait.describe(now)) }
+                            @let shown = if context.sees_payloads { wait.describe(now) } else { wait.without_values().describe(now) };
+                            div.wait { (if wait.ended_by.is_some() { "Waited for " } else { "Waits for " }) (shown) }
                             @if decidable(step) { (decision_buttons(context, workflow.id, step)) }
                         }
                     }

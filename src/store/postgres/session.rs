@@ -24,13 +24,15 @@ pub async fn create(
     .bind(lifetime.idle.as_secs_f64())
     .execute(&mut *tx)
     .await?;
-    // A named token's session starts only while that very token is live.
+    // A named token's session starts only while that very token is live;
+    // the row is locked, so a revoke in flight is waited for and seen.
     let started = sqlx::query(
         "INSERT INTO jobhost.http_sessions (digest, token_name)
          SELECT $1, $2 WHERE $2::text IS NULL
             OR EXISTS (SELECT 1 FROM jobhost.access_tokens
                        WHERE name = $2 AND digest = $3 AND revoked_at IS NULL
-                         AND (expires_at IS NULL OR expires_at > now()))",
+                         AND (expires_at IS NULL OR expires_at > now())
+                       FOR SHARE)",
     )
     .bind(digest)
     .bind(token.map(|t| &t.name))
