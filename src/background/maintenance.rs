@@ -64,6 +64,9 @@ pub struct MaintenanceConfig {
     pub history_interval: Duration,
     /// How long the history's minutes are kept.
     pub history_retention: Duration,
+    /// How long the audit trail's rows are kept (pruned with the history,
+    /// `prune_batch` rows at a time).
+    pub audit_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -78,6 +81,7 @@ impl Default for MaintenanceConfig {
             repair_interval: Duration::from_secs(5),
             history_interval: Duration::from_secs(10),
             history_retention: Duration::from_secs(7 * 24 * 3600),
+            audit_retention: crate::store::audit::DEFAULT_RETENTION,
         }
     }
 }
@@ -259,6 +263,12 @@ impl Maintenance {
                     .history_roll(retention_secs)
                     .await
                     .map(|history| PassReport { history, ..Default::default() }),
+            );
+            record(
+                self.store
+                    .audit_prune(now, self.config.audit_retention.as_secs_f64(), self.config.prune_batch)
+                    .await
+                    .map(|pruned| PassReport { pruned, ..Default::default() }),
             );
         }
         (report, errors)

@@ -8,6 +8,7 @@
 //! database) and `components` (the commands that work on component files
 //! without a database).
 
+mod audit;
 mod batch;
 mod components;
 mod deploy;
@@ -239,6 +240,8 @@ enum Command {
         #[command(subcommand)]
         action: secret::SecretAction,
     },
+    /// The audit trail: who changed what, when and from where.
+    Audit(audit::AuditArgs),
     /// Named tokens with roles, for the HTTP API and the dashboard.
     Token {
         #[command(subcommand)]
@@ -485,6 +488,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Grants(args) => grant::grants(args).await,
             Command::Secret { action } => secret::run(action).await,
             Command::Var { action } => variable::run(action).await,
+            Command::Audit(args) => audit::run(args).await,
             Command::Token { action } => token::run(action).await,
             Command::Inspect { files, pretty, runtime } => components::inspect(files, pretty, &runtime).await,
             Command::Exec(args) => components::exec(args).await,

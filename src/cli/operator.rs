@@ -23,7 +23,7 @@ const BULK_CHUNK: usize = 5_000;
 /// a host would, so none is left half made; a server's database must have
 /// been migrated (`jobhost migrate`), which these commands do not do to it.
 pub(super) async fn open(db: &DbArgs) -> Result<Store, ExitCode> {
-    let store = crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)?;
+    let store = crate::store::open_with(&db.database_url, 2, db.limits()).await.map_err(fail)?.acting_as(cli_actor());
     match store.schema_present().await {
         Ok(true) => Ok(store),
         Ok(false) if db.database_url.starts_with("sqlite:") => match store.schema_migrate().await {
@@ -39,12 +39,18 @@ pub(super) async fn open(db: &DbArgs) -> Result<Store, ExitCode> {
 /// already: a mistyped file name is reported, not created, and a database
 /// without jobhost's schema is named with the command that makes it.
 pub(super) async fn open_existing(db: &DbArgs) -> Result<Store, ExitCode> {
-    let store = crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)?;
+    let store =
+        crate::store::open_existing(&db.database_url, 2, db.limits()).await.map_err(fail)?.acting_as(cli_actor());
     match store.schema_present().await {
         Ok(true) => Ok(store),
         Ok(false) => Err(no_schema(&store)),
         Err(error) => Err(fail(error)),
     }
+}
+
+/// The audit trail's actor of a command: the OS user at this machine.
+pub(super) fn cli_actor() -> crate::store::audit::Actor {
+    crate::store::audit::Actor::os_user(crate::store::audit::Via::Cli)
 }
 
 fn no_schema(store: &Store) -> ExitCode {

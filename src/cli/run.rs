@@ -66,6 +66,9 @@ pub struct RunArgs {
     /// queue depth, charted on the dashboard) is kept.
     #[arg(long, value_parser = super::parse_duration, default_value = "7days")]
     history_retention: Duration,
+    /// How long the audit trail's rows (who changed what) are kept.
+    #[arg(long, value_parser = super::parse_duration, default_value = "90days")]
+    audit_retention: Duration,
     /// Do not apply migrations at start.
     #[arg(long)]
     no_migrate: bool,
@@ -123,6 +126,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
             interval: args.maintenance_interval,
             retention: args.retention,
             history_retention: args.history_retention,
+            audit_retention: args.audit_retention,
             ..MaintenanceConfig::default()
         },
         schedules: Default::default(),

@@ -75,18 +75,6 @@ pub async fn run(action: TokenAction) -> ExitCode {
     }
 }
 
-/// Who runs this command, as the audit trail and `token list` name them:
-/// the operating system's user, at this machine.
-pub fn os_operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|user| !user.is_empty())
-        // SAFETY: getuid(2) reads no memory and cannot fail.
-        .unwrap_or_else(|| format!("uid {}", unsafe { libc::getuid() }));
-    format!("{user}@{}", crate::store::fleet::this_hostname())
-}
-
 async fn create(
     name: String,
     role: Role,
@@ -128,7 +116,7 @@ async fn create(
         queues,
         payloads,
         expires_at,
-        created_by: os_operator(),
+        created_by: crate::store::audit::os_user_at_host(),
     };
     match store.token_create(&token).await {
         Ok(Created::Made) => {

@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::store::Store;
+use crate::store::audit::Actor;
 use crate::store::session::{SessionLifetime, SignedInWith};
 use crate::store::token::{Role, TokenHolder};
 
@@ -35,6 +36,13 @@ pub const SERVER_TOKEN_NAME: &str = "--token";
 /// The least guessing a token may take, in bits, as estimated by
 /// [`token_bits`]: `openssl rand -hex 32` gives 128.
 pub const MIN_TOKEN_BITS: f64 = 64.0;
+
+/// Refusals by address and kind: when the window began, and how many.
+type RefusalTally = HashMap<(Option<IpAddr>, &'static str), (Instant, u64)>;
+
+/// The addresses whose refusals are counted apart in one window; past
+/// them, refusals from new addresses are counted together.
+pub const TALLIED_ADDRESSES: usize = 10_000;
 
 /// Wrong tokens an address may send in [`WRONG_TOKEN_WINDOW`] before it is
 /// refused until the window ends.
@@ -64,6 +72,10 @@ pub struct Access {
     cookie: String,
     lifetime: SessionLifetime,
     wrong: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// Refusals per address (`None`: every address past
+    /// [`TALLIED_ADDRESSES`]) and kind in the current window, as the audit
+    /// trail counts them.
+    refusals: Mutex<RefusalTally>,
     /// Signs the notice a form leaves for the next page: derived from the
     /// token, so every server of a fleet reads another's.
     notice_key: [u8; 32],
@@ -148,6 +160,9 @@ pub struct Caller {
     /// It presented a bearer token that is neither live nor the metrics
     /// token: counted against its address.
     pub wrong_bearer: bool,
+    /// Whom its changes are recorded as in the audit trail (set by
+    /// [`super::guard::admit`], which knows its address and channel).
+    pub actor: Option<Actor>,
 }
 
 /// A signed-in session, as a request presents it.
@@ -201,6 +216,7 @@ impl Access {
             cookie: format!("jobhost_session_{port}"),
             lifetime,
             wrong: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
             notice_key: digest(&format!("jobhost notice\n{}", token.map(str::trim).unwrap_or_default())),
         }
     }
@@ -295,7 +311,7 @@ impl Access {
             _ => None,
         };
         let Some(id) = cookie(headers, &self.cookie) else {
-            return Caller { bearer, session: None, wrong_bearer };
+            return Caller { bearer, session: None, wrong_bearer, actor: None };
         };
         let digest_hex = hex::encode(digest(id));
         let signed_in = match store.session_check(&digest_hex, self.lifetime).await {
@@ -308,7 +324,7 @@ impl Access {
         // A session of the server's own token ends when the server has none.
         let holder = signed_in.and_then(|s| s.token.or_else(|| self.token.map(|_| server_token_holder())));
         let session = holder.map(|holder| Session { digest: digest_hex, csrf: csrf_of(id), holder });
-        Caller { bearer, session, wrong_bearer }
+        Caller { bearer, session, wrong_bearer, actor: None }
     }
 
     /// Starts a session for whoever holds `token`: its cookie's value,
@@ -365,6 +381,25 @@ impl Access {
         *count > WRONG_TOKENS_ALLOWED
     }
 
+    /// Counts a refusal of `kind` from `from` and says whether it gets a
+    /// row in the audit trail, with the count the row carries: the first of
+    /// a window does, then the 10th, the 100th, the 1,000th…, each row
+    /// carrying the window's count so far, so a flood writes a handful of
+    /// rows and its last row says how big it grew.
+    pub fn tally_refusal(&self, from: Option<IpAddr>, kind: &'static str) -> Option<u64> {
+        let mut tally = self.refusals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        tally.retain(|_, (since, _)| now.duration_since(*since) < WRONG_TOKEN_WINDOW);
+        let from = from.filter(|from| tally.contains_key(&(Some(*from), kind)) || tally.len() < TALLIED_ADDRESSES);
+        let (_, count) = tally.entry((from, kind)).or_insert((now, 0));
+        *count += 1;
+        let mut power = 1;
+        while power < *count {
+            power *= 10;
+        }
+        (power == *count).then_some(*count)
+    }
+
     /// Whether `from` sent too many wrong tokens of late.
     pub fn throttled(&self, from: Option<IpAddr>) -> bool {
         let Some(from) = from else { return false };
@@ -376,6 +411,14 @@ impl Access {
 }
 
 impl Caller {
+    /// The store, its changes recorded in the audit trail as this caller's.
+    pub fn store(&self, store: &Store) -> Store {
+        match &self.actor {
+            Some(actor) => store.acting_as(actor.clone()),
+            None => store.clone(),
+        }
+    }
+
     /// Whether the request may read what the server shows.
     pub fn may_read(&self, access: &Access) -> bool {
         !access.reads_need_login() || self.bearer.is_some() || self.session.is_some()

@@ -37,6 +37,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/throughput", get(throughput))
         .route("/api/history", get(history))
         .route("/api/jobs", get(jobs_list).post(jobs_enqueue))
+        .route("/api/audit", get(audit_list))
         .route("/api/jobs/retry", post(jobs_retry_bulk))
         .route("/api/jobs/cancel", post(jobs_cancel_bulk))
         .route("/api/jobs/{id}", get(job_get))
@@ -214,7 +215,7 @@ async fn jobs_enqueue(
         traceparent: trace_of(&headers),
         ..EnqueueParams::new(body.job.clone(), body.payload.unwrap_or_else(|| json!({})))
     };
-    let outcome = state.store.job_enqueue_outcomes(&[params]).await?;
+    let outcome = caller.store(&state.store).job_enqueue_outcomes(&[params]).await?;
     let outcome = outcome.first().copied().ok_or_else(|| ApiError::bad_request("nothing was enqueued"))?;
     let (status, body) = match outcome {
         Enqueued::New(id) => {
@@ -272,6 +273,22 @@ pub(super) async fn job_within_queues(
     Ok(within_queues(holder, Some(&job.row.queue), what)?)
 }
 
+/// `GET /api/audit?since=&who=&what=&object=&before=&limit=`: the audit
+/// trail, newest first, a page at a time (`next` is the next page's
+/// `before`).
+async fn audit_list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<crate::store::audit::Query>, QueryRejection>,
+) -> ApiResult {
+    caller.check_role(&state.access, true, Role::Admin)?;
+    let query = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?.0;
+    let filter = query.filter(100).map_err(ApiError::bad_request)?;
+    let entries = state.store.audit_list(&filter).await?;
+    let next = (entries.len() as i64 >= filter.bounded_limit()).then(|| entries.last().map(|e| e.id)).flatten();
+    ok(json!({ "entries": entries, "next": next }))
+}
+
 async fn job_retry(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -280,7 +297,7 @@ async fn job_retry(
     let holder = operator(&state, &caller)?;
     let id = id_of(id)?;
     job_within_queues(&state, holder, id, "retry a job").await?;
-    state.store.job_retry(id).await?;
+    caller.store(&state.store).job_retry(id).await?;
     ok(json!({ "id": id, "retried": true }))
 }
 
@@ -292,7 +309,7 @@ async fn job_cancel(
     let holder = operator(&state, &caller)?;
     let id = id_of(id)?;
     job_within_queues(&state, holder, id, "cancel a job").await?;
-    let cancel = match state.store.job_cancel(id).await? {
+    let cancel = match caller.store(&state.store).job_cancel(id).await? {
         Cancel::Cancelled => "cancelled",
         Cancel::Requested => "requested",
     };
@@ -330,7 +347,7 @@ async fn bulk(
         ));
     }
     let filter = query.filter(DEFAULT_BULK, MAX_BULK).map_err(ApiError::bad_request)?;
-    ok(views::bulk(&state.store, &filter, action, state.work_budget).await?)
+    ok(views::bulk(&caller.store(&state.store), &filter, action, state.work_budget).await?)
 }
 
 async fn queues(State(state): State<AppState>) -> ApiResult {
@@ -348,7 +365,7 @@ async fn queue_act(
         return Err(not_found().await);
     };
     within_queues(holder, Some(&name), "pause or resume a queue")?;
-    let changed = action.apply(&state.store, &name).await.map_err(|refused| match refused {
+    let changed = action.apply(&caller.store(&state.store), &name).await.map_err(|refused| match refused {
         QueueActionError::BadName(_) => ApiError::bad_request(refused.to_string()),
         QueueActionError::Store(error) => ApiError::from(error),
     })?;
@@ -415,7 +432,7 @@ async fn workflow_create(
     body: Result<Json<NewWorkflow>, JsonRejection>,
 ) -> ApiResult {
     within_queues(operator(&state, &caller)?, None, "create a workflow, whose steps span queues")?;
-    let created = state.store.workflow_create(&body_of(body)?).await?;
+    let created = caller.store(&state.store).workflow_create(&body_of(body)?).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
@@ -426,7 +443,7 @@ async fn workflow_cancel(
 ) -> ApiResult {
     within_queues(operator(&state, &caller)?, None, "cancel a workflow, whose steps span queues")?;
     let id = id_of(id)?;
-    match state.store.workflow_cancel(id).await? {
+    match caller.store(&state.store).workflow_cancel(id).await? {
         Some(done) => ok(done),
         None => Err(ApiError::not_found(format!("workflow {id} does not exist"))),
     }
@@ -464,7 +481,7 @@ async fn event_send(
         Some(Err(_)) => return Err(ApiError::bad_request("the Idempotency-Key header must be visible ASCII")),
         None => None,
     };
-    let sent = state.store.event_send(&key, &body_of(body)?, idempotency.as_deref(), "api").await?;
+    let sent = caller.store(&state.store).event_send(&key, &body_of(body)?, idempotency.as_deref(), "api").await?;
     let status = if sent.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(sent)).into_response())
 }

@@ -14,11 +14,12 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
+use super::access::Caller;
 use super::error::ApiError;
 use crate::component::Runtime;
 use crate::config::RuntimeConfig;
@@ -78,7 +79,7 @@ async fn validator(state: &AppState) -> Result<&Runtime, ApiError> {
 /// `POST /api/deployments` with a component's bytes as the body
 /// (`application/wasm`): the fleet serves it for the job type its
 /// `describe()` names.
-async fn deploy(State(state): State<AppState>, body: Bytes) -> ApiResult {
+async fn deploy(State(state): State<AppState>, Extension(caller): Extension<Caller>, body: Bytes) -> ApiResult {
     if body.is_empty() {
         return Err(ApiError::bad_request("the body must be a component (.wasm): it is empty"));
     }
@@ -90,14 +91,18 @@ async fn deploy(State(state): State<AppState>, body: Bytes) -> ApiResult {
         .map_err(|error| ApiError::bad_request(format!("{error}; nothing was deployed")))?;
     let name = component.config.name.clone();
     let request = DeployRequest::Deploy { digest: &component.digest, bytes: &body, config: &component.config };
-    let change = state.store.deployment_change(&name, request).await?;
+    let change = caller.store(&state.store).deployment_change(&name, request).await?;
     let status = if change.changed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(answer(&name, &change))).into_response())
 }
 
-async fn undeploy(State(state): State<AppState>, job_type: Result<Path<String>, PathRejection>) -> ApiResult {
+async fn undeploy(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    job_type: Result<Path<String>, PathRejection>,
+) -> ApiResult {
     let job_type = job_type_of(job_type)?;
-    let change = state.store.deployment_change(&job_type, DeployRequest::Undeploy).await?;
+    let change = caller.store(&state.store).deployment_change(&job_type, DeployRequest::Undeploy).await?;
     Ok(Json(answer(&job_type, &change)).into_response())
 }
 
@@ -110,6 +115,7 @@ struct RollbackBody {
 
 async fn rollback(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     job_type: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> ApiResult {
@@ -120,7 +126,10 @@ async fn rollback(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("the body must be {{\"to\": DIGEST}} or empty: {e}")))?
     };
-    let change = state.store.deployment_change(&job_type, DeployRequest::Rollback { to: body.to.as_deref() }).await?;
+    let change = caller
+        .store(&state.store)
+        .deployment_change(&job_type, DeployRequest::Rollback { to: body.to.as_deref() })
+        .await?;
     Ok(Json(answer(&job_type, &change)).into_response())
 }
 

@@ -103,7 +103,10 @@ async fn accept(
     };
     let idempotency = format!("webhook:{}:{delivery_id}", webhook.name);
     let source = format!("webhook:{}", webhook.name);
-    state.store.event_send(&key, &payload, Some(&idempotency), &source).await.map_err(|error| match error {
+    let agent = headers.get(axum::http::header::USER_AGENT).and_then(|v| v.to_str().ok());
+    let actor = crate::store::audit::Actor::http(crate::store::audit::Via::Webhook, &webhook.name, None, agent);
+    let store = state.store.acting_as(actor);
+    store.event_send(&key, &payload, Some(&idempotency), &source).await.map_err(|error| match error {
         crate::store::Error::InvalidEvent(reason) => Refused::new(StatusCode::BAD_REQUEST, "invalid", reason),
         other => {
             let api = ApiError::from(other);

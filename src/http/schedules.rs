@@ -145,7 +145,7 @@ async fn put(
         note: body.note,
         ..KeyedSchedule::new(job.clone(), key.clone(), body.cron)
     };
-    let created = state.store.keyed_schedule_upsert(&schedule).await?;
+    let created = caller.store(&state.store).keyed_schedule_upsert(&schedule).await?;
     let status = state.store.keyed_schedules(Some(&job), Some(&key)).await?;
     let code = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((code, Json(status.into_iter().next())).into_response())
@@ -158,7 +158,7 @@ async fn delete(
 ) -> ApiResult {
     caller.check_role(&state.access, true, Role::Admin)?;
     let (job, key) = path_of(path)?;
-    if state.store.keyed_schedule_remove(&job, &key).await? {
+    if caller.store(&state.store).keyed_schedule_remove(&job, &key).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(missing(&job, &key))
@@ -188,15 +188,15 @@ async fn act(
         let (Some(from), Some(to)) = (body.from, body.to) else {
             return Err(ApiError::bad_request("a backfill's body needs `from` and `to`"));
         };
-        return match state.store.keyed_schedule_backfill(&job, &key, from, to).await? {
+        return match caller.store(&state.store).keyed_schedule_backfill(&job, &key, from, to).await? {
             Some(done) => Ok(Json(done).into_response()),
             None => Err(missing(&job, &key)),
         };
     }
     let done = match action.as_str() {
-        "pause" => state.store.keyed_schedule_pause(&job, &key, true, note.as_deref()).await?,
-        "resume" => state.store.keyed_schedule_pause(&job, &key, false, None).await?,
-        "trigger" => state.store.keyed_schedule_trigger(&job, &key).await?,
+        "pause" => caller.store(&state.store).keyed_schedule_pause(&job, &key, true, note.as_deref()).await?,
+        "resume" => caller.store(&state.store).keyed_schedule_pause(&job, &key, false, None).await?,
+        "trigger" => caller.store(&state.store).keyed_schedule_trigger(&job, &key).await?,
         other => {
             return Err(ApiError::not_found(format!("no action {other:?}: pause, resume, trigger or backfill")));
         }

@@ -79,6 +79,7 @@ pub(crate) trait Backend: Send + Sync {
     /// and how many were there already.
     async fn backfill_write(
         &self,
+        change: &super::audit::Change<'_>,
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, PreparedJob)>,

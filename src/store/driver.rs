@@ -15,7 +15,7 @@ use super::lease::Expired;
 use super::{
     Backend, Batch, Cancel, DeployChange, DeployRequest, Deployment, DeploymentEntry, FetchParams, FetchedJob,
     HostInfo, HostRow, JobDetail, JobFilter, JobRow, JobState, JobTypeRow, KeyCursor, KeyPage, KeyStatus, LeaseRenew,
-    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, grant, keyed_schedule, secret, session, token,
+    LeaseRenewal, Result, RunId, Schedules, SemaphoreFix, Stats, audit, grant, keyed_schedule, secret, session, token,
     variable, wait, webhook, workflow,
 };
 
@@ -39,7 +39,12 @@ pub trait SchemaDriver: Send + Sync {
 #[async_trait]
 pub trait DeployDriver: Send + Sync {
     /// [`Store::deployment_change`](super::Store::deployment_change) on this backend.
-    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange>;
+    async fn deployment_change(
+        &self,
+        change: &audit::Change<'_>,
+        job_type: &str,
+        request: DeployRequest<'_>,
+    ) -> Result<DeployChange>;
 
     /// [`Store::deployments_current`](super::Store::deployments_current) on this backend.
     async fn deployments_current(&self) -> Result<Vec<Deployment>>;
@@ -130,16 +135,16 @@ pub trait OperateDriver: Send + Sync {
     async fn job_stats(&self) -> Result<Stats>;
 
     /// [`Store::job_retry`](super::Store::job_retry) on this backend.
-    async fn job_retry(&self, id: i64) -> Result<()>;
+    async fn job_retry(&self, change: &audit::Change<'_>, id: i64) -> Result<()>;
 
     /// [`Store::job_cancel`](super::Store::job_cancel) on this backend.
-    async fn job_cancel(&self, id: i64) -> Result<Cancel>;
+    async fn job_cancel(&self, change: &audit::Change<'_>, id: i64) -> Result<Cancel>;
 
     /// [`Store::queue_pause`](super::Store::queue_pause) on this backend.
-    async fn queue_pause(&self, queue: &str) -> Result<bool>;
+    async fn queue_pause(&self, change: &audit::Change<'_>, queue: &str) -> Result<bool>;
 
     /// [`Store::queue_resume`](super::Store::queue_resume) on this backend.
-    async fn queue_resume(&self, queue: &str) -> Result<bool>;
+    async fn queue_resume(&self, change: &audit::Change<'_>, queue: &str) -> Result<bool>;
 }
 
 /// Leases of running jobs: confirmation, renewal, expiry.
@@ -227,7 +232,7 @@ pub trait WorkflowDriver: Send + Sync {
     /// ends its waiting steps as cancelled, in one transaction. Returns how
     /// many were waiting and the jobs of its live steps, for the front to
     /// cancel; none when there is no such workflow.
-    async fn workflow_cancel(&self, id: i64) -> Result<Option<(usize, Vec<i64>)>>;
+    async fn workflow_cancel(&self, change: &audit::Change<'_>, id: i64) -> Result<Option<(usize, Vec<i64>)>>;
 
     /// The workflow and step name a job is, if it is a step.
     async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>>;
@@ -240,6 +245,7 @@ pub trait EventDriver: Send + Sync {
     /// the event already checked.
     async fn event_send(
         &self,
+        change: &audit::Change<'_>,
         key: &str,
         payload: &serde_json::Value,
         idempotency_key: Option<&str>,
@@ -264,10 +270,10 @@ pub trait EventDriver: Send + Sync {
 #[async_trait]
 pub trait WebhookDriver: Send + Sync {
     /// Adds or replaces a webhook; true when it replaced one.
-    async fn webhook_set(&self, webhook: &webhook::Webhook) -> Result<bool>;
+    async fn webhook_set(&self, change: &audit::Change<'_>, webhook: &webhook::Webhook) -> Result<bool>;
 
     /// Removes a webhook; false when there was none.
-    async fn webhook_delete(&self, name: &str) -> Result<bool>;
+    async fn webhook_delete(&self, change: &audit::Change<'_>, name: &str) -> Result<bool>;
 
     /// One webhook by name.
     async fn webhook_get(&self, name: &str) -> Result<Option<webhook::Webhook>>;
@@ -294,16 +300,27 @@ pub type TickDecider = dyn Fn(&keyed_schedule::DueSchedule, DateTime<Utc>) -> ke
 #[async_trait]
 pub trait KeyedScheduleDriver: Send + Sync {
     /// Creates or replaces a schedule, checked; true when it created one.
-    async fn keyed_schedule_upsert(&self, schedule: &keyed_schedule::KeyedSchedule) -> Result<bool>;
+    async fn keyed_schedule_upsert(
+        &self,
+        change: &audit::Change<'_>,
+        schedule: &keyed_schedule::KeyedSchedule,
+    ) -> Result<bool>;
 
     /// Pauses (with a note) or resumes a schedule; false when there is none.
-    async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool>;
+    async fn keyed_schedule_pause(
+        &self,
+        change: &audit::Change<'_>,
+        job: &str,
+        key: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool>;
 
     /// Removes a schedule; false when there was none.
-    async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool>;
+    async fn keyed_schedule_remove(&self, change: &audit::Change<'_>, job: &str, key: &str) -> Result<bool>;
 
     /// Asks for a tick now; false when there is no such schedule.
-    async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool>;
+    async fn keyed_schedule_trigger(&self, change: &audit::Change<'_>, job: &str, key: &str) -> Result<bool>;
 
     /// The schedules, of one type or one key when given, by type and key.
     async fn keyed_schedules(
@@ -362,10 +379,10 @@ pub trait SessionDriver: Send + Sync {
 #[async_trait]
 pub trait TokenDriver: Send + Sync {
     /// [`Store::token_create`](super::Store::token_create) on this backend.
-    async fn token_create(&self, token: &token::NewToken) -> Result<token::Created>;
+    async fn token_create(&self, change: &audit::Change<'_>, token: &token::NewToken) -> Result<token::Created>;
 
     /// [`Store::token_revoke`](super::Store::token_revoke) on this backend.
-    async fn token_revoke(&self, name: &str) -> Result<bool>;
+    async fn token_revoke(&self, change: &audit::Change<'_>, name: &str) -> Result<bool>;
 
     /// [`Store::tokens`](super::Store::tokens) on this backend.
     async fn tokens(&self) -> Result<Vec<token::TokenInfo>>;
@@ -378,10 +395,10 @@ pub trait TokenDriver: Send + Sync {
 #[async_trait]
 pub trait GrantDriver: Send + Sync {
     /// [`Store::grant_set`](super::Store::grant_set) on this backend.
-    async fn grant_set(&self, grant: &grant::NewGrant) -> Result<bool>;
+    async fn grant_set(&self, change: &audit::Change<'_>, grant: &grant::NewGrant) -> Result<bool>;
 
     /// [`Store::grant_revoke`](super::Store::grant_revoke) on this backend.
-    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool>;
+    async fn grant_revoke(&self, change: &audit::Change<'_>, job_type: &str, origin: &str) -> Result<bool>;
 
     /// [`Store::grants`](super::Store::grants) on this backend.
     async fn grants(&self, job_type: Option<&str>) -> Result<Vec<grant::OutboundGrant>>;
@@ -391,10 +408,10 @@ pub trait GrantDriver: Send + Sync {
 #[async_trait]
 pub trait SecretDriver: Send + Sync {
     /// [`Store::secret_set`](super::Store::secret_set) on this backend.
-    async fn secret_set(&self, name: &str, sealed: &secret::Sealed) -> Result<bool>;
+    async fn secret_set(&self, change: &audit::Change<'_>, name: &str, sealed: &secret::Sealed) -> Result<bool>;
 
     /// [`Store::secret_delete`](super::Store::secret_delete) on this backend.
-    async fn secret_delete(&self, name: &str) -> Result<bool>;
+    async fn secret_delete(&self, change: &audit::Change<'_>, name: &str) -> Result<bool>;
 
     /// [`Store::secrets_list`](super::Store::secrets_list) on this backend.
     async fn secrets_list(&self) -> Result<Vec<secret::SecretInfo>>;
@@ -407,10 +424,10 @@ pub trait SecretDriver: Send + Sync {
 #[async_trait]
 pub trait VariableDriver: Send + Sync {
     /// [`Store::var_set`](super::Store::var_set) on this backend.
-    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool>;
+    async fn var_set(&self, change: &audit::Change<'_>, job_type: &str, name: &str, value: &str) -> Result<bool>;
 
     /// [`Store::var_unset`](super::Store::var_unset) on this backend.
-    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool>;
+    async fn var_unset(&self, change: &audit::Change<'_>, job_type: &str, name: &str) -> Result<bool>;
 
     /// [`Store::vars`](super::Store::vars) on this backend.
     async fn vars(&self, job_type: Option<&str>) -> Result<Vec<variable::TypeVariable>>;
@@ -440,6 +457,19 @@ pub trait TraceDriver: Send + Sync {
     async fn job_traceparent(&self, id: i64) -> Result<Option<String>>;
 }
 
+/// The audit trail's rows: a refusal recorded on its own, listings, pruning.
+#[async_trait]
+pub trait AuditDriver: Send + Sync {
+    /// [`Store::audit_record`](super::Store::audit_record) on this backend.
+    async fn audit_record(&self, change: &audit::Change<'_>, outcome: &str, count: i64) -> Result<()>;
+
+    /// [`Store::audit_list`](super::Store::audit_list) on this backend.
+    async fn audit_list(&self, filter: &audit::Filter) -> Result<Vec<audit::Entry>>;
+
+    /// [`Store::audit_prune`](super::Store::audit_prune) on this backend.
+    async fn audit_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64>;
+}
+
 /// Everything a backend implements, as the front holds it.
 #[allow(private_bounds)]
 pub trait Driver:
@@ -464,6 +494,7 @@ pub trait Driver:
     + VariableDriver
     + HistoryDriver
     + TraceDriver
+    + AuditDriver
     + Backend
     + BlockedSweep
     + 'static
@@ -493,6 +524,7 @@ impl<T> Driver for T where
         + VariableDriver
         + HistoryDriver
         + TraceDriver
+        + AuditDriver
         + Backend
         + BlockedSweep
         + 'static

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use super::audit::{self, Actor, Via};
 use super::driver::{Driver, TickDecider};
 use super::fleet::Registered;
 use super::keyed_schedule::{self, KeyedPass, KeyedSchedule, KeyedScheduleStatus};
@@ -27,18 +28,65 @@ use super::{
 #[derive(Clone)]
 pub struct Store {
     driver: Arc<dyn Driver>,
+    /// Whom its changes are recorded as in the audit trail.
+    actor: Arc<Actor>,
 }
 
 impl Store {
     /// The front over a backend.
     pub fn new(driver: impl Driver) -> Store {
-        Store { driver: Arc::new(driver) }
+        Store { driver: Arc::new(driver), actor: Arc::new(Actor::os_user(Via::Library)) }
     }
 
     /// The front over a backend shared with its other users (a benchmark
     /// that also reads the database through the backend's own pool).
     pub fn shared<D: Driver>(driver: Arc<D>) -> Store {
-        Store { driver }
+        Store { driver, actor: Arc::new(Actor::os_user(Via::Library)) }
+    }
+
+    /// The same store, its changes recorded in the audit trail as made by
+    /// `actor` (a store is made as the process's OS user, through the
+    /// library).
+    pub fn acting_as(&self, actor: Actor) -> Store {
+        Store { driver: self.driver.clone(), actor: Arc::new(actor) }
+    }
+
+    /// Whom its changes are recorded as.
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+
+    /// `result` of `change`, recording a refusal (a job in the wrong
+    /// state, a name taken, a row the database refused) in the trail on
+    /// its own, since the change's transaction rolled back. A database that
+    /// failed records nothing: it said nothing of the change.
+    async fn recorded<T>(&self, change: &audit::Change<'_>, result: Result<T>) -> Result<T> {
+        if let Err(error) = &result
+            && (error.is_refusal() || !matches!(error, super::Error::Database(_)))
+        {
+            let outcome = format!("refused: {error}");
+            if let Err(failed) = self.driver.audit_record(change, &outcome, 1).await {
+                tracing::warn!(error = %failed, action = change.action, "cannot record a refused change in the audit trail");
+            }
+        }
+        result
+    }
+
+    /// Records a change that was refused before it reached the store (an
+    /// HTTP request without the role), `count` of them in one row.
+    pub async fn audit_record(&self, change: &audit::Change<'_>, outcome: &str, count: i64) -> Result<()> {
+        self.driver.audit_record(change, outcome, count).await
+    }
+
+    /// The trail's rows `filter` picks, newest first.
+    pub async fn audit_list(&self, filter: &audit::Filter) -> Result<Vec<audit::Entry>> {
+        self.driver.audit_list(filter).await
+    }
+
+    /// Removes up to `limit` rows older than `retention_secs` (before `now`,
+    /// the database's clock unless given); how many it removed.
+    pub async fn audit_prune(&self, now: Option<DateTime<Utc>>, retention_secs: f64, limit: i64) -> Result<u64> {
+        self.driver.audit_prune(now, retention_secs, limit).await
     }
 
     /// Brings the schema up to date.
@@ -67,7 +115,13 @@ impl Store {
     /// # Errors
     /// [`Error::DeployRefused`](super::Error::DeployRefused) when the request cannot apply; database errors.
     pub async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        self.driver.deployment_change(job_type, request).await
+        let action = match request {
+            DeployRequest::Deploy { .. } => "component.deploy",
+            DeployRequest::Rollback { .. } => "component.rollback",
+            DeployRequest::Undeploy => "component.undeploy",
+        };
+        let change = self.actor.change(action, format!("type {job_type}"));
+        self.recorded(&change, self.driver.deployment_change(&change, job_type, request).await).await
     }
 
     /// What the fleet serves from the database: each deployed type's version.
@@ -367,24 +421,28 @@ impl Store {
     /// Runs a failed, discarded or cancelled job again (a new attempt budget),
     /// or a scheduled one now.
     pub async fn job_retry(&self, id: i64) -> Result<()> {
-        self.driver.job_retry(id).await
+        let change = self.actor.change("job.retry", format!("job {id}")).answering("retried", "retried");
+        self.recorded(&change, self.driver.job_retry(&change, id).await).await
     }
 
     /// Cancels a job: at once when it is waiting, available or blocked; a
     /// running one through its host (see [`Cancel::Requested`]).
     pub async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        self.driver.job_cancel(id).await
+        let change = self.actor.change("job.cancel", format!("job {id}"));
+        self.recorded(&change, self.driver.job_cancel(&change, id).await).await
     }
 
     /// Pauses a queue: no host leases a job from it until it is resumed;
     /// running jobs finish. Returns false when it was paused already.
     pub async fn queue_pause(&self, queue: &str) -> Result<bool> {
-        self.driver.queue_pause(queue).await
+        let change = self.actor.change("queue.pause", format!("queue {queue}")).answering("paused", "already paused");
+        self.recorded(&change, self.driver.queue_pause(&change, queue).await).await
     }
 
     /// Resumes a paused queue. Returns false when it was not paused.
     pub async fn queue_resume(&self, queue: &str) -> Result<bool> {
-        self.driver.queue_resume(queue).await
+        let change = self.actor.change("queue.resume", format!("queue {queue}")).answering("resumed", "not paused");
+        self.recorded(&change, self.driver.queue_resume(&change, queue).await).await
     }
 
     /// Creates a batch with its first members, all or none, and closes it
@@ -448,12 +506,16 @@ impl Store {
     /// is cancelled as [`Store::job_cancel`] does (a running one by its
     /// host, at its next renewal). None when there is no such workflow.
     pub async fn workflow_cancel(&self, id: i64) -> Result<Option<WorkflowCancel>> {
-        let Some((waiting, live)) = self.driver.workflow_cancel(id).await? else {
+        let change = self.actor.change("workflow.cancel", format!("workflow {id}")).answering("cancelled", "absent");
+        let Some((waiting, live)) = self.recorded(&change, self.driver.workflow_cancel(&change, id).await).await?
+        else {
             return Ok(None);
         };
         let mut done = WorkflowCancel { waiting_cancelled: waiting, ..WorkflowCancel::default() };
         for job in live {
-            match self.driver.job_cancel(job).await {
+            // Each of its jobs is a cancel of its own, recorded as one.
+            let change = self.actor.change("job.cancel", format!("job {job} of workflow {id}"));
+            match self.driver.job_cancel(&change, job).await {
                 Ok(Cancel::Cancelled) => done.jobs_cancelled += 1,
                 Ok(Cancel::Requested) => done.cancel_requested += 1,
                 // It ended meanwhile: nothing left to cancel.
@@ -485,7 +547,8 @@ impl Store {
             super::wait::check_event_key(idempotency)
                 .map_err(|reason| super::Error::InvalidEvent(format!("idempotency key: {reason}")))?;
         }
-        self.driver.event_send(key, payload, idempotency_key, source).await
+        let change = self.actor.change("event.send", format!("event {key}"));
+        self.recorded(&change, self.driver.event_send(&change, key, payload, idempotency_key, source).await).await
     }
 
     /// Recent events, newest first, of one key or all.
@@ -506,12 +569,15 @@ impl Store {
     /// key template, secret name or tolerance: nothing stored.
     pub async fn webhook_set(&self, webhook: &super::webhook::Webhook) -> Result<bool> {
         super::webhook::check(webhook)?;
-        self.driver.webhook_set(webhook).await
+        let change =
+            self.actor.change("webhook.set", format!("webhook {}", webhook.name)).answering("replaced", "created");
+        self.recorded(&change, self.driver.webhook_set(&change, webhook).await).await
     }
 
     /// Removes an inbound webhook; false when there was none.
     pub async fn webhook_delete(&self, name: &str) -> Result<bool> {
-        self.driver.webhook_delete(name).await
+        let change = self.actor.change("webhook.delete", format!("webhook {name}")).answering("removed", "absent");
+        self.recorded(&change, self.driver.webhook_delete(&change, name).await).await
     }
 
     /// One inbound webhook by name.
@@ -635,7 +701,11 @@ impl Store {
     pub async fn keyed_schedule_upsert(&self, schedule: &KeyedSchedule) -> Result<bool> {
         let configs = self.driver.configs_read(std::slice::from_ref(&schedule.job)).await?;
         keyed_schedule::check_registered(schedule, configs.get(&schedule.job), self.driver.limits())?;
-        self.driver.keyed_schedule_upsert(schedule).await
+        let change = self
+            .actor
+            .change("schedule.set", format!("schedule {}/{}", schedule.job, schedule.key))
+            .answering("created", "replaced");
+        self.recorded(&change, self.driver.keyed_schedule_upsert(&change, schedule).await).await
     }
 
     /// Pauses a keyed schedule (with a note for the next operator) or
@@ -645,19 +715,29 @@ impl Store {
             keyed_schedule::check_note(note)
                 .map_err(|reason| super::Error::InvalidSchedule(format!("note: {reason}")))?;
         }
-        self.driver.keyed_schedule_pause(job, key, paused, note).await
+        let change = match paused {
+            true => self.actor.change("schedule.pause", format!("schedule {job}/{key}")).answering("paused", "absent"),
+            false => {
+                self.actor.change("schedule.resume", format!("schedule {job}/{key}")).answering("resumed", "absent")
+            }
+        };
+        self.recorded(&change, self.driver.keyed_schedule_pause(&change, job, key, paused, note).await).await
     }
 
     /// Removes a keyed schedule: no tick after this commits. False when
     /// there was none.
     pub async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
-        self.driver.keyed_schedule_remove(job, key).await
+        let change =
+            self.actor.change("schedule.remove", format!("schedule {job}/{key}")).answering("removed", "absent");
+        self.recorded(&change, self.driver.keyed_schedule_remove(&change, job, key).await).await
     }
 
     /// Asks for one tick of a keyed schedule now, under its overlap policy,
     /// enqueued by the next pass of any host. False when there is none.
     pub async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
-        self.driver.keyed_schedule_trigger(job, key).await
+        let change =
+            self.actor.change("schedule.trigger", format!("schedule {job}/{key}")).answering("triggered", "absent");
+        self.recorded(&change, self.driver.keyed_schedule_trigger(&change, job, key).await).await
     }
 
     /// The keyed schedules, of one type or one key when given.
@@ -706,7 +786,8 @@ impl Store {
                 Ok((tick, keyed_schedule::prepare_keyed_tick(&schedule, config, tick, limits)?))
             })
             .collect::<Result<Vec<_>>>()?;
-        let written = self.driver.backfill_write(job, key, jobs).await?;
+        let change = self.actor.change("schedule.backfill", format!("schedule {job}/{key} from {from} to {to}"));
+        let written = self.recorded(&change, self.driver.backfill_write(&change, job, key, jobs).await).await?;
         Ok(written.map(|(written, already)| keyed_schedule::Backfilled::of(written, already)))
     }
 
@@ -759,13 +840,15 @@ impl Store {
     /// Makes a named token, known by its value's digest; a live token of
     /// the same name stays, and [`token::Created::NameTaken`] says so.
     pub async fn token_create(&self, token: &token::NewToken) -> Result<token::Created> {
-        self.driver.token_create(token).await
+        let change = self.actor.change("token.create", format!("token {}", token.name));
+        self.recorded(&change, self.driver.token_create(&change, token).await).await
     }
 
     /// Revokes a named token and ends its sessions, on every server at
     /// once; false when no live token has the name.
     pub async fn token_revoke(&self, name: &str) -> Result<bool> {
-        self.driver.token_revoke(name).await
+        let change = self.actor.change("token.revoke", format!("token {name}")).answering("revoked", "absent");
+        self.recorded(&change, self.driver.token_revoke(&change, name).await).await
     }
 
     /// Every named token, revoked ones too, by name; never a value.
@@ -787,12 +870,18 @@ impl Store {
     /// Stores an outbound grant, replacing the type's grant for the same
     /// origin; true when it replaced one.
     pub async fn grant_set(&self, grant: &grant::NewGrant) -> Result<bool> {
-        self.driver.grant_set(grant).await
+        let change = self
+            .actor
+            .change("grant.set", format!("grant {} {}", grant.job_type, grant.origin))
+            .answering("replaced", "created");
+        self.recorded(&change, self.driver.grant_set(&change, grant).await).await
     }
 
     /// Removes the type's grant for `origin`; false when there was none.
     pub async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        self.driver.grant_revoke(job_type, origin).await
+        let change =
+            self.actor.change("grant.revoke", format!("grant {job_type} {origin}")).answering("revoked", "absent");
+        self.recorded(&change, self.driver.grant_revoke(&change, job_type, origin).await).await
     }
 
     /// The grants of one job type, or of all, by type and origin.
@@ -802,12 +891,14 @@ impl Store {
 
     /// Stores a sealed secret, replacing its value; true when it replaced one.
     pub async fn secret_set(&self, name: &str, sealed: &secret::Sealed) -> Result<bool> {
-        self.driver.secret_set(name, sealed).await
+        let change = self.actor.change("secret.set", format!("secret {name}")).answering("replaced", "created");
+        self.recorded(&change, self.driver.secret_set(&change, name, sealed).await).await
     }
 
     /// Removes a secret; false when there was none.
     pub async fn secret_delete(&self, name: &str) -> Result<bool> {
-        self.driver.secret_delete(name).await
+        let change = self.actor.change("secret.delete", format!("secret {name}")).answering("removed", "absent");
+        self.recorded(&change, self.driver.secret_delete(&change, name).await).await
     }
 
     /// Every secret's name, key and dates, by name: never a value.
@@ -822,12 +913,16 @@ impl Store {
 
     /// Sets a job type's plain variable; true when it replaced a value.
     pub async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        self.driver.var_set(job_type, name, value).await
+        let change =
+            self.actor.change("var.set", format!("variable {job_type} {name}")).answering("replaced", "created");
+        self.recorded(&change, self.driver.var_set(&change, job_type, name, value).await).await
     }
 
     /// Removes a job type's variable; false when there was none.
     pub async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        self.driver.var_unset(job_type, name).await
+        let change =
+            self.actor.change("var.unset", format!("variable {job_type} {name}")).answering("removed", "absent");
+        self.recorded(&change, self.driver.var_unset(&change, job_type, name).await).await
     }
 
     /// The variables of one job type, or of all, by type and name.

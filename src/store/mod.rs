@@ -38,6 +38,7 @@ macro_rules! from_row {
     };
 }
 
+pub mod audit;
 mod backend;
 pub mod batch;
 pub mod concurrency;

@@ -652,6 +652,16 @@ pub struct WorkflowCancel {
     pub cancel_requested: usize,
 }
 
+/// What a workflow's cancel did, as the audit trail records it: the
+/// waiting steps it ended and the live jobs it goes on to cancel (each a
+/// cancel of its own), or `absent`.
+pub fn cancel_outcome(waiting: i64, live: Option<&[i64]>) -> String {
+    match live {
+        Some(live) => format!("cancelled: {waiting} waiting steps ended, {} jobs to cancel", live.len()),
+        None => "absent".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

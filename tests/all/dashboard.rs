@@ -784,6 +784,20 @@ async fn roles_in_a_real_browser() {
             let overflow = script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
             assert!(overflow.as_i64().unwrap() <= 0, "the page is wider than the {} screen", screen.name());
             screenshot(&browser, screen, &format!("job-as-{who}")).await;
+            // The audit trail: an admin's page, linked for admins alone.
+            let linked = browser.find(Locator::Css("nav a[href=\"/audit\"]")).await.is_ok();
+            assert_eq!(linked, who == "admin", "the Audit link shows for admins alone");
+            browser.goto(&format!("{}/audit", server.url())).await.unwrap();
+            until(&browser, WAIT, "the audit page", "return document.querySelector('h1') !== null").await;
+            if who == "admin" {
+                assert!(text(&browser, "main").await.contains("token.create"), "the trail lists the token made");
+                let overflow =
+                    script(&browser, "return document.documentElement.scrollWidth - window.innerWidth").await;
+                assert!(overflow.as_i64().unwrap() <= 0, "the audit page is wider than the {} screen", screen.name());
+                screenshot(&browser, screen, "audit").await;
+            } else {
+                assert!(text(&browser, "main").await.contains("this needs the admin role"));
+            }
             browser.close().await.unwrap();
         }
     }

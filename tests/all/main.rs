@@ -15,6 +15,7 @@
 mod common;
 
 mod attempts;
+mod audit;
 mod batch_cli;
 mod batch_fleet;
 mod batches;

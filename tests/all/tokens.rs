@@ -18,7 +18,7 @@ use common::job_config;
 
 /// Makes a token named `name` with `role`, limited to `queues`, and
 /// returns its value.
-async fn token(db: &TestDb, name: &str, role: Role, queues: Option<&[&str]>) -> String {
+pub(crate) async fn token(db: &TestDb, name: &str, role: Role, queues: Option<&[&str]>) -> String {
     token_seeing(db, name, role, queues, false).await
 }
 
@@ -58,7 +58,7 @@ fn concrete(path: &str, job: i64, batch: i64, workflow: i64) -> String {
 
 /// Signs in to the dashboard with `value`: the session's cookie, and the
 /// CSRF token its pages carry.
-async fn sign_in(server: &TestServer, value: &str) -> (String, String) {
+pub(crate) async fn sign_in(server: &TestServer, value: &str) -> (String, String) {
     let form = format!("token={value}&return_to=%2F");
     let answer = server.send(Method::POST, "/login", Some(("application/x-www-form-urlencoded", form)), None).await;
     assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);

@@ -71,6 +71,9 @@ pub fn page_with(
                         @for (path, label) in SECTIONS {
                             a href=(path) aria-current=[(path == section).then_some("page")] { (label) }
                         }
+                        @if context.signed_in.as_ref().is_some_and(|(_, role)| *role == crate::store::token::Role::Admin) {
+                            a href="/audit" aria-current=[("/audit" == section).then_some("page")] { "Audit" }
+                        }
                     }
                     div.session {
                         @if let Some((name, role)) = &context.signed_in

@@ -8,6 +8,7 @@
 //! token ([`super::access`]); each answers with a redirect back to the
 //! page it came from and a notice of what it did.
 
+mod audit;
 mod chart;
 mod layout;
 mod pages;
@@ -53,6 +54,7 @@ pub fn routes() -> Router<AppState> {
         .route("/jobs/{id}", get(job))
         .route("/keys", get(keys))
         .route("/hosts", get(hosts))
+        .route("/audit", get(audit_page))
         .route("/types", get(job_types))
         .route("/types/{name}", get(job_type))
         .route("/batches", get(batches))
@@ -302,6 +304,28 @@ async fn jobs(
     }
 }
 
+async fn audit_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<crate::store::audit::Query>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let context = context(&state, &caller, &headers, &uri);
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return bad_request(&context, &rejection.body_text()),
+    };
+    let filter = match query.filter(audit::PAGE) {
+        Ok(filter) => filter,
+        Err(message) => return bad_request(&context, &message),
+    };
+    match state.store.audit_list(&filter).await {
+        Ok(rows) => render(&context, &headers, "Audit trail", "/audit", audit::page(&rows, &query, Utc::now())),
+        Err(error) => failed(&context, error),
+    }
+}
+
 fn bad_request(context: &Context, message: &str) -> Response {
     (StatusCode::BAD_REQUEST, layout::problem(context, "That filter does not read", message)).into_response()
 }
@@ -477,7 +501,7 @@ async fn schedule_act(
     Path(action): Path<String>,
     Form(form): Form<ScheduleForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let scope = Scope::Spanning("act on a schedule");
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         let (job, key) = (&form.job, &form.key);
@@ -554,6 +578,17 @@ async fn login(
             return refused(StatusCode::SERVICE_UNAVAILABLE, "The tokens cannot be read now: try again.".to_string());
         }
         Lookup::Metrics | Lookup::Unknown => {
+            let outcome = "refused: a sign-in with a token neither live nor this server's";
+            super::guard::record_refused(
+                &state,
+                &headers,
+                "POST /login",
+                Some(peer.ip()),
+                "anonymous",
+                "access.wrong_token",
+                outcome,
+            )
+            .await;
             return if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
                 refused(StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
             } else {
@@ -727,7 +762,7 @@ async fn logout(
     Extension(caller): Extension<Caller>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let ending = caller.session.as_ref().map(|s| s.digest.clone()).unwrap_or_default();
     let mut response = act(&state, &caller, &headers, &uri, &form.csrf, Some("/"), Scope::Session, async move {
         // Ended in the database: the cookie signs no one in anywhere again.
@@ -763,7 +798,7 @@ async fn workflow_decide(
     Path(id): Path<i64>,
     Form(form): Form<DecisionForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let scope = Scope::Spanning("decide a wait, whose event any queue's steps may wait for");
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         let approved = match form.decision.as_str() {
@@ -802,7 +837,7 @@ async fn job_retry(
     Path(id): Path<i64>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let scope = Scope::Job(id, "retry a job");
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         store.job_retry(id).await.map(|()| format!("Job {id} will run again")).map_err(|e| e.to_string())
@@ -818,7 +853,7 @@ async fn job_cancel(
     Path(id): Path<i64>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let scope = Scope::Job(id, "cancel a job");
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {
         match store.job_cancel(id).await {
@@ -858,7 +893,7 @@ async fn bulk(
     form: BulkForm,
     action: BulkAction,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let budget = state.work_budget;
     let query = form.query();
     let scope = Scope::Queue(query.queue.clone(), "act on jobs in bulk without naming one of its queues");
@@ -910,7 +945,7 @@ async fn queue_act(
     Path(action): Path<QueueAction>,
     Form(form): Form<QueueForm>,
 ) -> Response {
-    let store = state.store.clone();
+    let store = caller.store(&state.store);
     let name = form.queue;
     let scope = Scope::Queue(Some(name.clone()), "pause or resume a queue");
     act(&state, &caller, &headers, &uri, &form.csrf, form.return_to.as_deref(), scope, async move {

@@ -13,6 +13,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
@@ -22,10 +23,13 @@ pub const CHANNEL: &str = "jobhost_components";
 
 type EntryRow = (i64, String, Option<String>, String, DateTime<Utc>);
 
-pub async fn change(pool: &PgPool, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-    let mut tx = pool.begin().await?;
-    let work = apply(&mut tx, job_type, request).await;
-    super::commit_or_roll_back(tx, work).await
+pub async fn change(
+    pool: &PgPool,
+    audit: &Change<'_>,
+    job_type: &str,
+    request: DeployRequest<'_>,
+) -> Result<DeployChange> {
+    super::audit::audited(pool, audit, async |conn| apply(conn, job_type, request).await).await
 }
 
 async fn apply(conn: &mut PgConnection, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
@@ -126,8 +130,13 @@ fn entry_of((id, job_type, digest, action, at): EntryRow) -> Result<DeploymentEn
 
 #[async_trait]
 impl DeployDriver for PgStore {
-    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        change(&self.pool, job_type, request).await
+    async fn deployment_change(
+        &self,
+        audit: &Change<'_>,
+        job_type: &str,
+        request: DeployRequest<'_>,
+    ) -> Result<DeployChange> {
+        change(&self.pool, audit, job_type, request).await
     }
 
     async fn deployments_current(&self) -> Result<Vec<Deployment>> {

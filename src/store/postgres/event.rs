@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::PgStore;
+use crate::store::audit::Change;
 use crate::store::driver::EventDriver;
 use crate::store::wait::{EventRow, SentEvent, StoredEvent, TriggeredJob, stored_event};
 use crate::store::{Error, Result};
@@ -54,24 +55,29 @@ async fn jobs_of(executor: impl sqlx::PgExecutor<'_>, id: i64) -> Result<Vec<Tri
 impl EventDriver for PgStore {
     async fn event_send(
         &self,
+        change: &Change<'_>,
         key: &str,
         payload: &serde_json::Value,
         idempotency_key: Option<&str>,
         source: &str,
     ) -> Result<SentEvent> {
+        let mut tx = self.pool.begin().await?;
         let (id, released, duplicate): (i64, i32, bool) =
             sqlx::query_as("SELECT id, released, duplicate FROM jobhost.event_send($1, $2, $3, $4)")
                 .bind(key)
                 .bind(Json(payload))
                 .bind(idempotency_key)
                 .bind(source)
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(refused_as_invalid)?;
+        let sent = SentEvent { id, released: released.into(), duplicate, jobs: Vec::new() };
+        super::audit::record(&mut tx, change, &sent).await?;
+        tx.commit().await?;
         // Read after the send's commit: the function's result cannot carry
         // them without changing its signature, which callers rely on.
         let jobs = jobs_of(&self.pool, id).await?;
-        Ok(SentEvent { id, released: released.into(), duplicate, jobs })
+        Ok(SentEvent { jobs, ..sent })
     }
 
     async fn event_list(&self, key: Option<&str>, limit: i64) -> Result<Vec<StoredEvent>> {

@@ -1,14 +1,15 @@
 //! Outbound grants in PostgreSQL.
 
 use async_trait::async_trait;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
 
-pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
+pub async fn set(conn: &mut PgConnection, grant: &NewGrant) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
     let replaced: bool = sqlx::query_scalar(
         "INSERT INTO jobhost.outbound_grants (job_type, origin, methods, secrets, private, idempotency_key,
@@ -34,16 +35,16 @@ pub async fn set(pool: &PgPool, grant: &NewGrant) -> Result<bool> {
     .bind(grant.timeouts.between_bytes_ms.map(ms_column))
     .bind(&grant.secrets_in)
     .bind(&grant.secret_headers)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await?;
     Ok(replaced)
 }
 
-pub async fn revoke(pool: &PgPool, job_type: &str, origin: &str) -> Result<bool> {
+pub async fn revoke(conn: &mut PgConnection, job_type: &str, origin: &str) -> Result<bool> {
     let removed = sqlx::query("DELETE FROM jobhost.outbound_grants WHERE job_type = $1 AND origin = $2")
         .bind(job_type)
         .bind(origin)
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(removed.rows_affected() > 0)
 }
@@ -119,12 +120,12 @@ fn ms_column(ms: u64) -> i64 {
 
 #[async_trait]
 impl GrantDriver for PgStore {
-    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
-        set(&self.pool, new).await
+    async fn grant_set(&self, change: &Change<'_>, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| set(conn, new).await).await
     }
 
-    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        revoke(&self.pool, job_type, origin).await
+    async fn grant_revoke(&self, change: &Change<'_>, job_type: &str, origin: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| revoke(conn, job_type, origin).await).await
     }
 
     async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {

@@ -14,6 +14,7 @@ use sqlx::{PgConnection, Row};
 use super::PgStore;
 use crate::calendar::tick_text;
 use crate::schedule_spec::ScheduleChange;
+use crate::store::audit::Change;
 use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
@@ -179,6 +180,7 @@ const TICKS_HAD: &str = "SELECT payload->>'_tick' FROM jobhost.jobs
 /// [`crate::store::Backend::backfill_write`] on PostgreSQL.
 pub(super) async fn backfill_write(
     pool: &sqlx::PgPool,
+    change: &Change<'_>,
     job: &str,
     key: &str,
     jobs: Vec<(DateTime<Utc>, PreparedJob)>,
@@ -192,6 +194,7 @@ pub(super) async fn backfill_write(
                 .fetch_optional(&mut *tx)
                 .await?;
         if found.is_none() {
+            super::audit::record(&mut tx, change, &false).await?;
             return Ok(None);
         }
         let texts: Vec<String> = jobs.iter().map(|(tick, _)| tick_text(tick)).collect();
@@ -200,8 +203,9 @@ pub(super) async fn backfill_write(
         let fresh: Vec<&(DateTime<Utc>, PreparedJob)> =
             jobs.iter().filter(|(tick, _)| !had.contains(&tick_text(tick))).collect();
         let written = super::job::insert(&mut tx, &fresh.iter().map(|(_, job)| job).collect::<Vec<_>>()).await?;
-        let ticks = fresh.iter().map(|(tick, _)| *tick).zip(written).collect();
-        Ok(Some((ticks, jobs.len() - fresh.len())))
+        let written = (fresh.iter().map(|(tick, _)| *tick).zip(written).collect(), jobs.len() - fresh.len());
+        super::audit::record(&mut tx, change, &written).await?;
+        Ok(Some(written))
     }
     .await;
     super::commit_or_roll_back(tx, work).await
@@ -297,6 +301,8 @@ pub(super) async fn lock_changed(conn: &mut PgConnection, schedules: &[(String, 
 /// (`worker::complete`), rather than failing the batch again and again.
 /// A pause, resume or removal of a schedule that is not there changes nothing.
 pub(super) async fn change_in(conn: &mut PgConnection, change: &ScheduleChange) -> Result<()> {
+    // A job's own change is not the trail's: its run records it.
+    super::audit::set_actor(conn, None).await?;
     match change {
         ScheduleChange::Set(schedule) => {
             upsert_in(conn, schedule).await?;
@@ -316,31 +322,51 @@ pub(super) async fn change_in(conn: &mut PgConnection, change: &ScheduleChange) 
 
 #[async_trait]
 impl KeyedScheduleDriver for PgStore {
-    async fn keyed_schedule_upsert(&self, s: &KeyedSchedule) -> Result<bool> {
-        upsert_in(&mut *self.pool.acquire().await?, s).await.map_err(refused_as_invalid)
+    async fn keyed_schedule_upsert(&self, change: &Change<'_>, s: &KeyedSchedule) -> Result<bool> {
+        // The function records the change, as this actor.
+        let mut tx = self.pool.begin().await?;
+        super::audit::set_actor(&mut tx, Some(change)).await?;
+        let created = upsert_in(&mut tx, s).await.map_err(refused_as_invalid)?;
+        tx.commit().await?;
+        Ok(created)
     }
 
-    async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
-        pause_in(&mut *self.pool.acquire().await?, job, key, paused, note).await
+    async fn keyed_schedule_pause(
+        &self,
+        change: &Change<'_>,
+        job: &str,
+        key: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| pause_in(conn, job, key, paused, note).await).await
     }
 
-    async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
-        remove_in(&mut *self.pool.acquire().await?, job, key).await
+    async fn keyed_schedule_remove(&self, change: &Change<'_>, job: &str, key: &str) -> Result<bool> {
+        // The function records the change, as this actor.
+        let mut tx = self.pool.begin().await?;
+        super::audit::set_actor(&mut tx, Some(change)).await?;
+        let removed = remove_in(&mut tx, job, key).await?;
+        tx.commit().await?;
+        Ok(removed)
     }
 
-    async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
-        let paused: Option<bool> = sqlx::query_scalar(
-            "UPDATE jobhost.keyed_schedules
+    async fn keyed_schedule_trigger(&self, change: &Change<'_>, job: &str, key: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| {
+            let paused: Option<bool> = sqlx::query_scalar(
+                "UPDATE jobhost.keyed_schedules
              SET triggered_at = CASE WHEN paused THEN triggered_at ELSE clock_timestamp() END,
                  look_at = CASE WHEN paused THEN look_at ELSE least(look_at, now()) END
              WHERE job = $1 AND key = $2
              RETURNING paused",
-        )
-        .bind(job)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        crate::store::keyed_schedule::triggered(paused)
+            )
+            .bind(job)
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+            crate::store::keyed_schedule::triggered(paused)
+        })
+        .await
     }
 
     async fn keyed_schedules(&self, job: Option<&str>, key: Option<&str>) -> Result<Vec<KeyedScheduleStatus>> {

@@ -69,6 +69,7 @@
 //! | `schedule_upsert`, `schedule_remove` | none (their files only) | keyed schedules written and removed in the caller's transaction |
 //! | `claims_likely_new` | 0039_likely_new_without_counting (first 0032_plain_claims) | whether to try a call's claims as a plain insert |
 
+mod audit;
 mod batch;
 mod concurrency;
 mod deploy;
@@ -320,11 +321,12 @@ impl Backend for PgStore {
 
     async fn backfill_write(
         &self,
+        change: &crate::store::audit::Change<'_>,
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
     ) -> Result<Option<crate::store::backend::BackfillWritten>> {
-        keyed_schedule::backfill_write(&self.pool, job, key, jobs).await
+        keyed_schedule::backfill_write(&self.pool, change, job, key, jobs).await
     }
 
     async fn quarantine_write(&self, id: i64, reason: &str, keep_errors: bool) -> Result<bool> {

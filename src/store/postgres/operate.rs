@@ -7,6 +7,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::PgStore;
 use super::notify_available;
+use crate::store::audit::Change;
 use crate::store::driver::OperateDriver;
 use crate::store::{Cancel, Error, JobDetail, JobFilter, JobRow, JobState, Result, Stats};
 
@@ -136,7 +137,7 @@ pub async fn stats(pool: &PgPool) -> Result<Stats> {
     Stats::from_counts(counts, oldest, hosts, paused)
 }
 
-pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
+pub async fn retry(pool: &PgPool, change: &Change<'_>, id: i64) -> Result<()> {
     let mut tx = pool.begin().await?;
     // A scheduled job runs now, or a finished job that did not complete
     // comes back with a fresh budget; either way it passes the gate, as a
@@ -194,11 +195,12 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<()> {
     }
     super::concurrency::admit(&mut tx, &[id]).await?;
     super::notify_available(&mut tx).await?;
+    super::audit::record(&mut tx, change, &()).await?;
     tx.commit().await?;
     Ok(())
 }
 
-pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
+pub async fn cancel(pool: &PgPool, change: &Change<'_>, id: i64) -> Result<Cancel> {
     let mut tx = pool.begin().await?;
     // A waiting or available job, or a blocked one, goes to the archive; an
     // available limited job gives its slot back in the same transaction.
@@ -218,6 +220,7 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
         .await?
         .rows_affected();
         if requested == 1 {
+            super::audit::record(&mut tx, change, &Cancel::Requested).await?;
             tx.commit().await?;
             return Ok(Cancel::Requested);
         }
@@ -226,6 +229,7 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Cancel> {
     let mut slots = crate::store::Slots::default();
     slots.push(&job, key.as_deref());
     super::concurrency::release(&mut tx, &slots).await?;
+    super::audit::record(&mut tx, change, &Cancel::Cancelled).await?;
     tx.commit().await?;
     Ok(Cancel::Cancelled)
 }
@@ -257,29 +261,33 @@ impl OperateDriver for PgStore {
         stats(&self.pool).await
     }
 
-    async fn job_retry(&self, id: i64) -> Result<()> {
-        retry(&self.pool, id).await
+    async fn job_retry(&self, change: &Change<'_>, id: i64) -> Result<()> {
+        retry(&self.pool, change, id).await
     }
 
-    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        cancel(&self.pool, id).await
+    async fn job_cancel(&self, change: &Change<'_>, id: i64) -> Result<Cancel> {
+        cancel(&self.pool, change, id).await
     }
 
-    async fn queue_pause(&self, queue: &str) -> Result<bool> {
-        let paused = sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(queue)
-            .execute(&self.pool)
-            .await?;
-        Ok(paused.rows_affected() == 1)
+    async fn queue_pause(&self, change: &Change<'_>, queue: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| {
+            let paused = sqlx::query("INSERT INTO jobhost.queue_pauses (name) VALUES ($1) ON CONFLICT DO NOTHING")
+                .bind(queue)
+                .execute(conn)
+                .await?;
+            Ok(paused.rows_affected() == 1)
+        })
+        .await
     }
 
-    async fn queue_resume(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let resumed =
-            sqlx::query("DELETE FROM jobhost.queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
-        // Idle hosts wait for a notification; the queue's jobs are ready now.
-        notify_available(&mut tx).await?;
-        tx.commit().await?;
-        Ok(resumed.rows_affected() == 1)
+    async fn queue_resume(&self, change: &Change<'_>, queue: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| {
+            let resumed =
+                sqlx::query("DELETE FROM jobhost.queue_pauses WHERE name = $1").bind(queue).execute(&mut *conn).await?;
+            // Idle hosts wait for a notification; the queue's jobs are ready now.
+            notify_available(conn).await?;
+            Ok(resumed.rows_affected() == 1)
+        })
+        .await
     }
 }

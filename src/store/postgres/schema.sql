@@ -241,6 +241,33 @@ $$;
 
 
 --
+-- Name: audit_write(text, text, text); Type: FUNCTION; Schema: jobhost; Owner: -
+--
+
+CREATE FUNCTION jobhost.audit_write(audit_action text, audit_object text, audit_outcome text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    actor text := coalesce(current_setting('jobhost.actor', true), '');
+BEGIN
+    IF actor = '-' THEN
+        RETURN;
+    END IF;
+    IF actor = '' THEN
+        INSERT INTO jobhost.audit (via, who, address, user_agent, action, object, outcome)
+        VALUES ('sql', current_user, host(inet_client_addr()),
+                left(nullif(current_setting('application_name', true), ''), 200),
+                audit_action, audit_object, audit_outcome);
+    ELSE
+        INSERT INTO jobhost.audit (via, who, address, user_agent, action, object, outcome)
+        SELECT a.via, a.who, a.address, a.user_agent, audit_action, audit_object, audit_outcome
+        FROM jsonb_to_record(actor::jsonb) AS a(via text, who text, address text, user_agent text);
+    END IF;
+END
+$$;
+
+
+--
 -- Name: batch_add_members(bigint[], boolean[]); Type: FUNCTION; Schema: jobhost; Owner: -
 --
 
@@ -2704,12 +2731,17 @@ $$;
 --
 
 CREATE FUNCTION jobhost.schedule_remove(schedule_job text, schedule_key text) RETURNS boolean
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    WITH gone AS (
-        DELETE FROM jobhost.keyed_schedules s WHERE s.job = schedule_job AND s.key = schedule_key RETURNING 1
-    )
-    SELECT EXISTS (SELECT 1 FROM gone)
+DECLARE
+    removed boolean;
+BEGIN
+    DELETE FROM jobhost.keyed_schedules s WHERE s.job = schedule_job AND s.key = schedule_key;
+    removed := FOUND;
+    PERFORM jobhost.audit_write('schedule.remove', 'schedule ' || schedule_job || '/' || schedule_key,
+                                CASE WHEN removed THEN 'removed' ELSE 'absent' END);
+    RETURN removed;
+END
 $$;
 
 
@@ -2820,6 +2852,8 @@ BEGIN
         -- Looked at again now, never later than it was due.
         look_at = least(s.look_at, now()), error = NULL, updated_at = now()
     RETURNING xmax = 0 INTO created;
+    PERFORM jobhost.audit_write('schedule.set', 'schedule ' || schedule_job || '/' || schedule_key,
+                                CASE WHEN created THEN 'created' ELSE 'replaced' END);
     RETURN created;
 END
 $_$;
@@ -3985,6 +4019,40 @@ CREATE TABLE jobhost.archive (
 
 
 --
+-- Name: audit; Type: TABLE; Schema: jobhost; Owner: -
+--
+
+CREATE TABLE jobhost.audit (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    via text NOT NULL,
+    who text NOT NULL,
+    address text,
+    user_agent text,
+    action text NOT NULL,
+    object text NOT NULL,
+    outcome text NOT NULL,
+    count bigint DEFAULT 1 NOT NULL,
+    CONSTRAINT audit_count_check CHECK ((count >= 1)),
+    CONSTRAINT audit_via_check CHECK ((via = ANY (ARRAY['api'::text, 'dashboard'::text, 'cli'::text, 'sql'::text, 'library'::text, 'webhook'::text])))
+);
+
+
+--
+-- Name: audit_id_seq; Type: SEQUENCE; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE jobhost.audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME jobhost.audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: batches_id_seq; Type: SEQUENCE; Schema: jobhost; Owner: -
 --
 
@@ -4650,6 +4718,14 @@ ALTER TABLE ONLY jobhost.archive
 
 
 --
+-- Name: audit audit_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
+--
+
+ALTER TABLE ONLY jobhost.audit
+    ADD CONSTRAINT audit_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: batches batches_pkey; Type: CONSTRAINT; Schema: jobhost; Owner: -
 --
 
@@ -4972,6 +5048,13 @@ CREATE INDEX archive_finished ON jobhost.archive USING btree (finished_at);
 --
 
 CREATE INDEX archive_job_state ON jobhost.archive USING btree (job, state, finished_at);
+
+
+--
+-- Name: audit_at; Type: INDEX; Schema: jobhost; Owner: -
+--
+
+CREATE INDEX audit_at ON jobhost.audit USING btree (at);
 
 
 --

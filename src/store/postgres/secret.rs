@@ -3,14 +3,15 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
 
-pub async fn set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
+pub async fn set(conn: &mut PgConnection, name: &str, sealed: &Sealed) -> Result<bool> {
     let replaced: bool = sqlx::query_scalar(
         "INSERT INTO jobhost.outbound_secrets (name, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4)
          ON CONFLICT (name) DO UPDATE
@@ -21,13 +22,13 @@ pub async fn set(pool: &PgPool, name: &str, sealed: &Sealed) -> Result<bool> {
     .bind(&sealed.key_id)
     .bind(&sealed.nonce)
     .bind(&sealed.ciphertext)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await?;
     Ok(replaced)
 }
 
-pub async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
-    let removed = sqlx::query("DELETE FROM jobhost.outbound_secrets WHERE name = $1").bind(name).execute(pool).await?;
+pub async fn delete(conn: &mut PgConnection, name: &str) -> Result<bool> {
+    let removed = sqlx::query("DELETE FROM jobhost.outbound_secrets WHERE name = $1").bind(name).execute(conn).await?;
     Ok(removed.rows_affected() > 0)
 }
 
@@ -54,12 +55,12 @@ pub async fn sealed(pool: &PgPool, names: &[String]) -> Result<Vec<(String, Seal
 
 #[async_trait]
 impl SecretDriver for PgStore {
-    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        set(&self.pool, name, sealed).await
+    async fn secret_set(&self, change: &Change<'_>, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| set(conn, name, sealed).await).await
     }
 
-    async fn secret_delete(&self, name: &str) -> Result<bool> {
-        delete(&self.pool, name).await
+    async fn secret_delete(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| delete(conn, name).await).await
     }
 
     async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {

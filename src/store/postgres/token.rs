@@ -5,11 +5,12 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::PgStore;
+use crate::store::audit::Change;
 use crate::store::driver::TokenDriver;
 use crate::store::token::{Created, NewToken, Role, TOUCH_EVERY_SECS, TokenHolder, TokenInfo};
 use crate::store::{Error, Result};
 
-pub async fn create(pool: &PgPool, token: &NewToken) -> Result<Created> {
+pub async fn create(pool: &PgPool, change: &Change<'_>, token: &NewToken) -> Result<Created> {
     let mut tx = pool.begin().await?;
     // A revoked or expired token's name may be taken again; its sessions
     // end with it, so none carries over to the new token.
@@ -39,11 +40,13 @@ pub async fn create(pool: &PgPool, token: &NewToken) -> Result<Created> {
     .bind(&token.created_by)
     .execute(&mut *tx)
     .await?;
+    let created = if made.rows_affected() == 1 { Created::Made } else { Created::NameTaken };
+    super::audit::record(&mut tx, change, &created).await?;
     tx.commit().await?;
-    Ok(if made.rows_affected() == 1 { Created::Made } else { Created::NameTaken })
+    Ok(created)
 }
 
-pub async fn revoke(pool: &PgPool, name: &str) -> Result<bool> {
+pub async fn revoke(pool: &PgPool, change: &Change<'_>, name: &str) -> Result<bool> {
     let mut tx = pool.begin().await?;
     let revoked =
         sqlx::query("UPDATE jobhost.access_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL")
@@ -51,8 +54,10 @@ pub async fn revoke(pool: &PgPool, name: &str) -> Result<bool> {
             .execute(&mut *tx)
             .await?;
     sqlx::query("DELETE FROM jobhost.http_sessions WHERE token_name = $1").bind(name).execute(&mut *tx).await?;
+    let revoked = revoked.rows_affected() > 0;
+    super::audit::record(&mut tx, change, &revoked).await?;
     tx.commit().await?;
-    Ok(revoked.rows_affected() > 0)
+    Ok(revoked)
 }
 
 type InfoRow = (
@@ -126,12 +131,12 @@ pub async fn holder(pool: &PgPool, digest: &str) -> Result<Option<TokenHolder>> 
 
 #[async_trait]
 impl TokenDriver for PgStore {
-    async fn token_create(&self, token: &NewToken) -> Result<Created> {
-        create(&self.pool, token).await
+    async fn token_create(&self, change: &Change<'_>, token: &NewToken) -> Result<Created> {
+        create(&self.pool, change, token).await
     }
 
-    async fn token_revoke(&self, name: &str) -> Result<bool> {
-        revoke(&self.pool, name).await
+    async fn token_revoke(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        revoke(&self.pool, change, name).await
     }
 
     async fn tokens(&self) -> Result<Vec<TokenInfo>> {

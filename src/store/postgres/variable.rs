@@ -1,14 +1,15 @@
 //! Job types' plain variables in PostgreSQL.
 
 use async_trait::async_trait;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
 
-pub async fn set(pool: &PgPool, job_type: &str, name: &str, value: &str) -> Result<bool> {
+pub async fn set(conn: &mut PgConnection, job_type: &str, name: &str, value: &str) -> Result<bool> {
     // `xmax <> 0` on the returned row: the insert met the old row and updated it.
     let replaced: bool = sqlx::query_scalar(
         "INSERT INTO jobhost.type_variables (job_type, name, value) VALUES ($1, $2, $3)
@@ -18,16 +19,16 @@ pub async fn set(pool: &PgPool, job_type: &str, name: &str, value: &str) -> Resu
     .bind(job_type)
     .bind(name)
     .bind(value)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await?;
     Ok(replaced)
 }
 
-pub async fn unset(pool: &PgPool, job_type: &str, name: &str) -> Result<bool> {
+pub async fn unset(conn: &mut PgConnection, job_type: &str, name: &str) -> Result<bool> {
     let removed = sqlx::query("DELETE FROM jobhost.type_variables WHERE job_type = $1 AND name = $2")
         .bind(job_type)
         .bind(name)
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(removed.rows_affected() > 0)
 }
@@ -48,12 +49,12 @@ pub async fn list(pool: &PgPool, job_type: Option<&str>) -> Result<Vec<TypeVaria
 
 #[async_trait]
 impl VariableDriver for PgStore {
-    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        set(&self.pool, job_type, name, value).await
+    async fn var_set(&self, change: &Change<'_>, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| set(conn, job_type, name, value).await).await
     }
 
-    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        unset(&self.pool, job_type, name).await
+    async fn var_unset(&self, change: &Change<'_>, job_type: &str, name: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| unset(conn, job_type, name).await).await
     }
 
     async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {

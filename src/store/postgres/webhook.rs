@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::WebhookDriver;
 use crate::store::webhook::{Webhook, style_of};
 
@@ -16,29 +17,34 @@ fn webhook_of((name, event_key, style, secret, tolerance_secs, created_at): Row)
 
 #[async_trait]
 impl WebhookDriver for PgStore {
-    async fn webhook_set(&self, webhook: &Webhook) -> Result<bool> {
-        let replaced: bool = sqlx::query_scalar(
-            "INSERT INTO jobhost.webhooks AS w (name, event_key, style, secret, tolerance_secs)
+    async fn webhook_set(&self, change: &Change<'_>, webhook: &Webhook) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| {
+            let replaced: bool = sqlx::query_scalar(
+                "INSERT INTO jobhost.webhooks AS w (name, event_key, style, secret, tolerance_secs)
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (name) DO UPDATE
              SET event_key = EXCLUDED.event_key, style = EXCLUDED.style, secret = EXCLUDED.secret,
                  tolerance_secs = EXCLUDED.tolerance_secs
              RETURNING xmax <> 0",
-        )
-        .bind(&webhook.name)
-        .bind(&webhook.event_key)
-        .bind(webhook.style.as_str())
-        .bind(&webhook.secret)
-        .bind(i32::try_from(webhook.tolerance_secs).unwrap_or(i32::MAX))
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(replaced)
+            )
+            .bind(&webhook.name)
+            .bind(&webhook.event_key)
+            .bind(webhook.style.as_str())
+            .bind(&webhook.secret)
+            .bind(i32::try_from(webhook.tolerance_secs).unwrap_or(i32::MAX))
+            .fetch_one(conn)
+            .await?;
+            Ok(replaced)
+        })
+        .await
     }
 
-    async fn webhook_delete(&self, name: &str) -> Result<bool> {
-        let deleted =
-            sqlx::query("DELETE FROM jobhost.webhooks WHERE name = $1").bind(name).execute(&self.pool).await?;
-        Ok(deleted.rows_affected() > 0)
+    async fn webhook_delete(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        super::audit::audited(&self.pool, change, async |conn| {
+            let deleted = sqlx::query("DELETE FROM jobhost.webhooks WHERE name = $1").bind(name).execute(conn).await?;
+            Ok(deleted.rows_affected() > 0)
+        })
+        .await
     }
 
     async fn webhook_get(&self, name: &str) -> Result<Option<Webhook>> {

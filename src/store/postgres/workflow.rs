@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::PgStore;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::WorkflowDriver;
 use crate::store::finish::Growth;
 use crate::store::wait::{PreparedWait, StepWait};
@@ -264,7 +265,7 @@ fn step_of(row: &PgRow) -> Result<WorkflowStep> {
 
 /// Marks a workflow cancelled and ends its waiting steps; returns how many
 /// and the jobs of its live steps, or none when it does not exist.
-pub async fn cancel(pool: &PgPool, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
+pub async fn cancel(pool: &PgPool, change: &Change<'_>, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
     let mut tx = pool.begin().await?;
     let waiting: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM jobhost.workflow_steps WHERE workflow_id = $1 AND job_id IS NULL AND ended_state IS NULL",
@@ -274,6 +275,7 @@ pub async fn cancel(pool: &PgPool, id: i64) -> Result<Option<(usize, Vec<i64>)>>
     .await?;
     let live: Option<Vec<i64>> =
         sqlx::query_scalar("SELECT jobhost.workflow_cancel($1)").bind(id).fetch_one(&mut *tx).await?;
+    super::audit::write(&mut tx, change, &crate::store::workflow::cancel_outcome(waiting, live.as_deref()), 1).await?;
     tx.commit().await?;
     Ok(live.map(|live| (waiting as usize, live)))
 }
@@ -325,8 +327,8 @@ impl WorkflowDriver for PgStore {
         list(&self.pool, None, limit).await
     }
 
-    async fn workflow_cancel(&self, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
-        cancel(&self.pool, id).await
+    async fn workflow_cancel(&self, change: &Change<'_>, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
+        cancel(&self.pool, change, id).await
     }
 
     async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>> {

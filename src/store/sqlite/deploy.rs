@@ -13,6 +13,7 @@ use super::DEPLOYMENT_LOOK;
 use super::SqliteStore;
 use super::{now_ms, time_of};
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::deploy::{self, DeployAction, DeployChange, DeployRequest, Deployment, DeploymentEntry};
 use crate::store::driver::DeployDriver;
 use crate::types::JobConfig;
@@ -128,8 +129,19 @@ pub async fn source(pool: &SqlitePool, digest: &str) -> Result<Option<Vec<u8>>> 
 
 #[async_trait]
 impl DeployDriver for SqliteStore {
-    async fn deployment_change(&self, job_type: &str, request: DeployRequest<'_>) -> Result<DeployChange> {
-        let (change, promoted) = self.write_with(async |tx| apply(tx, job_type, request).await).await?;
+    async fn deployment_change(
+        &self,
+        audit: &Change<'_>,
+        job_type: &str,
+        request: DeployRequest<'_>,
+    ) -> Result<DeployChange> {
+        let (change, promoted) = self
+            .write_with(async |tx| {
+                let (change, promoted) = apply(tx, job_type, request).await?;
+                super::audit::record(tx, audit, &change).await?;
+                Ok((change, promoted))
+            })
+            .await?;
         self.announce(promoted > 0);
         Ok(change)
     }

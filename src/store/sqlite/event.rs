@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use super::SqliteStore;
 use super::encode::{ms_or_now, now_ms, time_of};
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::EventDriver;
 use crate::store::wait::{EventRow, SentEvent, StoredEvent, WaitEnd, stored_event};
 
@@ -16,6 +17,7 @@ use crate::store::wait::{EventRow, SentEvent, StoredEvent, WaitEnd, stored_event
 impl EventDriver for SqliteStore {
     async fn event_send(
         &self,
+        change: &Change<'_>,
         key: &str,
         payload: &serde_json::Value,
         idempotency_key: Option<&str>,
@@ -25,6 +27,7 @@ impl EventDriver for SqliteStore {
         let now = now_ms();
         let sent = super::wait::send(&mut tx, key, payload, idempotency_key, source, &self.limits, now).await?;
         let available = super::workflow::settle(&mut tx, &self.limits, now).await?;
+        super::audit::record(&mut tx, change, &sent).await?;
         tx.commit().await?;
         self.announce(available || sent.jobs.iter().any(|job| job.id.is_some()));
         Ok(sent)

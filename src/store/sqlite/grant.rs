@@ -5,6 +5,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::SqliteStore;
 use super::encode::now_ms;
+use crate::store::audit::Change;
 use crate::store::driver::GrantDriver;
 use crate::store::grant::{GrantTimeouts, NewGrant, OutboundGrant};
 use crate::store::{Error, Result};
@@ -134,12 +135,12 @@ from_row!(
 
 #[async_trait]
 impl GrantDriver for SqliteStore {
-    async fn grant_set(&self, new: &crate::store::grant::NewGrant) -> Result<bool> {
-        self.write_outside_jobs(async |tx| set(tx, new, now_ms()).await).await
+    async fn grant_set(&self, change: &Change<'_>, new: &crate::store::grant::NewGrant) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| set(tx, new, now_ms()).await).await
     }
 
-    async fn grant_revoke(&self, job_type: &str, origin: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| revoke(tx, job_type, origin).await).await
+    async fn grant_revoke(&self, change: &Change<'_>, job_type: &str, origin: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| revoke(tx, job_type, origin).await).await
     }
 
     async fn grants(&self, job_type: Option<&str>) -> Result<Vec<crate::store::grant::OutboundGrant>> {

@@ -12,6 +12,7 @@ use super::SqliteStore;
 use super::encode::{now_ms, time_of};
 use crate::calendar::tick_text;
 use crate::schedule_spec::ScheduleChange;
+use crate::store::audit::Change;
 use crate::store::backend::BackfillWritten;
 use crate::store::driver::{KeyedScheduleDriver, TickDecider};
 use crate::store::enqueue::PreparedJob;
@@ -354,20 +355,27 @@ pub(super) async fn change_in(conn: &mut SqliteConnection, change: &ScheduleChan
 
 #[async_trait]
 impl KeyedScheduleDriver for SqliteStore {
-    async fn keyed_schedule_upsert(&self, s: &KeyedSchedule) -> Result<bool> {
-        self.write_outside_jobs(async |tx| upsert_in(tx, s, now_ms()).await).await
+    async fn keyed_schedule_upsert(&self, change: &Change<'_>, s: &KeyedSchedule) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| upsert_in(tx, s, now_ms()).await).await
     }
 
-    async fn keyed_schedule_pause(&self, job: &str, key: &str, paused: bool, note: Option<&str>) -> Result<bool> {
-        self.write_outside_jobs(async |tx| pause_in(tx, job, key, paused, note, now_ms()).await).await
+    async fn keyed_schedule_pause(
+        &self,
+        change: &Change<'_>,
+        job: &str,
+        key: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| pause_in(tx, job, key, paused, note, now_ms()).await).await
     }
 
-    async fn keyed_schedule_remove(&self, job: &str, key: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| remove_in(tx, job, key).await).await
+    async fn keyed_schedule_remove(&self, change: &Change<'_>, job: &str, key: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| remove_in(tx, job, key).await).await
     }
 
-    async fn keyed_schedule_trigger(&self, job: &str, key: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| {
+    async fn keyed_schedule_trigger(&self, change: &Change<'_>, job: &str, key: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| {
             let paused: Option<bool> = sqlx::query_scalar(
                 "UPDATE keyed_schedules
                  SET triggered_at = CASE WHEN paused THEN triggered_at ELSE $3 END,

@@ -25,6 +25,7 @@
 //! Times are milliseconds since the Unix epoch, from this machine's clock
 //! (every process sharing the file shares the clock).
 
+mod audit;
 mod batch;
 mod commits;
 mod concurrency;
@@ -175,6 +176,21 @@ impl SqliteStore {
         Ok(done)
     }
 
+    /// [`Self::write_outside_jobs`] of a change, recorded in the audit
+    /// trail with its outcome in the same transaction.
+    async fn audited_outside_jobs<T: crate::store::audit::Outcome>(
+        &self,
+        change: &crate::store::audit::Change<'_>,
+        write: impl AsyncFnOnce(&mut Write) -> Result<T>,
+    ) -> Result<T> {
+        self.write_outside_jobs(async |tx| {
+            let done = write(tx).await?;
+            audit::record(tx, change, &done).await?;
+            Ok(done)
+        })
+        .await
+    }
+
     /// Wakes this process's idle fetch loop.
     fn announce(&self, any_available: bool) {
         if any_available {
@@ -245,12 +261,18 @@ impl Backend for SqliteStore {
 
     async fn backfill_write(
         &self,
+        change: &crate::store::audit::Change<'_>,
         job: &str,
         key: &str,
         jobs: Vec<(chrono::DateTime<chrono::Utc>, crate::store::enqueue::PreparedJob)>,
     ) -> Result<Option<crate::store::backend::BackfillWritten>> {
-        let done =
-            self.write_with(async |tx| keyed_schedule::backfill_write(tx, job, key, &jobs, now_ms()).await).await?;
+        let done = self
+            .write_with(async |tx| {
+                let done = keyed_schedule::backfill_write(tx, job, key, &jobs, now_ms()).await?;
+                audit::record(tx, change, &done).await?;
+                Ok(done)
+            })
+            .await?;
         self.announce(done.as_ref().is_some_and(|(written, _)| !written.is_empty()));
         Ok(done)
     }

@@ -11,6 +11,7 @@ use super::SqliteStore;
 use super::encode::now_ms;
 use super::{concurrency, time_of};
 use crate::store::Cancel;
+use crate::store::audit::Change;
 use crate::store::driver::OperateDriver;
 use crate::store::{Error, JobDetail, JobFilter, JobRow, JobState, Result, Slots, Stats};
 
@@ -320,35 +321,52 @@ impl OperateDriver for SqliteStore {
         stats(&self.reader, now_ms()).await
     }
 
-    async fn job_retry(&self, id: i64) -> Result<()> {
-        self.write_with(async |tx| retry(tx, id, now_ms()).await).await?;
+    async fn job_retry(&self, change: &Change<'_>, id: i64) -> Result<()> {
+        self.write_with(async |tx| {
+            retry(tx, id, now_ms()).await?;
+            super::audit::record(tx, change, &()).await
+        })
+        .await?;
         self.announce(true);
         Ok(())
     }
 
-    async fn job_cancel(&self, id: i64) -> Result<Cancel> {
-        let promoted = self.write_with(async |tx| cancel(tx, id, now_ms()).await).await?;
+    async fn job_cancel(&self, change: &Change<'_>, id: i64) -> Result<Cancel> {
+        let promoted = self
+            .write_with(async |tx| {
+                let promoted = cancel(tx, id, now_ms()).await?;
+                let done = if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested };
+                super::audit::record(tx, change, &done).await?;
+                Ok(promoted)
+            })
+            .await?;
         self.announce(promoted.is_some_and(|n| n > 0));
         Ok(if promoted.is_some() { Cancel::Cancelled } else { Cancel::Requested })
     }
 
-    async fn queue_pause(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let paused = sqlx::query("INSERT INTO queue_pauses (name, paused_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-            .bind(queue)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(paused.rows_affected() == 1)
+    async fn queue_pause(&self, change: &Change<'_>, queue: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| {
+            let paused =
+                sqlx::query("INSERT INTO queue_pauses (name, paused_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                    .bind(queue)
+                    .bind(now_ms())
+                    .execute(&mut **tx)
+                    .await?;
+            Ok(paused.rows_affected() == 1)
+        })
+        .await
     }
 
-    async fn queue_resume(&self, queue: &str) -> Result<bool> {
-        let mut tx = self.write().await?;
-        let resumed = sqlx::query("DELETE FROM queue_pauses WHERE name = $1").bind(queue).execute(&mut *tx).await?;
-        tx.commit().await?;
+    async fn queue_resume(&self, change: &Change<'_>, queue: &str) -> Result<bool> {
+        let resumed = self
+            .audited_outside_jobs(change, async |tx| {
+                let resumed =
+                    sqlx::query("DELETE FROM queue_pauses WHERE name = $1").bind(queue).execute(&mut **tx).await?;
+                Ok(resumed.rows_affected() == 1)
+            })
+            .await?;
         // Idle hosts wait for a wake-up; the queue's jobs are ready now.
         self.announce(true);
-        Ok(resumed.rows_affected() == 1)
+        Ok(resumed)
     }
 }

@@ -6,6 +6,8 @@ CREATE INDEX archive_job_state ON archive (job, state, finished_at);
 
 CREATE INDEX archive_state_queue ON archive (state, queue);
 
+CREATE INDEX audit_at ON audit (at);
+
 CREATE INDEX batches_due ON batches (id)
     WHERE closed_at IS NOT NULL AND finished_at IS NULL AND completed + failed + discarded + cancelled >= total;
 
@@ -91,6 +93,19 @@ CREATE TABLE archive (
     concurrency_key TEXT,
     batch_id        INTEGER,
     parent_id       INTEGER
+) STRICT;
+
+CREATE TABLE audit (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    at         INTEGER NOT NULL,
+    via        TEXT    NOT NULL CHECK (via IN ('api', 'dashboard', 'cli', 'sql', 'library', 'webhook')),
+    who        TEXT    NOT NULL,
+    address    TEXT,
+    user_agent TEXT,
+    action     TEXT    NOT NULL,
+    object     TEXT    NOT NULL,
+    outcome    TEXT    NOT NULL,
+    count      INTEGER NOT NULL DEFAULT 1 CHECK (count >= 1)
 ) STRICT;
 
 CREATE TABLE batches (

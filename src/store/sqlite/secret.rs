@@ -7,6 +7,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 use super::SqliteStore;
 use super::encode::now_ms;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::SecretDriver;
 use crate::store::secret::{Sealed, SecretInfo};
 
@@ -70,12 +71,12 @@ pub async fn sealed(pool: &SqlitePool, names: &[String]) -> Result<Vec<(String, 
 
 #[async_trait]
 impl SecretDriver for SqliteStore {
-    async fn secret_set(&self, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
-        self.write_outside_jobs(async |tx| set(tx, name, sealed, now_ms()).await).await
+    async fn secret_set(&self, change: &Change<'_>, name: &str, sealed: &crate::store::secret::Sealed) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| set(tx, name, sealed, now_ms()).await).await
     }
 
-    async fn secret_delete(&self, name: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| delete(tx, name).await).await
+    async fn secret_delete(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| delete(tx, name).await).await
     }
 
     async fn secrets_list(&self) -> Result<Vec<crate::store::secret::SecretInfo>> {

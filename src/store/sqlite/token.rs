@@ -5,6 +5,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::SqliteStore;
 use super::encode::{json_list, now_ms, time_of};
+use crate::store::audit::Change;
 use crate::store::driver::TokenDriver;
 use crate::store::token::{Created, NewToken, Role, TOUCH_EVERY_SECS, TokenHolder, TokenInfo};
 use crate::store::{Error, Result};
@@ -121,12 +122,12 @@ pub async fn touch(conn: &mut SqliteConnection, name: &str, now: i64) -> Result<
 
 #[async_trait]
 impl TokenDriver for SqliteStore {
-    async fn token_create(&self, token: &NewToken) -> Result<Created> {
-        self.write_outside_jobs(async |tx| create(tx, token, now_ms()).await).await
+    async fn token_create(&self, change: &Change<'_>, token: &NewToken) -> Result<Created> {
+        self.audited_outside_jobs(change, async |tx| create(tx, token, now_ms()).await).await
     }
 
-    async fn token_revoke(&self, name: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| revoke(tx, name, now_ms()).await).await
+    async fn token_revoke(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| revoke(tx, name, now_ms()).await).await
     }
 
     async fn tokens(&self) -> Result<Vec<TokenInfo>> {

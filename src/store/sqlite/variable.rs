@@ -6,6 +6,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 use super::SqliteStore;
 use super::encode::now_ms;
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::VariableDriver;
 use crate::store::variable::TypeVariable;
 
@@ -58,13 +59,12 @@ pub async fn list(pool: &SqlitePool, job_type: Option<&str>) -> Result<Vec<TypeV
 
 #[async_trait]
 impl VariableDriver for SqliteStore {
-    async fn var_set(&self, job_type: &str, name: &str, value: &str) -> Result<bool> {
-        let replaced = self.write_outside_jobs(async |tx| set(tx, job_type, name, value, now_ms()).await).await?;
-        Ok(replaced)
+    async fn var_set(&self, change: &Change<'_>, job_type: &str, name: &str, value: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| set(tx, job_type, name, value, now_ms()).await).await
     }
 
-    async fn var_unset(&self, job_type: &str, name: &str) -> Result<bool> {
-        self.write_outside_jobs(async |tx| unset(tx, job_type, name).await).await
+    async fn var_unset(&self, change: &Change<'_>, job_type: &str, name: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| unset(tx, job_type, name).await).await
     }
 
     async fn vars(&self, job_type: Option<&str>) -> Result<Vec<crate::store::variable::TypeVariable>> {

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use super::encode::{now_ms, time_of};
 use crate::store::Result;
+use crate::store::audit::Change;
 use crate::store::driver::WebhookDriver;
 use crate::store::webhook::{Webhook, style_of};
 
@@ -16,8 +17,8 @@ fn webhook_of((name, event_key, style, secret, tolerance_secs, created_at): Row)
 
 #[async_trait]
 impl WebhookDriver for SqliteStore {
-    async fn webhook_set(&self, webhook: &Webhook) -> Result<bool> {
-        self.write_with(async |tx| {
+    async fn webhook_set(&self, change: &Change<'_>, webhook: &Webhook) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| {
             let replaced = sqlx::query("DELETE FROM webhooks WHERE name = $1")
                 .bind(&webhook.name)
                 .execute(&mut **tx)
@@ -41,8 +42,8 @@ impl WebhookDriver for SqliteStore {
         .await
     }
 
-    async fn webhook_delete(&self, name: &str) -> Result<bool> {
-        self.write_with(async |tx| {
+    async fn webhook_delete(&self, change: &Change<'_>, name: &str) -> Result<bool> {
+        self.audited_outside_jobs(change, async |tx| {
             let deleted = sqlx::query("DELETE FROM webhooks WHERE name = $1").bind(name).execute(&mut **tx).await?;
             Ok(deleted.rows_affected() > 0)
         })

@@ -17,6 +17,7 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 use super::SqliteStore;
 use super::encode::now_ms;
 use super::time_of;
+use crate::store::audit::Change;
 use crate::store::driver::WorkflowDriver;
 use crate::store::enqueue::{Configs, PreparedJob, job_names, prepare_registered};
 use crate::store::finish::Growth;
@@ -590,8 +591,17 @@ impl WorkflowDriver for SqliteStore {
         list(&self.reader, None, limit).await
     }
 
-    async fn workflow_cancel(&self, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
-        self.write_with(async |tx| cancel(tx, id, now_ms()).await).await
+    async fn workflow_cancel(&self, change: &Change<'_>, id: i64) -> Result<Option<(usize, Vec<i64>)>> {
+        self.write_with(async |tx| {
+            let cancelled = cancel(tx, id, now_ms()).await?;
+            let outcome = crate::store::workflow::cancel_outcome(
+                cancelled.as_ref().map_or(0, |(waiting, _)| *waiting as i64),
+                cancelled.as_ref().map(|(_, live)| live.as_slice()),
+            );
+            super::audit::write(tx, change, &outcome, 1).await?;
+            Ok(cancelled)
+        })
+        .await
     }
 
     async fn workflow_of_job(&self, job_id: i64) -> Result<Option<(i64, String)>> {

@@ -4,13 +4,19 @@
 --
 -- Removes the schedule of a job type and key in the caller's transaction:
 -- no tick after that transaction commits (a pass holding the row finishes
--- first; one after it finds no row). True when there was one.
+-- first; one after it finds no row). True when there was one. The change
+-- is recorded in the audit trail (`jobhost.audit_write`).
 CREATE OR REPLACE FUNCTION jobhost.schedule_remove(schedule_job text, schedule_key text)
     RETURNS boolean
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    WITH gone AS (
-        DELETE FROM jobhost.keyed_schedules s WHERE s.job = schedule_job AND s.key = schedule_key RETURNING 1
-    )
-    SELECT EXISTS (SELECT 1 FROM gone)
+DECLARE
+    removed boolean;
+BEGIN
+    DELETE FROM jobhost.keyed_schedules s WHERE s.job = schedule_job AND s.key = schedule_key;
+    removed := FOUND;
+    PERFORM jobhost.audit_write('schedule.remove', 'schedule ' || schedule_job || '/' || schedule_key,
+                                CASE WHEN removed THEN 'removed' ELSE 'absent' END);
+    RETURN removed;
+END
 $$;

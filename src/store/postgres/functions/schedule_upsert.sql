@@ -7,7 +7,8 @@
 -- application may write a customer's schedule with the customer. Every
 -- field is checked first, and a bad one refused (SQLSTATE 22023, the
 -- message naming the field), storing nothing. True when it created the
--- schedule, false when it replaced one.
+-- schedule, false when it replaced one. The change is recorded in the
+-- audit trail (`jobhost.audit_write`).
 --
 -- A change of the calendar (cron, zone or start) hands over at this
 -- instant: ticks of the old one up to it (within its start and end) that
@@ -128,6 +129,8 @@ BEGIN
         -- Looked at again now, never later than it was due.
         look_at = least(s.look_at, now()), error = NULL, updated_at = now()
     RETURNING xmax = 0 INTO created;
+    PERFORM jobhost.audit_write('schedule.set', 'schedule ' || schedule_job || '/' || schedule_key,
+                                CASE WHEN created THEN 'created' ELSE 'replaced' END);
     RETURN created;
 END
 $$;
