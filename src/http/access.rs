@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::store::Store;
-use crate::store::audit::Actor;
+use crate::store::audit::{Actor, Via};
 use crate::store::session::{SessionLifetime, SignedInWith};
 use crate::store::token::{Role, TokenHolder};
 
@@ -400,6 +400,30 @@ impl Access {
         (power == *count).then_some(*count)
     }
 
+    /// Records a refused request in the audit trail as `action`, a
+    /// bounded number of rows however many come ([`Self::tally_refusal`]):
+    /// its channel, headers, and method and path as `target`. A trail that
+    /// cannot be written refuses the request all the same.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record_refused(
+        &self,
+        store: &Store,
+        via: Via,
+        headers: &HeaderMap,
+        target: &str,
+        from: Option<IpAddr>,
+        who: &str,
+        action: &'static str,
+        outcome: &str,
+    ) {
+        let Some(count) = self.tally_refusal(from, action) else { return };
+        let actor = Actor::http(via, who, from, user_agent(headers));
+        let change = actor.change(action, target.chars().take(200).collect::<String>());
+        if let Err(error) = store.audit_record(&change, outcome, i64::try_from(count).unwrap_or(i64::MAX)).await {
+            tracing::warn!(%error, action, "cannot record a refused request in the audit trail");
+        }
+    }
+
     /// Whether `from` sent too many wrong tokens of late.
     pub fn throttled(&self, from: Option<IpAddr>) -> bool {
         let Some(from) = from else { return false };
@@ -486,6 +510,11 @@ pub fn within_queues(holder: &TokenHolder, queue: Option<&str>, what: &str) -> R
         None => what.to_string(),
     };
     Err(Refusal::OutsideQueues { holder: holder.name.clone(), what })
+}
+
+/// A request's `User-Agent`, if it reads as text.
+pub fn user_agent(headers: &HeaderMap) -> Option<&str> {
+    headers.get(axum::http::header::USER_AGENT).and_then(|v| v.to_str().ok())
 }
 
 /// The CSRF token of session `id`: derived from the id, which only the

@@ -105,21 +105,51 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
     // Webhooks answer as the API does (JSON, and an API's body limit).
     let api = path.starts_with("/api") || path.starts_with(super::hooks::PREFIX);
     let target = format!("{} {path}", request.method());
+    let via = if path.starts_with(super::hooks::PREFIX) {
+        Via::Webhook
+    } else if api {
+        Via::Api
+    } else {
+        Via::Dashboard
+    };
     if access.throttled(from) {
         let outcome = Refusal::Throttled.message();
-        record_refused(&state, request.headers(), &target, from, "anonymous", "access.throttled", &outcome).await;
+        state
+            .access
+            .record_refused(
+                &state.store,
+                via,
+                request.headers(),
+                &target,
+                from,
+                "anonymous",
+                "access.throttled",
+                &outcome,
+            )
+            .await;
         return refused(&state, &request, Refusal::Throttled);
     }
     let mut caller = access.caller(&state.store, request.headers()).await;
     if caller.wrong_bearer {
         let outcome = "refused: a token neither live nor this server's";
-        record_refused(&state, request.headers(), &target, from, "anonymous", "access.wrong_token", outcome).await;
+        state
+            .access
+            .record_refused(
+                &state.store,
+                via,
+                request.headers(),
+                &target,
+                from,
+                "anonymous",
+                "access.wrong_token",
+                outcome,
+            )
+            .await;
         if access.wrong_token(from, "bearer") {
             return refused(&state, &request, Refusal::Throttled);
         }
     }
     let who = caller.acting(api).map_or("anonymous", |holder| holder.name.as_str()).to_string();
-    let via = if api { Via::Api } else { Via::Dashboard };
     caller.actor = Some(Actor::http(via, &who, from, user_agent(&request)));
     let route = request.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
     let need = super::roles::need(request.method(), route.as_deref());
@@ -144,7 +174,10 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
             return Redirect::to(&to).into_response();
         }
         let outcome = format!("refused: {}", refusal.message());
-        record_refused(&state, request.headers(), &target, from, &who, "access.refused", &outcome).await;
+        state
+            .access
+            .record_refused(&state.store, via, request.headers(), &target, from, &who, "access.refused", &outcome)
+            .await;
         return refused(&state, &request, refusal);
     }
     if !reading && !api && declared_length(&request).is_some_and(|length| length > super::dashboard::FORM_BYTES as u64)
@@ -164,34 +197,7 @@ pub async fn admit(State(state): State<AppState>, mut request: Request, next: Ne
 
 /// A request's `User-Agent`, if it reads as text.
 pub fn user_agent(request: &Request) -> Option<&str> {
-    agent_of(request.headers())
-}
-
-fn agent_of(headers: &axum::http::HeaderMap) -> Option<&str> {
-    headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok())
-}
-
-/// Records a refused request in the audit trail as `action`, a bounded
-/// number of rows however many come ([`super::access::Access::tally_refusal`]):
-/// its headers, and its method and path as `target`. A trail that cannot
-/// be written refuses the request all the same.
-pub async fn record_refused(
-    state: &AppState,
-    headers: &axum::http::HeaderMap,
-    target: &str,
-    from: Option<IpAddr>,
-    who: &str,
-    action: &'static str,
-    outcome: &str,
-) {
-    let Some(count) = state.access.tally_refusal(from, action) else { return };
-    let via =
-        if target.split(' ').nth(1).is_some_and(|path| path.starts_with("/api")) { Via::Api } else { Via::Dashboard };
-    let actor = Actor::http(via, who, from, agent_of(headers));
-    let change = actor.change(action, target.chars().take(200).collect::<String>());
-    if let Err(error) = state.store.audit_record(&change, outcome, i64::try_from(count).unwrap_or(i64::MAX)).await {
-        tracing::warn!(%error, action, "cannot record a refused request in the audit trail");
-    }
+    super::access::user_agent(request.headers())
 }
 
 /// The length a request says its body has.

@@ -4,11 +4,12 @@
 //! an event: its key rendered from the body's fields, its payload the
 //! body, a replay of one delivery stored once (docs/events.md).
 
+use axum::Extension;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -41,6 +42,7 @@ impl Refused {
 
 async fn receive(
     State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
     name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Bytes,
@@ -56,7 +58,9 @@ async fn receive(
         }
         Err(error) => return ApiError::from(error).into_response(),
     };
-    match accept(&state, &webhook, &headers, &body).await {
+    // The sender's address, for the audit trail.
+    let from = peer.map(|Extension(ConnectInfo(peer))| peer.ip().to_string());
+    match accept(&state, &webhook, &headers, &body, from).await {
         Ok(sent) => {
             state.metrics.webhook(&webhook.name, if sent.duplicate { "duplicate" } else { "accepted" });
             (StatusCode::OK, Json(sent)).into_response()
@@ -77,6 +81,7 @@ async fn accept(
     webhook: &crate::store::webhook::Webhook,
     headers: &HeaderMap,
     body: &[u8],
+    from: Option<String>,
 ) -> Result<crate::store::wait::SentEvent, Refused> {
     let secret = secret_of(state, webhook).await?;
     let id = {
@@ -104,7 +109,8 @@ async fn accept(
     let idempotency = format!("webhook:{}:{delivery_id}", webhook.name);
     let source = format!("webhook:{}", webhook.name);
     let agent = headers.get(axum::http::header::USER_AGENT).and_then(|v| v.to_str().ok());
-    let actor = crate::store::audit::Actor::http(crate::store::audit::Via::Webhook, &webhook.name, None, agent);
+    let mut actor = crate::store::audit::Actor::http(crate::store::audit::Via::Webhook, &webhook.name, None, agent);
+    actor.address = from;
     let store = state.store.acting_as(actor);
     store.event_send(&key, &payload, Some(&idempotency), &source).await.map_err(|error| match error {
         crate::store::Error::InvalidEvent(reason) => Refused::new(StatusCode::BAD_REQUEST, "invalid", reason),

@@ -189,12 +189,6 @@ impl Outcome for super::wait::SentEvent {
     }
 }
 
-impl Outcome for super::backend::BackfillWritten {
-    fn outcome(&self, _: &Change<'_>) -> String {
-        format!("{} ticks enqueued, {} there already", self.0.len(), self.1)
-    }
-}
-
 impl<T: Outcome> Outcome for Option<T> {
     fn outcome(&self, change: &Change<'_>) -> String {
         match self {

@@ -19,6 +19,12 @@ use super::schedule::TickWrite;
 /// ticks a job of the schedule had already.
 pub(crate) type BackfillWritten = (Vec<(chrono::DateTime<chrono::Utc>, Enqueued)>, usize);
 
+impl super::audit::Outcome for BackfillWritten {
+    fn outcome(&self, _: &super::audit::Change<'_>) -> String {
+        format!("{} ticks enqueued, {} there already", self.0.len(), self.1)
+    }
+}
+
 /// The narrow interface each backend implements under the shared rules.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync {

@@ -232,13 +232,35 @@ async fn sql_cli_api_and_page_show_who_did_what() {
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!((rows[0].via.as_str(), rows[0].who.as_str()), ("sql", "postgres"), "{rows:#?}");
     assert_eq!((rows[0].action.as_str(), rows[0].outcome.as_str()), ("schedule.set", "created"));
+    // An application's own login role, granted only what writing a
+    // schedule needs (nothing on the trail), is recorded by name.
+    let app = format!("app_{}", std::process::id());
+    for sql in [
+        format!("DROP ROLE IF EXISTS {app}"),
+        format!("CREATE ROLE {app} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA jobhost TO {app}"),
+        format!("GRANT SELECT ON jobhost.job_types, jobhost.time_zones TO {app}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON jobhost.keyed_schedules TO {app}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(db.pool()).await.unwrap();
+    }
+    let as_app = db.url.replacen("postgres@", &format!("{app}@"), 1);
+    assert_ne!(as_app, db.url, "the test database's URL names its user");
+    let app_pool = sqlx::PgPool::connect(&as_app).await.unwrap();
+    sqlx::query("SELECT jobhost.schedule_upsert('mail', 'app', '0 9 * * *')").execute(&app_pool).await.unwrap();
+    app_pool.close().await;
+    let rows = trail(&db.store).await;
+    assert_eq!((rows[1].via.as_str(), rows[1].who.as_str()), ("sql", app.as_str()), "{rows:#?}");
+    for sql in [format!("DROP OWNED BY {app}"), format!("DROP ROLE {app}")] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(db.pool()).await.unwrap();
+    }
     // A job's own change is its run's, not the trail's: the completion
     // path marks its transaction so.
     let mut tx = db.pool().begin().await.unwrap();
     sqlx::query("SELECT set_config('jobhost.actor', '-', true)").execute(&mut *tx).await.unwrap();
     sqlx::query("SELECT jobhost.schedule_remove('mail', 'kept')").execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(trail(&db.store).await.len(), 1);
+    assert_eq!(trail(&db.store).await.len(), 2);
 
     let made = jobhost(&db, &["var", "set", "mail", "REGION", "eu"]);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));

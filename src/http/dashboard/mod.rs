@@ -579,16 +579,19 @@ async fn login(
         }
         Lookup::Metrics | Lookup::Unknown => {
             let outcome = "refused: a sign-in with a token neither live nor this server's";
-            super::guard::record_refused(
-                &state,
-                &headers,
-                "POST /login",
-                Some(peer.ip()),
-                "anonymous",
-                "access.wrong_token",
-                outcome,
-            )
-            .await;
+            state
+                .access
+                .record_refused(
+                    &state.store,
+                    crate::store::audit::Via::Dashboard,
+                    &headers,
+                    "POST /login",
+                    Some(peer.ip()),
+                    "anonymous",
+                    "access.wrong_token",
+                    outcome,
+                )
+                .await;
             return if state.access.wrong_token(Some(peer.ip()), "dashboard sign-in") {
                 refused(StatusCode::TOO_MANY_REQUESTS, Refusal::Throttled.message())
             } else {

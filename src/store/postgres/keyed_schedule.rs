@@ -301,10 +301,10 @@ pub(super) async fn lock_changed(conn: &mut PgConnection, schedules: &[(String, 
 /// (`worker::complete`), rather than failing the batch again and again.
 /// A pause, resume or removal of a schedule that is not there changes nothing.
 pub(super) async fn change_in(conn: &mut PgConnection, change: &ScheduleChange) -> Result<()> {
-    // A job's own change is not the trail's: its run records it.
-    super::audit::set_actor(conn, None).await?;
     match change {
         ScheduleChange::Set(schedule) => {
+            // A job's own change is not the trail's: its run records it.
+            super::audit::set_actor(conn, None).await?;
             upsert_in(conn, schedule).await?;
         }
         ScheduleChange::Pause { job, key, note } => {
@@ -314,6 +314,7 @@ pub(super) async fn change_in(conn: &mut PgConnection, change: &ScheduleChange) 
             pause_in(conn, job, key, false, None).await?;
         }
         ScheduleChange::Remove { job, key } => {
+            super::audit::set_actor(conn, None).await?;
             remove_in(conn, job, key).await?;
         }
     }

@@ -245,7 +245,8 @@ $$;
 --
 
 CREATE FUNCTION jobhost.audit_write(audit_action text, audit_object text, audit_outcome text) RETURNS void
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     actor text := coalesce(current_setting('jobhost.actor', true), '');
@@ -255,7 +256,7 @@ BEGIN
     END IF;
     IF actor = '' THEN
         INSERT INTO jobhost.audit (via, who, address, user_agent, action, object, outcome)
-        VALUES ('sql', current_user, host(inet_client_addr()),
+        VALUES ('sql', session_user, host(inet_client_addr()),
                 left(nullif(current_setting('application_name', true), ''), 200),
                 audit_action, audit_object, audit_outcome);
     ELSE

@@ -9,10 +9,16 @@
 -- who, address, user_agent), so a change through the API or the CLI is
 -- recorded once, as its caller; `-` marks a job's own change, recorded with
 -- its run and not here; with neither, the change is an application's SQL,
--- recorded as the database role at its address.
+-- recorded as the session's login role at its address.
+--
+-- It writes with its owner's rights (the role that applies the functions,
+-- which owns the table), its search path pinned: an application role that
+-- may call `jobhost.schedule_upsert` needs no grant on `jobhost.audit`.
 CREATE OR REPLACE FUNCTION jobhost.audit_write(audit_action text, audit_object text, audit_outcome text)
     RETURNS void
     LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
     actor text := coalesce(current_setting('jobhost.actor', true), '');
@@ -22,7 +28,7 @@ BEGIN
     END IF;
     IF actor = '' THEN
         INSERT INTO jobhost.audit (via, who, address, user_agent, action, object, outcome)
-        VALUES ('sql', current_user, host(inet_client_addr()),
+        VALUES ('sql', session_user, host(inet_client_addr()),
                 left(nullif(current_setting('application_name', true), ''), 200),
                 audit_action, audit_object, audit_outcome);
     ELSE
