@@ -537,6 +537,28 @@ async fn components_are_deployed_rolled_back_and_undeployed_over_the_api(db: Tes
     assert_eq!(entries, 5, "deploy, deploy, rollback, rollback, undeploy: nothing since");
     let unknown = server.post("/api/deployments/nope/rollback", json!({})).await;
     assert_eq!(unknown.status, StatusCode::CONFLICT, "{}", unknown.body);
+    // Each change is in the audit trail once, as the server's token over
+    // the API, the refused rollback too; an upload refused before it
+    // reached the store is not a change.
+    let family = jobhost::store::audit::Filter { action: Some("component.".into()), limit: 100, ..Default::default() };
+    let trail = db.store.audit_list(&family).await.unwrap();
+    let changes: Vec<(&str, &str)> = trail.iter().rev().map(|r| (r.action.as_str(), r.object.as_str())).collect();
+    let hello = "type hello";
+    assert_eq!(
+        changes,
+        [
+            ("component.deploy", hello),
+            ("component.deploy", hello),
+            ("component.deploy", hello),
+            ("component.rollback", hello),
+            ("component.rollback", hello),
+            ("component.undeploy", hello),
+            ("component.rollback", "type nope"),
+        ],
+        "{trail:#?}"
+    );
+    assert!(trail.iter().all(|r| r.via == "api" && r.who == "--token"), "{trail:#?}");
+    assert!(trail[0].outcome.starts_with("refused: ") && trail[6].outcome.starts_with("none -> "), "{trail:#?}");
     // Without the token nothing is deployed, and the body is never read.
     let refused = server.anonymous().post_bytes("/api/deployments", "application/wasm", bytes("hello")).await;
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
